@@ -1,0 +1,188 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The owned HBM provider: peerdirect is the PCI driver of a device whose BAR is HBM.
+//!
+//! Habana Gaudi devices are matched by ID. Stand-ins for HBM (QEMU's `ivshmem-plain`, whose
+//! BAR2 is host memory) are never bound by default: only when an administrator names this
+//! driver in the device's `driver_override`, the kernel's usual way (as for vfio-pci).
+
+use crate::{
+    chardev::HbmFile,
+    ffi::{self, BarIndex},
+    hbm::{Hbm, HbmInfo, PciAddress},
+    index::{DeviceIndex, DEVICES},
+};
+use kernel::{
+    bindings, container_of,
+    device::Core,
+    miscdevice::{MiscDeviceOptions, MiscDeviceRegistration},
+    pci,
+    prelude::*,
+    sync::Arc,
+};
+
+/// The BAR that holds a device's HBM.
+#[derive(Clone, Copy)]
+pub(crate) struct HbmBar(u32);
+
+const PCI_VENDOR_ID_HABANALABS: u32 = 0x1da3;
+
+/// A Habana device ID; `pci::Vendor` has no constant for Habana and no public constructor.
+const fn habana(device: u32) -> pci::DeviceId {
+    let id = bindings::pci_device_id {
+        vendor: PCI_VENDOR_ID_HABANALABS,
+        device,
+        subvendor: !0,
+        subdevice: !0,
+        class: 0,
+        class_mask: 0,
+        driver_data: 0,
+        override_only: 0,
+    };
+    // SAFETY: `pci::DeviceId` is `#[repr(transparent)]` over `bindings::pci_device_id` and adds
+    // no invariant beyond it (its own constructors build one field by field, as here).
+    unsafe { core::mem::transmute::<bindings::pci_device_id, pci::DeviceId>(id) }
+}
+
+// Gaudi and Gaudi2 expose their HBM through BAR 4 (`HBM_BAR_ID` / `DRAM_BAR_ID` in habanalabs).
+kernel::pci_device_table!(
+    PCI_TABLE,
+    <HbmDriver as pci::Driver>::IdInfo,
+    [
+        (habana(0x1000), HbmBar(4)), // Gaudi
+        (habana(0x1010), HbmBar(4)), // Gaudi (secured)
+        (habana(0x1020), HbmBar(4)), // Gaudi2
+    ]
+);
+
+/// Devices bound only through `driver_override`: (vendor, device, HBM BAR).
+const OVERRIDE_ONLY: [(u16, u16, u32); 1] = [
+    // QEMU ivshmem-plain: BAR2 is the shared memory backend.
+    (0x1af4, 0x1110, 2),
+];
+
+fn override_hbm_bar(pdev: &pci::Device) -> Option<u32> {
+    let vendor = pdev.vendor_id().as_raw();
+    OVERRIDE_ONLY
+        .iter()
+        .find(|&&(v, d, _)| v == vendor && d == pdev.device_id())
+        .map(|&(_, _, bar)| bar)
+}
+
+/// Per-device data while peerdirect is bound to an HBM device.
+#[pin_data(PinnedDrop)]
+pub(crate) struct HbmDevice {
+    hbm: Arc<Hbm>,
+    index: DeviceIndex,
+    #[pin]
+    misc: MiscDeviceRegistration<HbmFile>,
+}
+
+impl HbmDevice {
+    /// The device whose misc device `misc` is.
+    ///
+    /// Every `MiscDeviceRegistration<HbmFile>` is the `misc` field of an `HbmDevice`: it is
+    /// created nowhere else.
+    pub(crate) fn of_registration(misc: &MiscDeviceRegistration<HbmFile>) -> &Self {
+        let misc = core::ptr::from_ref(misc);
+        // SAFETY: by the above, `misc` points to the `misc` field of a live, pinned
+        // `HbmDevice`; the returned reference borrows from `misc`, which the caller holds, so
+        // the containing struct outlives it.
+        unsafe { &*container_of!(misc, Self, misc) }
+    }
+
+    pub(crate) fn hbm(&self) -> &Arc<Hbm> {
+        &self.hbm
+    }
+}
+
+#[pinned_drop]
+impl PinnedDrop for HbmDevice {
+    fn drop(self: Pin<&mut Self>) {
+        // Open files keep `Hbm` alive; from here on they see ENODEV. The misc device is
+        // deregistered right after, when `misc` drops.
+        self.hbm.remove();
+        pr_info!(
+            "{}: removed {}\n",
+            self.index.name().to_str().unwrap_or("peerdirect"),
+            self.hbm.recorded().address
+        );
+    }
+}
+
+/// Records what peerdirect needs to know of the device's HBM BAR and claims it.
+fn record_hbm(pdev: &pci::Device<Core<'_>>, bar: BarIndex, index: u32) -> Result<HbmInfo> {
+    let bytes = pdev.resource_len(bar.get())?;
+    if bytes == 0 || !ffi::bar_is_mem(pdev, bar) {
+        dev_err!(
+            pdev,
+            "BAR{} is not a memory BAR: not an HBM device\n",
+            bar.get()
+        );
+        return Err(ENODEV);
+    }
+    ffi::request_bar(pdev, bar)?;
+    Ok(HbmInfo {
+        bar,
+        bytes,
+        bus_addr: ffi::bar_bus_address(pdev, bar),
+        phys_addr: pdev.resource_start(bar.get())?,
+        numa_node: ffi::numa_node(pdev),
+        address: PciAddress::new(ffi::domain(pdev), pdev.dev_id()),
+        vendor_id: pdev.vendor_id().as_raw(),
+        device_id: pdev.device_id(),
+        index,
+    })
+}
+
+pub(crate) struct HbmDriver;
+
+impl pci::Driver for HbmDriver {
+    type IdInfo = HbmBar;
+    type Data<'bound> = HbmDevice;
+
+    const ID_TABLE: pci::IdTable<Self::IdInfo> = &PCI_TABLE;
+
+    fn probe<'bound>(
+        pdev: &'bound pci::Device<Core<'_>>,
+        info: Option<&'bound Self::IdInfo>,
+    ) -> impl PinInit<Self::Data<'bound>, Error> + 'bound {
+        pin_init::pin_init_scope(move || {
+            // Matched by ID, or bound on request through driver_override.
+            let bar = match info {
+                Some(&HbmBar(bar)) => bar,
+                None => override_hbm_bar(pdev).ok_or_else(|| {
+                    dev_err!(
+                        pdev,
+                        "{:04x}:{:04x} is not a known HBM device\n",
+                        pdev.vendor_id().as_raw(),
+                        pdev.device_id()
+                    );
+                    ENODEV
+                })?,
+            };
+            let bar = BarIndex::new(bar)?;
+
+            pdev.enable_device_mem()?;
+            pdev.set_master();
+
+            let index = DEVICES.take()?;
+            let info = record_hbm(pdev, bar, index.get())?;
+            dev_info!(
+                pdev,
+                "{}: HBM BAR{} {} MiB at bus address {:#x}\n",
+                index.name().to_str().unwrap_or("peerdirect"),
+                info.bar.get(),
+                info.bytes >> 20,
+                info.bus_addr
+            );
+            let name = index.name();
+
+            Ok(try_pin_init!(HbmDevice {
+                hbm: Hbm::new(info)?,
+                index,
+                misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name }),
+            }))
+        })
+    }
+}

@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The ABI, derived from `include/uapi/peerdirect.h` (never written by hand here), and the
+//! iommufd-style handling of its extensible request structs.
+
+use kernel::{
+    ioctl::_IO,
+    page::PAGE_SIZE,
+    prelude::*,
+    transmute::{AsBytes, FromBytes},
+    uaccess::{UserPtr, UserSlice},
+};
+
+#[allow(
+    dead_code,
+    non_camel_case_types,
+    non_upper_case_globals,
+    unreachable_pub,
+    clippy::all,
+    clippy::pedantic
+)]
+mod generated {
+    include!("../include/uapi/peerdirect_uapi.rs");
+}
+
+pub(crate) use generated::{peerdirect_info, PEERDIRECT_PROVIDER_OWNED};
+
+pub(crate) const PEERDIRECT_IOC_INFO: u32 = _IO(
+    generated::PEERDIRECT_IOCTL_TYPE,
+    generated::PEERDIRECT_CMD_INFO,
+);
+
+// SAFETY: `peerdirect_info` is `repr(C)` and made only of integers, which are valid for any
+// bit pattern; its padding is explicit (`__reserved*` fields), so it has no uninitialized
+// bytes either (bindgen's generated asserts pin its size and every offset).
+unsafe impl FromBytes for peerdirect_info {}
+// SAFETY: as above: no implicit padding, every byte is an initialized integer byte.
+unsafe impl AsBytes for peerdirect_info {}
+
+/// A request struct that grows only at its end and starts with its `__u32 size`.
+pub(crate) trait ExtensibleStruct: FromBytes + AsBytes + Default {
+    /// Size of the struct's first version: the smallest a caller may send.
+    const SIZE_VER0: usize;
+    /// Records how many bytes the kernel filled, for the caller to read back.
+    fn set_size(&mut self, size: u32);
+}
+
+impl ExtensibleStruct for peerdirect_info {
+    const SIZE_VER0: usize = generated::PEERDIRECT_INFO_SIZE_VER0 as usize;
+
+    fn set_size(&mut self, size: u32) {
+        self.size = size;
+    }
+}
+
+/// Larger requests are refused outright, so a caller cannot make us scan megabytes of zeros.
+const MAX_REQUEST_SIZE: usize = PAGE_SIZE;
+
+/// How many bytes of a caller's `user_size`-byte struct we exchange, given our struct of
+/// `ksize` bytes whose first version has `ver0` bytes: `EINVAL` below `ver0`, `E2BIG` above
+/// [`MAX_REQUEST_SIZE`].
+pub(crate) fn request_len(user_size: u32, ver0: usize, ksize: usize) -> Result<usize> {
+    let user_size = usize::try_from(user_size).map_err(|_| E2BIG)?;
+    if user_size < ver0 {
+        return Err(EINVAL);
+    }
+    if user_size > MAX_REQUEST_SIZE {
+        return Err(E2BIG);
+    }
+    Ok(user_size.min(ksize))
+}
+
+/// A request struct read from the caller, to be answered in place.
+pub(crate) struct Request<T: ExtensibleStruct> {
+    pub(crate) value: T,
+    user: UserPtr,
+    len: usize,
+}
+
+impl<T: ExtensibleStruct> Request<T> {
+    /// Reads the struct at `arg`: its `size` first, then what we know of it; bytes past our
+    /// struct must be zero (`E2BIG` otherwise), as `copy_struct_from_user` does.
+    pub(crate) fn read(arg: usize) -> Result<Self> {
+        let user = UserPtr::from_addr(arg);
+        let user_size: u32 = UserSlice::new(user, size_of::<u32>()).reader().read()?;
+        let len = request_len(user_size, T::SIZE_VER0, size_of::<T>())?;
+
+        // `user_size` as read above is what counts; a `size` field changed since is ignored.
+        let mut reader = UserSlice::new(user, user_size as usize).reader();
+        let mut value = T::default();
+        reader.read_slice(&mut value.as_bytes_mut()[..len])?;
+        let mut chunk = [0u8; 64];
+        while !reader.is_empty() {
+            let n = reader.len().min(chunk.len());
+            reader.read_slice(&mut chunk[..n])?;
+            if chunk[..n].iter().any(|&b| b != 0) {
+                return Err(E2BIG);
+            }
+        }
+        Ok(Self { value, user, len })
+    }
+
+    /// Writes the answer back: as many bytes as both sides know, `size` set to that count.
+    pub(crate) fn answer(mut self) -> Result {
+        // CAST: `len <= MAX_REQUEST_SIZE`, far below `u32::MAX`.
+        self.value.set_size(self.len as u32);
+        UserSlice::new(self.user, self.len)
+            .writer()
+            .write_slice(&self.value.as_bytes()[..self.len])
+    }
+}
+
+#[cfg(peerdirect_kunit)]
+#[kunit_tests(peerdirect_uapi)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_len_follows_the_extensible_struct_rules() {
+        assert!(matches!(request_len(0, 64, 64), Err(e) if e == EINVAL));
+        assert!(matches!(request_len(63, 64, 64), Err(e) if e == EINVAL));
+        assert_eq!(request_len(64, 64, 64).unwrap(), 64);
+        // An older caller gets what it knows; a newer one what we know.
+        assert_eq!(request_len(64, 64, 80).unwrap(), 64);
+        assert_eq!(request_len(72, 64, 64).unwrap(), 64);
+        assert_eq!(request_len(PAGE_SIZE as u32, 64, 64).unwrap(), 64);
+        assert!(matches!(request_len(PAGE_SIZE as u32 + 1, 64, 64), Err(e) if e == E2BIG));
+        assert!(matches!(request_len(u32::MAX, 64, 64), Err(e) if e == E2BIG));
+    }
+
+    #[test]
+    fn info_struct_matches_the_header() {
+        assert_eq!(size_of::<peerdirect_info>(), peerdirect_info::SIZE_VER0);
+        assert_eq!(PEERDIRECT_IOC_INFO, 0xbd00);
+    }
+}

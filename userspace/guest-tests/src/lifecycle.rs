@@ -1,0 +1,570 @@
+//! `--lifecycle`: what becomes of /dev/peerdirect0 and of the files open on it when the PCI
+//! device is unbound, rebound, removed and rescanned, and when the module is unloaded.
+//!
+//! The tests are steps of one sequence that share state (the open files). A failed step that
+//! later steps build on (a gate: it changes the device's or the module's state) stops the
+//! sequence; the steps after it are reported as not run.
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use peerdirect::{Device, DeviceInfo, Errno, PciAddress};
+
+use crate::{errno_name, expect_eq, Outcome, INDEX, SYSFS_DRIVER};
+
+/// The module, as rmmod and /proc/modules name it; also the driver's name.
+const MODULE: &str = "peerdirect";
+const SYSFS_PCI: &str = "/sys/bus/pci";
+/// How long a device node or a sysfs entry gets to appear or go away.
+const SETTLE: Duration = Duration::from_secs(2);
+const PRESENT: &str = "peerdirect-present";
+
+/// What the steps share.
+pub(crate) struct State {
+    /// Opened while bound; kept open across unbind and rebind.
+    a: Option<Device>,
+    /// Opened after rebinding.
+    b: Option<Device>,
+    /// INFO on A, at the start.
+    info: DeviceInfo,
+}
+
+impl State {
+    fn bdf(&self) -> PciAddress {
+        self.info.pci_address
+    }
+
+    fn a(&self) -> Result<&Device, String> {
+        self.a.as_ref().ok_or_else(|| "fd A is not open".to_owned())
+    }
+
+    fn b(&self) -> Result<&Device, String> {
+        self.b.as_ref().ok_or_else(|| "fd B is not open".to_owned())
+    }
+}
+
+pub(crate) struct Step {
+    description: String,
+    /// Whether the steps after it rely on it having passed.
+    gate: bool,
+    run: Box<dyn Fn(&mut State) -> Outcome>,
+}
+
+/// A step whose failure stops the sequence.
+fn gate(description: impl Into<String>, run: impl Fn(&mut State) -> Outcome + 'static) -> Step {
+    Step {
+        description: description.into(),
+        gate: true,
+        run: Box::new(run),
+    }
+}
+
+/// A step whose failure the following steps do not depend on.
+fn check(description: impl Into<String>, run: impl Fn(&mut State) -> Outcome + 'static) -> Step {
+    Step {
+        gate: false,
+        ..gate(description, run)
+    }
+}
+
+pub(crate) const START: &str = "/dev/peerdirect0 opens as fd A and INFO on A succeeds";
+
+/// Opens fd A and asks it which device it is.
+pub(crate) fn start() -> Result<State, String> {
+    let a = open_node()?;
+    let info = a
+        .info()
+        .map_err(|err| format!("expected INFO on A to succeed, got {err}"))?;
+    Ok(State {
+        a: Some(a),
+        b: None,
+        info,
+    })
+}
+
+pub(crate) fn steps() -> Vec<Step> {
+    vec![
+        check(
+            "fdinfo of A names peerdirect0, its PCI address and HBM size, and says present: true",
+            |s| {
+                let fdinfo = fdinfo(s.a()?)?;
+                expect_fdinfo(&fdinfo, "peerdirect-device", &format!("{MODULE}{INDEX}"))?;
+                expect_fdinfo(&fdinfo, "peerdirect-pci", &s.bdf().to_string())?;
+                expect_fdinfo(
+                    &fdinfo,
+                    "peerdirect-hbm-bytes",
+                    &s.info.hbm_bytes.to_string(),
+                )?;
+                expect_fdinfo(&fdinfo, PRESENT, "true")
+            },
+        ),
+        gate(
+            format!("writing the device to {SYSFS_DRIVER}/unbind unbinds it"),
+            |s| {
+                write_sysfs(&format!("{SYSFS_DRIVER}/unbind"), &s.bdf().to_string())?;
+                expect_bound(s.bdf(), false)
+            },
+        ),
+        check("after unbind, /dev/peerdirect0 goes away", |_| {
+            expect_node(false)
+        }),
+        check(
+            "after unbind, INFO on A fails with ENODEV and the error has a hint",
+            |s| expect_enodev_with_hint(s.a()?),
+        ),
+        check("after unbind, fdinfo of A says present: false", |s| {
+            expect_fdinfo(&fdinfo(s.a()?)?, PRESENT, "false")
+        }),
+        gate(
+            "rmmod peerdirect fails while A is open, and the module stays loaded",
+            |_| {
+                let (succeeded, said) = rmmod()?;
+                if succeeded {
+                    return Err(format!("expected rmmod {MODULE} to fail, got success"));
+                }
+                expect_loaded(true).map_err(|err| format!("{err} (rmmod said: {said})"))
+            },
+        ),
+        gate(
+            format!(
+                "writing the device to {SYSFS_DRIVER}/bind binds it, /dev/peerdirect0 comes back and opens as fd B"
+            ),
+            |s| {
+                write_sysfs(&format!("{SYSFS_DRIVER}/bind"), &s.bdf().to_string())?;
+                expect_bound(s.bdf(), true)?;
+                expect_node(true)?;
+                s.b = Some(open_node()?);
+                Ok(())
+            },
+        ),
+        check("INFO on B succeeds and names the same PCI address", |s| {
+            expect_info(s.b()?, s.bdf())
+        }),
+        check(
+            "after rebind, INFO on A still fails with ENODEV (the old file stays dead)",
+            |s| expect_enodev_with_hint(s.a()?),
+        ),
+        gate(
+            "with A and B closed, removing the device takes it and /dev/peerdirect0 away",
+            |s| {
+                s.a = None;
+                s.b = None;
+                let dir = device_dir(s.bdf());
+                write_sysfs(&format!("{dir}/remove"), "1")?;
+                expect_exists(&dir, false)?;
+                expect_node(false)
+            },
+        ),
+        gate("rescanning the PCI bus brings the device back", |s| {
+            write_sysfs(&format!("{SYSFS_PCI}/rescan"), "1")?;
+            expect_exists(&device_dir(s.bdf()), true)
+        }),
+        check(
+            "the rescanned device has no driver_override, is not bound to peerdirect, and has no /dev/peerdirect0",
+            |s| {
+                let path = format!("{}/driver_override", device_dir(s.bdf()));
+                let driver_override = fs::read_to_string(&path)
+                    .map_err(|err| format!("expected to read {path}, got {err}"))?;
+                match driver_override.trim() {
+                    "" | "(null)" => Ok(()),
+                    other => Err(format!(
+                        "driver_override: expected (null), got {other:?}"
+                    )),
+                }?;
+                expect_bound(s.bdf(), false)?;
+                expect_node(false)
+            },
+        ),
+        gate(
+            "with driver_override set to peerdirect, drivers_probe binds the device and /dev/peerdirect0 comes back",
+            |s| {
+                let bdf = s.bdf();
+                write_sysfs(&format!("{}/driver_override", device_dir(bdf)), MODULE)?;
+                write_sysfs(&format!("{SYSFS_PCI}/drivers_probe"), &bdf.to_string())?;
+                expect_bound(bdf, true)?;
+                expect_node(true)
+            },
+        ),
+        check(
+            "INFO on a newly opened fd succeeds and names the same PCI address",
+            |s| expect_info(&open_node()?, s.bdf()),
+        ),
+        check(
+            "with no fd open, rmmod peerdirect succeeds, /dev/peerdirect0 goes away and the module is no longer loaded",
+            |_| {
+                let (succeeded, said) = rmmod()?;
+                if !succeeded {
+                    return Err(format!("expected rmmod {MODULE} to succeed, got {said}"));
+                }
+                expect_node(false)?;
+                expect_loaded(false)
+            },
+        ),
+    ]
+}
+
+/// Runs `start`'s outcome and then each step, handing each verdict to `report`; after a gate
+/// fails, reports the remaining steps as not run without running them.
+pub(crate) fn run_sequence(
+    start: Result<State, String>,
+    steps: &[Step],
+    report: &mut dyn FnMut(&str, &Outcome),
+) {
+    report(START, &start.as_ref().map(drop).map_err(Clone::clone));
+    let mut state = start.map_err(|_| not_run(START));
+    for step in steps {
+        let outcome = match &mut state {
+            Ok(state) => (step.run)(state),
+            Err(reason) => Err(reason.clone()),
+        };
+        report(&step.description, &outcome);
+        if step.gate && outcome.is_err() && state.is_ok() {
+            state = Err(not_run(&step.description));
+        }
+    }
+}
+
+fn not_run(failed: &str) -> String {
+    format!("not run: \"{failed}\" failed")
+}
+
+fn open_node() -> Result<Device, String> {
+    Device::open_index(INDEX).map_err(|err| format!("expected open to succeed, got {err}"))
+}
+
+fn expect_info(device: &Device, bdf: PciAddress) -> Outcome {
+    let info = device
+        .info()
+        .map_err(|err| format!("expected INFO to succeed, got {err}"))?;
+    expect_eq("pci_address", bdf.to_string(), info.pci_address.to_string())
+}
+
+fn expect_enodev_with_hint(device: &Device) -> Outcome {
+    let err = match device.info() {
+        Ok(info) => {
+            return Err(format!(
+                "expected ENODEV, got success (pci_address {})",
+                info.pci_address
+            ))
+        }
+        Err(err) => err,
+    };
+    if err.errno() != Some(Errno::NODEV) {
+        return Err(format!(
+            "expected ENODEV, got {} ({err})",
+            err.errno().map_or("no errno", errno_name)
+        ));
+    }
+    match err.hint() {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "expected the ENODEV error to have a hint, got none ({err})"
+        )),
+    }
+}
+
+fn fdinfo(device: &Device) -> Result<String, String> {
+    let path = format!("/proc/self/fdinfo/{}", device.as_fd().as_raw_fd());
+    fs::read_to_string(&path).map_err(|err| format!("expected to read {path}, got {err}"))
+}
+
+/// The value of `key` in /proc/PID/fdinfo/FD text, whose lines read `key:\tvalue`.
+fn fdinfo_value<'a>(fdinfo: &'a str, key: &str) -> Option<&'a str> {
+    fdinfo.lines().find_map(|line| {
+        let (k, value) = line.split_once(':')?;
+        (k == key).then(|| value.trim())
+    })
+}
+
+fn expect_fdinfo(fdinfo: &str, key: &str, expected: &str) -> Outcome {
+    match fdinfo_value(fdinfo, key) {
+        Some(value) => expect_eq(key, expected, value),
+        None => Err(format!(
+            "{key}: expected {expected:?}, got no {key} line in fdinfo:\n{fdinfo}"
+        )),
+    }
+}
+
+fn device_dir(bdf: PciAddress) -> String {
+    format!("{SYSFS_PCI}/devices/{bdf}")
+}
+
+fn write_sysfs(path: &str, value: &str) -> Outcome {
+    fs::write(path, value)
+        .map_err(|err| format!("expected writing {value:?} to {path} to succeed, got {err}"))
+}
+
+/// Polls `done` until it holds or [`SETTLE`] has passed; says whether it held.
+fn settles(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for `path` to exist (or to be gone) within [`SETTLE`].
+fn expect_exists(path: &str, exists: bool) -> Outcome {
+    if settles(|| fs::symlink_metadata(path).is_ok() == exists) {
+        return Ok(());
+    }
+    let (expected, got) = if exists {
+        ("to appear", "still absent")
+    } else {
+        ("to go away", "still present")
+    };
+    Err(format!(
+        "expected {path} {expected} within {}s, got it {got}",
+        SETTLE.as_secs()
+    ))
+}
+
+fn expect_node(exists: bool) -> Outcome {
+    expect_exists(&peerdirect::device_path(INDEX).to_string_lossy(), exists)
+}
+
+/// The name of the driver the device is bound to, if any.
+fn bound_driver(bdf: PciAddress) -> Result<Option<String>, String> {
+    let link = format!("{}/driver", device_dir(bdf));
+    match fs::read_link(&link) {
+        Ok(target) => {
+            Ok(Some(target.file_name().map_or_else(String::new, |name| {
+                name.to_string_lossy().into_owned()
+            })))
+        }
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(format!("expected to read {link}, got {err}")),
+    }
+}
+
+/// Checks whether the device is bound to peerdirect.
+fn expect_bound(bdf: PciAddress, bound: bool) -> Outcome {
+    let driver = bound_driver(bdf)?;
+    if (driver.as_deref() == Some(MODULE)) == bound {
+        return Ok(());
+    }
+    let got = driver.map_or_else(|| "no driver".to_owned(), |d| format!("driver {d}"));
+    let expected = if bound { "bound to" } else { "not bound to" };
+    Err(format!("expected {bdf} {expected} {MODULE}, got {got}"))
+}
+
+/// Runs `rmmod peerdirect`: whether it succeeded, and what it said.
+fn rmmod() -> Result<(bool, String), String> {
+    let output = Command::new("rmmod")
+        .arg(MODULE)
+        .output()
+        .map_err(|err| format!("expected to run rmmod, got {err}"))?;
+    let said = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+    Ok((
+        output.status.success(),
+        format!("{said} ({})", output.status),
+    ))
+}
+
+/// Whether /proc/modules text lists module `name`.
+fn module_listed(proc_modules: &str, name: &str) -> bool {
+    proc_modules
+        .lines()
+        .any(|line| line.split_whitespace().next() == Some(name))
+}
+
+fn expect_loaded(loaded: bool) -> Outcome {
+    const PROC_MODULES: &str = "/proc/modules";
+    let modules = fs::read_to_string(PROC_MODULES)
+        .map_err(|err| format!("expected to read {PROC_MODULES}, got {err}"))?;
+    let listed = module_listed(&modules, MODULE);
+    if listed == loaded {
+        return Ok(());
+    }
+    let (expected, got) = if loaded {
+        ("listed", "absent")
+    } else {
+        ("absent", "listed")
+    };
+    Err(format!(
+        "expected {MODULE} {expected} in {PROC_MODULES}, got it {got}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FDINFO: &str = "pos:\t0\nflags:\t02100002\nmnt_id:\t17\nino:\t123\n\
+        peerdirect-device:\tpeerdirect0\npeerdirect-pci:\t0000:03:00.0\n\
+        peerdirect-hbm-bytes:\t268435456\npeerdirect-present:\ttrue\n";
+
+    #[test]
+    fn fdinfo_values_by_key() {
+        assert_eq!(fdinfo_value(FDINFO, "pos"), Some("0"));
+        assert_eq!(
+            fdinfo_value(FDINFO, "peerdirect-device"),
+            Some("peerdirect0")
+        );
+        // The value keeps its own colons.
+        assert_eq!(fdinfo_value(FDINFO, "peerdirect-pci"), Some("0000:03:00.0"));
+        assert_eq!(
+            fdinfo_value(FDINFO, "peerdirect-hbm-bytes"),
+            Some("268435456")
+        );
+        assert_eq!(fdinfo_value(FDINFO, PRESENT), Some("true"));
+        assert_eq!(fdinfo_value(FDINFO, "peerdirect"), None);
+        assert_eq!(fdinfo_value(FDINFO, "peerdirect-present\t"), None);
+        assert_eq!(fdinfo_value("", PRESENT), None);
+    }
+
+    #[test]
+    fn expect_fdinfo_diagnoses() {
+        assert_eq!(expect_fdinfo(FDINFO, PRESENT, "true"), Ok(()));
+        assert_eq!(
+            expect_fdinfo(FDINFO, PRESENT, "false"),
+            Err("peerdirect-present: expected \"false\", got \"true\"".to_owned())
+        );
+        let missing = expect_fdinfo("pos:\t0\n", PRESENT, "true").unwrap_err();
+        assert!(
+            missing.starts_with("peerdirect-present: expected \"true\", got no "),
+            "{missing}"
+        );
+    }
+
+    #[test]
+    fn proc_modules_lists_by_first_word() {
+        let modules = "peerdirect_test 16384 0 - Live 0x0000000000000000\n\
+            peerdirect 49152 1 - Live 0x0000000000000000 (O)\n";
+        assert!(module_listed(modules, "peerdirect"));
+        assert!(module_listed(modules, "peerdirect_test"));
+        assert!(!module_listed(modules, "peer"));
+        assert!(!module_listed(
+            "peerdirect_test 16384 0 - Live 0x0\n",
+            "peerdirect"
+        ));
+        assert!(!module_listed("", "peerdirect"));
+    }
+
+    fn state() -> State {
+        let path = std::env::temp_dir().join(format!(
+            "peerdirect-guest-tests-lifecycle-{}",
+            std::process::id()
+        ));
+        fs::write(&path, b"").unwrap();
+        let a = Device::open(&path).unwrap();
+        fs::remove_file(&path).unwrap();
+        State {
+            a: Some(a),
+            b: None,
+            info: DeviceInfo {
+                path: path.clone(),
+                index: INDEX,
+                pci_address: PciAddress {
+                    domain: 0,
+                    bus: 3,
+                    slot: 0,
+                    func: 0,
+                },
+                vendor_id: 0x1af4,
+                device_id: 0x1110,
+                bar_index: 2,
+                hbm_bytes: 1 << 28,
+                hbm_bus_addr: 0,
+                hbm_phys_addr: 0,
+                numa_node: None,
+                provider: peerdirect::Provider::Owned,
+            },
+        }
+    }
+
+    fn run(start: Result<State, String>, steps: &[Step]) -> Vec<(String, Outcome)> {
+        let mut reported = Vec::new();
+        run_sequence(start, steps, &mut |description, outcome| {
+            reported.push((description.to_owned(), outcome.clone()));
+        });
+        reported
+    }
+
+    fn fail(_: &mut State) -> Outcome {
+        Err("expected x, got y".to_owned())
+    }
+
+    #[test]
+    fn a_failed_gate_stops_the_sequence_a_failed_check_does_not() {
+        let steps = [
+            check("check fails", fail),
+            gate("gate passes", |s| s.a().map(drop)),
+            gate("gate fails", fail),
+            check("check after", |_| Ok(())),
+            gate("gate after", |_| Ok(())),
+        ];
+        let not_run = Err("not run: \"gate fails\" failed".to_owned());
+        assert_eq!(
+            run(Ok(state()), &steps),
+            [
+                (START.to_owned(), Ok(())),
+                (
+                    "check fails".to_owned(),
+                    Err("expected x, got y".to_owned())
+                ),
+                ("gate passes".to_owned(), Ok(())),
+                ("gate fails".to_owned(), Err("expected x, got y".to_owned())),
+                ("check after".to_owned(), not_run.clone()),
+                ("gate after".to_owned(), not_run),
+            ]
+        );
+    }
+
+    #[test]
+    fn nothing_runs_when_a_does_not_open() {
+        let steps = steps();
+        let reported = run(
+            Err("expected open to succeed, got ENOENT".to_owned()),
+            &steps,
+        );
+        assert_eq!(reported.len(), 1 + steps.len());
+        assert_eq!(
+            reported[0],
+            (
+                START.to_owned(),
+                Err("expected open to succeed, got ENOENT".to_owned())
+            )
+        );
+        for (description, outcome) in &reported[1..] {
+            assert_eq!(
+                outcome,
+                &Err(format!("not run: \"{START}\" failed")),
+                "{description}"
+            );
+        }
+    }
+
+    /// A regular file answers INFO with ENOTTY and has no peerdirect lines in its fdinfo.
+    #[test]
+    fn file_checks_fail_on_a_file_that_is_not_a_peerdirect_device() {
+        let state = state();
+        let a = state.a().unwrap();
+        let diagnostic = expect_enodev_with_hint(a).unwrap_err();
+        assert!(
+            diagnostic.starts_with("expected ENODEV, got ENOTTY"),
+            "{diagnostic}"
+        );
+        let fdinfo = fdinfo(a).unwrap();
+        assert!(fdinfo_value(&fdinfo, "pos").is_some(), "{fdinfo}");
+        let diagnostic = expect_fdinfo(&fdinfo, PRESENT, "true").unwrap_err();
+        assert!(
+            diagnostic.contains("got no peerdirect-present line"),
+            "{diagnostic}"
+        );
+        let diagnostic = expect_info(a, state.bdf()).unwrap_err();
+        assert!(
+            diagnostic.starts_with("expected INFO to succeed, got "),
+            "{diagnostic}"
+        );
+    }
+}

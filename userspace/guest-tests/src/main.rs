@@ -1,0 +1,364 @@
+//! `peerdirect-guest-tests`: checks the module's ioctl ABI against /dev/peerdirect0 from inside
+//! a guest that has it loaded, and reports in TAP. Exits 0 iff every test passed.
+//!
+//! With `--lifecycle`, instead unbinds, rebinds, removes and rescans the device behind
+//! /dev/peerdirect0 and unloads the module, checking what becomes of open files (see
+//! [`lifecycle`]).
+
+mod lifecycle;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use peerdirect::uapi::{peerdirect_info, PEERDIRECT_INFO_SIZE_VER0, PEERDIRECT_PROVIDER_OWNED};
+use peerdirect::{Device, Errno, Error, PciAddress, Provider, RawInfo};
+
+/// Run the peerdirect ABI tests against /dev/peerdirect0 and print TAP.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// The HBM size the device must report, in bytes.
+    #[arg(long, value_name = "N")]
+    expect_hbm_bytes: Option<u64>,
+    /// Test unbind, rebind, PCI remove and rescan, and module unload instead (leaves the
+    /// module unloaded).
+    #[arg(long, conflicts_with = "expect_hbm_bytes")]
+    lifecycle: bool,
+}
+
+const INDEX: u32 = 0;
+/// The PCI devices bound to peerdirect, one link each, named by PCI address.
+const SYSFS_DRIVER: &str = "/sys/bus/pci/drivers/peerdirect";
+
+/// A test's verdict: `Err` carries the diagnostic, "expected ..., got ...".
+type Outcome = Result<(), String>;
+
+struct Test {
+    description: String,
+    run: Box<dyn Fn(&Device) -> Outcome>,
+}
+
+fn test(description: impl Into<String>, run: impl Fn(&Device) -> Outcome + 'static) -> Test {
+    Test {
+        description: description.into(),
+        run: Box::new(run),
+    }
+}
+
+fn tests(args: &Args) -> Vec<Test> {
+    let expected_bytes = args.expect_hbm_bytes;
+    vec![
+        test(
+            match expected_bytes {
+                Some(bytes) => format!("INFO with size 64 succeeds, hbm_bytes == {bytes}"),
+                None => "INFO with size 64 succeeds, hbm_bytes > 0".to_owned(),
+            },
+            move |device| {
+                let info = info_ok(device, &mut RawInfo::<0>::new())?;
+                match expected_bytes {
+                    Some(bytes) => expect_eq("hbm_bytes", bytes, info.hbm_bytes),
+                    None if info.hbm_bytes == 0 => Err("expected hbm_bytes > 0, got 0".to_owned()),
+                    None => Ok(()),
+                }
+            },
+        ),
+        test("INFO index is 0, as in /dev/peerdirect0", |device| {
+            let info = info_ok(device, &mut RawInfo::<0>::new())?;
+            expect_eq("index", INDEX, info.index)
+        }),
+        test("INFO provider is owned", |device| {
+            let info = info_ok(device, &mut RawInfo::<0>::new())?;
+            expect_eq("raw provider", PEERDIRECT_PROVIDER_OWNED, info.provider)?;
+            let info = device
+                .info()
+                .map_err(|err| format!("Device::info failed: {err}"))?;
+            expect_eq("provider", Provider::Owned, info.provider)
+        }),
+        test(
+            format!("INFO pci_address and IDs name a device bound in {SYSFS_DRIVER}"),
+            |device| {
+                let info = info_ok(device, &mut RawInfo::<0>::new())?;
+                let pci_address = PciAddress {
+                    domain: info.pci_domain,
+                    bus: info.pci_bus,
+                    slot: info.pci_slot,
+                    func: info.pci_func,
+                };
+                let bound = format!("{SYSFS_DRIVER}/{pci_address}");
+                let read_id = |file: &str| {
+                    let path = format!("{bound}/{file}");
+                    std::fs::read_to_string(&path)
+                        .map(|s| s.trim().to_owned())
+                        .map_err(|err| format!("cannot read {path}: {err}"))
+                };
+                expect_eq(
+                    "vendor_id",
+                    read_id("vendor")?,
+                    format!("{:#06x}", info.vendor_id),
+                )?;
+                expect_eq(
+                    "device_id",
+                    read_id("device")?,
+                    format!("{:#06x}", info.device_id),
+                )
+            },
+        ),
+        test("INFO with size 0 fails with EINVAL", |device| {
+            let mut raw = RawInfo::<0>::new();
+            raw.info.size = 0;
+            expect_errno(device.info_raw(&mut raw), Errno::INVAL)
+        }),
+        test("INFO with size 63 fails with EINVAL", |device| {
+            let mut raw = RawInfo::<0>::new();
+            raw.info.size = PEERDIRECT_INFO_SIZE_VER0 - 1;
+            expect_errno(device.info_raw(&mut raw), Errno::INVAL)
+        }),
+        test(
+            "INFO with size 72 and a zero tail succeeds, same fields as size 64, tail untouched",
+            |device| {
+                let ver0 = info_ok(device, &mut RawInfo::<0>::new())?;
+                let mut raw = RawInfo::<8>::new();
+                raw.info.size = 72;
+                let longer = info_ok(device, &mut raw)?;
+                expect_eq("fields (size aside)", fields(&ver0), fields(&longer))?;
+                expect_eq("tail", [0; 8], raw.tail)
+            },
+        ),
+        test(
+            "INFO with size 72 and a nonzero tail fails with E2BIG",
+            |device| {
+                let mut raw = RawInfo::<8>::new();
+                raw.info.size = 72;
+                raw.tail[7] = 1;
+                expect_errno(device.info_raw(&mut raw), Errno::TOOBIG)
+            },
+        ),
+        test("INFO with flags 0x1 fails with EOPNOTSUPP", |device| {
+            let mut raw = RawInfo::<0>::new();
+            raw.info.flags = 0x1;
+            expect_errno(device.info_raw(&mut raw), Errno::OPNOTSUPP)
+        }),
+        test(
+            "INFO with flags 0x80000000 fails with EOPNOTSUPP",
+            |device| {
+                let mut raw = RawInfo::<0>::new();
+                raw.info.flags = 0x8000_0000;
+                expect_errno(device.info_raw(&mut raw), Errno::OPNOTSUPP)
+            },
+        ),
+        test("INFO with __reserved0 != 0 fails with EINVAL", |device| {
+            let mut raw = RawInfo::<0>::new();
+            raw.info.__reserved0 = 1;
+            expect_errno(device.info_raw(&mut raw), Errno::INVAL)
+        }),
+        test("INFO with __reserved1 != 0 fails with EINVAL", |device| {
+            let mut raw = RawInfo::<0>::new();
+            raw.info.__reserved1 = 1;
+            expect_errno(device.info_raw(&mut raw), Errno::INVAL)
+        }),
+        test(
+            "unknown command _IO(0xBD, 0x7f) fails with ENOTTY",
+            |device| expect_errno(device.command_raw(0x7f), Errno::NOTTY),
+        ),
+        test(
+            "INFO with size 64 writes nothing past the struct (canary in bytes 64..72 survives)",
+            |device| {
+                const CANARY: [u8; 8] = [0xa5, 0x5a, 0xc3, 0x3c, 0xde, 0xad, 0xbe, 0xef];
+                let mut raw = RawInfo::<8>::new();
+                raw.tail = CANARY;
+                info_ok(device, &mut raw)?;
+                expect_eq("bytes 64..72", CANARY, raw.tail)
+            },
+        ),
+    ]
+}
+
+/// Sends `raw` and returns what the kernel wrote back, expecting success.
+fn info_ok<const TAIL: usize>(
+    device: &Device,
+    raw: &mut RawInfo<TAIL>,
+) -> Result<peerdirect_info, String> {
+    let size = raw.info.size;
+    device
+        .info_raw(raw)
+        .map_err(|err| format!("expected INFO with size {size} to succeed, got {err}"))?;
+    Ok(raw.info)
+}
+
+/// Every field but `size`, which the kernel may or may not rewrite.
+fn fields(info: &peerdirect_info) -> String {
+    format!("{:?}", peerdirect_info { size: 0, ..*info })
+}
+
+fn expect_eq<T: PartialEq + std::fmt::Debug>(what: &str, expected: T, got: T) -> Outcome {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(format!("{what}: expected {expected:?}, got {got:?}"))
+    }
+}
+
+fn expect_errno(result: Result<(), Error>, expected: Errno) -> Outcome {
+    match result {
+        Err(err) if err.errno() == Some(expected) => Ok(()),
+        Err(err) => Err(format!(
+            "expected {}, got {} ({err})",
+            errno_name(expected),
+            err.errno().map_or("no errno", errno_name)
+        )),
+        Ok(()) => Err(format!("expected {}, got success", errno_name(expected))),
+    }
+}
+
+fn errno_name(errno: Errno) -> &'static str {
+    match errno {
+        Errno::INVAL => "EINVAL",
+        Errno::TOOBIG => "E2BIG",
+        Errno::OPNOTSUPP => "EOPNOTSUPP",
+        Errno::NOTTY => "ENOTTY",
+        Errno::FAULT => "EFAULT",
+        Errno::NOENT => "ENOENT",
+        Errno::NODEV => "ENODEV",
+        Errno::NXIO => "ENXIO",
+        Errno::ACCESS => "EACCES",
+        Errno::PERM => "EPERM",
+        _ => "another errno",
+    }
+}
+
+/// Prints TAP: the plan, then one line per test and a `# ` line for each failure's diagnostic.
+struct Tap {
+    next: usize,
+    failed: usize,
+}
+
+impl Tap {
+    fn plan(tests: usize) -> Self {
+        println!("1..{tests}");
+        Self { next: 1, failed: 0 }
+    }
+
+    fn report(&mut self, description: &str, outcome: &Outcome) {
+        match outcome {
+            Ok(()) => println!("ok {} - {description}", self.next),
+            Err(diagnostic) => {
+                println!("not ok {} - {description}", self.next);
+                for line in diagnostic.lines() {
+                    println!("# {line}");
+                }
+                self.failed += 1;
+            }
+        }
+        self.next += 1;
+    }
+
+    /// Prints the tally; success iff every test passed.
+    fn finish(self) -> ExitCode {
+        let run = self.next - 1;
+        println!("# {} passed, {} failed", run - self.failed, self.failed);
+        if self.failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.lifecycle {
+        return run_lifecycle();
+    }
+    let tests = tests(&args);
+    let path = peerdirect::device_path(INDEX);
+    let mut tap = Tap::plan(1 + tests.len());
+
+    let device = Device::open(&path);
+    tap.report(
+        &format!("{} opens", path.display()),
+        &device.as_ref().map(drop).map_err(|err| err.to_string()),
+    );
+    for test in &tests {
+        let outcome = match &device {
+            Ok(device) => (test.run)(device),
+            Err(_) => Err(format!("not run: {} did not open", path.display())),
+        };
+        tap.report(&test.description, &outcome);
+    }
+    tap.finish()
+}
+
+fn run_lifecycle() -> ExitCode {
+    let steps = lifecycle::steps();
+    let mut tap = Tap::plan(1 + steps.len());
+    let start = lifecycle::start();
+    lifecycle::run_sequence(start, &steps, &mut |description, outcome| {
+        tap.report(description, outcome)
+    });
+    tap.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expect_hbm_bytes_is_optional() {
+        let args = Args::try_parse_from(["peerdirect-guest-tests"]).unwrap();
+        assert_eq!(args.expect_hbm_bytes, None);
+        let args =
+            Args::try_parse_from(["peerdirect-guest-tests", "--expect-hbm-bytes", "1048576"])
+                .unwrap();
+        assert_eq!(args.expect_hbm_bytes, Some(1 << 20));
+        assert!(
+            Args::try_parse_from(["peerdirect-guest-tests", "--expect-hbm-bytes", "1M"]).is_err()
+        );
+    }
+
+    #[test]
+    fn lifecycle_is_a_mode_of_its_own() {
+        let args = Args::try_parse_from(["peerdirect-guest-tests"]).unwrap();
+        assert!(!args.lifecycle);
+        let args = Args::try_parse_from(["peerdirect-guest-tests", "--lifecycle"]).unwrap();
+        assert!(args.lifecycle);
+        assert!(Args::try_parse_from([
+            "peerdirect-guest-tests",
+            "--lifecycle",
+            "--expect-hbm-bytes",
+            "1048576"
+        ])
+        .is_err());
+    }
+
+    /// A regular file answers every ioctl with ENOTTY: each test that expects anything else
+    /// must report a failure, which shows the tests can fail.
+    #[test]
+    fn tests_fail_on_a_file_that_is_not_a_peerdirect_device() {
+        let path =
+            std::env::temp_dir().join(format!("peerdirect-guest-tests-{}", std::process::id()));
+        std::fs::write(&path, b"").unwrap();
+        let device = Device::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+
+        let tests = tests(&Args {
+            expect_hbm_bytes: Some(1 << 30),
+            lifecycle: false,
+        });
+        assert_eq!(tests.len(), 14);
+        for test in &tests {
+            let outcome = (test.run)(&device);
+            if test.description.starts_with("unknown command") {
+                assert_eq!(outcome, Ok(()), "{}", test.description);
+            } else {
+                let diagnostic = outcome.expect_err(&test.description);
+                assert!(diagnostic.contains("expected"), "{diagnostic}");
+            }
+        }
+        let size0 = tests
+            .iter()
+            .find(|test| test.description.contains("size 0 "))
+            .unwrap();
+        let size0 = (size0.run)(&device).unwrap_err();
+        assert!(size0.starts_with("expected EINVAL, got ENOTTY"), "{size0}");
+    }
+}

@@ -1,0 +1,268 @@
+//! `/dev/peerdirectN`: finding, opening and querying the HBM devices.
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::error::Operation;
+use crate::sys::{self, RawInfo};
+use crate::uapi::DEVICE_PREFIX;
+use crate::{DeviceInfo, Error};
+
+/// Where the device nodes live.
+const DEV_DIR: &str = "/dev";
+
+/// The device node of HBM device `index`: `/dev/peerdirect<index>`.
+pub fn device_path(index: u32) -> PathBuf {
+    Path::new(DEV_DIR).join(format!("{DEVICE_PREFIX}{index}"))
+}
+
+/// An open peerdirect device node.
+#[derive(Debug)]
+pub struct Device {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl Device {
+    /// Opens the device node at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
+        let path = path.as_ref();
+        let fd = rustix::fs::open(path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|errno| Error::os(Operation::Open, path, errno))?;
+        Ok(Self {
+            fd,
+            path: path.to_owned(),
+        })
+    }
+
+    /// Opens `/dev/peerdirect<index>`.
+    pub fn open_index(index: u32) -> Result<Self, Error> {
+        Self::open(device_path(index))
+    }
+
+    /// The path the device was opened at.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Asks the module about the HBM device (`PEERDIRECT_IOC_INFO`).
+    pub fn info(&self) -> Result<DeviceInfo, Error> {
+        let raw = sys::info(self.fd.as_fd()).map_err(|errno| self.error(Operation::Info, errno))?;
+        DeviceInfo::from_raw(&self.path, &raw)
+    }
+
+    /// Sends `PEERDIRECT_IOC_INFO` with an argument the caller built, malformed ones included,
+    /// and leaves in `raw` whatever the kernel wrote back. For testing the module's checks.
+    ///
+    /// Requests whose `size` reaches past `raw` are refused without a system call
+    /// ([`Error::RequestTooLarge`]).
+    pub fn info_raw<const TAIL: usize>(&self, raw: &mut RawInfo<TAIL>) -> Result<(), Error> {
+        if raw.info.size as usize > RawInfo::<TAIL>::CAPACITY {
+            return Err(Error::RequestTooLarge {
+                path: self.path.clone(),
+                size: raw.info.size,
+                capacity: RawInfo::<TAIL>::CAPACITY,
+            });
+        }
+        sys::info_raw(self.fd.as_fd(), raw).map_err(|errno| self.error(Operation::Info, errno))
+    }
+
+    /// Sends command `nr` (`_IO(PEERDIRECT_IOCTL_TYPE, nr)`) with a null argument. For testing
+    /// how the module treats commands it does not know (ENOTTY).
+    pub fn command_raw(&self, nr: u8) -> Result<(), Error> {
+        sys::command(self.fd.as_fd(), nr).map_err(|errno| self.error(Operation::Command(nr), errno))
+    }
+
+    fn error(&self, operation: Operation, errno: Errno) -> Error {
+        Error::os(operation, &self.path, errno)
+    }
+}
+
+impl AsFd for Device {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl From<Device> for OwnedFd {
+    fn from(device: Device) -> Self {
+        device.fd
+    }
+}
+
+/// Opens every `/dev/peerdirectN`, in the order of N. No device nodes (the module is not
+/// loaded, or binds no device) is an empty list, not an error.
+pub fn devices() -> Result<Vec<Device>, Error> {
+    devices_in(Path::new(DEV_DIR))
+}
+
+fn devices_in(dir: &Path) -> Result<Vec<Device>, Error> {
+    let list_error = |err: io::Error| {
+        let errno = Errno::from_io_error(&err).unwrap_or(Errno::IO);
+        Error::os(Operation::List, dir, errno)
+    };
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => return Err(list_error(err)),
+    };
+    let mut nodes = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(list_error)?;
+        if let Some(index) = entry.file_name().to_str().and_then(device_index) {
+            nodes.push((index, entry.path()));
+        }
+    }
+    nodes.sort_unstable();
+    nodes
+        .into_iter()
+        .map(|(_, path)| Device::open(path))
+        .collect()
+}
+
+/// N for a device node named `peerdirectN`.
+fn device_index(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix(DEVICE_PREFIX)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_path_is_under_dev() {
+        assert_eq!(device_path(0), Path::new("/dev/peerdirect0"));
+        assert_eq!(device_path(12), Path::new("/dev/peerdirect12"));
+    }
+
+    #[test]
+    fn device_index_accepts_only_peerdirect_and_digits() {
+        assert_eq!(device_index("peerdirect0"), Some(0));
+        assert_eq!(device_index("peerdirect17"), Some(17));
+        for name in [
+            "peerdirect",
+            "peerdirect+1",
+            "peerdirect-1",
+            "peerdirectx",
+            "peerdirect1a",
+            "xpeerdirect1",
+            "peerdirect99999999999",
+        ] {
+            assert_eq!(device_index(name), None, "{name}");
+        }
+    }
+
+    /// A directory of its own under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> Self {
+            let path =
+                std::env::temp_dir().join(format!("peerdirect-test-{}-{name}", std::process::id()));
+            fs::create_dir(&path).unwrap();
+            Self(path)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn missing_directory_lists_no_devices() {
+        let dir = TempDir::new("missing");
+        assert!(devices_in(&dir.0.join("dev")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn lists_device_nodes_in_index_order() {
+        let dir = TempDir::new("order");
+        for name in [
+            "peerdirect10",
+            "peerdirect2",
+            "peerdirect0",
+            "peerdirect",
+            "peerdirectx",
+            "null",
+        ] {
+            fs::write(dir.0.join(name), b"").unwrap();
+        }
+        let paths: Vec<_> = devices_in(&dir.0)
+            .unwrap()
+            .iter()
+            .map(|d| d.path().to_owned())
+            .collect();
+        assert_eq!(
+            paths,
+            ["peerdirect0", "peerdirect2", "peerdirect10"].map(|name| dir.0.join(name))
+        );
+    }
+
+    #[test]
+    fn open_missing_node_names_path_and_hint() {
+        let dir = TempDir::new("open");
+        let path = dir.0.join("peerdirect0");
+        let err = Device::open(&path).unwrap_err();
+        assert_eq!(err.errno(), Some(Errno::NOENT));
+        assert!(
+            err.to_string()
+                .starts_with(&format!("open {}: ", path.display())),
+            "{err}"
+        );
+        assert!(err.hint().unwrap().contains("peerdirect.ko"));
+    }
+
+    #[test]
+    fn regular_file_is_not_a_peerdirect_device() {
+        let dir = TempDir::new("notty");
+        let path = dir.0.join("peerdirect0");
+        fs::write(&path, b"").unwrap();
+        let device = Device::open(&path).unwrap();
+        let err = device.info().unwrap_err();
+        assert_eq!(err.errno(), Some(Errno::NOTTY));
+        assert!(err.hint().unwrap().contains("not a peerdirect device"));
+        assert_eq!(
+            device.command_raw(0x7f).unwrap_err().errno(),
+            Some(Errno::NOTTY)
+        );
+    }
+
+    #[test]
+    fn raw_request_larger_than_its_buffer_is_not_sent() {
+        let dir = TempDir::new("toolarge");
+        let path = dir.0.join("peerdirect0");
+        fs::write(&path, b"").unwrap();
+        let device = Device::open(&path).unwrap();
+        let mut raw = RawInfo::<8>::new();
+        raw.info.size = 73;
+        let err = device.info_raw(&mut raw).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::RequestTooLarge {
+                    size: 73,
+                    capacity: 72,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        // Within its buffer, the request reaches the file (which knows no ioctls).
+        raw.info.size = 72;
+        assert_eq!(
+            device.info_raw(&mut raw).unwrap_err().errno(),
+            Some(Errno::NOTTY)
+        );
+    }
+}

@@ -1,0 +1,62 @@
+# peerdirect: accelerator HBM as DMA-BUF for peer-to-peer RDMA. See README.md.
+#
+#   make demo      set everything up, boot the test guest, show what peerdirect does
+#   make test      set everything up, run every test; ends with "N passed, N failed"
+#   make module [KDIR=/path/to/kernel/build]   build peerdirect.ko (default: the test kernel)
+#   make userspace                              build the crate and the `peerdirect` CLI
+#   make install KDIR=... [DESTDIR=] [PREFIX=/usr/local]
+#
+# Expensive outputs (toolchain pieces, the test kernel, cargo's target dir) are cached in
+# $(PEERDIRECT_CACHE), ~/.cache/peerdirect by default, keyed by versions and config.
+
+SHELL := /bin/bash
+ROOT := $(CURDIR)
+BUILD := $(ROOT)/build
+KDIR ?=
+PREFIX ?= /usr/local
+PEERDIRECT_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/peerdirect
+export PEERDIRECT_CACHE
+export CARGO_TARGET_DIR ?= $(PEERDIRECT_CACHE)/cargo-target
+BIN := $(CARGO_TARGET_DIR)/release
+
+.PHONY: all setup kernel module module-kunit test-modules userspace guest demo test install clean
+
+all: module userspace
+
+setup:
+	@scripts/setup-toolchain
+
+kernel: setup
+	@scripts/build-kernel >/dev/null
+
+# With KDIR, build against that tree (a host's kernel); without, against the test kernel.
+module: $(if $(KDIR),,kernel)
+	@scripts/build-module $(ROOT) $(BUILD)/kmod "$(KDIR)"
+
+module-kunit: kernel
+	@scripts/build-module $(ROOT) $(BUILD)/kmod-kunit "" PEERDIRECT_KUNIT=1
+
+test-modules: kernel
+	@scripts/build-module $(ROOT)/tests/kmod $(BUILD)/tests-kmod ""
+
+userspace:
+	@cd userspace && cargo build -q --release --workspace --locked
+
+guest: kernel module module-kunit test-modules userspace
+	@scripts/mkinitramfs $(BUILD)/initramfs.cpio "$$(scripts/build-kernel)" $(BUILD) $(BIN)
+
+demo: guest
+	@PEERDIRECT_PREBUILT=1 scripts/demo
+
+test: guest
+	@PEERDIRECT_PREBUILT=1 tests/run
+
+install:
+	@[ -n "$(KDIR)" ] || { echo "make install needs KDIR=/lib/modules/\$$(uname -r)/build (or another kernel build tree)"; exit 2; }
+	@$(MAKE) -s module userspace
+	$(MAKE) -C $(KDIR) M=$(ROOT) MO=$(BUILD)/kmod modules_install
+	install -D -m 0755 $(BIN)/peerdirect $(DESTDIR)$(PREFIX)/bin/peerdirect
+	install -D -m 0644 include/uapi/peerdirect.h $(DESTDIR)$(PREFIX)/include/peerdirect/peerdirect_uapi.h
+
+clean:
+	rm -rf $(BUILD)

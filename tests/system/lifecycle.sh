@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Unbind, rebind, removal and rescan, module unload with files open; kmemleak scans after.
+. "$(dirname "$0")/../lib.sh"
+guest --kmemleak -- peerdirect-guest-tests --lifecycle
+rc=$?
+
+# Without driver_override nothing is bound, even with the module loaded.
+out=$(guest --no-bind -- sh -c 'insmod /lib/peerdirect/peerdirect.ko && ls /sys/bus/pci/drivers/peerdirect/ && ls /dev/ | grep -c peerdirect' 2>&1)
+if grep -qx 0 <<<"$out" && ! grep -q ':' <<<"$out"; then
+	echo "ok - without driver_override, loading peerdirect binds nothing"
+else
+	echo "not ok - without driver_override, loading peerdirect binds nothing"
+	sed 's/^/# /' <<<"$out"
+fi
+exit $rc

@@ -1,36 +1,111 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! `/dev/peerdirectN`: the misc device of one HBM device, and its ioctls.
+//!
+//! Each open file has its own allocations: handles are unique on the device, but a file can
+//! only name the ones it made (another file's handle is `ENOENT`, as a freed one is).
 
 use crate::{
+    allocation::Allocation,
+    export,
     hbm::Hbm,
     provider::HbmDevice,
-    uapi::{peerdirect_info, Request, PEERDIRECT_IOC_INFO, PEERDIRECT_PROVIDER_OWNED},
+    uapi::{
+        peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info, Request,
+        PEERDIRECT_ALLOC_ALIGN_DEFAULT, PEERDIRECT_EXPORT_CLOEXEC, PEERDIRECT_EXPORT_RDWR,
+        PEERDIRECT_IOC_ALLOC, PEERDIRECT_IOC_EXPORT, PEERDIRECT_IOC_FREE, PEERDIRECT_IOC_INFO,
+        PEERDIRECT_PROVIDER_OWNED,
+    },
 };
 use kernel::{
-    fs::File,
+    bindings,
+    fs::{file::FileDescriptorReservation, File},
     miscdevice::{MiscDevice, MiscDeviceRegistration},
+    new_mutex,
+    page::PAGE_SIZE,
     prelude::*,
+    rbtree::{RBTree, RBTreeNodeReservation},
     seq_file::SeqFile,
     seq_print,
-    sync::Arc,
+    sync::{Arc, Mutex},
 };
 
+const PAGE: u64 = PAGE_SIZE as u64;
+
 /// An open `/dev/peerdirectN`.
+#[pin_data]
 pub(crate) struct HbmFile {
     hbm: Arc<Hbm>,
+    /// This file's allocations by handle; dropping the file drops them.
+    #[pin]
+    allocations: Mutex<RBTree<u32, Arc<Allocation>>>,
+}
+
+/// The checks every request struct gets: no unknown flag, zero padding.
+fn check_flags_and_padding(flags: u32, known: u32, padding: &[u32]) -> Result {
+    if flags & !known != 0 {
+        return Err(EOPNOTSUPP);
+    }
+    if padding.iter().any(|&p| p != 0) {
+        return Err(EINVAL);
+    }
+    Ok(())
+}
+
+/// The length an ALLOC of `length` bytes gets on a device of `hbm_bytes`: rounded up to a
+/// page; `EINVAL` for 0 or more than the device has.
+pub(crate) fn alloc_length(length: u64, hbm_bytes: u64) -> Result<u64> {
+    if length == 0 || length > hbm_bytes {
+        return Err(EINVAL);
+    }
+    length
+        .checked_add(PAGE - 1)
+        .map(|l| l & !(PAGE - 1))
+        .ok_or(EINVAL)
+}
+
+/// The alignment an ALLOC asks for: 0 means the default; a power of two of at least a page.
+pub(crate) fn alloc_align(align: u64) -> Result<u64> {
+    let align = if align == 0 {
+        u64::from(PEERDIRECT_ALLOC_ALIGN_DEFAULT)
+    } else {
+        align
+    };
+    if !align.is_power_of_two() || align < PAGE {
+        return Err(EINVAL);
+    }
+    Ok(align)
+}
+
+/// The range an EXPORT of (`offset`, `length`) covers in an allocation of `alloc_len` bytes.
+pub(crate) fn export_range(offset: u64, length: u64, alloc_len: u64) -> Result<(u64, u64)> {
+    if offset % PAGE != 0 || length % PAGE != 0 {
+        return Err(EINVAL);
+    }
+    if offset >= alloc_len {
+        return Err(EINVAL);
+    }
+    let length = if length == 0 {
+        alloc_len - offset
+    } else {
+        length
+    };
+    let end = offset.checked_add(length).ok_or(EOVERFLOW)?;
+    if end > alloc_len {
+        return Err(EINVAL);
+    }
+    Ok((offset, length))
 }
 
 impl HbmFile {
     /// `PEERDIRECT_IOC_INFO`: describe the HBM device.
     fn info(&self, arg: usize) -> Result {
         let mut req = Request::<peerdirect_info>::read(arg)?;
-        if req.value.flags != 0 {
-            return Err(EOPNOTSUPP);
-        }
-        if req.value.__reserved0 != 0 || req.value.__reserved1 != 0 {
-            return Err(EINVAL);
-        }
+        check_flags_and_padding(
+            req.value.flags,
+            0,
+            &[req.value.__reserved0.into(), req.value.__reserved1],
+        )?;
         let info = self.hbm.info()?;
         req.value = peerdirect_info {
             hbm_bytes: info.bytes,
@@ -53,34 +128,151 @@ impl HbmFile {
         };
         req.answer()
     }
+
+    /// `PEERDIRECT_IOC_ALLOC`: a new allocation owned by this file.
+    fn alloc(&self, arg: usize) -> Result {
+        let mut req = Request::<peerdirect_alloc>::read(arg)?;
+        check_flags_and_padding(req.value.flags, 0, &[req.value.__reserved0])?;
+        let info = self.hbm.info()?;
+        let length = alloc_length(req.value.length, info.bytes)?;
+        let align = alloc_align(req.value.align)?;
+
+        let node = RBTreeNodeReservation::new(GFP_KERNEL)?;
+        let alloc = Allocation::new(&self.hbm, length, align)?;
+        let handle = alloc.handle();
+        req.value.length = length;
+        req.value.handle = handle;
+        req.value.hbm_offset = alloc.offset();
+        self.allocations
+            .lock()
+            .insert(node.into_node(handle, alloc));
+        // A caller that cannot read the answer cannot name the allocation: undo it.
+        req.answer().inspect_err(|_| {
+            drop(self.allocations.lock().remove(&handle));
+        })
+    }
+
+    /// `PEERDIRECT_IOC_FREE`: drop this file's handle; the memory follows its last dma-buf.
+    fn free(&self, arg: usize) -> Result {
+        let req = Request::<peerdirect_free>::read(arg)?;
+        check_flags_and_padding(req.value.flags, 0, &[req.value.__reserved0])?;
+        let alloc = self.allocations.lock().remove(&req.value.handle);
+        // Dropped outside the lock: the last reference returns the range to the heap.
+        drop(alloc.ok_or(ENOENT)?);
+        req.answer()
+    }
+
+    /// `PEERDIRECT_IOC_EXPORT`: a dma-buf fd for a range of one of this file's allocations.
+    fn export(&self, arg: usize) -> Result {
+        let mut req = Request::<peerdirect_export>::read(arg)?;
+        check_flags_and_padding(
+            req.value.flags,
+            PEERDIRECT_EXPORT_CLOEXEC | PEERDIRECT_EXPORT_RDWR,
+            &[],
+        )?;
+        let alloc = self
+            .allocations
+            .lock()
+            .get(&req.value.handle)
+            .cloned()
+            .ok_or(ENOENT)?;
+        let (offset, length) = export_range(req.value.offset, req.value.length, alloc.len())?;
+
+        let cloexec = req.value.flags & PEERDIRECT_EXPORT_CLOEXEC != 0;
+        let fd = FileDescriptorReservation::get_unused_fd_flags(if cloexec {
+            bindings::O_CLOEXEC
+        } else {
+            0
+        })?;
+        let writable = req.value.flags & PEERDIRECT_EXPORT_RDWR != 0;
+        let file = export::export(&alloc, offset, length, writable)?;
+        req.value.fd = i32::try_from(fd.reserved_fd()).map_err(|_| EMFILE)?;
+        // The fd becomes visible only once the caller has its number; on failure both the
+        // reservation and the dma-buf are dropped.
+        req.answer()?;
+        fd.fd_install(file);
+        Ok(())
+    }
 }
 
 #[vtable]
 impl MiscDevice for HbmFile {
-    type Ptr = KBox<Self>;
+    type Ptr = Pin<KBox<Self>>;
 
-    fn open(_file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<KBox<Self>> {
+    fn open(_file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
         let hbm = HbmDevice::of_registration(misc).hbm().clone();
-        Ok(KBox::new(Self { hbm }, GFP_KERNEL)?)
+        KBox::try_pin_init(
+            try_pin_init!(Self {
+                hbm,
+                allocations <- new_mutex!(RBTree::new()),
+            }),
+            GFP_KERNEL,
+        )
     }
 
-    fn ioctl(me: &Self, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
+    fn ioctl(me: Pin<&Self>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
         match cmd {
             PEERDIRECT_IOC_INFO => me.info(arg)?,
+            PEERDIRECT_IOC_ALLOC => me.alloc(arg)?,
+            PEERDIRECT_IOC_FREE => me.free(arg)?,
+            PEERDIRECT_IOC_EXPORT => me.export(arg)?,
             _ => return Err(ENOTTY),
         }
         Ok(0)
     }
 
-    fn show_fdinfo(me: &Self, m: &SeqFile, _file: &File) {
+    fn show_fdinfo(me: Pin<&Self>, m: &SeqFile, _file: &File) {
         let info = me.hbm.recorded();
+        let allocations = me.allocations.lock();
+        let bytes: u64 = allocations.values().map(|a| a.len()).sum();
         seq_print!(
             m,
-            "peerdirect-device:\tpeerdirect{}\npeerdirect-pci:\t{}\npeerdirect-hbm-bytes:\t{}\npeerdirect-present:\t{}\n",
+            "peerdirect-device:\tpeerdirect{}\npeerdirect-pci:\t{}\npeerdirect-hbm-bytes:\t{}\npeerdirect-present:\t{}\npeerdirect-allocations:\t{}\npeerdirect-allocated-bytes:\t{}\n",
             info.index,
             info.address,
             info.bytes,
-            me.hbm.is_present()
+            me.hbm.is_present(),
+            allocations.iter().count(),
+            bytes
         );
+    }
+}
+
+#[cfg(peerdirect_kunit)]
+#[kunit_tests(peerdirect_requests)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_arguments() {
+        assert!(matches!(alloc_length(0, 1 << 30), Err(e) if e == EINVAL));
+        assert!(matches!(alloc_length((1 << 30) + 1, 1 << 30), Err(e) if e == EINVAL));
+        assert_eq!(alloc_length(1, 1 << 30).unwrap(), PAGE);
+        assert_eq!(alloc_length(1 << 30, 1 << 30).unwrap(), 1 << 30);
+        assert_eq!(alloc_align(0).unwrap(), 2 << 20);
+        assert_eq!(alloc_align(PAGE).unwrap(), PAGE);
+        assert!(matches!(alloc_align(3), Err(e) if e == EINVAL));
+        assert!(matches!(alloc_align(PAGE / 2), Err(e) if e == EINVAL));
+    }
+
+    #[test]
+    fn export_arguments() {
+        let mib = 1 << 20;
+        assert_eq!(export_range(0, 0, 4 * mib).unwrap(), (0, 4 * mib));
+        assert_eq!(export_range(mib, 0, 4 * mib).unwrap(), (mib, 3 * mib));
+        assert_eq!(export_range(mib, mib, 4 * mib).unwrap(), (mib, mib));
+        assert!(matches!(export_range(1, PAGE, 4 * mib), Err(e) if e == EINVAL));
+        assert!(matches!(export_range(0, PAGE + 1, 4 * mib), Err(e) if e == EINVAL));
+        assert!(matches!(export_range(4 * mib, 0, 4 * mib), Err(e) if e == EINVAL));
+        assert!(matches!(export_range(0, 8 * mib, 4 * mib), Err(e) if e == EINVAL));
+        assert!(matches!(export_range(PAGE, !(PAGE - 1), 4 * mib), Err(e) if e == EOVERFLOW));
+    }
+
+    #[test]
+    fn flags_and_padding() {
+        assert!(check_flags_and_padding(0, 0, &[0, 0]).is_ok());
+        assert!(check_flags_and_padding(3, 3, &[]).is_ok());
+        assert!(matches!(check_flags_and_padding(4, 3, &[]), Err(e) if e == EOPNOTSUPP));
+        assert!(matches!(check_flags_and_padding(0, 0, &[0, 1]), Err(e) if e == EINVAL));
     }
 }

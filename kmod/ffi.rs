@@ -5,10 +5,14 @@
 //! Everything here is wrapped once in a safe function; no other file declares `extern "C"` or
 //! touches a raw pointer.
 
+use core::ptr::NonNull;
 use kernel::{bindings, ffi::c_int, pci, prelude::*};
 
 mod raw {
-    use kernel::{bindings, ffi::c_int};
+    use kernel::{
+        bindings,
+        ffi::{c_char, c_int, c_uint},
+    };
 
     // Declared in helpers.h; the signatures must match it. `improper_ctypes` fires because
     // bindgen renders a flexible array inside `struct pci_dev` as a field-less struct; only
@@ -19,6 +23,39 @@ mod raw {
         pub(super) fn peerdirect_pci_domain(pdev: *mut bindings::pci_dev) -> c_int;
         pub(super) fn peerdirect_pci_numa_node(pdev: *mut bindings::pci_dev) -> c_int;
         pub(super) fn peerdirect_pci_bar_is_mem(pdev: *mut bindings::pci_dev, bar: c_int) -> bool;
+        pub(super) fn peerdirect_dma_max_seg_size(dev: *mut bindings::device) -> c_uint;
+        pub(super) fn peerdirect_dev_is_pci(dev: *mut bindings::device) -> bool;
+        pub(super) fn peerdirect_map_phys(
+            attach: *mut bindings::dma_buf_attachment,
+            provider: *mut bindings::p2pdma_provider,
+            paddr: bindings::phys_addr_t,
+            len: u64,
+            seg: u64,
+            dir: bindings::dma_data_direction,
+        ) -> *mut bindings::sg_table;
+        pub(super) fn peerdirect_unmap_phys(
+            attach: *mut bindings::dma_buf_attachment,
+            sgt: *mut bindings::sg_table,
+            dir: bindings::dma_data_direction,
+        );
+        pub(super) fn peerdirect_mmap_phys(
+            vma: *mut bindings::vm_area_struct,
+            base: bindings::phys_addr_t,
+            len: u64,
+        ) -> c_int;
+        pub(super) fn peerdirect_dmabuf_set_name(
+            dmabuf: *mut bindings::dma_buf,
+            index: u32,
+            handle: u32,
+            offset: u64,
+            len: u64,
+        ) -> c_int;
+        pub(super) fn peerdirect_dmabuf_revoke(dmabuf: *mut bindings::dma_buf);
+        pub(super) fn peerdirect_log_refused_attach(
+            hbm: *mut bindings::pci_dev,
+            importer: *mut bindings::device,
+            reason: *const c_char,
+        );
     }
 }
 
@@ -98,4 +135,140 @@ pub(crate) fn request_bar(pdev: &pci::Device<kernel::device::Core<'_>>, bar: Bar
             c"peerdirect".as_char_ptr(),
         )
     })
+}
+
+/// Sets up the device's P2P DMA bookkeeping (`pcim_p2pdma_init`, device-managed).
+pub(crate) fn p2pdma_init(pdev: &pci::Device<kernel::device::Core<'_>>) -> Result {
+    // SAFETY: `raw_pci_dev` is a valid `struct pci_dev` while `pdev` is borrowed; `Core` means
+    // we are in probe, where device-managed resources may be added.
+    kernel::error::to_result(unsafe { bindings::pcim_p2pdma_init(raw_pci_dev(pdev)) })
+}
+
+/// A BAR as a peer-to-peer DMA provider (`struct p2pdma_provider`).
+///
+/// # Invariants
+///
+/// Points to the provider of a BAR of a device peerdirect is bound to; device-managed, it
+/// lives until the driver unbinds. Users check that the device is still bound first.
+pub(crate) struct P2pProvider(NonNull<bindings::p2pdma_provider>);
+
+// SAFETY: the provider is written once by `pcim_p2pdma_init` and only read afterwards.
+unsafe impl Send for P2pProvider {}
+// SAFETY: as above.
+unsafe impl Sync for P2pProvider {}
+
+impl P2pProvider {
+    /// The provider of `bar`; requires [`p2pdma_init`] first.
+    pub(crate) fn new(pdev: &pci::Device<kernel::device::Core<'_>>, bar: BarIndex) -> Result<Self> {
+        // SAFETY: `raw_pci_dev` is a valid `struct pci_dev` while `pdev` is borrowed; `bar` is
+        // a standard BAR index.
+        let raw = unsafe { bindings::pcim_p2pdma_provider(raw_pci_dev(pdev), bar.as_c_int()) };
+        NonNull::new(raw).map(Self).ok_or(EINVAL)
+    }
+
+    pub(crate) fn as_raw(&self) -> *mut bindings::p2pdma_provider {
+        self.0.as_ptr()
+    }
+}
+
+/// The kernel's peer-to-peer distance from `hbm` to the device `dev`
+/// (`pci_p2pdma_distance_many`), `None` when there is no P2P path. `dev` must be a live
+/// `struct device` (an attachment's).
+pub(crate) fn p2p_distance(hbm: &pci::Device, dev: *mut bindings::device) -> Option<u32> {
+    let mut clients = [dev];
+    // SAFETY: `hbm` is borrowed, `clients` holds one live device (callers) and outlives the
+    // call; `pci_p2pdma_map_type`, which decides the same thing, is not exported to modules.
+    let distance = unsafe {
+        bindings::pci_p2pdma_distance_many(raw_pci_dev(hbm), clients.as_mut_ptr(), 1, false)
+    };
+    u32::try_from(distance).ok()
+}
+
+/// Whether `dev` is a PCI device. `dev` must be a live `struct device` (an attachment's).
+pub(crate) fn dev_is_pci(dev: *mut bindings::device) -> bool {
+    // SAFETY: callers pass the `dev` of a live attachment, which holds a reference on it.
+    unsafe { raw::peerdirect_dev_is_pci(dev) }
+}
+
+/// The device's DMA max segment size. `dev` must be a live `struct device` (an attachment's).
+pub(crate) fn dma_max_seg_size(dev: *mut bindings::device) -> u32 {
+    // SAFETY: as in `dev_is_pci`.
+    unsafe { raw::peerdirect_dma_max_seg_size(dev) }
+}
+
+/// Rate-limited log line on `hbm`'s device naming the refused importer `dev` and why.
+pub(crate) fn log_refused_attach(hbm: &pci::Device, dev: *mut bindings::device, reason: &CStr) {
+    // SAFETY: `hbm` is borrowed, `dev` is a live attachment's device (callers), `reason` is a
+    // NUL-terminated string.
+    unsafe { raw::peerdirect_log_refused_attach(raw_pci_dev(hbm), dev, reason.as_char_ptr()) }
+}
+
+/// `dma_buf_phys_vec_to_sgt` over `[paddr, paddr + len)` cut in `seg`-byte segments.
+///
+/// # Safety
+///
+/// `attach` is being mapped with its dma-buf's reservation lock held, `provider` is live, and
+/// `seg` is a non-zero multiple of the page size.
+pub(crate) unsafe fn map_phys(
+    attach: *mut bindings::dma_buf_attachment,
+    provider: *mut bindings::p2pdma_provider,
+    paddr: u64,
+    len: u64,
+    seg: u64,
+    dir: bindings::dma_data_direction,
+) -> *mut bindings::sg_table {
+    // SAFETY: forwarded from the caller.
+    unsafe { raw::peerdirect_map_phys(attach, provider, paddr, len, seg, dir) }
+}
+
+/// `dma_buf_free_sgt`.
+///
+/// # Safety
+///
+/// `sgt` was returned by [`map_phys`] for `attach`, whose reservation lock is held.
+pub(crate) unsafe fn unmap_phys(
+    attach: *mut bindings::dma_buf_attachment,
+    sgt: *mut bindings::sg_table,
+    dir: bindings::dma_data_direction,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { raw::peerdirect_unmap_phys(attach, sgt, dir) }
+}
+
+/// Maps the BAR range at `base` of `len` bytes into `vma`, write-combined.
+///
+/// # Safety
+///
+/// `vma` is being set up by a dma-buf `mmap` callback, and `[base, base + len)` lies within a
+/// BAR this driver owns.
+pub(crate) unsafe fn mmap_phys(vma: *mut bindings::vm_area_struct, base: u64, len: u64) -> c_int {
+    // SAFETY: forwarded from the caller.
+    unsafe { raw::peerdirect_mmap_phys(vma, base, len) }
+}
+
+/// Names a dma-buf.
+///
+/// # Safety
+///
+/// The caller holds a reference to `dmabuf`.
+pub(crate) unsafe fn dmabuf_set_name(
+    dmabuf: *mut bindings::dma_buf,
+    index: u32,
+    handle: u32,
+    offset: u64,
+    len: u64,
+) -> c_int {
+    // SAFETY: forwarded from the caller.
+    unsafe { raw::peerdirect_dmabuf_set_name(dmabuf, index, handle, offset, len) }
+}
+
+/// Invalidates importers' mappings of `dmabuf` and zaps its CPU mappings.
+///
+/// # Safety
+///
+/// `dmabuf`'s memory is valid for the call (see `dmabuf::revoke`), and the caller does not
+/// hold its reservation lock.
+pub(crate) unsafe fn dmabuf_revoke(dmabuf: *mut bindings::dma_buf) {
+    // SAFETY: forwarded from the caller.
+    unsafe { raw::peerdirect_dmabuf_revoke(dmabuf) }
 }

@@ -7,12 +7,19 @@
 //! files outlive an unbind: after [`Hbm::remove`] they stay valid but every request on them
 //! fails with `ENODEV`.
 
-use crate::ffi::BarIndex;
+use crate::{
+    dmabuf::{self, DmaBufId},
+    ffi::{BarIndex, P2pProvider},
+    heap::Heap,
+};
 use kernel::{
+    new_mutex, pci,
     prelude::*,
+    rbtree::{RBTree, RBTreeNodeReservation},
     sync::{
-        atomic::{Acquire, Atomic, Release},
-        Arc,
+        aref::ARef,
+        atomic::{Acquire, Atomic, Relaxed, Release},
+        Arc, Mutex,
     },
 };
 
@@ -63,21 +70,53 @@ pub(crate) struct HbmInfo {
     pub(crate) index: u32,
 }
 
+/// Allocation bookkeeping of one device, under [`Hbm::heap`].
+pub(crate) struct HeapState {
+    pub(crate) heap: Heap,
+    /// Live allocations (including freed handles still held by dma-bufs), by offset:
+    /// (handle, length, owner pid).
+    pub(crate) live: RBTree<u64, (u32, u64, i32)>,
+}
+
 /// A bound (or formerly bound) HBM device.
+#[pin_data]
 pub(crate) struct Hbm {
     info: HbmInfo,
     present: Atomic<bool>,
+    pdev: ARef<pci::Device>,
+    provider: P2pProvider,
+    #[pin]
+    pub(crate) heap: Mutex<HeapState>,
+    next_handle: Atomic<u32>,
+    /// Live dma-bufs exported from this device.
+    pub(crate) exports: Atomic<u64>,
+    /// The live exports, by the address of their exporter state, to revoke on removal.
+    #[pin]
+    exported: Mutex<RBTree<usize, DmaBufId>>,
 }
 
 impl Hbm {
-    pub(crate) fn new(info: HbmInfo) -> Result<Arc<Self>> {
-        Ok(Arc::new(
-            Self {
+    pub(crate) fn new(
+        info: HbmInfo,
+        pdev: ARef<pci::Device>,
+        provider: P2pProvider,
+    ) -> Result<Arc<Self>> {
+        Arc::pin_init(
+            try_pin_init!(Self {
+                heap <- new_mutex!(HeapState {
+                    heap: Heap::new(info.bytes)?,
+                    live: RBTree::new(),
+                }),
                 info,
                 present: Atomic::new(true),
-            },
+                pdev,
+                provider,
+                next_handle: Atomic::new(1),
+                exports: Atomic::new(0),
+                exported <- new_mutex!(RBTree::new()),
+            }),
             GFP_KERNEL,
-        )?)
+        )
     }
 
     /// The device's description, or `ENODEV` once it is gone.
@@ -87,6 +126,15 @@ impl Hbm {
         } else {
             Err(ENODEV)
         }
+    }
+
+    /// The BAR's P2P provider, or `ENODEV` once the device is gone.
+    pub(crate) fn provider(&self) -> Result<&P2pProvider> {
+        self.info().map(|_| &self.provider)
+    }
+
+    pub(crate) fn pci_device(&self) -> &pci::Device {
+        &self.pdev
     }
 
     /// The description as recorded, whether or not the device is still there (for logs and
@@ -99,8 +147,47 @@ impl Hbm {
         self.present.load(Acquire)
     }
 
-    /// Marks the device gone (unbind, removal): later requests fail with `ENODEV`.
+    /// A new allocation handle: unique on this device, never 0.
+    pub(crate) fn new_handle(&self) -> u32 {
+        loop {
+            let handle = self.next_handle.fetch_add(1, Relaxed);
+            if handle != 0 {
+                return handle;
+            }
+        }
+    }
+
+    /// Records a new export, unless the device is gone (`ENODEV`): a removal revokes every
+    /// export recorded before it.
+    pub(crate) fn register_export(
+        &self,
+        key: usize,
+        id: DmaBufId,
+        node: RBTreeNodeReservation<usize, DmaBufId>,
+    ) -> Result {
+        let mut exported = self.exported.lock();
+        self.info()?;
+        exported.insert(node.into_node(key, id));
+        Ok(())
+    }
+
+    /// Forgets an export, from its release.
+    pub(crate) fn unregister_export(&self, key: usize) {
+        self.exported.lock().remove(&key);
+    }
+
+    /// Marks the device gone (unbind, removal) and revokes its exports: later requests and
+    /// maps fail with `ENODEV`, importers are told to drop their mappings, CPU mappings are
+    /// zapped. Pinned importers that cannot be revoked keep their (now dead) mappings until
+    /// they let go; the range is never handed out again meanwhile.
     pub(crate) fn remove(&self) {
         self.present.store(false, Release);
+        // No export is recorded after this point (`register_export`), so this is all of them.
+        let exported = self.exported.lock();
+        for &id in exported.values() {
+            // SAFETY: a recorded buffer's release unregisters it under `exported`, which we
+            // hold, so its release has not completed; its reservation lock is not ours.
+            unsafe { dmabuf::revoke(id) };
+        }
     }
 }

@@ -2,6 +2,13 @@
 /*
  * C helpers for what kernel::bindings cannot reach (static inlines and macros).
  */
+#include <linux/dma-buf.h>
+#include <linux/dma-buf-mapping.h>
+#include <linux/dma-mapping.h>
+#include <linux/dma-resv.h>
+#include <linux/mm.h>
+#include <linux/slab.h>
+
 #include "helpers.h"
 
 u64 peerdirect_pci_bus_address(struct pci_dev *pdev, int bar)
@@ -22,4 +29,96 @@ int peerdirect_pci_numa_node(struct pci_dev *pdev)
 bool peerdirect_pci_bar_is_mem(struct pci_dev *pdev, int bar)
 {
 	return pci_resource_flags(pdev, bar) & IORESOURCE_MEM;
+}
+
+unsigned int peerdirect_dma_max_seg_size(struct device *dev)
+{
+	return dma_get_max_seg_size(dev);
+}
+
+bool peerdirect_dev_is_pci(struct device *dev)
+{
+	return dev_is_pci(dev);
+}
+
+/*
+ * Maps [paddr, paddr + len) of the BAR for the importer: the range is cut into segments of at
+ * most @seg bytes (the importer's max segment size) and handed to the dma-buf core, which
+ * picks bus addresses (shared switch) or an IOMMU mapping (through the host bridge).
+ */
+struct sg_table *peerdirect_map_phys(struct dma_buf_attachment *attach,
+				     struct p2pdma_provider *provider, phys_addr_t paddr,
+				     u64 len, u64 seg, enum dma_data_direction dir)
+{
+	size_t i, nr = DIV_ROUND_UP(len, seg);
+	struct phys_vec *vec;
+	struct sg_table *sgt;
+
+	vec = kvmalloc_array(nr, sizeof(*vec), GFP_KERNEL);
+	if (!vec)
+		return ERR_PTR(-ENOMEM);
+	for (i = 0; i < nr; i++) {
+		vec[i].paddr = paddr + i * seg;
+		vec[i].len = min(seg, len - i * seg);
+	}
+	sgt = dma_buf_phys_vec_to_sgt(attach, provider, vec, nr, len, dir);
+	kvfree(vec);
+	return sgt;
+}
+
+void peerdirect_unmap_phys(struct dma_buf_attachment *attach, struct sg_table *sgt,
+			   enum dma_data_direction dir)
+{
+	dma_buf_free_sgt(attach, sgt, dir);
+}
+
+/* Maps the dma-buf's BAR range write-combined into a user VMA (offset from vm_pgoff). */
+int peerdirect_mmap_phys(struct vm_area_struct *vma, phys_addr_t base, u64 len)
+{
+	u64 size = vma->vm_end - vma->vm_start;
+	u64 off = (u64)vma->vm_pgoff << PAGE_SHIFT;
+
+	if (off > len || size > len - off)
+		return -EINVAL;
+	vma->vm_page_prot = pgprot_writecombine(vma->vm_page_prot);
+	vm_flags_set(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
+	return io_remap_pfn_range(vma, vma->vm_start, (base + off) >> PAGE_SHIFT, size,
+				  vma->vm_page_prot);
+}
+
+/* Names the dma-buf after its device, handle and range (shown in fdinfo and debugfs). */
+int peerdirect_dmabuf_set_name(struct dma_buf *dmabuf, u32 index, u32 handle, u64 offset,
+			       u64 len)
+{
+	char *name = kasprintf(GFP_KERNEL, "peerdirect%u:h%u:0x%llx+0x%llx", index, handle,
+			       offset, len);
+
+	if (!name)
+		return -ENOMEM;
+	spin_lock(&dmabuf->name_lock);
+	kfree(dmabuf->name);
+	dmabuf->name = name;
+	spin_unlock(&dmabuf->name_lock);
+	return 0;
+}
+
+/*
+ * Revokes @dmabuf after its memory is gone (the caller made later maps fail first): importers
+ * are told to drop their mappings under the reservation lock, and CPU mappings are zapped so
+ * that later accesses fault (SIGBUS) instead of reaching the vanished BAR.
+ */
+void peerdirect_dmabuf_revoke(struct dma_buf *dmabuf)
+{
+	dma_resv_lock(dmabuf->resv, NULL);
+	dma_buf_invalidate_mappings(dmabuf);
+	dma_resv_wait_timeout(dmabuf->resv, DMA_RESV_USAGE_BOOKKEEP, false, MAX_SCHEDULE_TIMEOUT);
+	dma_resv_unlock(dmabuf->resv);
+	unmap_mapping_range(dmabuf->file->f_mapping, 0, 0, 1);
+}
+
+void peerdirect_log_refused_attach(struct pci_dev *hbm, struct device *importer,
+				   const char *reason)
+{
+	dev_warn_ratelimited(&hbm->dev, "refusing dma-buf attach from %s %s: %s\n",
+			     dev_driver_string(importer), dev_name(importer), reason);
 }

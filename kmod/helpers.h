@@ -6,11 +6,32 @@
 #ifndef PEERDIRECT_HELPERS_H
 #define PEERDIRECT_HELPERS_H
 
+#include <linux/dma-direction.h>
 #include <linux/pci.h>
 
 u64 peerdirect_pci_bus_address(struct pci_dev *pdev, int bar);
 int peerdirect_pci_domain(struct pci_dev *pdev);
 int peerdirect_pci_numa_node(struct pci_dev *pdev);
 bool peerdirect_pci_bar_is_mem(struct pci_dev *pdev, int bar);
+
+struct dma_buf;
+struct dma_buf_attachment;
+struct p2pdma_provider;
+struct sg_table;
+struct vm_area_struct;
+
+unsigned int peerdirect_dma_max_seg_size(struct device *dev);
+bool peerdirect_dev_is_pci(struct device *dev);
+struct sg_table *peerdirect_map_phys(struct dma_buf_attachment *attach,
+				     struct p2pdma_provider *provider, phys_addr_t paddr,
+				     u64 len, u64 seg, enum dma_data_direction dir);
+void peerdirect_unmap_phys(struct dma_buf_attachment *attach, struct sg_table *sgt,
+			   enum dma_data_direction dir);
+int peerdirect_mmap_phys(struct vm_area_struct *vma, phys_addr_t base, u64 len);
+int peerdirect_dmabuf_set_name(struct dma_buf *dmabuf, u32 index, u32 handle, u64 offset,
+			       u64 len);
+void peerdirect_dmabuf_revoke(struct dma_buf *dmabuf);
+void peerdirect_log_refused_attach(struct pci_dev *hbm, struct device *importer,
+				   const char *reason);
 
 #endif /* PEERDIRECT_HELPERS_H */

@@ -7,20 +7,54 @@
 //! ioctls are defined by `include/uapi/peerdirect.h`.
 //!
 //! One file per concern: [`provider`] binds the PCI device, [`hbm`] is what the rest of the
-//! module knows of it, [`chardev`] is the misc device and its ioctls, [`uapi`] the ABI,
-//! [`index`] the `/dev/peerdirectN` numbering, [`ffi`] the only raw FFI.
+//! module knows of it, [`heap`] allocates its BAR, [`allocation`] is one range owned by a file
+//! and its dma-bufs, [`export`] is the DMA-BUF exporter over the small exporter abstraction in
+//! [`dmabuf`], [`chardev`] is the misc device and its ioctls, [`uapi`] the ABI, [`debugfs`]
+//! the debug files, [`index`] the `/dev/peerdirectN` numbering, [`ffi`] the C helpers.
 
+mod allocation;
 mod chardev;
+mod debugfs;
+mod dmabuf;
+mod export;
 mod ffi;
 mod hbm;
+mod heap;
 mod index;
 mod provider;
 mod uapi;
 
-kernel::module_pci_driver! {
-    type: provider::HbmDriver,
+use kernel::{driver, pci, prelude::*};
+
+module! {
+    type: Peerdirect,
     name: "peerdirect",
     authors: ["The peerdirect developers"],
     description: "Accelerator HBM as DMA-BUF for peer-to-peer RDMA",
     license: "GPL v2",
+    imports_ns: ["DMA_BUF"],
+}
+
+#[pin_data(PinnedDrop)]
+struct Peerdirect {
+    #[pin]
+    driver: driver::Registration<pci::Adapter<provider::HbmDriver>>,
+}
+
+impl kernel::InPlaceModule for Peerdirect {
+    fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
+        // Before the driver registers: probing devices make their directories in it.
+        debugfs::init_root();
+        try_pin_init!(Self {
+            driver <- driver::Registration::new(c"peerdirect", module),
+        })
+    }
+}
+
+#[pinned_drop]
+impl PinnedDrop for Peerdirect {
+    fn drop(self: Pin<&mut Self>) {
+        // The driver unregisters right after (field drop); device directories hold the root.
+        debugfs::release_root();
+    }
 }

@@ -8,17 +8,19 @@
 
 use crate::{
     chardev::HbmFile,
-    ffi::{self, BarIndex},
+    debugfs::{self, DeviceFiles},
+    ffi::{self, BarIndex, P2pProvider},
     hbm::{Hbm, HbmInfo, PciAddress},
     index::{DeviceIndex, DEVICES},
 };
 use kernel::{
     bindings, container_of,
+    debugfs::Scope,
     device::Core,
     miscdevice::{MiscDeviceOptions, MiscDeviceRegistration},
     pci,
     prelude::*,
-    sync::Arc,
+    sync::{aref::ARef, Arc},
 };
 
 /// The BAR that holds a device's HBM.
@@ -74,6 +76,8 @@ fn override_hbm_bar(pdev: &pci::Device) -> Option<u32> {
 pub(crate) struct HbmDevice {
     hbm: Arc<Hbm>,
     index: DeviceIndex,
+    #[pin]
+    debugfs: Scope<DeviceFiles>,
     #[pin]
     misc: MiscDeviceRegistration<HbmFile>,
 }
@@ -168,6 +172,10 @@ impl pci::Driver for HbmDriver {
 
             let index = DEVICES.take()?;
             let info = record_hbm(pdev, bar, index.get())?;
+            ffi::p2pdma_init(pdev)?;
+            let provider = P2pProvider::new(pdev, bar)?;
+            let pci_dev: &pci::Device = pdev;
+            let hbm = Hbm::new(info, ARef::from(pci_dev), provider)?;
             dev_info!(
                 pdev,
                 "{}: HBM BAR{} {} MiB at bus address {:#x}\n",
@@ -179,7 +187,8 @@ impl pci::Driver for HbmDriver {
             let name = index.name();
 
             Ok(try_pin_init!(HbmDevice {
-                hbm: Hbm::new(info)?,
+                debugfs <- debugfs::device_dir(name, hbm.clone()),
+                hbm,
                 index,
                 misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name }),
             }))

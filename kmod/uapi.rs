@@ -23,19 +23,28 @@ mod generated {
     include!("../include/uapi/peerdirect_uapi.rs");
 }
 
-pub(crate) use generated::{peerdirect_info, PEERDIRECT_PROVIDER_OWNED};
+pub(crate) use generated::{
+    peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info,
+    PEERDIRECT_ALLOC_ALIGN_DEFAULT, PEERDIRECT_EXPORT_CLOEXEC, PEERDIRECT_EXPORT_RDWR,
+    PEERDIRECT_PROVIDER_OWNED,
+};
 
 pub(crate) const PEERDIRECT_IOC_INFO: u32 = _IO(
     generated::PEERDIRECT_IOCTL_TYPE,
     generated::PEERDIRECT_CMD_INFO,
 );
-
-// SAFETY: `peerdirect_info` is `repr(C)` and made only of integers, which are valid for any
-// bit pattern; its padding is explicit (`__reserved*` fields), so it has no uninitialized
-// bytes either (bindgen's generated asserts pin its size and every offset).
-unsafe impl FromBytes for peerdirect_info {}
-// SAFETY: as above: no implicit padding, every byte is an initialized integer byte.
-unsafe impl AsBytes for peerdirect_info {}
+pub(crate) const PEERDIRECT_IOC_ALLOC: u32 = _IO(
+    generated::PEERDIRECT_IOCTL_TYPE,
+    generated::PEERDIRECT_CMD_ALLOC,
+);
+pub(crate) const PEERDIRECT_IOC_FREE: u32 = _IO(
+    generated::PEERDIRECT_IOCTL_TYPE,
+    generated::PEERDIRECT_CMD_FREE,
+);
+pub(crate) const PEERDIRECT_IOC_EXPORT: u32 = _IO(
+    generated::PEERDIRECT_IOCTL_TYPE,
+    generated::PEERDIRECT_CMD_EXPORT,
+);
 
 /// A request struct that grows only at its end and starts with its `__u32 size`.
 pub(crate) trait ExtensibleStruct: FromBytes + AsBytes + Default {
@@ -45,12 +54,30 @@ pub(crate) trait ExtensibleStruct: FromBytes + AsBytes + Default {
     fn set_size(&mut self, size: u32);
 }
 
-impl ExtensibleStruct for peerdirect_info {
-    const SIZE_VER0: usize = generated::PEERDIRECT_INFO_SIZE_VER0 as usize;
+macro_rules! extensible_struct {
+    ($($ty:ident => $ver0:ident),* $(,)?) => {$(
+        // SAFETY: the struct is `repr(C)` and made only of integers, which are valid for any
+        // bit pattern; its padding is explicit (`__reserved*` fields), so it has no
+        // uninitialized bytes either (bindgen's generated asserts pin its size and offsets).
+        unsafe impl FromBytes for $ty {}
+        // SAFETY: as above: no implicit padding, every byte is an initialized integer byte.
+        unsafe impl AsBytes for $ty {}
 
-    fn set_size(&mut self, size: u32) {
-        self.size = size;
-    }
+        impl ExtensibleStruct for $ty {
+            const SIZE_VER0: usize = generated::$ver0 as usize;
+
+            fn set_size(&mut self, size: u32) {
+                self.size = size;
+            }
+        }
+    )*};
+}
+
+extensible_struct! {
+    peerdirect_info => PEERDIRECT_INFO_SIZE_VER0,
+    peerdirect_alloc => PEERDIRECT_ALLOC_SIZE_VER0,
+    peerdirect_free => PEERDIRECT_FREE_SIZE_VER0,
+    peerdirect_export => PEERDIRECT_EXPORT_SIZE_VER0,
 }
 
 /// Larger requests are refused outright, so a caller cannot make us scan megabytes of zeros.
@@ -129,8 +156,14 @@ mod tests {
     }
 
     #[test]
-    fn info_struct_matches_the_header() {
+    fn structs_match_the_header() {
         assert_eq!(size_of::<peerdirect_info>(), peerdirect_info::SIZE_VER0);
+        assert_eq!(size_of::<peerdirect_alloc>(), peerdirect_alloc::SIZE_VER0);
+        assert_eq!(size_of::<peerdirect_free>(), peerdirect_free::SIZE_VER0);
+        assert_eq!(size_of::<peerdirect_export>(), peerdirect_export::SIZE_VER0);
         assert_eq!(PEERDIRECT_IOC_INFO, 0xbd00);
+        assert_eq!(PEERDIRECT_IOC_ALLOC, 0xbd01);
+        assert_eq!(PEERDIRECT_IOC_FREE, 0xbd02);
+        assert_eq!(PEERDIRECT_IOC_EXPORT, 0xbd03);
     }
 }

@@ -6,14 +6,23 @@
 pub const PEERDIRECT_DEVICE_PREFIX: &[u8; 11] = b"peerdirect\0";
 pub const PEERDIRECT_IOCTL_TYPE: u32 = 189;
 pub const PEERDIRECT_CMD_INFO: u32 = 0;
+pub const PEERDIRECT_CMD_ALLOC: u32 = 1;
+pub const PEERDIRECT_CMD_FREE: u32 = 2;
+pub const PEERDIRECT_CMD_EXPORT: u32 = 3;
 pub const PEERDIRECT_PROVIDER_OWNED: u32 = 1;
 pub const PEERDIRECT_INFO_SIZE_VER0: u32 = 64;
+pub const PEERDIRECT_ALLOC_ALIGN_DEFAULT: u32 = 2097152;
+pub const PEERDIRECT_ALLOC_SIZE_VER0: u32 = 40;
+pub const PEERDIRECT_FREE_SIZE_VER0: u32 = 16;
+pub const PEERDIRECT_EXPORT_CLOEXEC: u32 = 1;
+pub const PEERDIRECT_EXPORT_RDWR: u32 = 2;
+pub const PEERDIRECT_EXPORT_SIZE_VER0: u32 = 32;
 pub type __u8 = core::ffi::c_uchar;
 pub type __u16 = core::ffi::c_ushort;
 pub type __s32 = core::ffi::c_int;
 pub type __u32 = core::ffi::c_uint;
 pub type __u64 = core::ffi::c_ulonglong;
-#[doc = " struct peerdirect_info - PEERDIRECT_IOC_INFO: describe the HBM device behind this fd\n @size: in: sizeof(struct peerdirect_info) as the caller knows it\n @flags: in: must be 0\n @hbm_bytes: out: size of the HBM BAR in bytes\n @hbm_bus_addr: out: PCI bus address of the HBM BAR (what a peer device DMAs to)\n @hbm_phys_addr: out: CPU physical address of the HBM BAR\n @bar_index: out: index of the HBM BAR\n @numa_node: out: NUMA node of the device, -1 if none\n @pci_domain: out: PCI domain (segment) of the device\n @pci_bus: out: PCI bus number\n @pci_slot: out: PCI slot (device) number\n @pci_func: out: PCI function number\n @__reserved0: padding, must be 0\n @vendor_id: out: PCI vendor ID\n @device_id: out: PCI device ID\n @index: out: N of /dev/peerdirectN\n @provider: out: PEERDIRECT_PROVIDER_*\n @__reserved1: padding, must be 0"]
+#[doc = " struct peerdirect_info - PEERDIRECT_IOC_INFO: describe the HBM device behind this fd\n @size: in: sizeof(struct peerdirect_info) as the caller knows it; out: bytes the kernel wrote\n @flags: in: must be 0\n @hbm_bytes: out: size of the HBM BAR in bytes\n @hbm_bus_addr: out: PCI bus address of the HBM BAR (what a peer device DMAs to)\n @hbm_phys_addr: out: CPU physical address of the HBM BAR\n @bar_index: out: index of the HBM BAR\n @numa_node: out: NUMA node of the device, -1 if none\n @pci_domain: out: PCI domain (segment) of the device\n @pci_bus: out: PCI bus number\n @pci_slot: out: PCI slot (device) number\n @pci_func: out: PCI function number\n @__reserved0: padding, must be 0\n @vendor_id: out: PCI vendor ID\n @device_id: out: PCI device ID\n @index: out: N of /dev/peerdirectN\n @provider: out: PEERDIRECT_PROVIDER_*\n @__reserved1: padding, must be 0"]
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct peerdirect_info {
@@ -73,4 +82,85 @@ const _: () = {
         [::core::mem::offset_of!(peerdirect_info, provider) - 56usize];
     ["Offset of field: peerdirect_info::__reserved1"]
         [::core::mem::offset_of!(peerdirect_info, __reserved1) - 60usize];
+};
+#[doc = " struct peerdirect_alloc - PEERDIRECT_IOC_ALLOC: allocate a range of HBM\n @size: in: sizeof(struct peerdirect_alloc) as the caller knows it; out: bytes the kernel wrote\n @flags: in: must be 0\n @length: in: bytes wanted, > 0; out: bytes allocated (rounded up to the page size)\n @align: in: alignment of the range in the BAR, a power of two >= the page size;\n         0 means PEERDIRECT_ALLOC_ALIGN_DEFAULT\n @handle: out: names the allocation in later commands on the same open file\n @__reserved0: padding, must be 0\n @hbm_offset: out: offset of the range from the start of the HBM BAR\n\n The allocation belongs to the open file that made it: other files cannot name it. Closing\n the file frees it; the memory is reused only once every dma-buf exported from it is gone."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct peerdirect_alloc {
+    pub size: __u32,
+    pub flags: __u32,
+    pub length: __u64,
+    pub align: __u64,
+    pub handle: __u32,
+    pub __reserved0: __u32,
+    pub hbm_offset: __u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of peerdirect_alloc"][::core::mem::size_of::<peerdirect_alloc>() - 40usize];
+    ["Alignment of peerdirect_alloc"][::core::mem::align_of::<peerdirect_alloc>() - 8usize];
+    ["Offset of field: peerdirect_alloc::size"]
+        [::core::mem::offset_of!(peerdirect_alloc, size) - 0usize];
+    ["Offset of field: peerdirect_alloc::flags"]
+        [::core::mem::offset_of!(peerdirect_alloc, flags) - 4usize];
+    ["Offset of field: peerdirect_alloc::length"]
+        [::core::mem::offset_of!(peerdirect_alloc, length) - 8usize];
+    ["Offset of field: peerdirect_alloc::align"]
+        [::core::mem::offset_of!(peerdirect_alloc, align) - 16usize];
+    ["Offset of field: peerdirect_alloc::handle"]
+        [::core::mem::offset_of!(peerdirect_alloc, handle) - 24usize];
+    ["Offset of field: peerdirect_alloc::__reserved0"]
+        [::core::mem::offset_of!(peerdirect_alloc, __reserved0) - 28usize];
+    ["Offset of field: peerdirect_alloc::hbm_offset"]
+        [::core::mem::offset_of!(peerdirect_alloc, hbm_offset) - 32usize];
+};
+#[doc = " struct peerdirect_free - PEERDIRECT_IOC_FREE: free an allocation of this open file\n @size: in: sizeof(struct peerdirect_free) as the caller knows it; out: bytes the kernel wrote\n @flags: in: must be 0\n @handle: in: from PEERDIRECT_IOC_ALLOC\n @__reserved0: padding, must be 0\n\n The handle is gone at once; the memory is reused once every dma-buf exported from the\n allocation is released."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct peerdirect_free {
+    pub size: __u32,
+    pub flags: __u32,
+    pub handle: __u32,
+    pub __reserved0: __u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of peerdirect_free"][::core::mem::size_of::<peerdirect_free>() - 16usize];
+    ["Alignment of peerdirect_free"][::core::mem::align_of::<peerdirect_free>() - 4usize];
+    ["Offset of field: peerdirect_free::size"]
+        [::core::mem::offset_of!(peerdirect_free, size) - 0usize];
+    ["Offset of field: peerdirect_free::flags"]
+        [::core::mem::offset_of!(peerdirect_free, flags) - 4usize];
+    ["Offset of field: peerdirect_free::handle"]
+        [::core::mem::offset_of!(peerdirect_free, handle) - 8usize];
+    ["Offset of field: peerdirect_free::__reserved0"]
+        [::core::mem::offset_of!(peerdirect_free, __reserved0) - 12usize];
+};
+#[doc = " struct peerdirect_export - PEERDIRECT_IOC_EXPORT: export (part of) an allocation as DMA-BUF\n @size: in: sizeof(struct peerdirect_export) as the caller knows it; out: bytes the kernel wrote\n @flags: in: PEERDIRECT_EXPORT_*\n @handle: in: from PEERDIRECT_IOC_ALLOC on this open file\n @fd: out: the dma-buf file descriptor\n @offset: in: start of the exported range inside the allocation, page aligned\n @length: in: bytes to export, page aligned; 0 means up to the end of the allocation\n\n The dma-buf holds the allocation: freeing the handle or closing this file does not take\n the memory from its importers."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct peerdirect_export {
+    pub size: __u32,
+    pub flags: __u32,
+    pub handle: __u32,
+    pub fd: __s32,
+    pub offset: __u64,
+    pub length: __u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of peerdirect_export"][::core::mem::size_of::<peerdirect_export>() - 32usize];
+    ["Alignment of peerdirect_export"][::core::mem::align_of::<peerdirect_export>() - 8usize];
+    ["Offset of field: peerdirect_export::size"]
+        [::core::mem::offset_of!(peerdirect_export, size) - 0usize];
+    ["Offset of field: peerdirect_export::flags"]
+        [::core::mem::offset_of!(peerdirect_export, flags) - 4usize];
+    ["Offset of field: peerdirect_export::handle"]
+        [::core::mem::offset_of!(peerdirect_export, handle) - 8usize];
+    ["Offset of field: peerdirect_export::fd"]
+        [::core::mem::offset_of!(peerdirect_export, fd) - 12usize];
+    ["Offset of field: peerdirect_export::offset"]
+        [::core::mem::offset_of!(peerdirect_export, offset) - 16usize];
+    ["Offset of field: peerdirect_export::length"]
+        [::core::mem::offset_of!(peerdirect_export, length) - 24usize];
 };

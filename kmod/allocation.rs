@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! An allocation of HBM: a range of the BAR, owned by the open file that made it and by every
+//! dma-buf exported from it. The range goes back to the heap when the last owner lets go.
+
+use crate::{hbm::Hbm, heap::Range};
+use kernel::{prelude::*, rbtree::RBTreeNodeReservation, sync::Arc};
+
+pub(crate) struct Allocation {
+    hbm: Arc<Hbm>,
+    handle: u32,
+    /// Taken back in `drop`.
+    range: Option<Range>,
+}
+
+impl Allocation {
+    /// Allocates `len` bytes aligned to `align` (both validated by the caller) for the current
+    /// process.
+    pub(crate) fn new(hbm: &Arc<Hbm>, len: u64, align: u64) -> Result<Arc<Self>> {
+        let record = RBTreeNodeReservation::new(GFP_KERNEL)?;
+        let handle = hbm.new_handle();
+        let pid = kernel::current!().tgid();
+        let range = {
+            let mut state = hbm.heap.lock();
+            let range = state.heap.alloc(len, align)?;
+            state
+                .live
+                .insert(record.into_node(range.offset(), (handle, len, pid)));
+            range
+        };
+        // If this fails, dropping the value gives the range back.
+        Ok(Arc::new(
+            Self {
+                hbm: hbm.clone(),
+                handle,
+                range: Some(range),
+            },
+            GFP_KERNEL,
+        )?)
+    }
+
+    pub(crate) fn hbm(&self) -> &Arc<Hbm> {
+        &self.hbm
+    }
+
+    pub(crate) fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// Offset of the range in the BAR.
+    pub(crate) fn offset(&self) -> u64 {
+        self.range.as_ref().map_or(0, Range::offset)
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        self.range.as_ref().map_or(0, Range::len)
+    }
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        if let Some(range) = self.range.take() {
+            let mut state = self.hbm.heap.lock();
+            state.live.remove(&range.offset());
+            state.heap.free(range);
+        }
+    }
+}

@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! debugfs: `/sys/kernel/debug/peerdirect/peerdirectN/` with `stats` and `allocations`.
+
+use crate::hbm::Hbm;
+use kernel::{
+    debugfs::{Dir, Scope, Writer},
+    fmt,
+    prelude::*,
+    sync::{atomic::Relaxed, Arc},
+};
+
+kernel::sync::global_lock! {
+    // SAFETY: `init_root` initializes it in the module initializer, before the driver
+    // registers and so before any device directory is made.
+    unsafe(uninit) static ROOT: Mutex<Option<Dir>> = None;
+}
+
+/// Creates `/sys/kernel/debug/peerdirect`. Call once, from the module initializer.
+pub(crate) fn init_root() {
+    // SAFETY: called exactly once, before any use of `ROOT` (see `ROOT`).
+    unsafe { ROOT.init() };
+    *ROOT.lock() = Some(Dir::new(c"peerdirect"));
+}
+
+/// Lets go of the root; it disappears with the last device directory (which hold it).
+pub(crate) fn release_root() {
+    drop(ROOT.lock().take());
+}
+
+/// `stats`: one `key: value` line each.
+pub(crate) struct Stats(Arc<Hbm>);
+
+impl Writer for Stats {
+    fn write(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hbm = &self.0;
+        let state = hbm.heap.lock();
+        let allocations = state.live.iter().count();
+        let allocated: u64 = state.live.values().map(|&(_, len, _)| len).sum();
+        writeln!(f, "hbm_bytes: {}", state.heap.size())?;
+        writeln!(f, "free_bytes: {}", state.heap.free_bytes())?;
+        writeln!(f, "allocations: {allocations}")?;
+        writeln!(f, "allocated_bytes: {allocated}")?;
+        writeln!(f, "exports: {}", hbm.exports.load(Relaxed))?;
+        writeln!(f, "present: {}", hbm.is_present())
+    }
+}
+
+/// `allocations`: one line per live range: handle, BAR offset, length, owner pid.
+pub(crate) struct Allocations(Arc<Hbm>);
+
+impl Writer for Allocations {
+    fn write(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.0.heap.lock();
+        for (offset, &(handle, len, pid)) in state.live.iter() {
+            writeln!(
+                f,
+                "handle={handle} offset={offset:#x} length={len:#x} pid={pid}"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// What a device directory's files read.
+pub(crate) struct DeviceFiles {
+    stats: Stats,
+    allocations: Allocations,
+}
+
+/// The directory `peerdirect/<name>` for `hbm`, removed when the returned scope drops.
+pub(crate) fn device_dir(
+    name: &'static CStr,
+    hbm: Arc<Hbm>,
+) -> impl PinInit<Scope<DeviceFiles>, Error> {
+    let files = DeviceFiles {
+        stats: Stats(hbm.clone()),
+        allocations: Allocations(hbm),
+    };
+    let init = move |slot: *mut Scope<DeviceFiles>| {
+        // The directory holds a reference to the root, which may be released meanwhile.
+        let root = ROOT
+            .lock()
+            .clone()
+            .unwrap_or_else(|| Dir::new(c"peerdirect"));
+        let scope = root.scope(Ok::<_, Error>(files), name, |files: &DeviceFiles, dir| {
+            dir.read_only_file(c"stats", &files.stats);
+            dir.read_only_file(c"allocations", &files.allocations);
+        });
+        // SAFETY: `slot` is the pinned, uninitialized place our caller's initializer gives us;
+        // we forward it unchanged to the scope's initializer, which has the same contract.
+        unsafe { scope.__init(slot) }
+    };
+    // SAFETY: `init` initializes `slot` completely on `Ok` (the scope's initializer does) and
+    // leaves it uninitialized (dropping what it made) on `Err`.
+    unsafe { pin_init::pin_init_from_closure(init) }
+}

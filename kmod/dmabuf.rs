@@ -1,0 +1,375 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A small DMA-BUF exporter abstraction: a `dma_buf_ops` table built from a Rust
+//! [`Exporter`], and safe views of what the dma-buf core hands to it.
+//!
+//! Together with `ffi.rs` this is the only file that touches raw `struct dma_buf`,
+//! `struct dma_buf_attachment` and `struct vm_area_struct` pointers; `export.rs` holds
+//! peerdirect's exporter logic in safe code.
+
+use crate::ffi::{self, P2pProvider};
+use core::{marker::PhantomData, ptr::NonNull};
+use kernel::{
+    bindings,
+    error::{from_err_ptr, from_result},
+    ffi::{c_int, c_void},
+    fs::File,
+    prelude::*,
+    sync::aref::ARef,
+};
+
+/// The direction of a DMA mapping, as the importer asked for it.
+pub(crate) type DataDirection = bindings::dma_data_direction;
+
+/// An importer's attachment to one of our dma-bufs, for the duration of a callback.
+pub(crate) struct Attachment<'a> {
+    raw: NonNull<bindings::dma_buf_attachment>,
+    _callback: PhantomData<&'a bindings::dma_buf_attachment>,
+}
+
+impl Attachment<'_> {
+    /// # Safety
+    ///
+    /// `raw` is an attachment the dma-buf core passed to a callback, valid for `'a`.
+    unsafe fn from_raw(raw: *mut bindings::dma_buf_attachment) -> Option<Self> {
+        Some(Self {
+            raw: NonNull::new(raw)?,
+            _callback: PhantomData,
+        })
+    }
+
+    fn dev(&self) -> *mut bindings::device {
+        // SAFETY: `raw` is valid for the callback (type invariant); `dev` is set at attach and
+        // never changes.
+        unsafe { (*self.raw.as_ptr()).dev }
+    }
+
+    /// Whether the importer accepts peer-to-peer (device memory) mappings.
+    pub(crate) fn peer2peer(&self) -> bool {
+        // SAFETY: as in `dev`; `peer2peer` is set by the core before `attach` is called.
+        unsafe { (*self.raw.as_ptr()).peer2peer }
+    }
+
+    /// The kernel's P2P distance from `hbm` to the importer, `None` when its P2P rules give
+    /// no path (or the importer is not a PCI device).
+    pub(crate) fn p2p_distance(&self, hbm: &kernel::pci::Device) -> Option<u32> {
+        if !ffi::dev_is_pci(self.dev()) {
+            return None;
+        }
+        ffi::p2p_distance(hbm, self.dev())
+    }
+
+    /// Logs (rate-limited) why an attach from this importer to `hbm` was refused.
+    pub(crate) fn log_refused(&self, hbm: &kernel::pci::Device, reason: &CStr) {
+        ffi::log_refused_attach(hbm, self.dev(), reason);
+    }
+
+    /// The largest DMA segment the importer's device handles.
+    pub(crate) fn max_segment_size(&self) -> u64 {
+        u64::from(ffi::dma_max_seg_size(self.dev()))
+    }
+
+    /// Maps `len` bytes of the BAR at CPU physical address `paddr` for the importer, in
+    /// segments of at most `seg` bytes (a multiple of the page size).
+    pub(crate) fn map_range(
+        &self,
+        provider: &P2pProvider,
+        paddr: u64,
+        len: u64,
+        seg: u64,
+        dir: DataDirection,
+    ) -> Result<SgTable> {
+        // SAFETY: `raw` is the attachment being mapped, with the reservation lock held by the
+        // core (map_dma_buf's contract); `provider` is live (caller holds the device's
+        // `P2pProvider`); `seg` is non-zero.
+        let sgt =
+            unsafe { ffi::map_phys(self.raw.as_ptr(), provider.as_raw(), paddr, len, seg, dir) };
+        let sgt = from_err_ptr(sgt)?;
+        NonNull::new(sgt).map(SgTable).ok_or(ENOMEM)
+    }
+
+    /// Undoes [`Attachment::map_range`].
+    pub(crate) fn unmap(&self, sgt: SgTable, dir: DataDirection) {
+        // SAFETY: `sgt` came from `map_range` on this attachment (the core hands back what
+        // `map_dma_buf` returned), the reservation lock is held (unmap_dma_buf's contract).
+        unsafe { ffi::unmap_phys(self.raw.as_ptr(), sgt.0.as_ptr(), dir) }
+    }
+}
+
+/// A scatter-gather table made by [`Attachment::map_range`].
+pub(crate) struct SgTable(NonNull<bindings::sg_table>);
+
+/// A user mapping being set up by `mmap` on a dma-buf.
+pub(crate) struct Vma<'a> {
+    raw: NonNull<bindings::vm_area_struct>,
+    _callback: PhantomData<&'a bindings::vm_area_struct>,
+}
+
+impl Vma<'_> {
+    /// Maps `len` bytes of the BAR at CPU physical address `base` (from the VMA's page
+    /// offset) write-combined; `EINVAL` if the VMA reaches past `len`.
+    pub(crate) fn map_phys(&self, base: u64, len: u64) -> Result {
+        // SAFETY: `raw` is the VMA the core passed to `mmap`, being set up under the mmap lock.
+        kernel::error::to_result(unsafe { ffi::mmap_phys(self.raw.as_ptr(), base, len) })
+    }
+}
+
+/// What a dma-buf exporter does; [`DmaBuf::export`] builds the `dma_buf_ops` from it.
+pub(crate) trait Exporter: Send + Sync + Sized {
+    /// An importer attaches: refuse what cannot work.
+    fn attach(&self, attach: &Attachment<'_>) -> Result;
+    /// Map for the importer's device (reservation lock held).
+    fn map(&self, attach: &Attachment<'_>, dir: DataDirection) -> Result<SgTable>;
+    /// Undo [`Exporter::map`] (reservation lock held).
+    fn unmap(&self, attach: &Attachment<'_>, sgt: SgTable, dir: DataDirection);
+    /// Map for the CPU into a user VMA.
+    fn mmap(&self, vma: &Vma<'_>) -> Result;
+    /// The CPU is about to access the buffer (`DMA_BUF_IOCTL_SYNC` start).
+    fn begin_cpu_access(&self) -> Result;
+}
+
+/// A dma-buf we exported, holding the one reference to its file until [`DmaBuf::into_file`].
+pub(crate) struct DmaBuf {
+    raw: NonNull<bindings::dma_buf>,
+}
+
+impl DmaBuf {
+    /// Exports `exporter` as a dma-buf of `size` bytes, writable through mmap if `writable`.
+    pub(crate) fn export<T: Exporter>(
+        exporter: KBox<T>,
+        size: u64,
+        writable: bool,
+    ) -> Result<Self> {
+        let priv_ = KBox::into_raw(exporter);
+        let info = bindings::dma_buf_export_info {
+            exp_name: c"peerdirect".as_char_ptr(),
+            owner: kernel::module::this_module::<crate::LocalModule>().as_ptr(),
+            ops: &Ops::<T>::OPS,
+            size: usize::try_from(size)?,
+            flags: if writable {
+                bindings::O_RDWR as c_int
+            } else {
+                bindings::O_RDONLY as c_int
+            },
+            resv: core::ptr::null_mut(),
+            priv_: priv_.cast::<c_void>(),
+        };
+        // SAFETY: `info` is fully initialised: ops has map, unmap, release and both pin and
+        // unpin, `priv_` is non-null, and the module owning `ops` is ours.
+        let raw = unsafe { bindings::dma_buf_export(&info) };
+        match from_err_ptr(raw) {
+            Ok(raw) => Ok(Self {
+                raw: NonNull::new(raw).ok_or(ENOMEM)?,
+            }),
+            Err(e) => {
+                // SAFETY: the export failed, so the core did not take `priv_`: it is still the
+                // box we leaked above, and nothing else refers to it.
+                drop(unsafe { KBox::from_raw(priv_) });
+                Err(e)
+            }
+        }
+    }
+
+    /// An identity for the buffer, for [`revoke`]; valid until its release.
+    pub(crate) fn id(&self) -> DmaBufId {
+        DmaBufId(self.raw.as_ptr() as usize)
+    }
+
+    /// Names the buffer after its device, handle and range (fdinfo's `name:`, debugfs).
+    pub(crate) fn set_name(&self, index: u32, handle: u32, offset: u64, len: u64) -> Result {
+        // SAFETY: we hold a reference to the dma-buf, and its name is set under its name lock.
+        kernel::error::to_result(unsafe {
+            ffi::dmabuf_set_name(self.raw.as_ptr(), index, handle, offset, len)
+        })
+    }
+
+    /// The dma-buf's file, carrying the reference this `DmaBuf` held (for `fd_install`).
+    pub(crate) fn into_file(self) -> ARef<File> {
+        // SAFETY: `raw` is live (we hold a reference) and its `file` is set by `dma_buf_export`.
+        let file = unsafe { (*self.raw.as_ptr()).file };
+        core::mem::forget(self);
+        // SAFETY: a dma-buf's reference is a reference on its file (`dma_buf_put` is `fput`);
+        // ownership of ours moves into the `ARef`, and `File` is a transparent wrapper of
+        // `struct file`.
+        unsafe { ARef::from_raw(NonNull::new_unchecked(file.cast::<File>())) }
+    }
+}
+
+impl Drop for DmaBuf {
+    fn drop(&mut self) {
+        // SAFETY: we hold one reference to the dma-buf (type invariant); this drops it.
+        unsafe { bindings::dma_buf_put(self.raw.as_ptr()) };
+    }
+}
+
+struct Ops<T>(PhantomData<T>);
+
+impl<T: Exporter> Ops<T> {
+    const OPS: bindings::dma_buf_ops = bindings::dma_buf_ops {
+        attach: Some(Self::attach),
+        pin: Some(Self::pin),
+        unpin: Some(Self::unpin),
+        map_dma_buf: Some(Self::map),
+        unmap_dma_buf: Some(Self::unmap),
+        release: Some(Self::release),
+        begin_cpu_access: Some(Self::begin_cpu_access),
+        end_cpu_access: Some(Self::end_cpu_access),
+        mmap: Some(Self::mmap),
+        ..pin_init::zeroed()
+    };
+
+    /// # Safety
+    ///
+    /// `dmabuf` is one of ours (made by [`DmaBuf::export`] with these ops) and not released.
+    unsafe fn exporter<'a>(dmabuf: *mut bindings::dma_buf) -> &'a T {
+        // SAFETY: by the function's contract, `priv_` is the `KBox<T>` we leaked at export,
+        // freed only in `release`.
+        unsafe { &*(*dmabuf).priv_.cast::<T>() }
+    }
+
+    /// # Safety
+    ///
+    /// `attach` is an attachment to one of our dma-bufs, passed to a callback.
+    unsafe fn of_attachment<'a>(attach: *mut bindings::dma_buf_attachment) -> &'a T {
+        // SAFETY: an attachment's `dmabuf` is the buffer it is attached to, live while
+        // attached.
+        unsafe { Self::exporter((*attach).dmabuf) }
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.attach`: the core passes one of our dma-bufs and a new attachment to it.
+    unsafe extern "C" fn attach(
+        dmabuf: *mut bindings::dma_buf,
+        attach: *mut bindings::dma_buf_attachment,
+    ) -> c_int {
+        from_result(|| {
+            // SAFETY: the core calls `attach` on our dma-buf with a valid attachment.
+            let (exporter, attach) =
+                unsafe { (Self::exporter(dmabuf), Attachment::from_raw(attach)) };
+            exporter.attach(&attach.ok_or(EINVAL)?)?;
+            Ok(0)
+        })
+    }
+
+    // The BAR never moves: pinning only promises what is always true.
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.pin`: the core passes an attachment to one of our dma-bufs.
+    unsafe extern "C" fn pin(_attach: *mut bindings::dma_buf_attachment) -> c_int {
+        0
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.unpin`: the core passes an attachment to one of our dma-bufs.
+    unsafe extern "C" fn unpin(_attach: *mut bindings::dma_buf_attachment) {}
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.map_dma_buf`: the core passes an attachment to one of our dma-bufs, with
+    /// its reservation lock held.
+    unsafe extern "C" fn map(
+        attach: *mut bindings::dma_buf_attachment,
+        dir: DataDirection,
+    ) -> *mut bindings::sg_table {
+        // SAFETY: the core calls `map_dma_buf` with an attachment to our dma-buf.
+        let (exporter, attachment) =
+            unsafe { (Self::of_attachment(attach), Attachment::from_raw(attach)) };
+        let Some(attachment) = attachment else {
+            return EINVAL.to_ptr();
+        };
+        match exporter.map(&attachment, dir) {
+            Ok(sgt) => sgt.0.as_ptr(),
+            Err(e) => e.to_ptr(),
+        }
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.unmap_dma_buf`: the core passes an attachment to one of our dma-bufs and a
+    /// table `map` returned for it, with the reservation lock held.
+    unsafe extern "C" fn unmap(
+        attach: *mut bindings::dma_buf_attachment,
+        sgt: *mut bindings::sg_table,
+        dir: DataDirection,
+    ) {
+        // SAFETY: the core calls `unmap_dma_buf` with an attachment to our dma-buf and a table
+        // `map` returned for it.
+        let (exporter, attachment) =
+            unsafe { (Self::of_attachment(attach), Attachment::from_raw(attach)) };
+        if let (Some(attachment), Some(sgt)) = (attachment, NonNull::new(sgt)) {
+            exporter.unmap(&attachment, SgTable(sgt), dir);
+        }
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.release`: the core passes one of our dma-bufs after its last reference is
+    /// gone; no other callback runs for it afterwards.
+    unsafe extern "C" fn release(dmabuf: *mut bindings::dma_buf) {
+        // SAFETY: `release` is the last callback for our dma-buf: its `priv_` is the `KBox<T>`
+        // leaked at export, and nothing uses it after this.
+        drop(unsafe { KBox::from_raw((*dmabuf).priv_.cast::<T>()) });
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.begin_cpu_access`: the core passes one of our live dma-bufs.
+    unsafe extern "C" fn begin_cpu_access(
+        dmabuf: *mut bindings::dma_buf,
+        _dir: DataDirection,
+    ) -> c_int {
+        // SAFETY: the core calls this on our live dma-buf.
+        let exporter = unsafe { Self::exporter(dmabuf) };
+        from_result(|| exporter.begin_cpu_access().map(|()| 0))
+    }
+
+    // A write-combined BAR mapping has no CPU cache to write back.
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.end_cpu_access`: the core passes one of our live dma-bufs.
+    unsafe extern "C" fn end_cpu_access(
+        _dmabuf: *mut bindings::dma_buf,
+        _dir: DataDirection,
+    ) -> c_int {
+        0
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.mmap`: the core passes one of our live dma-bufs and the VMA being set up.
+    unsafe extern "C" fn mmap(
+        dmabuf: *mut bindings::dma_buf,
+        vma: *mut bindings::vm_area_struct,
+    ) -> c_int {
+        // SAFETY: the core calls this on our live dma-buf with the VMA being set up.
+        let exporter = unsafe { Self::exporter(dmabuf) };
+        let Some(raw) = NonNull::new(vma) else {
+            return EINVAL.to_errno();
+        };
+        let vma = Vma {
+            raw,
+            _callback: PhantomData,
+        };
+        from_result(|| exporter.mmap(&vma).map(|()| 0))
+    }
+}
+
+/// Names one of our dma-bufs without holding a reference (its address).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct DmaBufId(usize);
+
+/// Invalidates every importer mapping of the buffer `id` and zaps its CPU mappings; callers
+/// first make later maps fail.
+///
+/// # Safety
+///
+/// `id` names a dma-buf we exported whose release has not completed: the caller holds the
+/// lock under which the buffer's release unregisters it, so its memory stays valid (even if
+/// its file is already being released, in which case no importer or VMA is left to revoke).
+/// The caller does not hold the buffer's reservation lock.
+pub(crate) unsafe fn revoke(id: DmaBufId) {
+    // SAFETY: forwarded from the caller.
+    unsafe { ffi::dmabuf_revoke(id.0 as *mut bindings::dma_buf) };
+}

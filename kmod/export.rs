@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! peerdirect's DMA-BUF exporter: a range of an allocation, offered to peer devices only.
+//!
+//! - attach refuses importers that cannot take device memory (no `peer2peer`) and those the
+//!   kernel's P2P rules give no path to (`pci_p2pdma_distance_many`: the same verdict as
+//!   `pci_p2pdma_map_type`, which modules cannot call), with one rate-limited log line;
+//! - map hands out the BAR range through `dma_buf_phys_vec_to_sgt` (bus addresses behind a
+//!   shared switch, an IOMMU mapping through the host bridge), in segments no longer than the
+//!   importer's max segment size, never one per page;
+//! - the range never moves, so pinning is free (EFA's pinned import works);
+//! - mmap maps the range write-combined for the CPU;
+//! - release drops the allocation reference: the memory is reused only after the last dma-buf;
+//! - on removal of the device every export is revoked (`Hbm::remove`).
+
+use crate::{
+    allocation::Allocation,
+    dmabuf::{Attachment, DataDirection, DmaBuf, Exporter, SgTable, Vma},
+    hbm::Hbm,
+};
+use kernel::{
+    fs::File,
+    page::PAGE_SIZE,
+    prelude::*,
+    rbtree::RBTreeNodeReservation,
+    sync::{aref::ARef, atomic::Relaxed, Arc},
+};
+
+struct Export {
+    alloc: Arc<Allocation>,
+    /// Start of the exported range inside the allocation.
+    offset: u64,
+    len: u64,
+}
+
+impl Export {
+    fn hbm(&self) -> &Hbm {
+        self.alloc.hbm()
+    }
+
+    /// CPU physical address of the exported range.
+    fn phys_addr(&self) -> u64 {
+        self.hbm().recorded().phys_addr + self.alloc.offset() + self.offset
+    }
+}
+
+impl Exporter for Export {
+    fn attach(&self, attach: &Attachment<'_>) -> Result {
+        if !attach.peer2peer() {
+            return Err(EOPNOTSUPP);
+        }
+        self.hbm().info()?;
+        if attach.p2p_distance(self.hbm().pci_device()).is_none() {
+            attach.log_refused(
+                self.hbm().pci_device(),
+                c"no peer-to-peer path to the HBM device (kernel P2P verdict: not supported)",
+            );
+            return Err(EOPNOTSUPP);
+        }
+        Ok(())
+    }
+
+    fn map(&self, attach: &Attachment<'_>, dir: DataDirection) -> Result<SgTable> {
+        let provider = self.hbm().provider()?;
+        let page = PAGE_SIZE as u64;
+        let seg = (attach.max_segment_size() & !(page - 1)).max(page);
+        attach.map_range(provider, self.phys_addr(), self.len, seg, dir)
+    }
+
+    fn unmap(&self, attach: &Attachment<'_>, sgt: SgTable, dir: DataDirection) {
+        attach.unmap(sgt, dir);
+    }
+
+    fn mmap(&self, vma: &Vma<'_>) -> Result {
+        self.hbm().info()?;
+        vma.map_phys(self.phys_addr(), self.len)
+    }
+
+    fn begin_cpu_access(&self) -> Result {
+        self.hbm().info().map(|_| ())
+    }
+}
+
+impl Drop for Export {
+    fn drop(&mut self) {
+        let key = core::ptr::from_ref(self) as usize;
+        self.hbm().unregister_export(key);
+        self.hbm().exports.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Exports `len` bytes from `offset` inside `alloc` (validated by the caller) as a dma-buf;
+/// returns its file, to be installed as an fd.
+pub(crate) fn export(
+    alloc: &Arc<Allocation>,
+    offset: u64,
+    len: u64,
+    writable: bool,
+) -> Result<ARef<File>> {
+    let hbm = alloc.hbm();
+    let index = hbm.info()?.index;
+    let node = RBTreeNodeReservation::new(GFP_KERNEL)?;
+    hbm.exports.fetch_add(1, Relaxed);
+    // From here on, dropping the box (on any failure) undoes the count.
+    let export = KBox::new(
+        Export {
+            alloc: alloc.clone(),
+            offset,
+            len,
+        },
+        GFP_KERNEL,
+    );
+    let export = match export {
+        Ok(export) => export,
+        Err(e) => {
+            hbm.exports.fetch_sub(1, Relaxed);
+            return Err(e.into());
+        }
+    };
+    let key = core::ptr::from_ref::<Export>(&export) as usize;
+    let dmabuf = DmaBuf::export(export, len, writable)?;
+    dmabuf.set_name(index, alloc.handle(), alloc.offset() + offset, len)?;
+    // Recorded for revocation; fails if the device went away meanwhile.
+    hbm.register_export(key, dmabuf.id(), node)?;
+    Ok(dmabuf.into_file())
+}

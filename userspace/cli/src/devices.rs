@@ -5,6 +5,9 @@ use std::io::{self, Write};
 use anyhow::{Context, Result};
 use peerdirect::DeviceInfo;
 
+use crate::size::human_bytes;
+use crate::table;
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Print a JSON array of device objects instead of a table.
@@ -12,7 +15,8 @@ pub struct Args {
     pub json: bool,
 }
 
-const NO_DEVICE: &str = "no peerdirect device found: load peerdirect.ko and bind the HBM device \
+pub const NO_DEVICE: &str =
+    "no peerdirect device found: load peerdirect.ko and bind the HBM device \
 to it (echo peerdirect > /sys/bus/pci/devices/DDDD:BB:SS.F/driver_override; \
 echo DDDD:BB:SS.F > /sys/bus/pci/drivers_probe); see README";
 
@@ -38,11 +42,10 @@ fn write_json(out: &mut impl Write, infos: &[DeviceInfo]) -> Result<()> {
 }
 
 fn write_table(out: &mut impl Write, infos: &[DeviceInfo]) -> Result<()> {
-    let header = ["DEVICE", "PCI", "ID", "BAR", "HBM", "BUS ADDRESS", "NUMA"].map(String::from);
-    let rows: Vec<[String; 7]> = infos
+    let rows: Vec<Vec<String>> = infos
         .iter()
         .map(|info| {
-            [
+            vec![
                 info.path.display().to_string(),
                 info.pci_address.to_string(),
                 format!("{:04x}:{:04x}", info.vendor_id, info.device_id),
@@ -54,37 +57,11 @@ fn write_table(out: &mut impl Write, infos: &[DeviceInfo]) -> Result<()> {
             ]
         })
         .collect();
-    let mut widths = [0; 7];
-    for row in std::iter::once(&header).chain(&rows) {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.len());
-        }
-    }
-    for row in std::iter::once(&header).chain(&rows) {
-        let line: Vec<_> = row
-            .iter()
-            .zip(widths)
-            .map(|(cell, width)| format!("{cell:width$}"))
-            .collect();
-        writeln!(out, "{}", line.join("  ").trim_end()).context("writing to stdout")?;
-    }
-    Ok(())
-}
-
-/// `bytes` in the largest binary unit that keeps it at least 1, with one decimal unless exact.
-fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let exponent = if bytes == 0 { 0 } else { bytes.ilog2() / 10 };
-    let unit = 1u64 << (10 * exponent);
-    if bytes.is_multiple_of(unit) {
-        format!("{} {}", bytes / unit, UNITS[exponent as usize])
-    } else {
-        format!(
-            "{:.1} {}",
-            bytes as f64 / unit as f64,
-            UNITS[exponent as usize]
-        )
-    }
+    table::write(
+        out,
+        &["DEVICE", "PCI", "ID", "BAR", "HBM", "BUS ADDRESS", "NUMA"],
+        &rows,
+    )
 }
 
 #[cfg(test)]
@@ -177,15 +154,5 @@ mod tests {
                 "/dev/peerdirect1  0000:00:04.0  1b36:0010  2    16 GiB (17179869184 bytes)  0x3800000000  1",
             ]
         );
-    }
-
-    #[test]
-    fn human_sizes() {
-        assert_eq!(human_bytes(0), "0 B");
-        assert_eq!(human_bytes(1023), "1023 B");
-        assert_eq!(human_bytes(1024), "1 KiB");
-        assert_eq!(human_bytes(1536 << 20), "1.5 GiB");
-        assert_eq!(human_bytes(16 << 30), "16 GiB");
-        assert_eq!(human_bytes(u64::MAX), "16.0 EiB");
     }
 }

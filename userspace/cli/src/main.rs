@@ -1,6 +1,11 @@
 //! `peerdirect`: the command-line view of the HBM devices the peerdirect module exports.
 
+mod alloc;
 mod devices;
+mod export;
+mod size;
+mod stats;
+mod table;
 
 use std::process::ExitCode;
 
@@ -8,7 +13,13 @@ use clap::{Parser, Subcommand};
 
 /// Inspect the accelerator HBM that peerdirect exports for peer-to-peer RDMA.
 #[derive(Debug, Parser)]
-#[command(name = "peerdirect", version, arg_required_else_help = true)]
+#[command(
+    name = "peerdirect",
+    version,
+    arg_required_else_help = true,
+    after_help = "Exit status: 0 on success, 1 on an error, 2 on a usage error; \
+`export --verify` exits 3 when the data is not the pattern."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -18,18 +29,36 @@ struct Cli {
 enum Command {
     /// List the HBM devices (/dev/peerdirectN) with their PCI address, BAR and size.
     Devices(devices::Args),
+    /// Allocate HBM, print its handle, HBM offset and length, and free it again.
+    ///
+    /// An allocation lives only as long as the open file that made it, here this command:
+    /// use `export --hold` to keep one for a while.
+    Alloc(alloc::Args),
+    /// Allocate HBM, export it as a dma-buf, optionally write and check a pattern through the
+    /// dma-buf's mapping, and hold the dma-buf for a while.
+    Export(export::Args),
+    /// Show, per HBM device, the allocations and dma-bufs the module has (from debugfs; needs
+    /// root and debugfs mounted at /sys/kernel/debug).
+    Stats(stats::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Devices(args) => devices::run(&args),
+        Command::Alloc(args) => alloc::run(&args),
+        Command::Export(args) => export::run(&args),
+        Command::Stats(args) => stats::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("peerdirect: {err:#}");
-            ExitCode::FAILURE
+            if err.is::<export::VerifyFailed>() {
+                ExitCode::from(export::EXIT_MISMATCH)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -52,14 +81,138 @@ mod tests {
 
     #[test]
     fn devices() {
-        let Command::Devices(args) = parse(&["devices"]).unwrap().command;
+        let Command::Devices(args) = parse(&["devices"]).unwrap().command else {
+            panic!("not devices");
+        };
         assert!(!args.json);
     }
 
     #[test]
     fn devices_json() {
-        let Command::Devices(args) = parse(&["devices", "--json"]).unwrap().command;
+        let Command::Devices(args) = parse(&["devices", "--json"]).unwrap().command else {
+            panic!("not devices");
+        };
         assert!(args.json);
+    }
+
+    fn alloc(args: &[&str]) -> Result<alloc::Args, clap::Error> {
+        match parse(&[&["alloc"], args].concat())?.command {
+            Command::Alloc(args) => Ok(args),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn export(args: &[&str]) -> Result<export::Args, clap::Error> {
+        match parse(&[&["export"], args].concat())?.command {
+            Command::Export(args) => Ok(args),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn alloc_takes_sizes_with_units() {
+        let args = alloc(&["--size", "4M"]).unwrap();
+        assert_eq!(args.size, 4 << 20);
+        assert_eq!(args.align, None);
+        assert_eq!(args.device, 0);
+        assert!(!args.json);
+        let args = alloc(&["--size", "5000", "--align", "4K", "--device", "1", "--json"]).unwrap();
+        assert_eq!(args.size, 5000);
+        assert_eq!(args.align, Some(4096));
+        assert_eq!(args.device, 1);
+        assert!(args.json);
+        let args = alloc(&["--size=0x200000", "--align=2MiB"]).unwrap();
+        assert_eq!((args.size, args.align), (2 << 20, Some(2 << 20)));
+    }
+
+    #[test]
+    fn alloc_needs_a_size() {
+        let err = alloc(&[]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument);
+        for bad in ["4X", "-1", "", "1.5G"] {
+            let err = alloc(&[&format!("--size={bad}")]).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{bad:?}");
+        }
+        let err = alloc(&["--size", "4K", "--align", "big"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn export_defaults() {
+        let args = export(&["--size", "4M"]).unwrap();
+        assert_eq!(args.size, 4 << 20);
+        assert_eq!(args.align, None);
+        assert_eq!(args.offset, 0);
+        assert_eq!(args.length, 0);
+        assert_eq!(args.pattern, None);
+        assert_eq!(args.verify, None);
+        assert_eq!(args.hold, 0);
+        assert_eq!(args.device, 0);
+        assert!(!args.json);
+    }
+
+    #[test]
+    fn export_every_option() {
+        let args = export(&[
+            "--size",
+            "8M",
+            "--align",
+            "4K",
+            "--offset",
+            "1M",
+            "--length",
+            "2M",
+            "--pattern",
+            "0x2a",
+            "--verify",
+            "42",
+            "--hold",
+            "10",
+            "--device",
+            "2",
+            "--json",
+        ])
+        .unwrap();
+        assert_eq!(args.size, 8 << 20);
+        assert_eq!(args.align, Some(4096));
+        assert_eq!(args.offset, 1 << 20);
+        assert_eq!(args.length, 2 << 20);
+        assert_eq!(args.pattern, Some(42));
+        assert_eq!(args.verify, Some(42));
+        assert_eq!(args.hold, 10);
+        assert_eq!(args.device, 2);
+        assert!(args.json);
+    }
+
+    #[test]
+    fn export_refuses_bad_values() {
+        for bad in [
+            &["--size", "4M", "--pattern", "4K"][..],
+            &["--size", "4M", "--verify", "seed"],
+            &["--size", "4M", "--hold", "1.5"],
+            &["--size", "4M", "--hold=-1"],
+            &["--size", "4M", "--offset", "1Q"],
+            &["--size", "4M", "--device=-1"],
+        ] {
+            let err = export(bad).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{bad:?}");
+        }
+        assert_eq!(
+            export(&[]).unwrap_err().kind(),
+            ErrorKind::MissingRequiredArgument
+        );
+    }
+
+    #[test]
+    fn stats_json() {
+        let Command::Stats(args) = parse(&["stats", "--json"]).unwrap().command else {
+            panic!("not stats");
+        };
+        assert!(args.json);
+        let Command::Stats(args) = parse(&["stats"]).unwrap().command else {
+            panic!("not stats");
+        };
+        assert!(!args.json);
     }
 
     #[test]
@@ -91,10 +244,13 @@ mod tests {
             parse(&["--help"]).unwrap_err().kind(),
             ErrorKind::DisplayHelp
         );
-        assert_eq!(
-            parse(&["devices", "--help"]).unwrap_err().kind(),
-            ErrorKind::DisplayHelp
-        );
+        for subcommand in ["devices", "alloc", "export", "stats"] {
+            assert_eq!(
+                parse(&[subcommand, "--help"]).unwrap_err().kind(),
+                ErrorKind::DisplayHelp,
+                "{subcommand}"
+            );
+        }
         assert_eq!(
             parse(&["--version"]).unwrap_err().kind(),
             ErrorKind::DisplayVersion

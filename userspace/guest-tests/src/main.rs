@@ -5,6 +5,8 @@
 //! /dev/peerdirect0 and unloads the module, checking what becomes of open files (see
 //! [`lifecycle`]).
 
+mod alloc_export;
+mod importer;
 mod lifecycle;
 
 use std::process::ExitCode;
@@ -24,6 +26,16 @@ struct Args {
     /// module unloaded).
     #[arg(long, conflicts_with = "expect_hbm_bytes")]
     lifecycle: bool,
+    /// Attach dma-bufs of /dev/peerdirect0 to the NIC through the test importer module
+    /// instead (tests/kmod/peerdirect_importer.c), in the guest topology `--topology`.
+    #[arg(long, requires = "topology", conflicts_with_all = ["expect_hbm_bytes", "lifecycle"])]
+    importer: bool,
+    /// Test PEERDIRECT_IOC_ALLOC, FREE and EXPORT and the dma-bufs they make instead.
+    #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer"])]
+    alloc_export: bool,
+    /// The PCIe topology the guest was booted with (`qemu/run --topology`).
+    #[arg(long, value_enum, requires = "importer")]
+    topology: Option<importer::Topology>,
 }
 
 const INDEX: u32 = 0;
@@ -269,6 +281,12 @@ fn main() -> ExitCode {
     if args.lifecycle {
         return run_lifecycle();
     }
+    if args.alloc_export {
+        return alloc_export::run();
+    }
+    if let (true, Some(topology)) = (args.importer, args.topology) {
+        return importer::run(topology);
+    }
     let tests = tests(&args);
     let path = peerdirect::device_path(INDEX);
     let mut tap = Tap::plan(1 + tests.len());
@@ -343,6 +361,9 @@ mod tests {
         let tests = tests(&Args {
             expect_hbm_bytes: Some(1 << 30),
             lifecycle: false,
+            importer: false,
+            alloc_export: false,
+            topology: None,
         });
         assert_eq!(tests.len(), 14);
         for test in &tests {

@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
+use crate::allocation::Allocation;
 use crate::error::Operation;
-use crate::sys::{self, RawInfo};
+use crate::sys::{self, RawAlloc, RawExport, RawFree, RawInfo, RawRequest};
 use crate::uapi::DEVICE_PREFIX;
-use crate::{DeviceInfo, Error};
+use crate::{DeviceInfo, DmaBuf, Error};
 
 /// Where the device nodes live.
 const DEV_DIR: &str = "/dev";
@@ -52,30 +53,106 @@ impl Device {
 
     /// Asks the module about the HBM device (`PEERDIRECT_IOC_INFO`).
     pub fn info(&self) -> Result<DeviceInfo, Error> {
-        let raw = sys::info(self.fd.as_fd()).map_err(|errno| self.error(Operation::Info, errno))?;
-        DeviceInfo::from_raw(&self.path, &raw)
+        let mut raw = RawInfo::<0>::new();
+        self.info_raw(&mut raw)?;
+        DeviceInfo::from_raw(&self.path, &raw.info)
     }
 
     /// Sends `PEERDIRECT_IOC_INFO` with an argument the caller built, malformed ones included,
     /// and leaves in `raw` whatever the kernel wrote back. For testing the module's checks.
     ///
     /// Requests whose `size` reaches past `raw` are refused without a system call
-    /// ([`Error::RequestTooLarge`]).
+    /// ([`Error::RequestTooLarge`]); so are those of the other `*_raw` methods.
     pub fn info_raw<const TAIL: usize>(&self, raw: &mut RawInfo<TAIL>) -> Result<(), Error> {
-        if raw.info.size as usize > RawInfo::<TAIL>::CAPACITY {
-            return Err(Error::RequestTooLarge {
-                path: self.path.clone(),
-                size: raw.info.size,
-                capacity: RawInfo::<TAIL>::CAPACITY,
-            });
+        self.send(Operation::Info, raw)
+    }
+
+    /// Allocates `length` bytes of HBM (`PEERDIRECT_IOC_ALLOC`), rounded up to the page size,
+    /// aligned to `align` in the BAR (a power of two of at least the page size; `None` for the
+    /// module's default, 2 MiB).
+    ///
+    /// The allocation belongs to this open file: it is freed when the [`Allocation`] is dropped
+    /// or freed, or at the latest when the file is closed. Its memory goes back to the module
+    /// once every dma-buf exported from it is gone too.
+    pub fn alloc(&self, length: u64, align: Option<u64>) -> Result<Allocation<'_>, Error> {
+        let mut raw = RawAlloc::<0>::new();
+        raw.alloc.length = length;
+        raw.alloc.align = align.unwrap_or(0);
+        self.alloc_raw(&mut raw)?;
+        if raw.alloc.handle == 0 {
+            return Err(self.invalid_reply(Operation::Alloc, "handle", 0));
         }
-        sys::info_raw(self.fd.as_fd(), raw).map_err(|errno| self.error(Operation::Info, errno))
+        Ok(Allocation::new(
+            self,
+            raw.alloc.handle,
+            raw.alloc.hbm_offset,
+            raw.alloc.length,
+        ))
+    }
+
+    /// Sends `PEERDIRECT_IOC_ALLOC` with an argument the caller built, like
+    /// [`Device::info_raw`]. An allocation it makes is not freed by this crate: free it with
+    /// [`Device::free_raw`], or close the file.
+    pub fn alloc_raw<const TAIL: usize>(&self, raw: &mut RawAlloc<TAIL>) -> Result<(), Error> {
+        self.send(Operation::Alloc, raw)
+    }
+
+    /// Sends `PEERDIRECT_IOC_FREE` with an argument the caller built, like
+    /// [`Device::info_raw`].
+    pub fn free_raw<const TAIL: usize>(&self, raw: &mut RawFree<TAIL>) -> Result<(), Error> {
+        self.send(Operation::Free, raw)
+    }
+
+    /// Sends `PEERDIRECT_IOC_EXPORT` with an argument the caller built, like
+    /// [`Device::info_raw`], and returns the dma-buf it made.
+    pub fn export_raw<const TAIL: usize>(
+        &self,
+        raw: &mut RawExport<TAIL>,
+    ) -> Result<DmaBuf, Error> {
+        self.check_size(Operation::Export, raw)?;
+        let fd = sys::export(self.fd.as_fd(), raw)
+            .map_err(|errno| self.error(Operation::Export, errno))?
+            .ok_or_else(|| self.invalid_reply(Operation::Export, "fd", raw.export.fd.into()))?;
+        DmaBuf::from_fd(fd)
     }
 
     /// Sends command `nr` (`_IO(PEERDIRECT_IOCTL_TYPE, nr)`) with a null argument. For testing
     /// how the module treats commands it does not know (ENOTTY).
     pub fn command_raw(&self, nr: u8) -> Result<(), Error> {
         sys::command(self.fd.as_fd(), nr).map_err(|errno| self.error(Operation::Command(nr), errno))
+    }
+
+    /// `PEERDIRECT_IOC_FREE` of `handle`.
+    pub(crate) fn free_handle(&self, handle: u32) -> Result<(), Error> {
+        let mut raw = RawFree::<0>::new();
+        raw.free.handle = handle;
+        self.free_raw(&mut raw)
+    }
+
+    fn send<R: RawRequest>(&self, operation: Operation, raw: &mut R) -> Result<(), Error> {
+        self.check_size(operation, raw)?;
+        sys::send(self.fd.as_fd(), raw).map_err(|errno| self.error(operation, errno))
+    }
+
+    fn check_size<R: RawRequest>(&self, operation: Operation, raw: &R) -> Result<(), Error> {
+        if raw.size() as usize > R::CAPACITY {
+            return Err(Error::RequestTooLarge {
+                operation,
+                path: self.path.clone(),
+                size: raw.size(),
+                capacity: R::CAPACITY,
+            });
+        }
+        Ok(())
+    }
+
+    fn invalid_reply(&self, operation: Operation, field: &'static str, value: i64) -> Error {
+        Error::InvalidReply {
+            operation,
+            path: self.path.clone(),
+            field,
+            value,
+        }
     }
 
     fn error(&self, operation: Operation, errno: Errno) -> Error {
@@ -264,5 +341,76 @@ mod tests {
             device.info_raw(&mut raw).unwrap_err().errno(),
             Some(Errno::NOTTY)
         );
+    }
+
+    #[test]
+    fn hbm_commands_on_a_regular_file_fail_with_enotty() {
+        let dir = TempDir::new("hbm-notty");
+        let path = dir.0.join("peerdirect0");
+        fs::write(&path, b"").unwrap();
+        let device = Device::open(&path).unwrap();
+        let err = device.alloc(4096, None).unwrap_err();
+        assert_eq!(err.errno(), Some(Errno::NOTTY));
+        assert!(
+            err.to_string()
+                .starts_with(&format!("PEERDIRECT_IOC_ALLOC on {}: ", path.display())),
+            "{err}"
+        );
+        assert!(err.hint().unwrap().contains("not a peerdirect device"));
+        let err = device.free_raw(&mut RawFree::<0>::new()).unwrap_err();
+        assert_eq!(err.errno(), Some(Errno::NOTTY));
+        let err = device.export_raw(&mut RawExport::<0>::new()).unwrap_err();
+        assert_eq!(err.errno(), Some(Errno::NOTTY));
+        assert!(
+            err.to_string().starts_with("PEERDIRECT_IOC_EXPORT on "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn raw_hbm_requests_larger_than_their_buffer_are_not_sent() {
+        let dir = TempDir::new("hbm-toolarge");
+        let path = dir.0.join("peerdirect0");
+        fs::write(&path, b"").unwrap();
+        let device = Device::open(&path).unwrap();
+        let mut alloc = RawAlloc::<4>::new();
+        alloc.alloc.size = 45;
+        let err = device.alloc_raw(&mut alloc).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::RequestTooLarge {
+                    operation: Operation::Alloc,
+                    size: 45,
+                    capacity: 44,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().starts_with("PEERDIRECT_IOC_ALLOC on "),
+            "{err}"
+        );
+        let mut free = RawFree::<0>::new();
+        free.free.size = 17;
+        assert!(matches!(
+            device.free_raw(&mut free).unwrap_err(),
+            Error::RequestTooLarge {
+                operation: Operation::Free,
+                capacity: 16,
+                ..
+            }
+        ));
+        let mut export = RawExport::<0>::new();
+        export.export.size = 33;
+        assert!(matches!(
+            device.export_raw(&mut export).unwrap_err(),
+            Error::RequestTooLarge {
+                operation: Operation::Export,
+                capacity: 32,
+                ..
+            }
+        ));
     }
 }

@@ -16,6 +16,22 @@ pub enum Operation {
     Info,
     /// A command without argument, `_IO(PEERDIRECT_IOCTL_TYPE, nr)`.
     Command(u8),
+    /// `PEERDIRECT_IOC_ALLOC`.
+    Alloc,
+    /// `PEERDIRECT_IOC_FREE`.
+    Free,
+    /// `PEERDIRECT_IOC_EXPORT`.
+    Export,
+    /// Finding the size of a dma-buf (`lseek(SEEK_END)`).
+    Size,
+    /// `mmap` of a dma-buf.
+    Mmap,
+    /// `DMA_BUF_IOCTL_SYNC`.
+    Sync,
+    /// `DMA_BUF_SET_NAME`.
+    SetName,
+    /// Reading a device's debugfs statistics.
+    Stats,
 }
 
 impl fmt::Display for Operation {
@@ -30,6 +46,14 @@ impl fmt::Display for Operation {
                 "ioctl _IO({:#x}, {nr:#x}) on",
                 crate::uapi::PEERDIRECT_IOCTL_TYPE
             ),
+            Self::Alloc => f.write_str("PEERDIRECT_IOC_ALLOC on"),
+            Self::Free => f.write_str("PEERDIRECT_IOC_FREE on"),
+            Self::Export => f.write_str("PEERDIRECT_IOC_EXPORT on"),
+            Self::Size => f.write_str("lseek SEEK_END on"),
+            Self::Mmap => f.write_str("mmap"),
+            Self::Sync => f.write_str("DMA_BUF_IOCTL_SYNC on"),
+            Self::SetName => f.write_str("DMA_BUF_SET_NAME on"),
+            Self::Stats => f.write_str("read"),
         }
     }
 }
@@ -61,12 +85,58 @@ pub enum Error {
         /// Its value.
         value: i64,
     },
+    /// A system call on a dma-buf failed.
+    #[error("{operation} dma-buf fd {fd}: {errno}{}", HintSuffix(hint(*.operation, *.errno)))]
+    DmaBuf {
+        /// What was being done.
+        operation: Operation,
+        /// The dma-buf's file descriptor.
+        fd: i32,
+        /// The error the kernel returned.
+        errno: Errno,
+    },
+    /// The module answered a command with a value that cannot be right.
+    #[error(
+        "{operation} {}: the module answered {field} = {value}, which cannot be right; this is a bug in peerdirect.ko",
+        .path.display()
+    )]
+    InvalidReply {
+        /// The command.
+        operation: Operation,
+        /// The device node.
+        path: PathBuf,
+        /// The field of the command's struct.
+        field: &'static str,
+        /// Its value.
+        value: i64,
+    },
+    /// The statistics file says something this crate cannot read.
+    #[error("{} {}: {problem}; {UPDATE_HINT}", Operation::Stats, .path.display())]
+    BadStats {
+        /// The statistics file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// There is no debugfs where the statistics should be.
+    #[error(
+        "{} {}: debugfs is not mounted at {}; {DEBUGFS_HINT}",
+        Operation::Stats, .path.display(), .debugfs.display()
+    )]
+    DebugfsNotMounted {
+        /// The statistics file.
+        path: PathBuf,
+        /// Where debugfs should be mounted.
+        debugfs: PathBuf,
+    },
     /// A raw request whose `size` claims more bytes than its buffer holds; never sent.
     #[error(
-        "{} {}: request size {size} exceeds its {capacity}-byte buffer; not sent",
-        Operation::Info, .path.display()
+        "{operation} {}: request size {size} exceeds its {capacity}-byte buffer; not sent",
+        .path.display()
     )]
     RequestTooLarge {
+        /// The command.
+        operation: Operation,
         /// The device node.
         path: PathBuf,
         /// The request's `size` field.
@@ -78,6 +148,7 @@ pub enum Error {
 
 const UPDATE_HINT: &str =
     "the module is newer than this tool: update the peerdirect userspace tools";
+const DEBUGFS_HINT: &str = "mount it (as root): mount -t debugfs none /sys/kernel/debug";
 
 impl Error {
     pub(crate) fn os(operation: Operation, path: &Path, errno: Errno) -> Self {
@@ -88,11 +159,23 @@ impl Error {
         }
     }
 
+    pub(crate) fn dma_buf(operation: Operation, fd: i32, errno: Errno) -> Self {
+        Self::DmaBuf {
+            operation,
+            fd,
+            errno,
+        }
+    }
+
     /// The errno, if a system call failed.
     pub fn errno(&self) -> Option<Errno> {
         match self {
-            Self::Os { errno, .. } => Some(*errno),
-            Self::UnknownValue { .. } | Self::RequestTooLarge { .. } => None,
+            Self::Os { errno, .. } | Self::DmaBuf { errno, .. } => Some(*errno),
+            Self::UnknownValue { .. }
+            | Self::InvalidReply { .. }
+            | Self::BadStats { .. }
+            | Self::DebugfsNotMounted { .. }
+            | Self::RequestTooLarge { .. } => None,
         }
     }
 
@@ -101,9 +184,13 @@ impl Error {
         match self {
             Self::Os {
                 operation, errno, ..
+            }
+            | Self::DmaBuf {
+                operation, errno, ..
             } => hint(*operation, *errno),
-            Self::UnknownValue { .. } => Some(UPDATE_HINT),
-            Self::RequestTooLarge { .. } => None,
+            Self::UnknownValue { .. } | Self::BadStats { .. } => Some(UPDATE_HINT),
+            Self::DebugfsNotMounted { .. } => Some(DEBUGFS_HINT),
+            Self::InvalidReply { .. } | Self::RequestTooLarge { .. } => None,
         }
     }
 }
@@ -111,20 +198,48 @@ impl Error {
 fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
     use Operation::*;
     Some(match (operation, errno) {
+        (Mmap, Errno::ACCESS) => {
+            "the dma-buf was exported read-only: export it with ExportFlags::RDWR (PEERDIRECT_EXPORT_RDWR) to map it writable"
+        }
+        (Stats, Errno::ACCESS | Errno::PERM) => "debugfs is readable by root only: run as root",
         (_, Errno::ACCESS | Errno::PERM) => {
             "permission denied: run as root, or give your user access to /dev/peerdirect* (e.g. with a udev rule)"
         }
         (Open, Errno::NOENT | Errno::NXIO | Errno::NODEV) => {
             "is peerdirect.ko loaded and the HBM device bound? see README"
         }
-        (Info | Command(_), Errno::NODEV) => {
+        (Info | Command(_) | Alloc | Free | Export, Errno::NODEV) => {
             "the HBM device was unbound from peerdirect while open: reopen it once it is bound again"
         }
-        (Info | Command(_), Errno::NOTTY) => {
+        (Info | Command(_) | Alloc | Free | Export, Errno::NOTTY) => {
             "not a peerdirect device, or the peerdirect module is too old for this tool"
         }
-        (Info, Errno::TOOBIG | Errno::INVAL | Errno::OPNOTSUPP) => {
+        (Alloc, Errno::NOMEM) => {
+            "HBM is full or too fragmented for this size/alignment; free allocations or ask for less"
+        }
+        (Alloc, Errno::INVAL) => {
+            "the length must be between 1 and the HBM size, the alignment 0 (2 MiB) or a power of two of at least 4096"
+        }
+        (Free | Export, Errno::NOENT) => {
+            "handle not owned by this open file (freed already, or made by another file)"
+        }
+        (Export, Errno::INVAL) => {
+            "offset and length must be multiples of the page size and lie inside the allocation"
+        }
+        (Export, Errno::OVERFLOW) => "offset + length does not fit in 64 bits",
+        (Export, Errno::MFILE | Errno::NFILE) => {
+            "too many open files: close some, or raise the limit (ulimit -n)"
+        }
+        (Info | Alloc | Free | Export, Errno::TOOBIG | Errno::INVAL | Errno::OPNOTSUPP) => {
             "ABI mismatch between this tool and the loaded peerdirect module: build both from the same tree"
+        }
+        (Mmap, Errno::NOMEM) => "not enough address space for the mapping: map a smaller dma-buf",
+        (Sync, Errno::INVAL) => {
+            "DMA_BUF_IOCTL_SYNC flags must ask for READ and/or WRITE, optionally with END, nothing else"
+        }
+        (SetName, Errno::INVAL) => "a dma-buf name has at most 31 bytes, none of them NUL",
+        (Stats, Errno::NOENT) => {
+            "no debugfs entry for this device: is peerdirect.ko loaded, the device bound, and the kernel built with CONFIG_DEBUG_FS?"
         }
         _ => return None,
     })
@@ -211,6 +326,126 @@ mod tests {
             err.to_string()
                 .starts_with("ioctl _IO(0xbd, 0x7f) on /dev/peerdirect0: "),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn alloc_enomem_says_hbm_is_full() {
+        let err = os(Operation::Alloc, Errno::NOMEM);
+        assert_eq!(
+            err.hint(),
+            Some("HBM is full or too fragmented for this size/alignment; free allocations or ask for less")
+        );
+        assert!(err
+            .to_string()
+            .starts_with("PEERDIRECT_IOC_ALLOC on /dev/peerdirect0: "));
+    }
+
+    #[test]
+    fn enoent_on_a_handle_means_not_owned() {
+        for operation in [Operation::Free, Operation::Export] {
+            let hint = os(operation, Errno::NOENT).hint().unwrap();
+            assert_eq!(
+                hint,
+                "handle not owned by this open file (freed already, or made by another file)"
+            );
+        }
+        // For ALLOC, ENOENT is not about handles.
+        assert_eq!(os(Operation::Alloc, Errno::NOENT).hint(), None);
+    }
+
+    #[test]
+    fn argument_errors_of_the_hbm_commands() {
+        assert!(os(Operation::Alloc, Errno::INVAL)
+            .hint()
+            .unwrap()
+            .contains("power of two"));
+        assert!(os(Operation::Export, Errno::INVAL)
+            .hint()
+            .unwrap()
+            .contains("page size"));
+        assert!(os(Operation::Export, Errno::OVERFLOW)
+            .hint()
+            .unwrap()
+            .contains("64 bits"));
+        for operation in [Operation::Alloc, Operation::Free, Operation::Export] {
+            for errno in [Errno::TOOBIG, Errno::OPNOTSUPP] {
+                let hint = os(operation, errno).hint().unwrap();
+                assert!(
+                    hint.starts_with("ABI mismatch"),
+                    "{operation:?} {errno:?}: {hint}"
+                );
+            }
+            let hint = os(operation, Errno::NODEV).hint().unwrap();
+            assert!(hint.contains("unbound"), "{operation:?}: {hint}");
+        }
+        assert!(os(Operation::Free, Errno::INVAL)
+            .hint()
+            .unwrap()
+            .starts_with("ABI mismatch"));
+    }
+
+    #[test]
+    fn read_only_mapping_says_to_export_rdwr() {
+        let err = Error::dma_buf(Operation::Mmap, 5, Errno::ACCESS);
+        assert_eq!(err.errno(), Some(Errno::ACCESS));
+        let msg = err.to_string();
+        assert!(msg.starts_with("mmap dma-buf fd 5: "), "{msg}");
+        assert!(msg.contains("exported read-only"), "{msg}");
+        assert!(err.hint().unwrap().contains("RDWR"));
+    }
+
+    #[test]
+    fn dma_buf_command_errors() {
+        let err = Error::dma_buf(Operation::Sync, 7, Errno::INVAL);
+        assert!(err
+            .to_string()
+            .starts_with("DMA_BUF_IOCTL_SYNC on dma-buf fd 7: "));
+        assert!(err.hint().unwrap().contains("READ and/or WRITE"));
+        let err = Error::dma_buf(Operation::SetName, 7, Errno::INVAL);
+        assert!(err.hint().unwrap().contains("31 bytes"));
+        assert_eq!(
+            Error::dma_buf(Operation::Size, 7, Errno::SPIPE).hint(),
+            None
+        );
+    }
+
+    #[test]
+    fn stats_errors_say_what_to_do() {
+        let path = Path::new("/sys/kernel/debug/peerdirect/peerdirect0/stats");
+        let err = Error::os(Operation::Stats, path, Errno::ACCESS);
+        assert_eq!(
+            err.hint(),
+            Some("debugfs is readable by root only: run as root")
+        );
+        let err = Error::os(Operation::Stats, path, Errno::NOENT);
+        assert!(err.hint().unwrap().contains("CONFIG_DEBUG_FS"));
+        let err = Error::DebugfsNotMounted {
+            path: path.to_owned(),
+            debugfs: "/sys/kernel/debug".into(),
+        };
+        assert_eq!(err.errno(), None);
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "read {}: debugfs is not mounted at /sys/kernel/debug; {DEBUGFS_HINT}",
+                path.display()
+            )
+        );
+    }
+
+    #[test]
+    fn invalid_reply_blames_the_module() {
+        let err = Error::InvalidReply {
+            operation: Operation::Export,
+            path: "/dev/peerdirect0".into(),
+            field: "fd",
+            value: -1,
+        };
+        assert_eq!(err.errno(), None);
+        assert_eq!(
+            err.to_string(),
+            "PEERDIRECT_IOC_EXPORT on /dev/peerdirect0: the module answered fd = -1, which cannot be right; this is a bug in peerdirect.ko"
         );
     }
 

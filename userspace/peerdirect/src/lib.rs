@@ -8,18 +8,41 @@
 //! }
 //! # Ok::<(), peerdirect::Error>(())
 //! ```
+//!
+//! Allocating HBM and handing it to an importer as a dma-buf:
+//!
+//! ```no_run
+//! use peerdirect::{Device, ExportFlags, SyncFlags};
+//!
+//! let device = Device::open_index(0)?;
+//! let allocation = device.alloc(4 << 20, None)?; // 4 MiB, 2 MiB aligned
+//! let dma_buf = allocation.export(0, 0, ExportFlags::CLOEXEC | ExportFlags::RDWR)?;
+//! let mut map = dma_buf.mmap(true)?;
+//! dma_buf.sync(SyncFlags::START_WRITE)?;
+//! map.write(0, b"hello, HBM");
+//! dma_buf.sync(SyncFlags::END_WRITE)?;
+//! // Pass `dma_buf` (an fd) to an RDMA stack; it keeps the memory after `allocation` is freed.
+//! # Ok::<(), peerdirect::Error>(())
+//! ```
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod allocation;
 mod device;
+mod dma_buf;
 mod error;
 mod info;
+pub mod pattern;
+mod stats;
 mod sys;
 pub mod uapi;
 
+pub use allocation::{Allocation, ExportFlags};
 pub use device::{device_path, devices, Device};
+pub use dma_buf::{DmaBuf, DmaBufMap, SyncFlags};
 pub use error::{Error, Operation};
 pub use info::{DeviceInfo, PciAddress, Provider};
 pub use rustix::io::Errno;
-pub use sys::RawInfo;
+pub use stats::{stats_path, Stats, DEBUGFS};
+pub use sys::{RawAlloc, RawExport, RawFree, RawInfo};

@@ -1,95 +1,184 @@
-//! The ioctls themselves: the only place in the crate that issues system calls with raw
-//! pointers. Everything here is safe to call; each `unsafe` block says why.
+//! The ioctls themselves: the only place in the crate (with its child [`dma_buf`]) that issues
+//! system calls with raw pointers. Everything here is safe to call; each `unsafe` block says why.
 
 #![allow(unsafe_code)]
 
+pub(crate) mod dma_buf;
+
 use core::ffi::c_void;
 use core::mem::{offset_of, size_of};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 
 use rustix::io::Result;
-use rustix::ioctl::{ioctl, Ioctl, IoctlOutput, Opcode, Updater};
+use rustix::ioctl::{ioctl, Ioctl, IoctlOutput, Opcode};
 
-use crate::uapi::{self, peerdirect_info, PEERDIRECT_IOC_INFO};
+use crate::uapi::{
+    self, peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info,
+    PEERDIRECT_IOC_ALLOC, PEERDIRECT_IOC_EXPORT, PEERDIRECT_IOC_FREE, PEERDIRECT_IOC_INFO,
+};
 
-/// A `PEERDIRECT_IOC_INFO` argument under the caller's full control: the struct, sent as is
-/// (`size`, `flags` and the `__reserved*` fields included), followed by `TAIL` more bytes that
-/// stand for the fields of a newer version of the struct.
+/// A command's argument as it goes to the kernel: the command's struct, then bytes that stand
+/// for the fields of newer versions of it.
 ///
-/// Meant for exercising the module's argument checks; [`crate::Device::info`] is the normal way.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct RawInfo<const TAIL: usize> {
-    /// The struct as this crate knows it.
-    pub info: peerdirect_info,
-    /// Bytes right after the struct; the kernel reads them when `info.size` covers them.
-    pub tail: [u8; TAIL],
+/// # Safety
+///
+/// Implementors are `repr(C)`: first the struct that `OPCODE` takes a pointer to (plain
+/// integers, starting with its `__u32 size`), then only bytes. [`RawRequest::size`] returns
+/// that `size` field.
+pub(crate) unsafe trait RawRequest {
+    /// The ioctl request.
+    const OPCODE: Opcode;
+
+    /// The bytes the kernel may access: the struct and the bytes after it (padding excluded).
+    const CAPACITY: usize;
+
+    /// The `size` field: how many bytes the caller says the struct has.
+    fn size(&self) -> u32;
 }
 
-impl<const TAIL: usize> RawInfo<TAIL> {
-    /// The bytes the kernel may access: the struct and the tail.
-    pub const CAPACITY: usize = size_of::<peerdirect_info>() + TAIL;
-
-    /// A well-formed request: `size` is the struct's, everything else zero.
-    pub fn new() -> Self {
-        Self {
-            info: info_request(),
-            tail: [0; TAIL],
+/// Defines `$name<TAIL>`: a command's struct (field `$field`) sent as is, followed by `TAIL`
+/// bytes, and its [`RawRequest`] implementation.
+macro_rules! raw_request {
+    ($(#[$doc:meta])* $name:ident { $field:ident: $ty:ident }, $opcode:expr, $size_ver0:expr) => {
+        $(#[$doc])*
+        #[repr(C)]
+        #[derive(Debug, Clone, Copy)]
+        pub struct $name<const TAIL: usize> {
+            /// The struct as this crate knows it.
+            pub $field: $ty,
+            /// Bytes right after the struct; the kernel reads them when `size` covers them.
+            pub tail: [u8; TAIL],
         }
-    }
+
+        impl<const TAIL: usize> $name<TAIL> {
+            /// The bytes the kernel may access: the struct and the tail.
+            pub const CAPACITY: usize = size_of::<$ty>() + TAIL;
+
+            /// A well-formed request: `size` is the struct's, everything else zero.
+            pub fn new() -> Self {
+                Self {
+                    $field: $ty {
+                        size: $size_ver0,
+                        ..Default::default()
+                    },
+                    tail: [0; TAIL],
+                }
+            }
+        }
+
+        impl<const TAIL: usize> Default for $name<TAIL> {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        // SAFETY: `repr(C)` with the struct `$opcode` takes first and a byte array after it;
+        // `size` returns the struct's `size` field.
+        unsafe impl<const TAIL: usize> RawRequest for $name<TAIL> {
+            const OPCODE: Opcode = $opcode;
+            const CAPACITY: usize = size_of::<$ty>() + TAIL;
+
+            fn size(&self) -> u32 {
+                // The tail must start where the kernel looks for the bytes it does not know.
+                const { assert!(offset_of!($name<TAIL>, tail) == size_of::<$ty>()) };
+                self.$field.size
+            }
+        }
+    };
 }
 
-impl<const TAIL: usize> Default for RawInfo<TAIL> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+raw_request!(
+    /// A `PEERDIRECT_IOC_INFO` argument under the caller's full control: the struct, sent as
+    /// is (`size`, `flags` and the `__reserved*` fields included), followed by `TAIL` more bytes
+    /// that stand for the fields of a newer version of the struct.
+    ///
+    /// Meant for exercising the module's argument checks; [`crate::Device::info`] is the normal
+    /// way.
+    RawInfo { info: peerdirect_info },
+    PEERDIRECT_IOC_INFO,
+    uapi::PEERDIRECT_INFO_SIZE_VER0
+);
 
-/// A `struct peerdirect_info` ready to send: `size` set, everything else zero.
-pub(crate) fn info_request() -> peerdirect_info {
-    peerdirect_info {
-        size: uapi::PEERDIRECT_INFO_SIZE_VER0,
-        ..Default::default()
-    }
-}
+raw_request!(
+    /// A `PEERDIRECT_IOC_ALLOC` argument under the caller's full control, like [`RawInfo`].
+    /// [`crate::Device::alloc`] is the normal way.
+    RawAlloc { alloc: peerdirect_alloc },
+    PEERDIRECT_IOC_ALLOC,
+    uapi::PEERDIRECT_ALLOC_SIZE_VER0
+);
 
-/// `PEERDIRECT_IOC_INFO` with the struct this crate was built with.
-pub(crate) fn info(fd: BorrowedFd<'_>) -> Result<peerdirect_info> {
-    let mut info = info_request();
-    // SAFETY: PEERDIRECT_IOC_INFO takes a `*mut struct peerdirect_info`, and `peerdirect_info` is
-    // that struct, generated from the header (tests/uapi_layout.rs checks its layout against the
-    // C compiler's). `size` is the struct's own, so the kernel accesses no byte outside it.
-    let request = unsafe { Updater::<PEERDIRECT_IOC_INFO, peerdirect_info>::new(&mut info) };
-    // SAFETY: the opcode and the argument agree (above); `request` borrows `info` mutably for
-    // the call, so the kernel's write-back aliases nothing, and any bytes it writes are a valid
-    // `peerdirect_info` (plain integers).
-    unsafe { ioctl(fd, request) }?;
-    Ok(info)
-}
+raw_request!(
+    /// A `PEERDIRECT_IOC_FREE` argument under the caller's full control, like [`RawInfo`].
+    /// [`crate::Allocation::free`] is the normal way.
+    RawFree { free: peerdirect_free },
+    PEERDIRECT_IOC_FREE,
+    uapi::PEERDIRECT_FREE_SIZE_VER0
+);
 
-/// `PEERDIRECT_IOC_INFO` with a [`RawInfo`].
+raw_request!(
+    /// A `PEERDIRECT_IOC_EXPORT` argument under the caller's full control, like [`RawInfo`].
+    /// [`crate::Allocation::export`] is the normal way.
+    RawExport { export: peerdirect_export },
+    PEERDIRECT_IOC_EXPORT,
+    uapi::PEERDIRECT_EXPORT_SIZE_VER0
+);
+
+/// Sends `raw` with its command and leaves in it what the kernel wrote back.
 ///
 /// # Panics
 ///
-/// If `raw.info.size` exceeds `RawInfo::<TAIL>::CAPACITY`: the kernel would access memory past
-/// `raw`. [`crate::Device::info_raw`] refuses such requests before getting here.
-pub(crate) fn info_raw<const TAIL: usize>(
+/// If `raw.size()` exceeds `R::CAPACITY`: the kernel would access memory past `raw`.
+/// [`crate::Device`]'s `*_raw` methods refuse such requests before getting here.
+pub(crate) fn send<R: RawRequest>(fd: BorrowedFd<'_>, raw: &mut R) -> Result<()> {
+    assert!(raw.size() as usize <= R::CAPACITY);
+    // SAFETY: every peerdirect command takes a pointer to its struct, possibly followed by the
+    // fields of newer versions: the kernel reads `size` first, refuses sizes below the first
+    // version, then reads `size` bytes and writes back at most min(`size`, its sizeof) bytes.
+    // `R` is that struct followed by bytes (the `RawRequest` contract), and `size` does not
+    // reach past the struct and those bytes (asserted above), so every access stays inside `raw`, which `Request`
+    // borrows mutably for the call: the write-back aliases nothing, and any bytes the kernel
+    // writes are valid for plain integers.
+    unsafe { ioctl(fd, Request(raw)) }
+}
+
+/// Sends a `PEERDIRECT_IOC_EXPORT` request and takes ownership of the dma-buf fd it returns.
+/// `None` when the kernel reported success with a negative fd, which only a broken module does.
+pub(crate) fn export<const TAIL: usize>(
     fd: BorrowedFd<'_>,
-    raw: &mut RawInfo<TAIL>,
-) -> Result<()> {
-    // The tail must start where the kernel looks for the bytes it does not know.
-    const { assert!(offset_of!(RawInfo<TAIL>, tail) == size_of::<peerdirect_info>()) };
-    assert!(raw.info.size as usize <= RawInfo::<TAIL>::CAPACITY);
-    // SAFETY: PEERDIRECT_IOC_INFO takes a pointer to a `struct peerdirect_info`, possibly
-    // followed by the fields of newer versions: the kernel reads at most
-    // max(`size`, sizeof(struct peerdirect_info)) bytes from it and writes back at most
-    // min(`size`, sizeof(struct peerdirect_info)). `RawInfo` is `repr(C)` with the struct first
-    // and the tail right after it (asserted at compile time), and `size` does not reach past the
-    // tail (asserted above), so every access stays inside `raw`.
-    let request = unsafe { Updater::<PEERDIRECT_IOC_INFO, RawInfo<TAIL>>::new(raw) };
-    // SAFETY: as above; `request` borrows `raw` mutably for the call, and any bytes the kernel
-    // writes are valid for its plain-integer fields.
-    unsafe { ioctl(fd, request) }
+    raw: &mut RawExport<TAIL>,
+) -> Result<Option<OwnedFd>> {
+    send(fd, raw)?;
+    let new_fd = raw.export.fd;
+    if new_fd < 0 {
+        return Ok(None);
+    }
+    // SAFETY: the export succeeded, so the kernel installed a new file descriptor in this
+    // process's table and reported its number in `fd` (every accepted `size` covers `fd`).
+    // Nothing else in the process has seen that number, so this `OwnedFd` is its only owner.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(new_fd) }))
+}
+
+/// The argument of [`send`]: a mutable borrow of the whole request.
+struct Request<'a, R>(&'a mut R);
+
+// SAFETY: the opcode is the one `R` is made for (the `RawRequest` contract) and the pointer is
+// `R` itself, which the kernel may write (`IS_MUTATING`); the output is nothing but `R`.
+unsafe impl<R: RawRequest> Ioctl for Request<'_, R> {
+    type Output = ();
+
+    const IS_MUTATING: bool = true;
+
+    fn opcode(&self) -> Opcode {
+        R::OPCODE
+    }
+
+    fn as_ptr(&mut self) -> *mut c_void {
+        core::ptr::from_mut(self.0).cast()
+    }
+
+    unsafe fn output_from_ptr(_: IoctlOutput, _: *mut c_void) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// `_IO(PEERDIRECT_IOCTL_TYPE, nr)` with a null argument.

@@ -16,8 +16,13 @@ include!(concat!(
     "/../../include/uapi/peerdirect_uapi.rs"
 ));
 
-const _: () =
-    assert!(PEERDIRECT_INFO_SIZE_VER0 as usize == core::mem::size_of::<peerdirect_info>());
+const _: () = {
+    use core::mem::size_of;
+    assert!(PEERDIRECT_INFO_SIZE_VER0 as usize == size_of::<peerdirect_info>());
+    assert!(PEERDIRECT_ALLOC_SIZE_VER0 as usize == size_of::<peerdirect_alloc>());
+    assert!(PEERDIRECT_FREE_SIZE_VER0 as usize == size_of::<peerdirect_free>());
+    assert!(PEERDIRECT_EXPORT_SIZE_VER0 as usize == size_of::<peerdirect_export>());
+};
 
 /// A type or command number of the header (a `u32` for bindgen) as the byte `_IO` takes;
 /// evaluated at compile time, so a number that does not fit fails the build.
@@ -34,6 +39,15 @@ pub const fn command(nr: u8) -> Opcode {
 /// `PEERDIRECT_IOC_INFO`, argument `*mut struct peerdirect_info`.
 pub const PEERDIRECT_IOC_INFO: Opcode = command(ioctl_byte(PEERDIRECT_CMD_INFO));
 
+/// `PEERDIRECT_IOC_ALLOC`, argument `*mut struct peerdirect_alloc`.
+pub const PEERDIRECT_IOC_ALLOC: Opcode = command(ioctl_byte(PEERDIRECT_CMD_ALLOC));
+
+/// `PEERDIRECT_IOC_FREE`, argument `*mut struct peerdirect_free`.
+pub const PEERDIRECT_IOC_FREE: Opcode = command(ioctl_byte(PEERDIRECT_CMD_FREE));
+
+/// `PEERDIRECT_IOC_EXPORT`, argument `*mut struct peerdirect_export`.
+pub const PEERDIRECT_IOC_EXPORT: Opcode = command(ioctl_byte(PEERDIRECT_CMD_EXPORT));
+
 /// `PEERDIRECT_DEVICE_PREFIX` without its NUL: device nodes are `/dev/peerdirectN`.
 pub const DEVICE_PREFIX: &str = match PEERDIRECT_DEVICE_PREFIX.as_slice().split_last() {
     Some((0, name)) => match core::str::from_utf8(name) {
@@ -42,3 +56,35 @@ pub const DEVICE_PREFIX: &str = match PEERDIRECT_DEVICE_PREFIX.as_slice().split_
     },
     _ => panic!("PEERDIRECT_DEVICE_PREFIX is not NUL-terminated"),
 };
+
+// What peerdirect's users need of DMA-BUF's own uapi, linux/dma-buf.h (the layout test checks
+// these against the system's header).
+
+/// `struct dma_buf_sync`: the argument of [`DMA_BUF_IOCTL_SYNC`].
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct dma_buf_sync {
+    /// `DMA_BUF_SYNC_*`.
+    pub flags: u64,
+}
+
+/// `DMA_BUF_SYNC_READ`: the CPU reads.
+pub const DMA_BUF_SYNC_READ: u64 = 1 << 0;
+/// `DMA_BUF_SYNC_WRITE`: the CPU writes.
+pub const DMA_BUF_SYNC_WRITE: u64 = 2 << 0;
+/// `DMA_BUF_SYNC_START`: CPU access begins.
+pub const DMA_BUF_SYNC_START: u64 = 0 << 2;
+/// `DMA_BUF_SYNC_END`: CPU access ends.
+pub const DMA_BUF_SYNC_END: u64 = 1 << 2;
+
+/// `DMA_BUF_NAME_LEN`: a dma-buf name's bytes, its NUL included.
+pub const DMA_BUF_NAME_LEN: usize = 32;
+
+/// `'b'`, DMA-BUF's ioctl type.
+const DMA_BUF_BASE: u8 = b'b';
+
+/// `DMA_BUF_IOCTL_SYNC`, `_IOW('b', 0, struct dma_buf_sync)`.
+pub const DMA_BUF_IOCTL_SYNC: Opcode = opcode::write::<dma_buf_sync>(DMA_BUF_BASE, 0);
+
+/// `DMA_BUF_SET_NAME`, `_IOW('b', 1, const char *)`; the argument is the string itself.
+pub const DMA_BUF_SET_NAME: Opcode = opcode::write::<*const core::ffi::c_char>(DMA_BUF_BASE, 1);

@@ -1,25 +1,45 @@
 //! The Rust view of the ABI must match what the system C compiler makes of
-//! include/uapi/peerdirect.h: struct size, every field's offset and size, and the ioctl numbers.
+//! include/uapi/peerdirect.h: struct size, every field's offset and size, and the ioctl numbers;
+//! likewise for the parts of the system's linux/dma-buf.h the crate defines itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::mem::{align_of, offset_of, size_of, size_of_val};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use peerdirect::uapi::{self, peerdirect_info};
+use peerdirect::uapi::{
+    self, dma_buf_sync, peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info,
+};
 
-/// `(field, offset, size)` for the listed fields of `struct peerdirect_info`, which must be all
-/// of them: the destructuring fails to compile when the header gains a field not listed here.
+/// `(struct, field, offset, size)` for the listed fields of a struct, which must be all of
+/// them: the destructuring fails to compile when the header gains a field not listed here.
 macro_rules! fields {
-    ($($field:ident),* $(,)?) => {{
-        let info = peerdirect_info::default();
-        let peerdirect_info { $($field: _),* } = info;
-        vec![$((stringify!($field), offset_of!(peerdirect_info, $field), size_of_val(&info.$field))),*]
+    ($ty:ident { $($field:ident),* $(,)? }) => {{
+        let value = $ty::default();
+        let $ty { $($field: _),* } = value;
+        vec![$((stringify!($ty), stringify!($field), offset_of!($ty, $field), size_of_val(&value.$field))),*]
     }};
 }
 
-fn rust_fields() -> Vec<(&'static str, usize, usize)> {
-    fields!(
+/// `(struct, size, alignment)` of every struct compared.
+macro_rules! structs {
+    ($($ty:ident),* $(,)?) => {
+        vec![$((stringify!($ty), size_of::<$ty>(), align_of::<$ty>())),*]
+    };
+}
+
+fn rust_structs() -> Vec<(&'static str, usize, usize)> {
+    structs!(
+        peerdirect_info,
+        peerdirect_alloc,
+        peerdirect_free,
+        peerdirect_export,
+        dma_buf_sync,
+    )
+}
+
+fn rust_fields() -> Vec<(&'static str, &'static str, usize, usize)> {
+    let mut fields = fields!(peerdirect_info {
         size,
         flags,
         hbm_bytes,
@@ -37,66 +57,132 @@ fn rust_fields() -> Vec<(&'static str, usize, usize)> {
         index,
         provider,
         __reserved1,
-    )
+    });
+    fields.extend(fields!(peerdirect_alloc {
+        size,
+        flags,
+        length,
+        align,
+        handle,
+        __reserved0,
+        hbm_offset,
+    }));
+    fields.extend(fields!(peerdirect_free {
+        size,
+        flags,
+        handle,
+        __reserved0,
+    }));
+    fields.extend(fields!(peerdirect_export {
+        size,
+        flags,
+        handle,
+        fd,
+        offset,
+        length,
+    }));
+    fields.extend(fields!(dma_buf_sync { flags }));
+    fields
+}
+
+/// Constants and ioctl numbers, as `(name, value)`; the C side prints each by name.
+fn rust_constants() -> Vec<(&'static str, u64)> {
+    vec![
+        ("PEERDIRECT_IOC_INFO", uapi::PEERDIRECT_IOC_INFO.into()),
+        ("PEERDIRECT_IOC_ALLOC", uapi::PEERDIRECT_IOC_ALLOC.into()),
+        ("PEERDIRECT_IOC_FREE", uapi::PEERDIRECT_IOC_FREE.into()),
+        ("PEERDIRECT_IOC_EXPORT", uapi::PEERDIRECT_IOC_EXPORT.into()),
+        (
+            "PEERDIRECT_INFO_SIZE_VER0",
+            uapi::PEERDIRECT_INFO_SIZE_VER0.into(),
+        ),
+        (
+            "PEERDIRECT_ALLOC_SIZE_VER0",
+            uapi::PEERDIRECT_ALLOC_SIZE_VER0.into(),
+        ),
+        (
+            "PEERDIRECT_FREE_SIZE_VER0",
+            uapi::PEERDIRECT_FREE_SIZE_VER0.into(),
+        ),
+        (
+            "PEERDIRECT_EXPORT_SIZE_VER0",
+            uapi::PEERDIRECT_EXPORT_SIZE_VER0.into(),
+        ),
+        ("PEERDIRECT_IOCTL_TYPE", uapi::PEERDIRECT_IOCTL_TYPE.into()),
+        ("PEERDIRECT_CMD_INFO", uapi::PEERDIRECT_CMD_INFO.into()),
+        ("PEERDIRECT_CMD_ALLOC", uapi::PEERDIRECT_CMD_ALLOC.into()),
+        ("PEERDIRECT_CMD_FREE", uapi::PEERDIRECT_CMD_FREE.into()),
+        ("PEERDIRECT_CMD_EXPORT", uapi::PEERDIRECT_CMD_EXPORT.into()),
+        (
+            "PEERDIRECT_PROVIDER_OWNED",
+            uapi::PEERDIRECT_PROVIDER_OWNED.into(),
+        ),
+        (
+            "PEERDIRECT_ALLOC_ALIGN_DEFAULT",
+            uapi::PEERDIRECT_ALLOC_ALIGN_DEFAULT.into(),
+        ),
+        (
+            "PEERDIRECT_EXPORT_CLOEXEC",
+            uapi::PEERDIRECT_EXPORT_CLOEXEC.into(),
+        ),
+        (
+            "PEERDIRECT_EXPORT_RDWR",
+            uapi::PEERDIRECT_EXPORT_RDWR.into(),
+        ),
+        ("DMA_BUF_IOCTL_SYNC", uapi::DMA_BUF_IOCTL_SYNC.into()),
+        ("DMA_BUF_SET_NAME", uapi::DMA_BUF_SET_NAME.into()),
+        ("DMA_BUF_SYNC_READ", uapi::DMA_BUF_SYNC_READ),
+        ("DMA_BUF_SYNC_WRITE", uapi::DMA_BUF_SYNC_WRITE),
+        ("DMA_BUF_SYNC_START", uapi::DMA_BUF_SYNC_START),
+        ("DMA_BUF_SYNC_END", uapi::DMA_BUF_SYNC_END),
+        ("DMA_BUF_NAME_LEN", uapi::DMA_BUF_NAME_LEN as u64),
+    ]
 }
 
 fn rust_values() -> BTreeMap<String, u64> {
-    let mut values = BTreeMap::from([
-        ("sizeof".to_owned(), size_of::<peerdirect_info>() as u64),
-        ("alignof".to_owned(), align_of::<peerdirect_info>() as u64),
-        (
-            "PEERDIRECT_IOC_INFO".to_owned(),
-            u64::from(uapi::PEERDIRECT_IOC_INFO),
-        ),
-        (
-            "PEERDIRECT_INFO_SIZE_VER0".to_owned(),
-            u64::from(uapi::PEERDIRECT_INFO_SIZE_VER0),
-        ),
-        (
-            "PEERDIRECT_IOCTL_TYPE".to_owned(),
-            u64::from(uapi::PEERDIRECT_IOCTL_TYPE),
-        ),
-        (
-            "PEERDIRECT_CMD_INFO".to_owned(),
-            u64::from(uapi::PEERDIRECT_CMD_INFO),
-        ),
-        (
-            "PEERDIRECT_PROVIDER_OWNED".to_owned(),
-            u64::from(uapi::PEERDIRECT_PROVIDER_OWNED),
-        ),
-    ]);
-    for (field, offset, size) in rust_fields() {
-        values.insert(format!("offsetof.{field}"), offset as u64);
-        values.insert(format!("sizeof.{field}"), size as u64);
+    let mut values: BTreeMap<String, u64> = rust_constants()
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
+    for (ty, size, align) in rust_structs() {
+        values.insert(format!("sizeof.{ty}"), size as u64);
+        values.insert(format!("alignof.{ty}"), align as u64);
+    }
+    for (ty, field, offset, size) in rust_fields() {
+        values.insert(format!("offsetof.{ty}.{field}"), offset as u64);
+        values.insert(format!("sizeof.{ty}.{field}"), size as u64);
     }
     values
 }
 
 fn c_program() -> String {
-    let mut fields = String::new();
-    for (field, _, _) in rust_fields() {
-        fields.push_str(&format!("\tFIELD({field});\n"));
+    let mut body = String::new();
+    for (name, _) in rust_constants() {
+        body.push_str(&format!("\tVALUE({name});\n"));
+    }
+    for (ty, _, _) in rust_structs() {
+        body.push_str(&format!("\tSTRUCT({ty});\n"));
+    }
+    for (ty, field, _, _) in rust_fields() {
+        body.push_str(&format!("\tFIELD({ty}, {field});\n"));
     }
     format!(
         r#"#include <stddef.h>
 #include <stdio.h>
+#include <linux/dma-buf.h>
 #include <peerdirect.h>
 
-#define FIELD(f) \
-	printf("offsetof.%s %zu\n", #f, offsetof(struct peerdirect_info, f)); \
-	printf("sizeof.%s %zu\n", #f, sizeof(((struct peerdirect_info *)0)->f))
+#define STRUCT(t) \
+	printf("sizeof.%s %zu\n", #t, sizeof(struct t)); \
+	printf("alignof.%s %zu\n", #t, _Alignof(struct t))
+#define FIELD(t, f) \
+	printf("offsetof.%s.%s %zu\n", #t, #f, offsetof(struct t, f)); \
+	printf("sizeof.%s.%s %zu\n", #t, #f, sizeof(((struct t *)0)->f))
 #define VALUE(v) printf("%s %llu\n", #v, (unsigned long long)(v))
 
 int main(void)
 {{
-	VALUE(PEERDIRECT_IOC_INFO);
-	VALUE(PEERDIRECT_INFO_SIZE_VER0);
-	VALUE(PEERDIRECT_IOCTL_TYPE);
-	VALUE(PEERDIRECT_CMD_INFO);
-	VALUE(PEERDIRECT_PROVIDER_OWNED);
-	printf("sizeof %zu\n", sizeof(struct peerdirect_info));
-	printf("alignof %zu\n", _Alignof(struct peerdirect_info));
-{fields}	return 0;
+{body}	return 0;
 }}
 "#
     )
@@ -153,7 +239,11 @@ fn rust_and_c_agree_on_the_abi() {
         mismatches.join("\n")
     );
     // Guard against the comparison passing vacuously.
-    assert_eq!(c.len(), 7 + 2 * 17);
+    assert_eq!(
+        c.len(),
+        rust_constants().len() + 2 * rust_structs().len() + 2 * rust_fields().len()
+    );
+    assert_eq!(rust_fields().len(), 17 + 7 + 4 + 6 + 1);
 }
 
 /// An independent spelling of the expected number, on architectures where `_IOC_NONE` is 0.
@@ -163,6 +253,9 @@ fn rust_and_c_agree_on_the_abi() {
     target_arch = "riscv64"
 ))]
 #[test]
-fn info_opcode_is_io_0xbd_0() {
+fn opcodes_are_io_0xbd_n() {
     assert_eq!(uapi::PEERDIRECT_IOC_INFO, 0xbd00);
+    assert_eq!(uapi::PEERDIRECT_IOC_ALLOC, 0xbd01);
+    assert_eq!(uapi::PEERDIRECT_IOC_FREE, 0xbd02);
+    assert_eq!(uapi::PEERDIRECT_IOC_EXPORT, 0xbd03);
 }

@@ -1,0 +1,646 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Test-only: plays an RDMA NIC importing a dma-buf, the way ib_core's umem_dmabuf.c does for
+ * mlx5 (dynamic), EFA (pinned) and irdma (pinned, revocable), with any PCI device of the guest
+ * standing in as the importing device. Never installed, never loaded outside the test guest.
+ *
+ * Interface: /sys/kernel/debug/peerdirect_importer/run. Each open file keeps the result of its
+ * last command; write a command line (in one write), then read the result back as
+ * "key=value" lines: reads after a write return the result from its start up to its end.
+ *
+ *   fd=N dev=DDDD:BB:SS.F mode=dynamic|pinned|revocable|static [hbm=DDDD:BB:SS.F]
+ *        [dir=bidir|to_device|from_device] [p2p=0|1] [hold=0|1]
+ *	attach dma-buf fd N (an fd of the writing process) to PCI device dev, (pin,) map, walk
+ *	the sg table, then unmap, (unpin,) detach, unless hold=1: then the attachment stays
+ *	mapped until "release id=I". With hbm=, also reports the kernel's P2P distance from
+ *	that device (the exporter's) to dev. p2p=0 attaches without allow_peer2peer; mode=static
+ *	attaches without importer ops at all (dma_buf_attach, as a non-P2P importer does).
+ *   status id=I	invalidations seen, whether mapped, whether revoked
+ *   remap id=I		map again an attachment whose mapping the exporter invalidated
+ *   release id=I | release all
+ *
+ * Failures of the dma-buf calls are results ("attach=-95"), not write errors; the write fails
+ * only when the command is malformed or names no such fd, device or id. Nothing here WARNs.
+ */
+
+#include <linux/debugfs.h>
+#include <linux/dma-buf.h>
+#include <linux/dma-mapping.h>
+#include <linux/dma-resv.h>
+#include <linux/device.h>
+#include <linux/err.h>
+#include <linux/fs.h>
+#include <linux/kernel.h>
+#include <linux/ktime.h>
+#include <linux/list.h>
+#include <linux/module.h>
+#include <linux/mutex.h>
+#include <linux/pci.h>
+#include <linux/pci-p2pdma.h>
+#include <linux/scatterlist.h>
+#include <linux/seq_buf.h>
+#include <linux/slab.h>
+#include <linux/string.h>
+#include <linux/uaccess.h>
+
+MODULE_IMPORT_NS("DMA_BUF");
+
+#define PDI_CMD_MAX 256
+#define PDI_OUT_MAX 4096
+/* sg entries listed one by one in a result (the rest are only counted). */
+#define PDI_SG_LISTED 8
+
+enum pdi_mode { PDI_DYNAMIC, PDI_PINNED, PDI_REVOCABLE, PDI_STATIC };
+
+static const char *const pdi_mode_names[] = {
+	[PDI_DYNAMIC] = "dynamic",
+	[PDI_PINNED] = "pinned",
+	[PDI_REVOCABLE] = "revocable",
+	[PDI_STATIC] = "static",
+};
+
+/* One attachment; the fields below @dir are protected by the dma-buf's reservation lock. */
+struct pdi_attachment {
+	struct list_head node; /* in pdi_held, when held */
+	u32 id;
+	enum pdi_mode mode;
+	enum dma_data_direction dir;
+	struct pci_dev *nic; /* reference */
+	struct dma_buf *dmabuf; /* reference from dma_buf_get() */
+	struct dma_buf_attachment *attach;
+
+	struct sg_table *sgt; /* the current mapping, if any */
+	bool pinned;
+	bool revoked;
+	unsigned int invalidations;
+};
+
+static LIST_HEAD(pdi_held);
+static DEFINE_MUTEX(pdi_held_lock); /* taken before any reservation lock */
+static u32 pdi_next_id = 1;
+static struct dentry *pdi_dir;
+
+/* mlx5-style: the mapping is dropped at once and rebuilt on the next use (remap). */
+static void pdi_invalidate_dynamic(struct dma_buf_attachment *attach)
+{
+	struct pdi_attachment *p = attach->importer_priv;
+
+	dma_resv_assert_held(attach->dmabuf->resv);
+	p->invalidations++;
+	if (p->sgt) {
+		dma_buf_unmap_attachment(attach, p->sgt, p->dir);
+		p->sgt = NULL;
+	}
+}
+
+/* ib_umem_dmabuf_revoke_locked(): unmap, unpin, and never map again by itself. */
+static void pdi_revoke_locked(struct pdi_attachment *p)
+{
+	if (p->revoked)
+		return;
+	if (p->sgt) {
+		dma_buf_unmap_attachment(p->attach, p->sgt, p->dir);
+		p->sgt = NULL;
+	}
+	if (p->pinned) {
+		dma_buf_unpin(p->attach);
+		p->pinned = false;
+	}
+	p->revoked = true;
+}
+
+static void pdi_invalidate_revocable(struct dma_buf_attachment *attach)
+{
+	struct pdi_attachment *p = attach->importer_priv;
+
+	dma_resv_assert_held(attach->dmabuf->resv);
+	p->invalidations++;
+	pdi_revoke_locked(p);
+}
+
+/* [mode][allow_peer2peer]. Pinned is EFA's ib_umem_dmabuf_attach_pinned_ops: no callback. */
+static const struct dma_buf_attach_ops pdi_ops[3][2] = {
+	[PDI_DYNAMIC] = {
+		{ .allow_peer2peer = false, .invalidate_mappings = pdi_invalidate_dynamic },
+		{ .allow_peer2peer = true, .invalidate_mappings = pdi_invalidate_dynamic },
+	},
+	[PDI_PINNED] = {
+		{ .allow_peer2peer = false },
+		{ .allow_peer2peer = true },
+	},
+	[PDI_REVOCABLE] = {
+		{ .allow_peer2peer = false, .invalidate_mappings = pdi_invalidate_revocable },
+		{ .allow_peer2peer = true, .invalidate_mappings = pdi_invalidate_revocable },
+	},
+};
+
+struct pdi_file {
+	struct mutex lock;
+	loff_t read_pos; /* into the result; every write, failed or not, starts it over */
+	struct seq_buf out;
+	char buf[PDI_OUT_MAX];
+};
+
+struct pdi_cmd {
+	const char *verb;
+	int fd;
+	bool has_fd, has_dev, has_hbm, has_id, all;
+	unsigned int dev[4], hbm[4];
+	enum pdi_mode mode;
+	bool has_mode;
+	enum dma_data_direction dir;
+	bool p2p, hold;
+	u32 id;
+};
+
+static int pdi_parse_bdf(const char *s, unsigned int *bdf)
+{
+	char tail;
+
+	if (sscanf(s, "%x:%x:%x.%x%c", &bdf[0], &bdf[1], &bdf[2], &bdf[3], &tail) != 4)
+		return -EINVAL;
+	if (bdf[0] > 0xffff || bdf[1] > 0xff || bdf[2] > 0x1f || bdf[3] > 7)
+		return -EINVAL;
+	return 0;
+}
+
+static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
+{
+	char *tok, *val;
+	int ret = 0;
+	bool first = true;
+
+	memset(cmd, 0, sizeof(*cmd));
+	cmd->verb = "run";
+	cmd->dir = DMA_BIDIRECTIONAL;
+	cmd->p2p = true;
+
+	while ((tok = strsep(&line, " \t\n")) != NULL) {
+		if (!*tok)
+			continue;
+		val = strchr(tok, '=');
+		if (!val) {
+			if (first && (!strcmp(tok, "run") || !strcmp(tok, "release") ||
+				      !strcmp(tok, "status") || !strcmp(tok, "remap"))) {
+				cmd->verb = tok;
+				first = false;
+				continue;
+			}
+			if (!strcmp(tok, "all") && !strcmp(cmd->verb, "release")) {
+				cmd->all = true;
+				continue;
+			}
+			seq_buf_printf(out, "error=unknown word '%s'\n", tok);
+			return -EINVAL;
+		}
+		first = false;
+		*val++ = '\0';
+		if (!strcmp(tok, "fd")) {
+			ret = kstrtoint(val, 10, &cmd->fd);
+			cmd->has_fd = true;
+		} else if (!strcmp(tok, "dev")) {
+			ret = pdi_parse_bdf(val, cmd->dev);
+			cmd->has_dev = true;
+		} else if (!strcmp(tok, "hbm")) {
+			ret = pdi_parse_bdf(val, cmd->hbm);
+			cmd->has_hbm = true;
+		} else if (!strcmp(tok, "id")) {
+			ret = kstrtou32(val, 10, &cmd->id);
+			cmd->has_id = true;
+		} else if (!strcmp(tok, "mode")) {
+			ret = match_string(pdi_mode_names, ARRAY_SIZE(pdi_mode_names), val);
+			if (ret >= 0) {
+				cmd->mode = ret;
+				cmd->has_mode = true;
+				ret = 0;
+			}
+		} else if (!strcmp(tok, "dir")) {
+			if (!strcmp(val, "bidir"))
+				cmd->dir = DMA_BIDIRECTIONAL;
+			else if (!strcmp(val, "to_device"))
+				cmd->dir = DMA_TO_DEVICE;
+			else if (!strcmp(val, "from_device"))
+				cmd->dir = DMA_FROM_DEVICE;
+			else
+				ret = -EINVAL;
+		} else if (!strcmp(tok, "p2p")) {
+			ret = kstrtobool(val, &cmd->p2p);
+		} else if (!strcmp(tok, "hold")) {
+			ret = kstrtobool(val, &cmd->hold);
+		} else {
+			seq_buf_printf(out, "error=unknown key '%s'\n", tok);
+			return -EINVAL;
+		}
+		if (ret) {
+			seq_buf_printf(out, "error=bad value for %s: '%s'\n", tok, val);
+			return -EINVAL;
+		}
+	}
+
+	if (!strcmp(cmd->verb, "run")) {
+		if (!cmd->has_fd || !cmd->has_dev || !cmd->has_mode) {
+			seq_buf_puts(out, "error=run needs fd=, dev= and mode=\n");
+			return -EINVAL;
+		}
+	} else if (!cmd->has_id && !(cmd->all && !strcmp(cmd->verb, "release"))) {
+		seq_buf_printf(out, "error=%s needs id=%s\n", cmd->verb,
+			       strcmp(cmd->verb, "release") ? "" : " or all");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Walks the DMA side of @sgt and reports it. */
+static void pdi_report_sgt(struct seq_buf *out, struct sg_table *sgt, struct device *dev)
+{
+	unsigned int max_seg = dma_get_max_seg_size(dev);
+	u64 total = 0, first = 0, last = 0, end = 0, min_len = U64_MAX, max_len = 0;
+	unsigned int over_max_seg = 0, unaligned = 0, nents = 0;
+	bool contiguous = true;
+	struct scatterlist *sg;
+	int i;
+
+	for_each_sgtable_dma_sg(sgt, sg, i) {
+		u64 addr = sg_dma_address(sg);
+		u64 len = sg_dma_len(sg);
+
+		if (nents == 0)
+			first = addr;
+		else if (addr != end)
+			contiguous = false;
+		if (nents < PDI_SG_LISTED)
+			seq_buf_printf(out, "sg%u=0x%llx+0x%llx\n", nents, addr, len);
+		last = addr;
+		end = addr + len;
+		total += len;
+		min_len = min(min_len, len);
+		max_len = max(max_len, len);
+		if (len > max_seg)
+			over_max_seg++;
+		if (!PAGE_ALIGNED(addr) || !PAGE_ALIGNED(len))
+			unaligned++;
+		nents++;
+	}
+	seq_buf_printf(out, "nents=%u\n", nents);
+	seq_buf_printf(out, "dma_first=0x%llx\n", first);
+	seq_buf_printf(out, "dma_last=0x%llx\n", last);
+	seq_buf_printf(out, "dma_end=0x%llx\n", end);
+	seq_buf_printf(out, "dma_total=%llu\n", total);
+	seq_buf_printf(out, "contiguous=%d\n", nents ? contiguous : 0);
+	seq_buf_printf(out, "min_entry=%llu\n", nents ? min_len : 0);
+	seq_buf_printf(out, "max_entry=%llu\n", max_len);
+	seq_buf_printf(out, "max_seg=%u\n", max_seg);
+	seq_buf_printf(out, "over_max_seg=%u\n", over_max_seg);
+	seq_buf_printf(out, "unaligned=%u\n", unaligned);
+}
+
+/* Undoes everything of a live attachment: unmap, unpin, detach, and drops the references. */
+static void pdi_teardown(struct pdi_attachment *p)
+{
+	struct dma_resv *resv = p->dmabuf->resv;
+
+	dma_resv_lock(resv, NULL);
+	if (p->mode == PDI_REVOCABLE) {
+		/* ib_umem_dmabuf_release(): a revoke that has not happened yet happens now. */
+		pdi_revoke_locked(p);
+	} else {
+		if (p->sgt) {
+			dma_buf_unmap_attachment(p->attach, p->sgt, p->dir);
+			p->sgt = NULL;
+		}
+		if (p->pinned) {
+			dma_buf_unpin(p->attach);
+			p->pinned = false;
+		}
+	}
+	dma_resv_unlock(resv);
+	dma_buf_detach(p->dmabuf, p->attach);
+	p->attach = NULL;
+}
+
+static void pdi_free(struct pdi_attachment *p)
+{
+	dma_buf_put(p->dmabuf);
+	pci_dev_put(p->nic);
+	kfree(p);
+}
+
+static struct pci_dev *pdi_pci_dev(const unsigned int *bdf)
+{
+	return pci_get_domain_bus_and_slot(bdf[0], bdf[1], PCI_DEVFN(bdf[2], bdf[3]));
+}
+
+static int pdi_run(const struct pdi_cmd *cmd, struct seq_buf *out)
+{
+	struct pdi_attachment *p;
+	struct dma_buf *dmabuf;
+	struct pci_dev *nic;
+	struct dma_resv *resv;
+	struct sg_table *sgt;
+	struct device *dev;
+	u64 t0, t1;
+	long wait;
+	int ret;
+
+	nic = pdi_pci_dev(cmd->dev);
+	if (!nic) {
+		seq_buf_printf(out, "error=no PCI device %04x:%02x:%02x.%x\n", cmd->dev[0],
+			       cmd->dev[1], cmd->dev[2], cmd->dev[3]);
+		return -ENODEV;
+	}
+	dev = &nic->dev;
+
+	seq_buf_printf(out, "mode=%s\n", pdi_mode_names[cmd->mode]);
+	seq_buf_printf(out, "importer=%s\n", pci_name(nic));
+	seq_buf_printf(out, "importer_iommu=%d\n", device_iommu_mapped(dev));
+	seq_buf_printf(out, "dma_mask=0x%llx\n", dma_get_mask(dev));
+	seq_buf_printf(out, "max_seg=%u\n", dma_get_max_seg_size(dev));
+
+	if (cmd->has_hbm) {
+		struct pci_dev *hbm = pdi_pci_dev(cmd->hbm);
+
+		if (!hbm) {
+			seq_buf_printf(out, "error=no PCI device %04x:%02x:%02x.%x\n",
+				       cmd->hbm[0], cmd->hbm[1], cmd->hbm[2], cmd->hbm[3]);
+			pci_dev_put(nic);
+			return -ENODEV;
+		}
+		seq_buf_printf(out, "p2p_distance=%d\n",
+			       pci_p2pdma_distance_many(hbm, &dev, 1, true));
+		pci_dev_put(hbm);
+	}
+
+	dmabuf = dma_buf_get(cmd->fd);
+	if (IS_ERR(dmabuf)) {
+		ret = PTR_ERR(dmabuf);
+		seq_buf_printf(out, "error=fd %d is not a dma-buf (%d)\n", cmd->fd, ret);
+		pci_dev_put(nic);
+		return ret;
+	}
+	resv = dmabuf->resv;
+	seq_buf_printf(out, "exporter=%s\n", dmabuf->exp_name ?: "");
+	seq_buf_printf(out, "dmabuf_size=%zu\n", dmabuf->size);
+
+	p = kzalloc_obj(*p);
+	if (!p) {
+		dma_buf_put(dmabuf);
+		pci_dev_put(nic);
+		return -ENOMEM;
+	}
+	p->mode = cmd->mode;
+	p->dir = cmd->dir;
+	p->nic = nic;
+	p->dmabuf = dmabuf;
+
+	t0 = ktime_get_ns();
+	if (cmd->mode == PDI_STATIC)
+		p->attach = dma_buf_attach(dmabuf, dev);
+	else
+		p->attach = dma_buf_dynamic_attach(dmabuf, dev, &pdi_ops[cmd->mode][cmd->p2p], p);
+	t1 = ktime_get_ns();
+	ret = PTR_ERR_OR_ZERO(p->attach);
+	seq_buf_printf(out, "attach=%d\n", ret);
+	seq_buf_printf(out, "attach_ns=%llu\n", t1 - t0);
+	if (ret) {
+		p->attach = NULL;
+		pdi_free(p);
+		return 0;
+	}
+	seq_buf_printf(out, "peer2peer=%d\n", p->attach->peer2peer);
+	seq_buf_printf(out, "revocable=%d\n", dma_buf_attach_revocable(p->attach));
+
+	dma_resv_lock(resv, NULL);
+	if (cmd->mode == PDI_PINNED || cmd->mode == PDI_REVOCABLE) {
+		t0 = ktime_get_ns();
+		ret = dma_buf_pin(p->attach);
+		t1 = ktime_get_ns();
+		seq_buf_printf(out, "pin=%d\n", ret);
+		seq_buf_printf(out, "pin_ns=%llu\n", t1 - t0);
+		if (ret)
+			goto out_unlock;
+		p->pinned = true;
+	}
+
+	t0 = ktime_get_ns();
+	sgt = dma_buf_map_attachment(p->attach, p->dir);
+	t1 = ktime_get_ns();
+	ret = PTR_ERR_OR_ZERO(sgt);
+	seq_buf_printf(out, "map=%d\n", ret);
+	seq_buf_printf(out, "map_ns=%llu\n", t1 - t0);
+	if (ret)
+		goto out_unlock;
+	p->sgt = sgt;
+
+	/* As ib_umem_dmabuf_map_pages(): the contents are valid once the kernel fences signal. */
+	wait = dma_resv_wait_timeout(resv, DMA_RESV_USAGE_KERNEL, false, MAX_SCHEDULE_TIMEOUT);
+	seq_buf_printf(out, "fence_wait=%ld\n", wait < 0 ? wait : 0);
+	pdi_report_sgt(out, sgt, dev);
+
+	if (cmd->hold) {
+		dma_resv_unlock(resv);
+		mutex_lock(&pdi_held_lock);
+		p->id = pdi_next_id++;
+		list_add_tail(&p->node, &pdi_held);
+		mutex_unlock(&pdi_held_lock);
+		seq_buf_printf(out, "id=%u\n", p->id);
+		return 0;
+	}
+
+out_unlock:
+	dma_resv_unlock(resv);
+	t0 = ktime_get_ns();
+	pdi_teardown(p);
+	t1 = ktime_get_ns();
+	seq_buf_printf(out, "unmap_detach_ns=%llu\n", t1 - t0);
+	seq_buf_printf(out, "invalidations=%u\n", p->invalidations);
+	pdi_free(p);
+	return 0;
+}
+
+static struct pdi_attachment *pdi_find_locked(u32 id)
+{
+	struct pdi_attachment *p;
+
+	lockdep_assert_held(&pdi_held_lock);
+	list_for_each_entry(p, &pdi_held, node)
+		if (p->id == id)
+			return p;
+	return NULL;
+}
+
+static void pdi_report_state_locked(struct pdi_attachment *p, struct seq_buf *out)
+{
+	dma_resv_assert_held(p->dmabuf->resv);
+	seq_buf_printf(out, "id=%u\n", p->id);
+	seq_buf_printf(out, "mode=%s\n", pdi_mode_names[p->mode]);
+	seq_buf_printf(out, "invalidations=%u\n", p->invalidations);
+	seq_buf_printf(out, "mapped=%d\n", !!p->sgt);
+	seq_buf_printf(out, "pinned=%d\n", p->pinned);
+	seq_buf_printf(out, "revoked=%d\n", p->revoked);
+}
+
+static void pdi_release_one(struct pdi_attachment *p, struct seq_buf *out)
+{
+	u64 t0, t1;
+
+	list_del(&p->node);
+	dma_resv_lock(p->dmabuf->resv, NULL);
+	if (out)
+		pdi_report_state_locked(p, out);
+	dma_resv_unlock(p->dmabuf->resv);
+	t0 = ktime_get_ns();
+	pdi_teardown(p);
+	t1 = ktime_get_ns();
+	if (out)
+		seq_buf_printf(out, "unmap_detach_ns=%llu\n", t1 - t0);
+	pdi_free(p);
+}
+
+static int pdi_held_cmd(const struct pdi_cmd *cmd, struct seq_buf *out)
+{
+	struct pdi_attachment *p, *next;
+	struct sg_table *sgt;
+	int ret = 0;
+
+	mutex_lock(&pdi_held_lock);
+	if (cmd->all) {
+		unsigned int n = 0;
+
+		list_for_each_entry_safe(p, next, &pdi_held, node) {
+			pdi_release_one(p, NULL);
+			n++;
+		}
+		seq_buf_printf(out, "released=%u\n", n);
+		goto out;
+	}
+	p = pdi_find_locked(cmd->id);
+	if (!p) {
+		seq_buf_printf(out, "error=no held attachment id=%u\n", cmd->id);
+		ret = -ENOENT;
+		goto out;
+	}
+	if (!strcmp(cmd->verb, "release")) {
+		pdi_release_one(p, out);
+		goto out;
+	}
+
+	dma_resv_lock(p->dmabuf->resv, NULL);
+	if (!strcmp(cmd->verb, "remap")) {
+		if (p->sgt) {
+			seq_buf_puts(out, "already_mapped=1\n");
+		} else {
+			u64 t0 = ktime_get_ns(), t1;
+
+			sgt = dma_buf_map_attachment(p->attach, p->dir);
+			t1 = ktime_get_ns();
+			seq_buf_printf(out, "map=%d\n", (int)PTR_ERR_OR_ZERO(sgt));
+			seq_buf_printf(out, "map_ns=%llu\n", t1 - t0);
+			if (!IS_ERR(sgt)) {
+				p->sgt = sgt;
+				pdi_report_sgt(out, sgt, &p->nic->dev);
+			}
+		}
+	}
+	pdi_report_state_locked(p, out);
+	dma_resv_unlock(p->dmabuf->resv);
+out:
+	mutex_unlock(&pdi_held_lock);
+	return ret;
+}
+
+static int pdi_open(struct inode *inode, struct file *file)
+{
+	struct pdi_file *f = kzalloc_obj(*f);
+
+	if (!f)
+		return -ENOMEM;
+	mutex_init(&f->lock);
+	seq_buf_init(&f->out, f->buf, sizeof(f->buf));
+	file->private_data = f;
+	return nonseekable_open(inode, file);
+}
+
+static int pdi_release(struct inode *inode, struct file *file)
+{
+	struct pdi_file *f = file->private_data;
+
+	mutex_destroy(&f->lock);
+	kfree(f);
+	return 0;
+}
+
+static ssize_t pdi_write(struct file *file, const char __user *ubuf, size_t count,
+			 loff_t *ppos)
+{
+	struct pdi_file *f = file->private_data;
+	char line[PDI_CMD_MAX];
+	struct pdi_cmd cmd;
+	int ret;
+
+	if (count >= sizeof(line))
+		return -E2BIG;
+	if (copy_from_user(line, ubuf, count))
+		return -EFAULT;
+	line[count] = '\0';
+
+	mutex_lock(&f->lock);
+	seq_buf_clear(&f->out);
+	ret = pdi_parse(line, &cmd, &f->out);
+	if (!ret) {
+		if (!strcmp(cmd.verb, "run"))
+			ret = pdi_run(&cmd, &f->out);
+		else
+			ret = pdi_held_cmd(&cmd, &f->out);
+	}
+	if (seq_buf_has_overflowed(&f->out))
+		ret = -EOVERFLOW;
+	f->read_pos = 0;
+	mutex_unlock(&f->lock);
+	return ret ?: count;
+}
+
+static ssize_t pdi_read(struct file *file, char __user *ubuf, size_t count, loff_t *ppos)
+{
+	struct pdi_file *f = file->private_data;
+	ssize_t ret;
+
+	mutex_lock(&f->lock);
+	ret = simple_read_from_buffer(ubuf, count, &f->read_pos, f->buf, seq_buf_used(&f->out));
+	mutex_unlock(&f->lock);
+	return ret;
+}
+
+static const struct file_operations pdi_fops = {
+	.owner = THIS_MODULE,
+	.open = pdi_open,
+	.release = pdi_release,
+	.read = pdi_read,
+	.write = pdi_write,
+};
+
+static int __init pdi_init(void)
+{
+	pdi_dir = debugfs_create_dir("peerdirect_importer", NULL);
+	if (IS_ERR(pdi_dir))
+		return PTR_ERR(pdi_dir);
+	debugfs_create_file("run", 0600, pdi_dir, NULL, &pdi_fops);
+	return 0;
+}
+
+static void __exit pdi_exit(void)
+{
+	struct pdi_attachment *p, *next;
+
+	debugfs_remove(pdi_dir);
+	mutex_lock(&pdi_held_lock);
+	list_for_each_entry_safe(p, next, &pdi_held, node)
+		pdi_release_one(p, NULL);
+	mutex_unlock(&pdi_held_lock);
+}
+
+module_init(pdi_init);
+module_exit(pdi_exit);
+
+MODULE_DESCRIPTION("Test-only dma-buf importer standing in for an RDMA NIC (peerdirect tests)");
+MODULE_AUTHOR("The peerdirect developers");
+MODULE_LICENSE("GPL");

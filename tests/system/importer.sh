@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# An RDMA NIC's view of peerdirect's dma-bufs: the test module peerdirect_importer.ko attaches
+# them to the guest's NIC (dynamic, pinned, revocable; 2 MiB, 64 MiB, 1 GiB) in each topology,
+# and the result must agree with the kernel's P2P verdict. Prints `# timing:` lines.
+. "$(dirname "$0")/../lib.sh"
+
+rc=0
+for topology in switch split iommu; do
+	echo "# topology $topology"
+	guest --topology "$topology" --hbm 2G -- peerdirect-guest-tests --importer --topology "$topology"
+	r=$?
+	case $r in
+	0) ;;
+	1) rc=1 ;; # failed tests, reported above
+	*) rc=$r; not_ok "topology $topology: the guest run ends cleanly" "qemu/run exited $r (99: kernel splat, 98: guest died, 124: timeout)" ;;
+	esac
+done
+exit $rc

@@ -1,0 +1,131 @@
+//! Byte counts and numbers on the command line and in output.
+
+/// Parses a byte count: decimal digits with an optional binary unit (`K`, `M`, `G`, `T`, any
+/// case, optionally followed by `iB`: powers of 1024), or `0x` and hex digits.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    if text.starts_with("0x") || text.starts_with("0X") {
+        return parse_number(text);
+    }
+    let digits_end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits_end);
+    if number.is_empty() {
+        return Err(format!(
+            "{text:?} is not a size (a number, then K, M, G or T)"
+        ));
+    }
+    let number = parse_number(number)?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        "t" | "tib" => 40,
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown unit {unit:?} (use K, M, G or T: powers of 1024)"
+            ))
+        }
+    };
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{text:?} does not fit in 64 bits"))
+}
+
+/// Parses a number: decimal digits, or `0x` and hex digits.
+pub fn parse_number(text: &str) -> Result<u64, String> {
+    let (digits, radix) = match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        Some(hex) => (hex, 16),
+        None => (text, 10),
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return Err(format!(
+            "{text:?} is not a number (decimal, or hex with 0x)"
+        ));
+    }
+    u64::from_str_radix(digits, radix).map_err(|_| format!("{text:?} does not fit in 64 bits"))
+}
+
+/// `bytes` in the largest binary unit that keeps it at least 1, with one decimal unless exact.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let exponent = if bytes == 0 { 0 } else { bytes.ilog2() / 10 };
+    let unit = 1u64 << (10 * exponent);
+    if bytes.is_multiple_of(unit) {
+        format!("{} {}", bytes / unit, UNITS[exponent as usize])
+    } else {
+        format!(
+            "{:.1} {}",
+            bytes as f64 / unit as f64,
+            UNITS[exponent as usize]
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_with_binary_units() {
+        for (text, bytes) in [
+            ("0", 0),
+            ("4096", 4096),
+            ("4K", 4096),
+            ("4k", 4096),
+            ("4KiB", 4096),
+            ("64K", 64 << 10),
+            ("2M", 2 << 20),
+            ("2mib", 2 << 20),
+            ("1G", 1 << 30),
+            ("3T", 3 << 40),
+            ("0x1000", 4096),
+            ("0X200000", 2 << 20),
+            ("16777215T", 16777215 << 40),
+        ] {
+            assert_eq!(parse_size(text), Ok(bytes), "{text}");
+        }
+    }
+
+    #[test]
+    fn bad_sizes_are_refused() {
+        for (text, problem) in [
+            ("", "is not a size"),
+            ("K", "is not a size"),
+            ("-1", "is not a size"),
+            ("4.5M", "unknown unit"),
+            ("4X", "unknown unit"),
+            ("4KB", "unknown unit"),
+            ("4 K", "unknown unit"),
+            ("0x", "is not a number"),
+            ("0x1K", "is not a number"),
+            ("16777216T", "does not fit in 64 bits"),
+            ("18446744073709551616", "does not fit in 64 bits"),
+        ] {
+            let err = parse_size(text).unwrap_err();
+            assert!(err.contains(problem), "{text:?}: {err}");
+        }
+        assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+    }
+
+    #[test]
+    fn numbers_are_decimal_or_hex() {
+        assert_eq!(parse_number("42"), Ok(42));
+        assert_eq!(parse_number("0x2a"), Ok(42));
+        assert_eq!(parse_number("0xFFFFFFFFFFFFFFFF"), Ok(u64::MAX));
+        assert!(parse_number("4K").is_err());
+        assert!(parse_number("0x10000000000000000").is_err());
+        assert!(parse_number("+1").is_err());
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1024), "1 KiB");
+        assert_eq!(human_bytes(1536 << 20), "1.5 GiB");
+        assert_eq!(human_bytes(16 << 30), "16 GiB");
+        assert_eq!(human_bytes(u64::MAX), "16.0 EiB");
+    }
+}

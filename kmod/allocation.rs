@@ -21,7 +21,7 @@ impl Allocation {
         let handle = hbm.new_handle();
         let pid = kernel::current!().tgid();
         let range = {
-            let mut state = hbm.heap.lock();
+            let mut state = hbm.memory.heap.lock();
             let range = state.heap.alloc(len, align)?;
             state
                 .live
@@ -60,7 +60,7 @@ impl Allocation {
 impl Drop for Allocation {
     fn drop(&mut self) {
         if let Some(range) = self.range.take() {
-            let mut state = self.hbm.heap.lock();
+            let mut state = self.hbm.memory.heap.lock();
             state.live.remove(&range.offset());
             state.heap.free(range);
         }

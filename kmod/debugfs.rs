@@ -34,7 +34,7 @@ pub(crate) struct Stats(Arc<Hbm>);
 impl Writer for Stats {
     fn write(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let hbm = &self.0;
-        let state = hbm.heap.lock();
+        let state = hbm.memory.heap.lock();
         let allocations = state.live.iter().count();
         let allocated: u64 = state.live.values().map(|&(_, len, _)| len).sum();
         writeln!(f, "hbm_bytes: {}", state.heap.size())?;
@@ -42,6 +42,9 @@ impl Writer for Stats {
         writeln!(f, "allocations: {allocations}")?;
         writeln!(f, "allocated_bytes: {allocated}")?;
         writeln!(f, "exports: {}", hbm.exports.load(Relaxed))?;
+        let mappings = hbm.mappings.lock();
+        writeln!(f, "mappings_revocable: {}", mappings.revocable)?;
+        writeln!(f, "mappings_pinned: {}", mappings.pinned)?;
         writeln!(f, "present: {}", hbm.is_present())
     }
 }
@@ -51,7 +54,7 @@ pub(crate) struct Allocations(Arc<Hbm>);
 
 impl Writer for Allocations {
     fn write(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = self.0.heap.lock();
+        let state = self.0.memory.heap.lock();
         for (offset, &(handle, len, pid)) in state.live.iter() {
             writeln!(
                 f,

@@ -64,6 +64,13 @@ impl Attachment<'_> {
         ffi::log_refused_attach(hbm, self.dev(), reason);
     }
 
+    /// Whether the importer drops its mappings when told to (`dma_buf_attach_revocable`):
+    /// false for pinned importers such as EFA memory registrations.
+    pub(crate) fn is_revocable(&self) -> bool {
+        // SAFETY: `raw` is valid for the callback (type invariant).
+        unsafe { bindings::dma_buf_attach_revocable(self.raw.as_ptr()) }
+    }
+
     /// The largest DMA segment the importer's device handles.
     pub(crate) fn max_segment_size(&self) -> u64 {
         u64::from(ffi::dma_max_seg_size(self.dev()))

@@ -64,11 +64,14 @@ impl Exporter for Export {
         let provider = self.hbm().provider()?;
         let page = PAGE_SIZE as u64;
         let seg = (attach.max_segment_size() & !(page - 1)).max(page);
-        attach.map_range(provider, self.phys_addr(), self.len, seg, dir)
+        let sgt = attach.map_range(provider, self.phys_addr(), self.len, seg, dir)?;
+        self.hbm().mapped(attach.is_revocable());
+        Ok(sgt)
     }
 
     fn unmap(&self, attach: &Attachment<'_>, sgt: SgTable, dir: DataDirection) {
         attach.unmap(sgt, dir);
+        self.hbm().unmapped(attach.is_revocable());
     }
 
     fn mmap(&self, vma: &Vma<'_>) -> Result {

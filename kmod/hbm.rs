@@ -10,16 +10,16 @@
 use crate::{
     dmabuf::{self, DmaBufId},
     ffi::{BarIndex, P2pProvider},
-    heap::Heap,
+    memory::{self, HbmMemory},
 };
 use kernel::{
-    new_mutex, pci,
+    new_condvar, new_mutex, pci,
     prelude::*,
     rbtree::{RBTree, RBTreeNodeReservation},
     sync::{
         aref::ARef,
         atomic::{Acquire, Atomic, Relaxed, Release},
-        Arc, Mutex,
+        Arc, CondVar, Mutex,
     },
 };
 
@@ -70,12 +70,13 @@ pub(crate) struct HbmInfo {
     pub(crate) index: u32,
 }
 
-/// Allocation bookkeeping of one device, under [`Hbm::heap`].
-pub(crate) struct HeapState {
-    pub(crate) heap: Heap,
-    /// Live allocations (including freed handles still held by dma-bufs), by offset:
-    /// (handle, length, owner pid).
-    pub(crate) live: RBTree<u64, (u32, u64, i32)>,
+/// Mappings handed to importers, counted so that removal can wait for the revocable ones.
+#[derive(Default)]
+pub(crate) struct Mappings {
+    /// By importers that unmap when told to (they provide `invalidate_mappings`).
+    pub(crate) revocable: u64,
+    /// By importers that cannot be revoked (pinned, e.g. EFA memory registrations).
+    pub(crate) pinned: u64,
 }
 
 /// A bound (or formerly bound) HBM device.
@@ -85,14 +86,18 @@ pub(crate) struct Hbm {
     present: Atomic<bool>,
     pdev: ARef<pci::Device>,
     provider: P2pProvider,
-    #[pin]
-    pub(crate) heap: Mutex<HeapState>,
+    pub(crate) memory: Arc<HbmMemory>,
     next_handle: Atomic<u32>,
     /// Live dma-bufs exported from this device.
     pub(crate) exports: Atomic<u64>,
     /// The live exports, by the address of their exporter state, to revoke on removal.
     #[pin]
     exported: Mutex<RBTree<usize, DmaBufId>>,
+    #[pin]
+    pub(crate) mappings: Mutex<Mappings>,
+    /// Signalled when a revocable mapping goes away.
+    #[pin]
+    unmapped: CondVar,
 }
 
 impl Hbm {
@@ -103,10 +108,7 @@ impl Hbm {
     ) -> Result<Arc<Self>> {
         Arc::pin_init(
             try_pin_init!(Self {
-                heap <- new_mutex!(HeapState {
-                    heap: Heap::new(info.bytes)?,
-                    live: RBTree::new(),
-                }),
+                memory: memory::of_bar(info.phys_addr, info.bytes)?,
                 info,
                 present: Atomic::new(true),
                 pdev,
@@ -114,6 +116,8 @@ impl Hbm {
                 next_handle: Atomic::new(1),
                 exports: Atomic::new(0),
                 exported <- new_mutex!(RBTree::new()),
+                mappings <- new_mutex!(Mappings::default()),
+                unmapped <- new_condvar!(),
             }),
             GFP_KERNEL,
         )
@@ -171,6 +175,29 @@ impl Hbm {
         Ok(())
     }
 
+    /// Counts a mapping made for an importer.
+    pub(crate) fn mapped(&self, revocable: bool) {
+        let mut mappings = self.mappings.lock();
+        if revocable {
+            mappings.revocable += 1;
+        } else {
+            mappings.pinned += 1;
+        }
+    }
+
+    /// Counts a mapping undone by an importer.
+    pub(crate) fn unmapped(&self, revocable: bool) {
+        let mut mappings = self.mappings.lock();
+        if revocable {
+            mappings.revocable -= 1;
+            if mappings.revocable == 0 {
+                self.unmapped.notify_all();
+            }
+        } else {
+            mappings.pinned -= 1;
+        }
+    }
+
     /// Forgets an export, from its release.
     pub(crate) fn unregister_export(&self, key: usize) {
         self.exported.lock().remove(&key);
@@ -183,11 +210,26 @@ impl Hbm {
     pub(crate) fn remove(&self) {
         self.present.store(false, Release);
         // No export is recorded after this point (`register_export`), so this is all of them.
-        let exported = self.exported.lock();
-        for &id in exported.values() {
-            // SAFETY: a recorded buffer's release unregisters it under `exported`, which we
-            // hold, so its release has not completed; its reservation lock is not ours.
-            unsafe { dmabuf::revoke(id) };
+        {
+            let exported = self.exported.lock();
+            for &id in exported.values() {
+                // SAFETY: a recorded buffer's release unregisters it under `exported`, which we
+                // hold, so its release has not completed; its reservation lock is not ours.
+                unsafe { dmabuf::revoke(id) };
+            }
+        }
+        // Revocable importers unmap in bounded time once invalidated (the dma-buf contract);
+        // the BAR must not go away under their DMA.
+        let mut mappings = self.mappings.lock();
+        while mappings.revocable > 0 {
+            self.unmapped.wait(&mut mappings);
+        }
+        if mappings.pinned > 0 {
+            dev_warn!(
+                self.pdev.as_ref(),
+                "{} pinned importer mapping(s) cannot be revoked and still reference HBM; their ranges stay reserved until released\n",
+                mappings.pinned
+            );
         }
     }
 }

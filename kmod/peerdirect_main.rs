@@ -7,7 +7,7 @@
 //! ioctls are defined by `include/uapi/peerdirect.h`.
 //!
 //! One file per concern: [`provider`] binds the PCI device, [`hbm`] is what the rest of the
-//! module knows of it, [`heap`] allocates its BAR, [`allocation`] is one range owned by a file
+//! module knows of it, [`memory`] and [`heap`] keep and allocate its BAR, [`allocation`] is one range owned by a file
 //! and its dma-bufs, [`export`] is the DMA-BUF exporter over the small exporter abstraction in
 //! [`dmabuf`], [`chardev`] is the misc device and its ioctls, [`uapi`] the ABI, [`debugfs`]
 //! the debug files, [`index`] the `/dev/peerdirectN` numbering, [`ffi`] the C helpers.
@@ -21,6 +21,7 @@ mod ffi;
 mod hbm;
 mod heap;
 mod index;
+mod memory;
 mod provider;
 mod uapi;
 
@@ -43,8 +44,9 @@ struct Peerdirect {
 
 impl kernel::InPlaceModule for Peerdirect {
     fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
-        // Before the driver registers: probing devices make their directories in it.
+        // Before the driver registers: probing devices use both.
         debugfs::init_root();
+        memory::init();
         try_pin_init!(Self {
             driver <- driver::Registration::new(c"peerdirect", module),
         })
@@ -54,7 +56,9 @@ impl kernel::InPlaceModule for Peerdirect {
 #[pinned_drop]
 impl PinnedDrop for Peerdirect {
     fn drop(self: Pin<&mut Self>) {
-        // The driver unregisters right after (field drop); device directories hold the root.
+        // The driver unregisters right after (field drop); device directories hold the root,
+        // bound devices their memory.
         debugfs::release_root();
+        memory::release_all();
     }
 }

@@ -19,7 +19,7 @@ export PEERDIRECT_CACHE
 export CARGO_TARGET_DIR ?= $(PEERDIRECT_CACHE)/cargo-target
 BIN := $(CARGO_TARGET_DIR)/release
 
-.PHONY: all setup kernel module module-kunit test-modules userspace guest demo test install clean
+.PHONY: all setup kernel module module-kunit test-modules userspace userland guest demo test install clean
 
 all: module userspace
 
@@ -42,7 +42,11 @@ test-modules: kernel
 userspace:
 	@cd userspace && cargo build -q --release --workspace --locked
 
-guest: kernel module module-kunit test-modules userspace
+# The guest's Debian userland (qemu/run --userland trixie): libfabric >= 1.20, rdma-core.
+userland: setup
+	@scripts/build-userland trixie >/dev/null
+
+guest: kernel module module-kunit test-modules userspace userland
 	@scripts/mkinitramfs $(BUILD)/initramfs.cpio "$$(scripts/build-kernel)" $(BUILD) $(BIN)
 
 demo: guest

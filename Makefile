@@ -5,6 +5,7 @@
 #   make module [KDIR=/path/to/kernel/build]   build peerdirect.ko (default: the test kernel)
 #   make userspace                              build the crate and the `peerdirect` CLI
 #   make install KDIR=... [DESTDIR=] [PREFIX=/usr/local]
+#   make bench     benchmarks (not tests): ratios against baselines measured in the same run
 #
 # Expensive outputs (toolchain pieces, the test kernel, cargo's target dir) are cached in
 # $(PEERDIRECT_CACHE), ~/.cache/peerdirect by default, keyed by versions and config.
@@ -19,7 +20,7 @@ export PEERDIRECT_CACHE
 export CARGO_TARGET_DIR ?= $(PEERDIRECT_CACHE)/cargo-target
 BIN := $(CARGO_TARGET_DIR)/release
 
-.PHONY: all setup kernel module module-kunit test-modules userspace userland guest demo test install clean
+.PHONY: all setup kernel module module-kunit test-modules userspace userland guest demo test bench install clean
 
 all: module userspace
 
@@ -54,6 +55,9 @@ demo: guest
 
 test: guest
 	@PEERDIRECT_PREBUILT=1 tests/run
+
+bench:
+	@scripts/bench
 
 install:
 	@[ -n "$(KDIR)" ] || { echo "make install needs KDIR=/lib/modules/\$$(uname -r)/build (or another kernel build tree)"; exit 2; }

@@ -29,6 +29,7 @@
 #![warn(missing_docs)]
 
 mod allocation;
+pub mod cache;
 mod device;
 mod dma_buf;
 mod error;
@@ -39,6 +40,7 @@ mod sys;
 pub mod uapi;
 
 pub use allocation::{Allocation, ExportFlags};
+pub use cache::{CacheStats, RegCache, Registrar, Registration};
 pub use device::{device_path, devices, Device};
 pub use dma_buf::{DmaBuf, DmaBufMap, SyncFlags};
 pub use error::{Error, Operation};

@@ -1,0 +1,509 @@
+//! The registration cache: registering memory with a NIC costs tens of microseconds to
+//! milliseconds, so registrations are kept and handed out again, to any request inside one.
+//!
+//! [`RegCache`] is generic over what registers: a [`Registrar`] (libfabric with
+//! `FI_MR_DMABUF`, ibverbs `ibv_reg_dmabuf_mr`, host bounce) makes and releases memory
+//! regions; the cache decides when. A request is served by a cached registration of the same
+//! domain and export whose range contains the request's and whose access includes it.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use peerdirect::cache::{Access, ByteRange, CacheLimits, DomainId, ExportId, RegCache, RegKey, Registrar};
+//!
+//! /// Stands in for a NIC: a registration is a number.
+//! struct Nic;
+//!
+//! impl Registrar for Nic {
+//!     type Source = (); // what `register` reads the memory from, e.g. a `DmaBuf`
+//!     type Mr = u64;
+//!     type Error = std::convert::Infallible;
+//!     fn domain(&self) -> DomainId {
+//!         DomainId(1)
+//!     }
+//!     fn register(&self, _: &(), key: &RegKey) -> Result<u64, Self::Error> {
+//!         Ok(key.range.offset() ^ 0x5eed)
+//!     }
+//!     fn deregister(&self, _: u64) {}
+//! }
+//!
+//! let cache = RegCache::new(CacheLimits::default()); // or RegCache::from_env()?
+//! let nic = Arc::new(Nic);
+//! let export = ExportId::new(0, 1234); // device 0, the dma-buf's inode number
+//! let whole = cache.get(&nic, &(), export, ByteRange::new(0, 8 << 20)?, Access::all())?;
+//! let part = cache.get(&nic, &(), export, ByteRange::new(1 << 20, 4096)?, Access::REMOTE_WRITE)?;
+//! assert_eq!(part.mr(), whole.mr()); // served by the first registration
+//! assert_eq!(part.offset_in_mr(), 1 << 20);
+//! assert_eq!((cache.stats().misses, cache.stats().hits), (1, 1));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Cost
+//!
+//! With n cached entries, one mutex guards the index and the LRU list; the registrar is called
+//! outside it, so misses in different threads register in parallel.
+//! - Hit: a hash lookup of the export, then per (domain, access) group of that export whose
+//!   access suffices (typically one or two) a B-tree predecessor search: O(log n), exact
+//!   (see `cache/index.rs` for why the predecessor is enough). Touching the LRU list is O(1).
+//! - Miss: the registration, then under the lock the same search again (another thread may
+//!   have registered meanwhile), O(log n) to drop the k entries the new one contains and for
+//!   each of the e evicted entries, and O(log n) to insert: O((1 + k + e) log n).
+//! - Invalidating an export: O(k log n) for its k entries; a domain or a device: also a visit
+//!   of every cached export.
+//!
+//! Entries the cache drops (evicted, superseded, invalidated) are deregistered outside the
+//! lock, by the thread that dropped them, or later by whoever drops the last handle to them.
+
+mod index;
+mod key;
+mod limits;
+mod lru;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::Serialize;
+
+use index::Index;
+pub use key::{Access, ByteRange, DomainId, ExportId, RangeError, RegKey};
+pub use limits::{CacheLimits, LimitsError, MAX_COUNT_VAR, MAX_SIZE_VAR};
+use lru::{Lru, Slot};
+
+/// Makes and releases registrations (memory regions) in one domain.
+pub trait Registrar: Send + Sync {
+    /// What [`Registrar::register`] finds the memory in, e.g. a [`crate::DmaBuf`]. The cache
+    /// only passes it through: it must be the export that the key's [`ExportId`] names.
+    type Source: ?Sized;
+    /// A registration, e.g. an `fid_mr` or an `ibv_mr`.
+    type Mr: Send + Sync;
+    /// Why a registration failed.
+    type Error;
+
+    /// The domain its registrations live in. Must not change.
+    fn domain(&self) -> DomainId;
+
+    /// Registers `key.range` of `source` with `key.access`.
+    fn register(&self, source: &Self::Source, key: &RegKey) -> Result<Self::Mr, Self::Error>;
+
+    /// Releases `mr`. Called exactly once for each registration, when neither the cache nor
+    /// any [`Registration`] handle holds it any more.
+    fn deregister(&self, mr: Self::Mr);
+}
+
+/// Why a registration was handed out without being cached. It is deregistered when its last
+/// handle is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Uncached {
+    /// The cache's `max_count` is 0.
+    Disabled,
+    /// The range is larger than the cache's `max_bytes`.
+    TooLarge,
+    /// Entries were invalidated while it was being registered: it might belong to memory
+    /// that is going away.
+    Invalidated,
+}
+
+/// What a [`RegCache`] did so far. Each counter is exact; a snapshot of several is not taken
+/// atomically.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CacheStats {
+    /// Requests served by a cached registration.
+    pub hits: u64,
+    /// Requests that had to register.
+    pub misses: u64,
+    /// Successful registrations.
+    pub registrations: u64,
+    /// Registrations the registrar refused.
+    pub failed_registrations: u64,
+    /// Deregistrations. `registrations - deregistrations` registrations are alive: cached,
+    /// or held by handles.
+    pub deregistrations: u64,
+    /// Entries dropped as least recently used to make room.
+    pub evictions: u64,
+    /// Entries dropped because a new one contains them (same domain and export, no more
+    /// access).
+    pub superseded: u64,
+    /// Entries dropped by `invalidate_*`.
+    pub invalidations: u64,
+    /// Registrations handed out without caching them ([`Uncached`]).
+    pub uncached: u64,
+    /// Entries cached now.
+    pub entries: u64,
+    /// Bytes the cached entries cover now.
+    pub bytes: u64,
+    /// The limit on `entries`.
+    pub max_count: u64,
+    /// The limit on `bytes`.
+    pub max_bytes: u64,
+}
+
+/// A thread-safe LRU cache of registrations made by registrars of type `R`, bounded by a
+/// number of entries and a number of bytes ([`CacheLimits`]).
+pub struct RegCache<R: Registrar> {
+    limits: CacheLimits,
+    state: Mutex<State<R>>,
+    counters: Arc<Counters>,
+}
+
+/// What the lock guards.
+struct State<R: Registrar> {
+    index: Index,
+    lru: Lru<Arc<Entry<R>>>,
+    bytes: u64,
+    /// Bumped by every invalidation, so that a miss can tell whether one happened while it
+    /// was registering.
+    epoch: u64,
+    hits: u64,
+    evictions: u64,
+    superseded: u64,
+    invalidations: u64,
+}
+
+/// Counted outside the lock, some of them when an entry is dropped.
+#[derive(Debug, Default)]
+struct Counters {
+    misses: AtomicU64,
+    registrations: AtomicU64,
+    failed_registrations: AtomicU64,
+    deregistrations: AtomicU64,
+    uncached: AtomicU64,
+}
+
+/// One registration; deregistered when the last `Arc` to it goes.
+struct Entry<R: Registrar> {
+    key: RegKey,
+    /// Taken only by `drop`.
+    mr: Option<R::Mr>,
+    registrar: Arc<R>,
+    counters: Arc<Counters>,
+    uncached: Option<Uncached>,
+}
+
+impl<R: Registrar> Drop for Entry<R> {
+    fn drop(&mut self) {
+        if let Some(mr) = self.mr.take() {
+            self.registrar.deregister(mr);
+            self.counters.deregistrations.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// A handle to a registration that serves a request. The registration stays registered at
+/// least as long as a handle to it exists, even after the cache evicted or invalidated it.
+pub struct Registration<R: Registrar> {
+    entry: Arc<Entry<R>>,
+    requested: ByteRange,
+}
+
+impl<R: Registrar> Registration<R> {
+    /// The registration (memory region).
+    pub fn mr(&self) -> &R::Mr {
+        self.entry
+            .mr
+            .as_ref()
+            .expect("taken only when the entry is dropped")
+    }
+
+    /// What is registered: it may be more than was asked for, in range and in access.
+    pub fn key(&self) -> &RegKey {
+        &self.entry.key
+    }
+
+    /// The range that was asked for.
+    pub fn requested(&self) -> ByteRange {
+        self.requested
+    }
+
+    /// Where the requested range starts in the registration: add it to the registration's
+    /// base address or offset when posting work requests.
+    pub fn offset_in_mr(&self) -> u64 {
+        self.requested.offset() - self.entry.key.range.offset()
+    }
+
+    /// Why the registration is not cached, if it never was.
+    pub fn uncached(&self) -> Option<Uncached> {
+        self.entry.uncached
+    }
+}
+
+impl<R: Registrar> Clone for Registration<R> {
+    fn clone(&self) -> Self {
+        Self {
+            entry: Arc::clone(&self.entry),
+            requested: self.requested,
+        }
+    }
+}
+
+impl<R: Registrar> fmt::Debug for Registration<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registration")
+            .field("key", &self.entry.key)
+            .field("requested", &self.requested)
+            .field("uncached", &self.entry.uncached)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Registrar> RegCache<R> {
+    /// An empty cache that holds at most `limits`.
+    pub fn new(limits: CacheLimits) -> Self {
+        Self {
+            limits,
+            state: Mutex::new(State {
+                index: Index::default(),
+                lru: Lru::new(),
+                bytes: 0,
+                epoch: 0,
+                hits: 0,
+                evictions: 0,
+                superseded: 0,
+                invalidations: 0,
+            }),
+            counters: Arc::default(),
+        }
+    }
+
+    /// An empty cache with the limits of [`MAX_COUNT_VAR`] and [`MAX_SIZE_VAR`]
+    /// ([`CacheLimits::from_env`]).
+    pub fn from_env() -> Result<Self, LimitsError> {
+        CacheLimits::from_env().map(Self::new)
+    }
+
+    /// Its limits.
+    pub fn limits(&self) -> CacheLimits {
+        self.limits
+    }
+
+    /// A registration of `range` of `export` in `registrar`'s domain with at least `access`:
+    /// a cached one that contains it, or a new one from `registrar.register(source, ..)`,
+    /// which is then cached unless [`Registration::uncached`] says why not.
+    ///
+    /// `source` must be the export that `export` names.
+    pub fn get(
+        &self,
+        registrar: &Arc<R>,
+        source: &R::Source,
+        export: ExportId,
+        range: ByteRange,
+        access: Access,
+    ) -> Result<Registration<R>, R::Error> {
+        let key = RegKey {
+            domain: registrar.domain(),
+            export,
+            range,
+            access,
+        };
+        let bypass = if self.limits.max_count == 0 {
+            Some(Uncached::Disabled)
+        } else if range.length() > self.limits.max_bytes {
+            Some(Uncached::TooLarge)
+        } else {
+            None
+        };
+        let epoch = match bypass {
+            // No cached entry can serve it: skip the lookup.
+            Some(_) => 0,
+            None => {
+                let mut state = self.state();
+                if let Some(entry) = state.find(&key) {
+                    state.hits += 1;
+                    return Ok(Registration {
+                        entry,
+                        requested: range,
+                    });
+                }
+                state.epoch
+            }
+        };
+        self.counters.misses.fetch_add(1, Relaxed);
+        let mr = registrar.register(source, &key).inspect_err(|_| {
+            self.counters.failed_registrations.fetch_add(1, Relaxed);
+        })?;
+        self.counters.registrations.fetch_add(1, Relaxed);
+        let mut entry = Entry {
+            key,
+            mr: Some(mr),
+            registrar: Arc::clone(registrar),
+            counters: Arc::clone(&self.counters),
+            uncached: bypass,
+        };
+        let mut dropped = Vec::new();
+        let entry = if bypass.is_some() {
+            Arc::new(entry)
+        } else {
+            let mut state = self.state();
+            if let Some(cached) = state.find(&key) {
+                // Another thread registered a containing range meanwhile: use that, and
+                // deregister ours (outside the lock).
+                drop(state);
+                drop(entry);
+                cached
+            } else if state.epoch != epoch {
+                entry.uncached = Some(Uncached::Invalidated);
+                Arc::new(entry)
+            } else {
+                let entry = Arc::new(entry);
+                state.insert(Arc::clone(&entry), self.limits, &mut dropped);
+                entry
+            }
+        };
+        drop(dropped);
+        if entry.uncached.is_some() {
+            self.counters.uncached.fetch_add(1, Relaxed);
+        }
+        Ok(Registration {
+            entry,
+            requested: range,
+        })
+    }
+
+    /// Drops every cached registration of `export`, in all domains, and returns how many.
+    /// Call it before the export's memory goes away: before its dma-buf is closed for the last
+    /// time or its allocation freed. Once it returns no request gets one of those entries,
+    /// and a registration of the export that was being made meanwhile is not cached
+    /// ([`Uncached::Invalidated`]). Registrations still in use are deregistered when their
+    /// last handle is dropped; the others before this returns.
+    pub fn invalidate_export(&self, export: ExportId) -> usize {
+        self.invalidate(|index, removed| index.remove_export(export, removed))
+    }
+
+    /// Drops every cached registration of exports of `/dev/peerdirect<device>`, e.g. before
+    /// the device is unbound or reset, and returns how many. Like
+    /// [`RegCache::invalidate_export`].
+    pub fn invalidate_device(&self, device: u32) -> usize {
+        self.invalidate(|index, removed| {
+            index.remove_where(|export, _| export.device() == device, removed)
+        })
+    }
+
+    /// Drops every cached registration in `domain`, e.g. before the domain is closed, and
+    /// returns how many. Like [`RegCache::invalidate_export`].
+    pub fn invalidate_domain(&self, domain: DomainId) -> usize {
+        self.invalidate(|index, removed| index.remove_where(|_, d| d == domain, removed))
+    }
+
+    /// What the cache did so far, and holds now.
+    pub fn stats(&self) -> CacheStats {
+        let (hits, evictions, superseded, invalidations, entries, bytes) = {
+            let state = self.state();
+            (
+                state.hits,
+                state.evictions,
+                state.superseded,
+                state.invalidations,
+                state.lru.len() as u64,
+                state.bytes,
+            )
+        };
+        // Deregistrations before registrations, so that a snapshot never has more of them.
+        let deregistrations = self.counters.deregistrations.load(Relaxed);
+        CacheStats {
+            hits,
+            misses: self.counters.misses.load(Relaxed),
+            registrations: self.counters.registrations.load(Relaxed),
+            failed_registrations: self.counters.failed_registrations.load(Relaxed),
+            deregistrations,
+            evictions,
+            superseded,
+            invalidations,
+            uncached: self.counters.uncached.load(Relaxed),
+            entries,
+            bytes,
+            max_count: self.limits.max_count as u64,
+            max_bytes: self.limits.max_bytes,
+        }
+    }
+
+    /// The cached registrations, most recently used first.
+    #[cfg(test)]
+    fn cached(&self) -> Vec<Registration<R>> {
+        self.state()
+            .lru
+            .iter()
+            .map(|entry| Registration {
+                entry: Arc::clone(entry),
+                requested: entry.key.range,
+            })
+            .collect()
+    }
+
+    fn invalidate(&self, remove: impl FnOnce(&mut Index, &mut Vec<Slot>)) -> usize {
+        let mut dropped = Vec::new();
+        {
+            let mut state = self.state();
+            state.epoch += 1;
+            let mut removed = Vec::new();
+            remove(&mut state.index, &mut removed);
+            state.invalidations += removed.len() as u64;
+            state.take(removed, &mut dropped);
+        }
+        dropped.len()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State<R>> {
+        // Only this module's bookkeeping runs under the lock (registrars are called outside
+        // it), so a poisoned lock is a bug in it; the index may be inconsistent.
+        self.state
+            .lock()
+            .expect("a thread panicked while updating the registration cache")
+    }
+}
+
+impl<R: Registrar> fmt::Debug for RegCache<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegCache")
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Registrar> State<R> {
+    /// A cached entry that serves `key`, now the most recently used.
+    fn find(&mut self, key: &RegKey) -> Option<Arc<Entry<R>>> {
+        let slot = self.index.find(key)?;
+        self.lru.touch(slot);
+        Some(Arc::clone(self.lru.get(slot)))
+    }
+
+    /// Caches `entry`, which no cached entry serves, after dropping the entries it contains
+    /// and then the least recently used ones until it fits. The dropped entries go to
+    /// `dropped`, for the caller to release once it has let go of the lock.
+    fn insert(
+        &mut self,
+        entry: Arc<Entry<R>>,
+        limits: CacheLimits,
+        dropped: &mut Vec<Arc<Entry<R>>>,
+    ) {
+        let mut covered = Vec::new();
+        self.index.remove_covered(&entry.key, &mut covered);
+        self.superseded += covered.len() as u64;
+        self.take(covered, dropped);
+        let length = entry.key.range.length();
+        while let Some(oldest) = self.lru.oldest().filter(|_| {
+            self.lru.len() >= limits.max_count || self.bytes + length > limits.max_bytes
+        }) {
+            let evicted = self.lru.remove(oldest);
+            self.index.remove(&evicted.key);
+            self.bytes -= evicted.key.range.length();
+            self.evictions += 1;
+            dropped.push(evicted);
+        }
+        let key = entry.key;
+        let slot = self.lru.insert(entry);
+        self.index.insert(&key, slot);
+        self.bytes += length;
+    }
+
+    /// Takes the entries in `slots`, already out of the index, off the LRU list.
+    fn take(&mut self, slots: Vec<Slot>, dropped: &mut Vec<Arc<Entry<R>>>) {
+        for slot in slots {
+            let entry = self.lru.remove(slot);
+            self.bytes -= entry.key.range.length();
+            dropped.push(entry);
+        }
+    }
+}

@@ -1,0 +1,787 @@
+//! The cache against a fake registrar that counts and checks: unit tests, a property test
+//! against a model of the cache, and eight threads hammering one cache.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+use proptest::prelude::*;
+
+use super::*;
+
+const PAGE: u64 = 4096;
+
+/// Registrations are numbers, unique in the process; the registrar knows which ones are alive
+/// and panics on a deregistration of one that is not.
+struct FakeRegistrar {
+    domain: DomainId,
+    registered: AtomicU64,
+    live: Mutex<HashMap<u64, RegKey>>,
+    refuse: AtomicBool,
+    /// Runs inside the next `register`, to stage races.
+    during_register: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+#[derive(Debug)]
+struct FakeMr {
+    id: u64,
+    key: RegKey,
+}
+
+impl FakeRegistrar {
+    fn new(domain: u64) -> Arc<Self> {
+        Arc::new(Self {
+            domain: DomainId(domain),
+            registered: AtomicU64::new(0),
+            live: Mutex::default(),
+            refuse: AtomicBool::new(false),
+            during_register: Mutex::default(),
+        })
+    }
+
+    fn live(&self) -> HashSet<u64> {
+        self.live.lock().unwrap().keys().copied().collect()
+    }
+
+    fn is_live(&self, id: u64) -> bool {
+        self.live.lock().unwrap().contains_key(&id)
+    }
+
+    fn registered(&self) -> u64 {
+        self.registered.load(Relaxed)
+    }
+
+    fn during_next_register(&self, hook: impl FnOnce() + Send + 'static) {
+        *self.during_register.lock().unwrap() = Some(Box::new(hook));
+    }
+}
+
+impl Registrar for FakeRegistrar {
+    type Source = ();
+    type Mr = FakeMr;
+    type Error = &'static str;
+
+    fn domain(&self) -> DomainId {
+        self.domain
+    }
+
+    fn register(&self, _: &(), key: &RegKey) -> Result<FakeMr, &'static str> {
+        let hook = self.during_register.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        if self.refuse.load(Relaxed) {
+            return Err("refused");
+        }
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, Relaxed);
+        self.registered.fetch_add(1, Relaxed);
+        self.live.lock().unwrap().insert(id, *key);
+        Ok(FakeMr { id, key: *key })
+    }
+
+    fn deregister(&self, mr: FakeMr) {
+        let key = self.live.lock().unwrap().remove(&mr.id);
+        assert_eq!(key, Some(mr.key), "MR {} deregistered twice", mr.id);
+    }
+}
+
+type Cache = RegCache<FakeRegistrar>;
+
+fn cache(max_count: usize, max_bytes: u64) -> Cache {
+    RegCache::new(CacheLimits {
+        max_count,
+        max_bytes,
+    })
+}
+
+const EXPORT: ExportId = ExportId::new(0, 100);
+const RW: Access = Access::LOCAL_READ
+    .union(Access::LOCAL_WRITE)
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_WRITE);
+
+fn pages(first: u64, count: u64) -> ByteRange {
+    ByteRange::new(first * PAGE, count * PAGE).unwrap()
+}
+
+/// Gets `count` pages from page `first` of `export` with `access`.
+fn get(
+    cache: &Cache,
+    registrar: &Arc<FakeRegistrar>,
+    export: ExportId,
+    first: u64,
+    count: u64,
+    access: Access,
+) -> Registration<FakeRegistrar> {
+    let registration = cache
+        .get(registrar, &(), export, pages(first, count), access)
+        .unwrap();
+    assert!(registration.key().range.contains(pages(first, count)));
+    assert!(registrar.is_live(registration.mr().id));
+    registration
+}
+
+/// The MR ids of the cached entries, most recently used first.
+fn cached_ids(cache: &Cache) -> Vec<u64> {
+    cache.cached().iter().map(|r| r.mr().id).collect()
+}
+
+#[test]
+fn a_request_inside_a_cached_range_hits_it() {
+    let cache = cache(16, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let whole = get(&cache, &nic, EXPORT, 0, 256, RW);
+    assert_eq!(whole.uncached(), None);
+    for (first, count) in [(0, 256), (0, 1), (255, 1), (17, 100)] {
+        let part = get(&cache, &nic, EXPORT, first, count, Access::REMOTE_WRITE);
+        assert_eq!(part.mr().id, whole.mr().id);
+        assert_eq!(part.offset_in_mr(), first * PAGE);
+        assert_eq!(part.requested(), pages(first, count));
+        assert_eq!(part.key(), whole.key());
+    }
+    let stats = cache.stats();
+    assert_eq!((stats.misses, stats.hits, stats.registrations), (1, 4, 1));
+    assert_eq!((stats.entries, stats.bytes), (1, 256 * PAGE));
+}
+
+#[test]
+fn a_request_across_the_ends_misses() {
+    let cache = cache(16, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let first = get(&cache, &nic, EXPORT, 10, 10, RW);
+    for (start, count) in [(9, 2), (19, 2), (0, 10), (20, 5), (9, 12)] {
+        let other = get(&cache, &nic, EXPORT, start, count, RW);
+        assert_ne!(other.mr().id, first.mr().id, "{start}+{count}");
+    }
+    assert_eq!(cache.stats().hits, 0);
+    assert_eq!(nic.registered(), 6);
+}
+
+#[test]
+fn a_hit_needs_the_same_domain_and_export_and_enough_access() {
+    let cache = cache(16, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let other_nic = FakeRegistrar::new(2);
+    let read = Access::LOCAL_READ | Access::REMOTE_READ;
+    let first = get(&cache, &nic, EXPORT, 0, 16, read);
+    assert_eq!(
+        get(&cache, &nic, EXPORT, 0, 16, Access::REMOTE_READ)
+            .mr()
+            .id,
+        first.mr().id
+    );
+    let misses = [
+        get(&cache, &other_nic, EXPORT, 0, 16, read).mr().id,
+        get(&cache, &nic, ExportId::new(0, 101), 0, 16, read)
+            .mr()
+            .id,
+        get(&cache, &nic, ExportId::new(1, 100), 0, 16, read)
+            .mr()
+            .id,
+        get(&cache, &nic, EXPORT, 0, 16, read | Access::REMOTE_WRITE)
+            .mr()
+            .id,
+    ];
+    assert!(!misses.contains(&first.mr().id), "{misses:?}");
+    assert_eq!(cache.stats().hits, 1);
+}
+
+#[test]
+fn eviction_takes_the_least_recently_used_first() {
+    let cache = cache(3, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let id = |first| get(&cache, &nic, EXPORT, first, 1, RW).mr().id;
+    let (a, b, c) = (id(0), id(1), id(2));
+    assert_eq!(cached_ids(&cache), [c, b, a]);
+    assert_eq!(id(0), a); // a is now the most recent
+    let d = id(3);
+    assert_eq!(cached_ids(&cache), [d, a, c]);
+    assert!(!nic.is_live(b), "b was evicted and is not in use");
+    let e = id(4);
+    assert_eq!(cached_ids(&cache), [e, d, a]);
+    assert_eq!(nic.live(), HashSet::from([a, d, e]));
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.evictions, stats.entries, stats.deregistrations),
+        (2, 3, 2)
+    );
+}
+
+#[test]
+fn the_byte_limit_evicts_until_the_new_entry_fits() {
+    let cache = cache(100, 8 * PAGE);
+    let nic = FakeRegistrar::new(1);
+    let a = get(&cache, &nic, EXPORT, 0, 3, RW).mr().id;
+    let b = get(&cache, &nic, EXPORT, 10, 3, RW).mr().id;
+    assert_eq!(cache.stats().bytes, 6 * PAGE);
+    let c = get(&cache, &nic, EXPORT, 20, 2, RW).mr().id;
+    assert_eq!(cache.stats().bytes, 8 * PAGE);
+    assert_eq!(cached_ids(&cache), [c, b, a]);
+    // 5 pages: a and b must go, c stays.
+    let d = get(&cache, &nic, EXPORT, 30, 5, RW).mr().id;
+    assert_eq!(cached_ids(&cache), [d, c]);
+    let stats = cache.stats();
+    assert_eq!((stats.bytes, stats.evictions), (7 * PAGE, 2));
+    assert_eq!(nic.live(), HashSet::from([c, d]));
+}
+
+#[test]
+fn an_entry_larger_than_the_byte_limit_is_registered_but_not_cached() {
+    let cache = cache(100, 8 * PAGE);
+    let nic = FakeRegistrar::new(1);
+    let small = get(&cache, &nic, EXPORT, 0, 8, RW);
+    let large = get(&cache, &nic, EXPORT, 0, 9, RW);
+    assert_eq!(large.uncached(), Some(Uncached::TooLarge));
+    assert_eq!(cached_ids(&cache), [small.mr().id]);
+    let id = large.mr().id;
+    let copy = large.clone();
+    drop(large);
+    assert!(nic.is_live(id), "a handle is left");
+    drop(copy);
+    assert!(!nic.is_live(id), "deregistered with its last handle");
+    // It was never cached, so it is looked for no more.
+    assert_ne!(get(&cache, &nic, EXPORT, 0, 9, RW).mr().id, id);
+    let stats = cache.stats();
+    assert_eq!((stats.uncached, stats.evictions, stats.entries), (2, 0, 1));
+}
+
+#[test]
+fn a_max_count_of_zero_registers_every_time() {
+    let cache = cache(0, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    for _ in 0..3 {
+        let registration = get(&cache, &nic, EXPORT, 0, 1, RW);
+        assert_eq!(registration.uncached(), Some(Uncached::Disabled));
+        assert_eq!(nic.live().len(), 1);
+        drop(registration);
+        assert!(nic.live().is_empty());
+    }
+    let stats = cache.stats();
+    assert_eq!(
+        (
+            stats.misses,
+            stats.registrations,
+            stats.deregistrations,
+            stats.uncached
+        ),
+        (3, 3, 3, 3)
+    );
+    assert_eq!((stats.hits, stats.entries), (0, 0));
+}
+
+#[test]
+fn an_evicted_entry_in_use_is_deregistered_by_its_last_user() {
+    let cache = cache(1, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let held = get(&cache, &nic, EXPORT, 0, 1, RW);
+    let other = get(&cache, &nic, EXPORT, 1, 1, RW).mr().id;
+    assert_eq!(cached_ids(&cache), [other]);
+    assert!(nic.is_live(held.mr().id), "evicted, but still in use");
+    assert_eq!(cache.stats().deregistrations, 0);
+    let id = held.mr().id;
+    drop(held);
+    assert!(!nic.is_live(id));
+    assert_eq!(cache.stats().deregistrations, 1);
+}
+
+#[test]
+fn invalidating_an_export_drops_its_entries_in_every_domain() {
+    let cache = cache(16, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let other_nic = FakeRegistrar::new(2);
+    let freed = ExportId::new(0, 7);
+    let held = get(&cache, &nic, freed, 0, 4, RW);
+    get(&cache, &nic, freed, 8, 4, RW);
+    get(&cache, &other_nic, freed, 0, 4, RW);
+    let kept = get(&cache, &nic, EXPORT, 0, 4, RW).mr().id;
+    assert_eq!(cache.invalidate_export(freed), 3);
+    assert_eq!(cached_ids(&cache), [kept]);
+    assert_eq!(
+        nic.live(),
+        HashSet::from([held.mr().id, kept]),
+        "idle ones went at once"
+    );
+    assert!(other_nic.live().is_empty());
+    // The freed export is never served from the cache again; the held handle still works.
+    assert_ne!(get(&cache, &nic, freed, 0, 4, RW).mr().id, held.mr().id);
+    let id = held.mr().id;
+    drop(held);
+    assert!(!nic.is_live(id));
+    assert_eq!(cache.invalidate_export(freed), 1);
+    assert_eq!(cache.invalidate_export(freed), 0);
+    assert_eq!(cache.stats().invalidations, 4);
+}
+
+#[test]
+fn invalidating_a_device_or_a_domain() {
+    let cache = cache(16, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let other_nic = FakeRegistrar::new(2);
+    let on_device_1 = [ExportId::new(1, 10), ExportId::new(1, 11)];
+    for export in on_device_1 {
+        get(&cache, &nic, export, 0, 1, RW);
+        get(&cache, &other_nic, export, 0, 1, RW);
+    }
+    get(&cache, &nic, EXPORT, 0, 1, RW);
+    get(&cache, &other_nic, EXPORT, 0, 1, RW);
+    assert_eq!(cache.invalidate_device(1), 4);
+    assert_eq!(cache.stats().entries, 2);
+    assert_eq!(cache.invalidate_domain(DomainId(2)), 1);
+    assert_eq!(other_nic.live(), HashSet::new());
+    assert_eq!(cached_ids(&cache).len(), 1);
+    assert_eq!(cache.invalidate_domain(DomainId(2)), 0);
+    assert_eq!(cache.invalidate_device(1), 0);
+    assert_eq!(cache.stats().invalidations, 5);
+}
+
+#[test]
+fn a_larger_registration_supersedes_those_it_contains() {
+    let cache = cache(16, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let small = get(&cache, &nic, EXPORT, 4, 1, Access::REMOTE_READ).mr().id;
+    let overlapping = get(&cache, &nic, EXPORT, 30, 4, RW).mr().id;
+    let other_access = get(&cache, &nic, EXPORT, 8, 1, Access::REMOTE_WRITE)
+        .mr()
+        .id;
+    let big = get(&cache, &nic, EXPORT, 0, 32, Access::REMOTE_READ)
+        .mr()
+        .id;
+    assert_eq!(cached_ids(&cache), [big, other_access, overlapping]);
+    assert!(!nic.is_live(small));
+    assert_eq!(cache.stats().superseded, 1);
+    assert_eq!(
+        get(&cache, &nic, EXPORT, 4, 1, Access::REMOTE_READ).mr().id,
+        big
+    );
+    // More access supersedes less.
+    let all = get(&cache, &nic, EXPORT, 0, 40, RW).mr().id;
+    assert_eq!(cached_ids(&cache), [all]);
+    assert_eq!(cache.stats().superseded, 4);
+}
+
+#[test]
+fn a_refused_registration_caches_nothing() {
+    let cache = cache(16, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    nic.refuse.store(true, Relaxed);
+    let err = cache.get(&nic, &(), EXPORT, pages(0, 1), RW).unwrap_err();
+    assert_eq!(err, "refused");
+    nic.refuse.store(false, Relaxed);
+    get(&cache, &nic, EXPORT, 0, 1, RW);
+    let stats = cache.stats();
+    assert_eq!(
+        (
+            stats.misses,
+            stats.failed_registrations,
+            stats.registrations,
+            stats.entries
+        ),
+        (2, 1, 1, 1)
+    );
+}
+
+#[test]
+fn a_registration_made_during_an_invalidation_is_not_cached() {
+    let cache = Arc::new(cache(16, 1 << 30));
+    let nic = FakeRegistrar::new(1);
+    let invalidator = Arc::clone(&cache);
+    nic.during_next_register(move || {
+        invalidator.invalidate_export(EXPORT);
+    });
+    let raced = get(&cache, &nic, EXPORT, 0, 1, RW);
+    assert_eq!(raced.uncached(), Some(Uncached::Invalidated));
+    assert!(cache.cached().is_empty());
+    let id = raced.mr().id;
+    drop(raced);
+    assert!(!nic.is_live(id));
+    assert_eq!(get(&cache, &nic, EXPORT, 0, 1, RW).uncached(), None);
+}
+
+#[test]
+fn a_miss_that_loses_a_race_uses_the_winner_and_deregisters_its_own() {
+    let cache = Arc::new(cache(16, 1 << 30));
+    let nic = FakeRegistrar::new(1);
+    let (racer_cache, racer_nic) = (Arc::clone(&cache), Arc::clone(&nic));
+    let winner = Arc::new(AtomicU64::new(0));
+    let winner_id = Arc::clone(&winner);
+    nic.during_next_register(move || {
+        let id = get(&racer_cache, &racer_nic, EXPORT, 0, 8, RW).mr().id;
+        winner_id.store(id, Relaxed);
+    });
+    let loser = get(&cache, &nic, EXPORT, 2, 2, RW);
+    let winner = winner.load(Relaxed);
+    assert_eq!(loser.mr().id, winner);
+    assert_eq!(loser.offset_in_mr(), 2 * PAGE);
+    assert_eq!(nic.live(), HashSet::from([winner]));
+    let stats = cache.stats();
+    assert_eq!(
+        (
+            stats.misses,
+            stats.registrations,
+            stats.deregistrations,
+            stats.entries
+        ),
+        (2, 2, 1, 1)
+    );
+}
+
+#[test]
+fn dropping_the_cache_deregisters_what_no_one_holds() {
+    let cache = cache(16, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let held = get(&cache, &nic, EXPORT, 0, 1, RW);
+    get(&cache, &nic, EXPORT, 1, 1, RW);
+    drop(cache);
+    assert_eq!(nic.live(), HashSet::from([held.mr().id]));
+    drop(held);
+    assert!(nic.live().is_empty());
+}
+
+#[test]
+fn stats_are_plain_serializable_numbers() {
+    let cache = cache(16, 1 << 30);
+    let json = serde_json::to_value(cache.stats()).unwrap();
+    let keys: Vec<_> = json.as_object().unwrap().keys().cloned().collect();
+    assert_eq!(keys.len(), 13, "{keys:?}");
+    assert_eq!(json["max_count"], 16);
+    assert_eq!(json["max_bytes"], 1u64 << 30);
+    assert_eq!(
+        serde_json::to_value(Uncached::TooLarge).unwrap(),
+        "too_large"
+    );
+}
+
+#[test]
+fn the_cache_and_its_handles_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Cache>();
+    send_sync::<Registration<FakeRegistrar>>();
+}
+
+/// What the model does with one request.
+#[derive(Debug, Clone)]
+enum Op {
+    Get {
+        domain: usize,
+        export: usize,
+        first: u64,
+        count: u64,
+        access: Access,
+        hold: bool,
+    },
+    Release(usize),
+    InvalidateExport(usize),
+    InvalidateDevice(u32),
+    InvalidateDomain(usize),
+}
+
+const EXPORTS: [ExportId; 3] = [
+    ExportId::new(0, 1),
+    ExportId::new(0, 2),
+    ExportId::new(1, 3),
+];
+
+fn op() -> impl Strategy<Value = Op> {
+    let access = prop::sample::select(vec![
+        Access::REMOTE_READ,
+        Access::REMOTE_WRITE,
+        Access::REMOTE_READ | Access::REMOTE_WRITE,
+        RW,
+    ]);
+    prop_oneof![
+        8 => (0..2usize, 0..3usize, 0..24u64, 1..9u64, access, any::<bool>()).prop_map(
+            |(domain, export, first, count, access, hold)| Op::Get {
+                domain,
+                export,
+                first,
+                count,
+                access,
+                hold,
+            }
+        ),
+        2 => (0..8usize).prop_map(Op::Release),
+        1 => (0..3usize).prop_map(Op::InvalidateExport),
+        1 => (0..2u32).prop_map(Op::InvalidateDevice),
+        1 => (0..2usize).prop_map(Op::InvalidateDomain),
+    ]
+}
+
+/// The cache as a list, most recently used first, searched linearly.
+#[derive(Default)]
+struct Model {
+    entries: Vec<(RegKey, u64)>,
+    stats: CacheStats,
+}
+
+impl Model {
+    fn bytes(&self) -> u64 {
+        self.entries.iter().map(|(key, _)| key.range.length()).sum()
+    }
+
+    fn drop_where(&mut self, doomed: impl Fn(&RegKey) -> bool) -> u64 {
+        let before = self.entries.len();
+        self.entries.retain(|(key, _)| !doomed(key));
+        (before - self.entries.len()) as u64
+    }
+}
+
+fn check_against_model(limits: CacheLimits, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let cache = RegCache::new(limits);
+    let nics = [FakeRegistrar::new(10), FakeRegistrar::new(20)];
+    let mut model = Model {
+        stats: CacheStats {
+            max_count: limits.max_count as u64,
+            max_bytes: limits.max_bytes,
+            ..CacheStats::default()
+        },
+        ..Model::default()
+    };
+    let mut held = Vec::new();
+    for op in ops {
+        match op {
+            Op::Get {
+                domain,
+                export,
+                first,
+                count,
+                access,
+                hold,
+            } => {
+                let request = RegKey {
+                    domain: nics[domain].domain,
+                    export: EXPORTS[export],
+                    range: pages(first, count),
+                    access,
+                };
+                let registration = cache
+                    .get(&nics[domain], &(), request.export, request.range, access)
+                    .unwrap();
+                let id = registration.mr().id;
+                prop_assert!(registration.key().serves(&request));
+                let served = model
+                    .entries
+                    .iter()
+                    .position(|(key, _)| key.serves(&request));
+                if limits.max_count == 0 {
+                    prop_assert_eq!(registration.uncached(), Some(Uncached::Disabled));
+                    model.stats.misses += 1;
+                    model.stats.uncached += 1;
+                } else if request.range.length() > limits.max_bytes {
+                    prop_assert_eq!(registration.uncached(), Some(Uncached::TooLarge));
+                    model.stats.misses += 1;
+                    model.stats.uncached += 1;
+                } else if served.is_some() {
+                    // Any entry that serves it will do; the cache says which one it used.
+                    let position = model.entries.iter().position(|&(_, cached)| cached == id);
+                    prop_assert!(position.is_some(), "hit on MR {} which is not cached", id);
+                    let entry = model.entries.remove(position.unwrap());
+                    model.entries.insert(0, entry);
+                    model.stats.hits += 1;
+                } else {
+                    prop_assert_eq!(registration.uncached(), None);
+                    model.stats.misses += 1;
+                    let covered = |key: &RegKey| {
+                        key.domain == request.domain
+                            && key.export == request.export
+                            && request.access.contains(key.access)
+                            && request.range.contains(key.range)
+                    };
+                    model.stats.superseded += model.drop_where(covered);
+                    while model.entries.len() >= limits.max_count
+                        || model.bytes() + request.range.length() > limits.max_bytes
+                    {
+                        model.entries.pop();
+                        model.stats.evictions += 1;
+                    }
+                    model.entries.insert(0, (request, id));
+                }
+                if hold {
+                    held.push(registration);
+                }
+            }
+            Op::Release(index) => {
+                if index < held.len() {
+                    held.swap_remove(index);
+                }
+            }
+            Op::InvalidateExport(export) => {
+                let dropped = model.drop_where(|key| key.export == EXPORTS[export]);
+                prop_assert_eq!(cache.invalidate_export(EXPORTS[export]) as u64, dropped);
+                model.stats.invalidations += dropped;
+            }
+            Op::InvalidateDevice(device) => {
+                let dropped = model.drop_where(|key| key.export.device() == device);
+                prop_assert_eq!(cache.invalidate_device(device) as u64, dropped);
+                model.stats.invalidations += dropped;
+            }
+            Op::InvalidateDomain(domain) => {
+                let domain = nics[domain].domain;
+                let dropped = model.drop_where(|key| key.domain == domain);
+                prop_assert_eq!(cache.invalidate_domain(domain) as u64, dropped);
+                model.stats.invalidations += dropped;
+            }
+        }
+        let cached: Vec<(RegKey, u64)> = cache
+            .cached()
+            .iter()
+            .map(|r| (*r.key(), r.mr().id))
+            .collect();
+        prop_assert_eq!(&cached, &model.entries);
+        // Alive: exactly what is cached or held.
+        let mut alive: HashSet<u64> = model.entries.iter().map(|&(_, id)| id).collect();
+        alive.extend(held.iter().map(|r| r.mr().id));
+        let live: HashSet<u64> = nics.iter().flat_map(|nic| nic.live()).collect();
+        prop_assert_eq!(live, alive);
+        let registered: u64 = nics.iter().map(|nic| nic.registered()).sum();
+        let stats = cache.stats();
+        prop_assert_eq!(
+            stats,
+            CacheStats {
+                registrations: registered,
+                deregistrations: registered - live_count(&nics),
+                entries: model.entries.len() as u64,
+                bytes: model.bytes(),
+                ..model.stats
+            }
+        );
+    }
+    Ok(())
+}
+
+fn live_count(nics: &[Arc<FakeRegistrar>]) -> u64 {
+    nics.iter().map(|nic| nic.live().len() as u64).sum()
+}
+
+proptest! {
+    // Failures print the minimal case; none are written into the source tree.
+    #![proptest_config(ProptestConfig {
+        cases: 512,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_cache_behaves_like_a_linear_lru_list(
+        max_count in 0..8usize,
+        max_pages in 0..24u64,
+        ops in prop::collection::vec(op(), 1..120),
+    ) {
+        check_against_model(CacheLimits { max_count, max_bytes: max_pages * PAGE }, ops)?;
+    }
+}
+
+/// xorshift64*: the test's own randomness, so that threads need no shared generator.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) % n
+    }
+}
+
+/// Eight threads get overlapping ranges of four exports in two domains from one small cache,
+/// invalidate now and then, and hold some registrations for a while. Every registration they
+/// hold must stay registered; at the end every registration is deregistered exactly once
+/// (the fake registrar panics on a second deregistration).
+fn hammer(limits: CacheLimits) {
+    const THREADS: u64 = 8;
+    const ROUNDS: u64 = 5_000;
+    let cache = Arc::new(RegCache::new(limits));
+    let nics = [FakeRegistrar::new(10), FakeRegistrar::new(20)];
+    let exports = [0, 1, 2, 3].map(|i| ExportId::new(i % 2, 1000 + u64::from(i)));
+    let accesses = [Access::REMOTE_READ, Access::REMOTE_WRITE, RW];
+    let gets: u64 = thread::scope(|scope| {
+        let threads: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                let (cache, nics) = (&cache, &nics);
+                scope.spawn(move || {
+                    let mut gets = 0;
+                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (thread + 1));
+                    let mut held: Vec<Option<Registration<FakeRegistrar>>> =
+                        vec![None, None, None, None];
+                    for _ in 0..ROUNDS {
+                        let nic = &nics[rng.below(2) as usize];
+                        let export = exports[rng.below(4) as usize];
+                        match rng.below(100) {
+                            0 => {
+                                cache.invalidate_export(export);
+                            }
+                            1 => {
+                                cache.invalidate_domain(nic.domain);
+                            }
+                            2 => {
+                                cache.invalidate_device(export.device());
+                            }
+                            _ => {
+                                let range = pages(rng.below(32), 1 + rng.below(8));
+                                let access = accesses[rng.below(3) as usize];
+                                let registration =
+                                    cache.get(nic, &(), export, range, access).unwrap();
+                                gets += 1;
+                                let mr = registration.mr();
+                                assert!(
+                                    nic.is_live(mr.id),
+                                    "MR {} handed out after deregistration",
+                                    mr.id
+                                );
+                                assert_eq!(mr.key, *registration.key());
+                                assert!(mr.key.serves(&RegKey {
+                                    domain: nic.domain,
+                                    export,
+                                    range,
+                                    access
+                                }));
+                                held[rng.below(4) as usize] = Some(registration);
+                            }
+                        }
+                        for registration in held.iter().flatten() {
+                            let nic = nics
+                                .iter()
+                                .find(|nic| nic.domain == registration.key().domain)
+                                .unwrap();
+                            assert!(nic.is_live(registration.mr().id), "held MR deregistered");
+                        }
+                    }
+                    gets
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|thread| thread.join().unwrap())
+            .sum()
+    });
+    let stats = cache.stats();
+    assert!(stats.entries <= limits.max_count as u64);
+    assert!(stats.bytes <= limits.max_bytes);
+    assert_eq!(stats.hits + stats.misses, gets);
+    drop(cache);
+    let registered: u64 = nics.iter().map(|nic| nic.registered()).sum();
+    assert_eq!(registered, stats.registrations);
+    assert_eq!(
+        live_count(&nics),
+        0,
+        "every registration is deregistered once the cache and its handles are gone"
+    );
+}
+
+#[test]
+fn eight_threads_share_one_cache() {
+    hammer(CacheLimits {
+        max_count: 24,
+        max_bytes: 96 * PAGE,
+    });
+}
+
+#[test]
+fn eight_threads_share_a_disabled_cache() {
+    hammer(CacheLimits {
+        max_count: 0,
+        max_bytes: 96 * PAGE,
+    });
+}

@@ -42,9 +42,12 @@ impl Writer for Stats {
         writeln!(f, "allocations: {allocations}")?;
         writeln!(f, "allocated_bytes: {allocated}")?;
         writeln!(f, "exports: {}", hbm.exports.load(Relaxed))?;
-        let mappings = hbm.mappings.lock();
-        writeln!(f, "mappings_revocable: {}", mappings.revocable)?;
-        writeln!(f, "mappings_pinned: {}", mappings.pinned)?;
+        writeln!(f, "mappings_revocable: {}", hbm.mappings.lock().revocable)?;
+        writeln!(
+            f,
+            "mappings_pinned: {}",
+            hbm.memory.pinned_mappings.load(Relaxed)
+        )?;
         writeln!(f, "present: {}", hbm.is_present())
     }
 }

@@ -70,13 +70,11 @@ pub(crate) struct HbmInfo {
     pub(crate) index: u32,
 }
 
-/// Mappings handed to importers, counted so that removal can wait for the revocable ones.
+/// Mappings handed to importers that unmap when told to (they provide `invalidate_mappings`),
+/// counted so that removal can wait for them. Pinned ones are counted in [`HbmMemory`].
 #[derive(Default)]
 pub(crate) struct Mappings {
-    /// By importers that unmap when told to (they provide `invalidate_mappings`).
     pub(crate) revocable: u64,
-    /// By importers that cannot be revoked (pinned, e.g. EFA memory registrations).
-    pub(crate) pinned: u64,
 }
 
 /// A bound (or formerly bound) HBM device.
@@ -177,24 +175,23 @@ impl Hbm {
 
     /// Counts a mapping made for an importer.
     pub(crate) fn mapped(&self, revocable: bool) {
-        let mut mappings = self.mappings.lock();
         if revocable {
-            mappings.revocable += 1;
+            self.mappings.lock().revocable += 1;
         } else {
-            mappings.pinned += 1;
+            self.memory.pinned_mappings.fetch_add(1, Relaxed);
         }
     }
 
     /// Counts a mapping undone by an importer.
     pub(crate) fn unmapped(&self, revocable: bool) {
-        let mut mappings = self.mappings.lock();
         if revocable {
+            let mut mappings = self.mappings.lock();
             mappings.revocable -= 1;
             if mappings.revocable == 0 {
                 self.unmapped.notify_all();
             }
         } else {
-            mappings.pinned -= 1;
+            self.memory.pinned_mappings.fetch_sub(1, Relaxed);
         }
     }
 
@@ -224,11 +221,12 @@ impl Hbm {
         while mappings.revocable > 0 {
             self.unmapped.wait(&mut mappings);
         }
-        if mappings.pinned > 0 {
+        let pinned = self.memory.pinned_mappings.load(Relaxed);
+        if pinned > 0 {
             dev_warn!(
                 self.pdev.as_ref(),
                 "{} pinned importer mapping(s) cannot be revoked and still reference HBM; their ranges stay reserved until released\n",
-                mappings.pinned
+                pinned
             );
         }
     }

@@ -15,7 +15,7 @@ use kernel::{
     new_mutex,
     prelude::*,
     rbtree::RBTree,
-    sync::{Arc, Mutex},
+    sync::{atomic::Atomic, Arc, Mutex},
 };
 
 /// Allocation bookkeeping of one BAR, under [`HbmMemory::heap`].
@@ -33,6 +33,9 @@ pub(crate) struct HbmMemory {
     bytes: u64,
     #[pin]
     pub(crate) heap: Mutex<HeapState>,
+    /// Mappings of this BAR held by importers that cannot be revoked (pinned, e.g. EFA memory
+    /// registrations); they outlive bindings, so they are counted here.
+    pub(crate) pinned_mappings: Atomic<u64>,
 }
 
 kernel::sync::global_lock! {
@@ -70,6 +73,7 @@ pub(crate) fn of_bar(phys_addr: u64, bytes: u64) -> Result<Arc<HbmMemory>> {
                 heap,
                 live: RBTree::new(),
             }),
+            pinned_mappings: Atomic::new(0),
         }),
         GFP_KERNEL,
     )?;

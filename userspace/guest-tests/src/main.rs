@@ -8,6 +8,7 @@
 mod alloc_export;
 mod importer;
 mod lifecycle;
+mod revoke;
 
 use std::process::ExitCode;
 
@@ -33,6 +34,16 @@ struct Args {
     /// Test PEERDIRECT_IOC_ALLOC, FREE and EXPORT and the dma-bufs they make instead.
     #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer"])]
     alloc_export: bool,
+    /// Revoke dma-bufs of /dev/peerdirect0 that importers hold and CPUs map by removing the
+    /// device instead: `unbind` (then rebinds it), or `unplug` (asks the host harness for a
+    /// PCIe hot-unplug with `@@peerdirect-unplug hbm0`). Switch topology; leaves the module
+    /// unloaded.
+    #[arg(long, value_enum, value_name = "HOW", conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export"])]
+    revoke: Option<revoke::Removal>,
+    /// Internal to --revoke: the child that maps the dma-buf on its stdin and touches the
+    /// mapping once the file named exists.
+    #[arg(long, hide = true, value_name = "GO_FILE")]
+    revoke_touch: Option<std::path::PathBuf>,
     /// The PCIe topology the guest was booted with (`qemu/run --topology`).
     #[arg(long, value_enum, requires = "importer")]
     topology: Option<importer::Topology>,
@@ -284,6 +295,12 @@ fn main() -> ExitCode {
     if args.alloc_export {
         return alloc_export::run();
     }
+    if let Some(go) = &args.revoke_touch {
+        return revoke::touch_child(go);
+    }
+    if let Some(removal) = args.revoke {
+        return revoke::run(removal);
+    }
     if let (true, Some(topology)) = (args.importer, args.topology) {
         return importer::run(topology);
     }
@@ -363,6 +380,8 @@ mod tests {
             lifecycle: false,
             importer: false,
             alloc_export: false,
+            revoke: None,
+            revoke_touch: None,
             topology: None,
         });
         assert_eq!(tests.len(), 14);

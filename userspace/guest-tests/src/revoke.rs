@@ -1,0 +1,1203 @@
+//! `--revoke unbind|unplug`: what becomes of peerdirect's dma-bufs, their importers and their
+//! CPU mappings when the HBM device goes away while they are in use (Documentation/exporter.md,
+//! "Removal and revocation"). Runs in the `switch` topology, with the guest's NIC standing in
+//! for an RDMA NIC through the test importer module (tests/kmod/peerdirect_importer.c).
+//!
+//! Three 2 MiB allocations are exported RDWR as dma-bufs A, B and C, and the NIC attaches one
+//! held, mapped attachment to each: a dynamic importer (mlx5-like) on A, a revocable one
+//! (irdma-like) on B, a pinned one without an invalidate callback (EFA-like) on C. One
+//! attachment per dma-buf keeps each range's holder apart: once A and B are closed and their
+//! attachments released, only the pinned importer holds C's range.
+//!
+//! A is also mapped for the CPU, by this process and by a child (this program re-executed with
+//! a hidden flag, the dma-buf as its stdin) that maps it before the removal and touches it after:
+//! it must die of SIGBUS.
+//!
+//! The device then goes away: `unbind` writes it to the driver's `unbind`; `unplug` prints
+//! `@@peerdirect-unplug hbm0`, which the host harness (`qemu/run --hotplug`) answers with QEMU
+//! `device_del` of the HBM device (a PCIe hot-unplug), and waits for the device to disappear.
+//! After it, every way in fails with ENODEV and every mapping is revoked but the pinned one.
+//! `unbind` then rebinds the device: C's range stays reserved (the heap outlives the binding)
+//! until the pinned importer lets go. Both end with the modules unloaded.
+//!
+//! The steps share state; a failed step that later ones build on (a gate) stops the sequence.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, ExitCode, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use clap::ValueEnum;
+use peerdirect::{
+    pattern, Device, DeviceInfo, DmaBuf, DmaBufMap, Errno, Error, ExportFlags, SyncFlags,
+};
+
+use crate::{expect_eq, Outcome, Tap, INDEX, SYSFS_DRIVER};
+
+/// How the device goes away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Removal {
+    /// Write the device to /sys/bus/pci/drivers/peerdirect/unbind (then rebind it).
+    Unbind,
+    /// Ask the host for a PCIe hot-unplug of the HBM device (`@@peerdirect-unplug hbm0`).
+    Unplug,
+}
+
+const IMPORTER_MODULE: &str = "peerdirect_importer";
+const IMPORTER_PATH: &str = "/lib/peerdirect/tests/peerdirect_importer.ko";
+const RUN_FILE: &str = "/sys/kernel/debug/peerdirect_importer/run";
+const MODULE: &str = "peerdirect";
+const SYSFS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
+/// virtio-net: legacy and modern device IDs.
+const NIC_IDS: [(&str, &str); 2] = [("0x1af4", "0x1000"), ("0x1af4", "0x1041")];
+/// The HBM device's id on QEMU's command line (qemu/run).
+const QEMU_HBM_ID: &str = "hbm0";
+/// What asks the host harness to hot-unplug a device; a line of its own on stdout.
+const UNPLUG_REQUEST: &str = "@@peerdirect-unplug";
+/// How long the host gets to remove the device after the request.
+const UNPLUG_WAIT: Duration = Duration::from_secs(30);
+/// How long a device node or sysfs entry gets to appear or go away after a write.
+const SETTLE: Duration = Duration::from_secs(2);
+/// How long the child waits for the go signal before giving up.
+const CHILD_WAIT: Duration = Duration::from_secs(120);
+/// The child's hidden flag (`Args::revoke_touch`).
+const TOUCH_FLAG: &str = "--revoke-touch";
+/// What the child prints once it has mapped A and read the pattern.
+const CHILD_READY: &str = "mapped";
+/// The kernel's line when pinned mappings survive a removal (`Hbm::remove`).
+const PINNED_LOG: &str = "pinned importer mapping(s) cannot be revoked";
+const SIGBUS: i32 = 7;
+const ENODEV: i64 = 19;
+const MIB: u64 = 1 << 20;
+/// Each exported range.
+const LEN: u64 = 2 * MIB;
+/// The pattern written through A.
+const SEED: u64 = 0x7e70_4e00;
+const RW: ExportFlags = ExportFlags::CLOEXEC.union(ExportFlags::RDWR);
+
+/// A held importer: which dma-buf, how it imports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Dynamic,
+    Revocable,
+    Pinned,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Dynamic => "dynamic",
+            Self::Revocable => "revocable",
+            Self::Pinned => "pinned",
+        }
+    }
+}
+
+/// A, B and C, in this order.
+const MODES: [Mode; 3] = [Mode::Dynamic, Mode::Revocable, Mode::Pinned];
+const NAMES: [&str; 3] = ["A", "B", "C"];
+const A: usize = 0;
+const B: usize = 1;
+const C: usize = 2;
+
+/// One exported range and the importer attached to it.
+struct Buf {
+    name: &'static str,
+    mode: Mode,
+    dmabuf: Option<DmaBuf>,
+    /// Offset of the range from the start of the HBM BAR.
+    bar_offset: u64,
+    /// The importer's id for the held attachment.
+    id: Option<u64>,
+}
+
+impl Buf {
+    fn dmabuf(&self) -> Result<&DmaBuf, String> {
+        self.dmabuf
+            .as_ref()
+            .ok_or_else(|| format!("dma-buf {} is not open", self.name))
+    }
+
+    fn id(&self) -> Result<u64, String> {
+        self.id
+            .ok_or_else(|| format!("{} has no held attachment", self.name))
+    }
+
+    fn fd(&self) -> Result<i32, String> {
+        Ok(self.dmabuf()?.as_fd().as_raw_fd())
+    }
+}
+
+/// The child that maps A before the removal and touches it after.
+struct Toucher {
+    child: Child,
+    /// Whatever the child printed after its ready line.
+    stdout: BufReader<ChildStdout>,
+    /// Created to tell the child to touch its mapping.
+    go: PathBuf,
+}
+
+/// What the steps share.
+struct State {
+    importer: Option<Importer>,
+    nic: String,
+    /// INFO on D, at the start.
+    info: DeviceInfo,
+    /// D: opened at the start, kept across the removal; after a rebind, E.
+    device: Option<Device>,
+    bufs: Vec<Buf>,
+    /// This process's writable mapping of A.
+    map: Option<DmaBufMap>,
+    toucher: Option<Toucher>,
+}
+
+impl State {
+    fn importer(&mut self) -> Result<&mut Importer, String> {
+        self.importer
+            .as_mut()
+            .ok_or_else(|| "the importer's command file is not open".to_owned())
+    }
+
+    fn device(&self) -> Result<&Device, String> {
+        self.device
+            .as_ref()
+            .ok_or_else(|| "no /dev/peerdirect0 file is open".to_owned())
+    }
+
+    fn bdf(&self) -> String {
+        self.info.pci_address.to_string()
+    }
+
+    /// The importer's `status` of `buf`'s attachment.
+    fn status(&mut self, buf: usize) -> Result<Report, String> {
+        let id = self.bufs[buf].id()?;
+        self.importer()?.command(&format!("status id={id}"))
+    }
+
+    /// A new attachment of `buf` from the NIC in `mode` (not held); the importer's report.
+    fn attach(&mut self, buf: usize, mode: Mode) -> Result<Report, String> {
+        let line = format!(
+            "fd={} dev={} mode={}",
+            self.bufs[buf].fd()?,
+            self.nic,
+            mode.name()
+        );
+        self.importer()?.command(&line)
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        // A sequence stopped early must not leave the child waiting.
+        if let Some(mut toucher) = self.toucher.take() {
+            let _ = toucher.child.kill();
+            let _ = toucher.child.wait();
+            let _ = fs::remove_file(&toucher.go);
+        }
+    }
+}
+
+struct Step {
+    description: String,
+    /// Whether the steps after it rely on it having passed.
+    gate: bool,
+    run: Box<dyn Fn(&mut State) -> Outcome>,
+}
+
+/// A step whose failure stops the sequence.
+fn gate(description: impl Into<String>, run: impl Fn(&mut State) -> Outcome + 'static) -> Step {
+    Step {
+        description: description.into(),
+        gate: true,
+        run: Box::new(run),
+    }
+}
+
+/// A step whose failure the following steps do not depend on.
+fn check(description: impl Into<String>, run: impl Fn(&mut State) -> Outcome + 'static) -> Step {
+    Step {
+        gate: false,
+        ..gate(description, run)
+    }
+}
+
+const START: &str = "switch topology: peerdirect_importer loads, the NIC (virtio-net) is found, /dev/peerdirect0 opens as fd D and answers INFO";
+
+/// Prints TAP for `--revoke`; success iff every step passed.
+pub(crate) fn run(removal: Removal) -> ExitCode {
+    let steps = steps(removal);
+    let mut tap = Tap::plan(1 + steps.len());
+    let start = start();
+    tap.report(START, &start.as_ref().map(drop).map_err(Clone::clone));
+    let mut state = start.map_err(|_| not_run(START));
+    if let Ok(state) = &state {
+        println!(
+            "# HBM {} (bus address {:#x}, {} MiB), NIC {}, removal by {removal:?}",
+            state.info.pci_address,
+            state.info.hbm_bus_addr,
+            state.info.hbm_bytes / MIB,
+            state.nic
+        );
+    }
+    for step in &steps {
+        let outcome = match &mut state {
+            Ok(state) => (step.run)(state),
+            Err(reason) => Err(reason.clone()),
+        };
+        tap.report(&step.description, &outcome);
+        if step.gate && outcome.is_err() && state.is_ok() {
+            state = Err(not_run(&step.description));
+        }
+    }
+    tap.finish()
+}
+
+fn not_run(failed: &str) -> String {
+    format!("not run: \"{failed}\" failed")
+}
+
+fn start() -> Result<State, String> {
+    let importer = Importer::load()?;
+    let nic = find_nic()?;
+    let device = Device::open_index(INDEX)
+        .map_err(|err| format!("expected /dev/peerdirect0 to open, got {err}"))?;
+    let info = device
+        .info()
+        .map_err(|err| format!("expected INFO on D to succeed, got {err}"))?;
+    Ok(State {
+        importer: Some(importer),
+        nic,
+        info,
+        device: Some(device),
+        bufs: Vec::new(),
+        map: None,
+        toucher: None,
+    })
+}
+
+fn steps(removal: Removal) -> Vec<Step> {
+    let mut steps = vec![
+        gate(
+            "three 2 MiB allocations on D, each exported RDWR: dma-bufs A, B, C",
+            allocate_and_export,
+        ),
+        gate(
+            "the NIC attaches and holds one mapping each: dynamic on A, revocable on B, pinned on C; each maps its range at HBM's bus address + offset, in one contiguous range",
+            attach_held,
+        ),
+        gate(
+            "A mapped writable by this process: a pattern written through it reads back",
+            map_and_write,
+        ),
+        gate(
+            "a child process (this program re-executed, A as its stdin) maps A read-only and reads the pattern",
+            |s| {
+                s.toucher = Some(spawn_toucher(s.bufs[A].dmabuf()?)?);
+                Ok(())
+            },
+        ),
+        check(
+            "debugfs stats before removal: allocations 3, exports 3, mappings_revocable 2, mappings_pinned 1, present true",
+            |_| {
+                expect_stats(&[
+                    ("allocations", "3"),
+                    ("exports", "3"),
+                    ("mappings_revocable", "2"),
+                    ("mappings_pinned", "1"),
+                    ("present", "true"),
+                ])
+            },
+        ),
+    ];
+    steps.push(match removal {
+        Removal::Unbind => gate(
+            format!("writing the device to {SYSFS_DRIVER}/unbind unbinds it"),
+            |s| {
+                write_sysfs(&format!("{SYSFS_DRIVER}/unbind"), &s.bdf())?;
+                expect_bound(&s.bdf(), false)
+            },
+        ),
+        Removal::Unplug => gate(
+            format!(
+                "after '{UNPLUG_REQUEST} {QEMU_HBM_ID}' the host hot-unplugs the HBM device: {SYSFS_PCI_DEVICES}/BDF goes away within {} s",
+                UNPLUG_WAIT.as_secs()
+            ),
+            unplug,
+        ),
+    });
+    steps.extend([
+        check("after removal, /dev/peerdirect0 goes away", |_| {
+            expect_node(false)
+        }),
+        check(
+            "the dynamic importer of A was invalidated: invalidations >= 1, mapped=0",
+            |s| {
+                let status = s.status(A)?;
+                expect_invalidated(&status)?;
+                expect_ints(&status, &[("mapped", 0)])
+            },
+        ),
+        check(
+            "the revocable importer of B was revoked: invalidations >= 1, mapped=0, pinned=0, revoked=1",
+            |s| {
+                let status = s.status(B)?;
+                expect_invalidated(&status)?;
+                expect_ints(&status, &[("mapped", 0), ("pinned", 0), ("revoked", 1)])
+            },
+        ),
+        check(
+            "remap of A's (dynamic) and B's (revocable) attachments fails with ENODEV",
+            remap_fails,
+        ),
+        check(
+            "the pinned importer of C (no invalidate callback) keeps its mapping, as documented for non-revocable importers: mapped=1, pinned=1, invalidations=0",
+            |s| {
+                let status = s.status(C)?;
+                expect_ints(
+                    &status,
+                    &[("mapped", 1), ("pinned", 1), ("invalidations", 0)],
+                )
+            },
+        ),
+        check(
+            format!("the kernel log says: 1 {PINNED_LOG}"),
+            |_| expect_pinned_log(),
+        ),
+        check(
+            "a new attach (dynamic, and pinned) from the NIC to A, B or C fails with ENODEV",
+            attach_fails,
+        ),
+        check(
+            "DMA_BUF_IOCTL_SYNC start (begin CPU access) on A, B and C fails with ENODEV",
+            |s| {
+                for buf in &s.bufs {
+                    for flags in [SyncFlags::START_READ, SyncFlags::START_WRITE] {
+                        expect_errno(
+                            &format!("SYNC {flags:?} on {}", buf.name),
+                            buf.dmabuf()?.sync(flags),
+                            Errno::NODEV,
+                        )?;
+                    }
+                }
+                Ok(())
+            },
+        ),
+        check(
+            "mmap of A, B and C (read-only and writable) fails with ENODEV",
+            |s| {
+                for buf in &s.bufs {
+                    for writable in [false, true] {
+                        expect_errno(
+                            &format!("mmap of {} (writable: {writable})", buf.name),
+                            buf.dmabuf()?.mmap(writable),
+                            Errno::NODEV,
+                        )?;
+                    }
+                }
+                Ok(())
+            },
+        ),
+        check(
+            "the child's mapping of A, made before removal, faults when touched: the child dies of SIGBUS",
+            |s| {
+                let mut toucher = s.toucher.take().ok_or("the child is not running")?;
+                let touched = touch(&mut toucher);
+                let _ = fs::remove_file(&toucher.go);
+                touched
+            },
+        ),
+        check(
+            "INFO on D (opened before removal) fails with ENODEV",
+            |s| expect_errno("INFO on D", s.device()?.info(), Errno::NODEV),
+        ),
+        check(
+            "A, B and C stay valid: fstat gives their size, fdinfo is readable and says exp_name peerdirect",
+            stay_valid,
+        ),
+        gate(
+            "releasing the dynamic and revocable attachments and closing A, B, C, the mapping and D leaves only the pinned importer holding C's range",
+            release_all_but_pinned,
+        ),
+    ]);
+    if removal == Removal::Unbind {
+        steps.extend([
+            gate(
+                format!("writing the device to {SYSFS_DRIVER}/bind rebinds it; /dev/peerdirect0 comes back and opens as fd E"),
+                rebind,
+            ),
+            check(
+                "debugfs stats after rebind: allocations 1 and allocated_bytes 2 MiB (C's range, kept for the pinned importer), mappings_pinned 1, exports 0, present true",
+                |_| {
+                    println!("# stats after rebind: {}", stats()?.summary());
+                    expect_stats(&[
+                        ("allocations", "1"),
+                        ("allocated_bytes", &LEN.to_string()),
+                        ("mappings_pinned", "1"),
+                        ("exports", "0"),
+                        ("present", "true"),
+                    ])
+                },
+            ),
+            check(
+                "ALLOC of all of HBM on E fails with ENOMEM while the pinned importer holds C's range",
+                |s| {
+                    let all = s.device()?.alloc(s.info.hbm_bytes, None);
+                    expect_errno("ALLOC of all of HBM", all.map(drop), Errno::NOMEM)
+                },
+            ),
+            check(
+                "2 MiB allocations on E fill all of HBM but C's range, and none overlaps it",
+                fill_around_pinned,
+            ),
+        ]);
+    }
+    steps.push(gate(
+        "release all: the pinned importer lets go of C (released=1)",
+        |s| {
+            let report = s.importer()?.command("release all")?;
+            expect_ints(&report, &[("released", 1)])?;
+            for buf in &mut s.bufs {
+                buf.id = None;
+            }
+            Ok(())
+        },
+    ));
+    if removal == Removal::Unbind {
+        steps.push(check(
+            "then ALLOC of all of HBM on E succeeds at offset 0 (the pinned mapping was the last holder of C's range); freed, stats show allocations 0",
+            alloc_all_after_release,
+        ));
+    }
+    steps.push(check(format!("{IMPORTER_MODULE} unloads"), |s| {
+        s.importer = None;
+        expect_rmmod(IMPORTER_MODULE)
+    }));
+    steps.push(check(
+        match removal {
+            Removal::Unbind => {
+                "with every fd closed, rmmod peerdirect succeeds and the module is gone"
+            }
+            Removal::Unplug => {
+                "with every fd closed, rmmod peerdirect succeeds although its device was hot-unplugged, and the module is gone"
+            }
+        },
+        |s| {
+            s.device = None;
+            expect_rmmod(MODULE)?;
+            if module_loaded(MODULE)? {
+                return Err(format!(
+                    "expected {MODULE} gone from /proc/modules, got it listed"
+                ));
+            }
+            Ok(())
+        },
+    ));
+    steps
+}
+
+fn allocate_and_export(s: &mut State) -> Outcome {
+    let device = s.device()?;
+    let mut bufs = Vec::new();
+    for (name, mode) in NAMES.into_iter().zip(MODES) {
+        let allocation = device
+            .alloc(LEN, None)
+            .map_err(|err| format!("expected ALLOC for {name} to succeed, got {err}"))?;
+        let dmabuf = allocation
+            .export(0, 0, RW)
+            .map_err(|err| format!("expected EXPORT of {name} to succeed, got {err}"))?;
+        let bar_offset = allocation.hbm_offset();
+        // Owned by D from now on: freed when D is closed, kept by the dma-buf meanwhile.
+        allocation.into_handle();
+        bufs.push(Buf {
+            name,
+            mode,
+            dmabuf: Some(dmabuf),
+            bar_offset,
+            id: None,
+        });
+    }
+    s.bufs = bufs;
+    Ok(())
+}
+
+fn attach_held(s: &mut State) -> Outcome {
+    for k in [A, B, C] {
+        let buf = &s.bufs[k];
+        let line = format!(
+            "fd={} dev={} hbm={} mode={} hold=1",
+            buf.fd()?,
+            s.nic,
+            s.info.pci_address,
+            buf.mode.name()
+        );
+        let (name, mode) = (buf.name, buf.mode);
+        let expected = s.info.hbm_bus_addr + buf.bar_offset;
+        let report = s.importer()?.command(&line)?;
+        let within = |r: Outcome| r.map_err(|err| format!("{name} ({line}): {err}"));
+        if report.int("p2p_distance")? < 0 {
+            return within(Err(format!(
+                "the kernel refuses P2P between HBM and NIC: not the switch topology\n{}",
+                report.summary()
+            )));
+        }
+        let mut ok = vec![("attach", 0), ("map", 0), ("contiguous", 1)];
+        if mode != Mode::Dynamic {
+            ok.push(("pin", 0));
+        }
+        within(expect_ints(&report, &ok))?;
+        within(expect_eq("dma_first", expected, report.uint("dma_first")?))?;
+        within(expect_eq("dma_total", LEN, report.uint("dma_total")?))?;
+        s.bufs[k].id = Some(report.uint("id")?);
+    }
+    Ok(())
+}
+
+fn map_and_write(s: &mut State) -> Outcome {
+    let dmabuf = s.bufs[A].dmabuf()?;
+    let mut map = dmabuf
+        .mmap(true)
+        .map_err(|err| format!("expected mmap of A to succeed, got {err}"))?;
+    let mut data = vec![0; map.length()];
+    pattern::fill(SEED, 0, &mut data);
+    sync(dmabuf, SyncFlags::START_WRITE)?;
+    map.write(0, &data);
+    sync(dmabuf, SyncFlags::END_WRITE)?;
+    let mut back = vec![0; map.length()];
+    map.read(0, &mut back);
+    expect_pattern(&back)?;
+    s.map = Some(map);
+    Ok(())
+}
+
+/// Asks the host to hot-unplug the HBM device and waits for it to go away.
+fn unplug(s: &mut State) -> Outcome {
+    println!("{UNPLUG_REQUEST} {QEMU_HBM_ID}");
+    std::io::stdout()
+        .flush()
+        .map_err(|err| format!("cannot flush stdout: {err}"))?;
+    let dir = format!("{SYSFS_PCI_DEVICES}/{}", s.bdf());
+    wait_for(UNPLUG_WAIT, || !Path::new(&dir).exists()).map_err(|waited| {
+        format!(
+            "expected {dir} to go away within {waited} s, got it still present (does the host harness run with --hotplug?)"
+        )
+    })
+}
+
+fn remap_fails(s: &mut State) -> Outcome {
+    for k in [A, B] {
+        let id = s.bufs[k].id()?;
+        let report = s.importer()?.command(&format!("remap id={id}"))?;
+        expect_ints(&report, &[("map", -ENODEV)])
+            .map_err(|err| format!("remap of {}: {err}", NAMES[k]))?;
+    }
+    Ok(())
+}
+
+/// One peerdirect line in the kernel log says one pinned mapping survived the removal.
+fn expect_pinned_log() -> Outcome {
+    let output = Command::new("dmesg")
+        .output()
+        .map_err(|err| format!("cannot run dmesg: {err}"))?;
+    let log = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(PINNED_LOG)).collect();
+    match lines.as_slice() {
+        [line] if line.contains(&format!(" 1 {PINNED_LOG}")) && line.contains(MODULE) => Ok(()),
+        [] => {
+            let tail: Vec<&str> = log.lines().rev().take(10).collect();
+            Err(format!(
+                "expected a line with '{PINNED_LOG}', got none; the log ends:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ))
+        }
+        _ => Err(format!(
+            "expected one peerdirect line saying '1 {PINNED_LOG}', got:\n{}",
+            lines.join("\n")
+        )),
+    }
+}
+
+fn attach_fails(s: &mut State) -> Outcome {
+    for k in [A, B, C] {
+        for mode in [Mode::Dynamic, Mode::Pinned] {
+            let report = s.attach(k, mode)?;
+            expect_ints(&report, &[("attach", -ENODEV)])
+                .map_err(|err| format!("{} attach of {}: {err}", mode.name(), NAMES[k]))?;
+        }
+    }
+    Ok(())
+}
+
+fn stay_valid(s: &mut State) -> Outcome {
+    for buf in &s.bufs {
+        let name = buf.name;
+        let dup = buf
+            .dmabuf()?
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|err| format!("expected {name}'s fd to duplicate, got {err}"))?;
+        let meta = File::from(dup)
+            .metadata()
+            .map_err(|err| format!("expected fstat of {name} to succeed, got {err}"))?;
+        expect_eq(&format!("fstat size of {name}"), LEN, meta.len())?;
+        let path = format!("/proc/self/fdinfo/{}", buf.fd()?);
+        let fdinfo = fs::read_to_string(&path)
+            .map_err(|err| format!("expected to read {path}, got {err}"))?;
+        let size = LEN.to_string();
+        for (key, expected) in [("exp_name", "peerdirect"), ("size", size.as_str())] {
+            expect_eq(
+                &format!("fdinfo {key} of {name}"),
+                Some(expected),
+                fdinfo_value(&fdinfo, key),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn release_all_but_pinned(s: &mut State) -> Outcome {
+    for k in [A, B] {
+        let id = s.bufs[k].id()?;
+        let report = s.importer()?.command(&format!("release id={id}"))?;
+        expect_ints(&report, &[("mapped", 0)])
+            .map_err(|err| format!("release of {}: {err}", NAMES[k]))?;
+        s.bufs[k].id = None;
+    }
+    s.map = None;
+    for buf in &mut s.bufs {
+        buf.dmabuf = None;
+    }
+    s.device = None;
+    Ok(())
+}
+
+fn rebind(s: &mut State) -> Outcome {
+    write_sysfs(&format!("{SYSFS_DRIVER}/bind"), &s.bdf())?;
+    expect_bound(&s.bdf(), true)?;
+    expect_node(true)?;
+    let device = Device::open_index(INDEX)
+        .map_err(|err| format!("expected /dev/peerdirect0 to open, got {err}"))?;
+    let info = device
+        .info()
+        .map_err(|err| format!("expected INFO on E to succeed, got {err}"))?;
+    expect_eq("hbm_bytes", s.info.hbm_bytes, info.hbm_bytes)?;
+    s.device = Some(device);
+    Ok(())
+}
+
+/// Allocates 2 MiB ranges until HBM is full: all of it but C's range, never overlapping it.
+fn fill_around_pinned(s: &mut State) -> Outcome {
+    let device = s.device()?;
+    let c = s.bufs[C].bar_offset;
+    let room = s.info.hbm_bytes / LEN - 1;
+    let mut allocations = Vec::new();
+    loop {
+        let allocation = match device.alloc(LEN, None) {
+            Ok(allocation) => allocation,
+            Err(err) if err.errno() == Some(Errno::NOMEM) => break,
+            Err(err) => {
+                return Err(format!(
+                    "expected ALLOC to succeed or fail with ENOMEM, got {err}"
+                ))
+            }
+        };
+        let (offset, len) = (allocation.hbm_offset(), allocation.length());
+        if offset < c + LEN && c < offset + len {
+            return Err(format!(
+                "allocation {} at {offset:#x}+{len:#x} overlaps C's range at {c:#x}+{LEN:#x}, which the pinned importer still maps",
+                allocations.len() + 1
+            ));
+        }
+        allocations.push(allocation);
+        if allocations.len() as u64 > room {
+            return Err(format!(
+                "expected at most {room} allocations of 2 MiB, got more"
+            ));
+        }
+    }
+    expect_eq(
+        "allocations of 2 MiB that fit",
+        room,
+        allocations.len() as u64,
+    )
+}
+
+fn alloc_all_after_release(s: &mut State) -> Outcome {
+    let bytes = s.info.hbm_bytes;
+    {
+        let all = s
+            .device()?
+            .alloc(bytes, None)
+            .map_err(|err| format!("expected ALLOC of all {bytes} bytes to succeed, got {err}"))?;
+        expect_eq("hbm_offset", 0, all.hbm_offset())?;
+        all.free()
+            .map_err(|err| format!("expected FREE to succeed, got {err}"))?;
+    }
+    s.device = None;
+    expect_stats(&[("allocations", "0"), ("allocated_bytes", "0")])
+}
+
+/// Starts the child that maps A and waits for the go signal; returns once it has mapped A and
+/// read the pattern.
+fn spawn_toucher(dmabuf: &DmaBuf) -> Result<Toucher, String> {
+    let go = PathBuf::from(format!("/tmp/peerdirect-revoke-go-{}", std::process::id()));
+    let _ = fs::remove_file(&go);
+    let stdin = dmabuf
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|err| format!("cannot duplicate A's fd: {err}"))?;
+    let mut child = Command::new("/proc/self/exe")
+        .arg(TOUCH_FLAG)
+        .arg(&go)
+        .stdin(Stdio::from(stdin))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|err| format!("cannot start the child: {err}"))?;
+    let mut stdout = BufReader::new(child.stdout.take().ok_or("the child has no stdout")?);
+    let mut line = String::new();
+    let read = stdout.read_line(&mut line);
+    if line.trim() == CHILD_READY {
+        return Ok(Toucher { child, stdout, go });
+    }
+    let _ = child.kill();
+    let status = child.wait();
+    let mut rest = String::new();
+    let _ = stdout.read_to_string(&mut rest);
+    Err(format!(
+        "expected the child to say '{CHILD_READY}', got {:?} ({read:?}), then {rest:?}; it ended with {status:?}",
+        line.trim()
+    ))
+}
+
+/// Tells the child to touch its mapping and checks that it dies of SIGBUS.
+fn touch(toucher: &mut Toucher) -> Outcome {
+    File::create(&toucher.go)
+        .map_err(|err| format!("cannot create {}: {err}", toucher.go.display()))?;
+    let status = toucher
+        .child
+        .wait()
+        .map_err(|err| format!("cannot wait for the child: {err}"))?;
+    let mut said = String::new();
+    let _ = toucher.stdout.read_to_string(&mut said);
+    match status.signal() {
+        Some(SIGBUS) => Ok(()),
+        Some(signal) => Err(format!(
+            "expected the child to die of SIGBUS (7), got signal {signal}; it said {:?}",
+            said.trim()
+        )),
+        None => Err(format!(
+            "expected the child to die of SIGBUS (7), got {status}; it said {:?}",
+            said.trim()
+        )),
+    }
+}
+
+/// The child (`--revoke-touch GO_FILE`): maps the dma-buf on its stdin and checks the pattern,
+/// says [`CHILD_READY`], waits for GO_FILE to exist, then reads through the mapping again. After
+/// a removal that read must kill it with SIGBUS; if it survives, it says what it read and exits
+/// with 2 (3 on any other problem).
+pub(crate) fn touch_child(go: &Path) -> ExitCode {
+    match touch_child_inner(go) {
+        Ok(word) => {
+            println!("survived: read {word:02x?} after the go signal");
+            ExitCode::from(2)
+        }
+        Err(err) => {
+            println!("error: {err}");
+            ExitCode::from(3)
+        }
+    }
+}
+
+fn touch_child_inner(go: &Path) -> Result<[u8; 8], String> {
+    let fd = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|err| format!("cannot duplicate stdin: {err}"))?;
+    map_wait_touch(DmaBuf::from_fd(fd).map_err(|err| err.to_string())?, go)
+}
+
+/// The child's work on `dmabuf`: what it read when told to touch its mapping.
+fn map_wait_touch(dmabuf: DmaBuf, go: &Path) -> Result<[u8; 8], String> {
+    let map = dmabuf
+        .mmap(false)
+        .map_err(|err| format!("mmap failed: {err}"))?;
+    drop(dmabuf);
+    let mut data = vec![0; map.length()];
+    map.read(0, &mut data);
+    expect_pattern(&data)?;
+    println!("{CHILD_READY}");
+    std::io::stdout()
+        .flush()
+        .map_err(|err| format!("cannot flush stdout: {err}"))?;
+    wait_for(CHILD_WAIT, || go.exists())
+        .map_err(|waited| format!("no go signal ({}) within {waited} s", go.display()))?;
+    let mut word = [0; 8];
+    map.read(0, &mut word);
+    Ok(word)
+}
+
+/// The module's debugfs file, open for commands.
+struct Importer {
+    file: File,
+}
+
+impl Importer {
+    /// Loads the module unless it is loaded already, and opens its command file.
+    fn load() -> Result<Self, String> {
+        if !Path::new(RUN_FILE).exists() {
+            let output = Command::new("insmod")
+                .arg(IMPORTER_PATH)
+                .output()
+                .map_err(|err| format!("cannot run insmod: {err}"))?;
+            if !output.status.success() {
+                return Err(format!(
+                    "insmod {IMPORTER_PATH} failed: {}",
+                    String::from_utf8_lossy(&output.stderr).trim()
+                ));
+            }
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(RUN_FILE)
+            .map_err(|err| format!("cannot open {RUN_FILE}: {err}"))?;
+        Ok(Self { file })
+    }
+
+    /// Sends one command line. A refused write (a malformed command, no such fd, device or
+    /// id) is an `Err` carrying the module's `error=` line.
+    fn command(&mut self, line: &str) -> Result<Report, String> {
+        let written = self.file.write(line.as_bytes());
+        let mut text = String::new();
+        self.file
+            .read_to_string(&mut text)
+            .map_err(|err| format!("reading the result of '{line}' failed: {err}"))?;
+        match written {
+            Ok(n) if n == line.len() => Ok(Report::parse(&text, '=')),
+            Ok(n) => Err(format!("'{line}': short write ({n} bytes)")),
+            Err(err) => Err(format!("'{line}' was refused: {err}; {}", text.trim())),
+        }
+    }
+}
+
+/// `key<sep>value` lines: the importer's results (`=`), debugfs stats (`:`).
+#[derive(Debug, Default)]
+struct Report(BTreeMap<String, String>);
+
+impl Report {
+    fn parse(text: &str, separator: char) -> Self {
+        Self(
+            text.lines()
+                .filter_map(|line| line.split_once(separator))
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .collect(),
+        )
+    }
+
+    fn get(&self, key: &str) -> Result<&str, String> {
+        self.0
+            .get(key)
+            .map(String::as_str)
+            .ok_or_else(|| format!("no {key} reported ({})", self.summary()))
+    }
+
+    fn int(&self, key: &str) -> Result<i64, String> {
+        let value = self.get(key)?;
+        value
+            .parse()
+            .map_err(|_| format!("{key}={value} is not a number"))
+    }
+
+    fn uint(&self, key: &str) -> Result<u64, String> {
+        let value = self.get(key)?;
+        match value.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16),
+            None => value.parse(),
+        }
+        .map_err(|_| format!("{key}={value} is not a number"))
+    }
+
+    /// Every line on one line, for diagnostics.
+    fn summary(&self) -> String {
+        self.0
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// peerdirect0's debugfs stats, all of its keys (the library's `Stats` knows only some).
+fn stats() -> Result<Report, String> {
+    let path = peerdirect::stats_path(INDEX);
+    let text = fs::read_to_string(&path)
+        .map_err(|err| format!("expected to read {}, got {err}", path.display()))?;
+    Ok(Report::parse(&text, ':'))
+}
+
+/// Checks the stats' values of `keys` (the whole file on a mismatch).
+fn expect_stats(keys: &[(&str, &str)]) -> Outcome {
+    let stats = stats()?;
+    for &(key, expected) in keys {
+        expect_eq(key, expected, stats.get(key)?)
+            .map_err(|err| format!("{err}\n{}", stats.summary()))?;
+    }
+    Ok(())
+}
+
+/// Checks the report's numbers for `keys` (the whole report on a mismatch).
+fn expect_ints(report: &Report, keys: &[(&str, i64)]) -> Outcome {
+    for &(key, expected) in keys {
+        expect_eq(key, expected, report.int(key)?)
+            .map_err(|err| format!("{err}\n{}", report.summary()))?;
+    }
+    Ok(())
+}
+
+fn expect_invalidated(status: &Report) -> Outcome {
+    let invalidations = status.int("invalidations")?;
+    if invalidations >= 1 {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalidations: expected >= 1, got {invalidations}\n{}",
+            status.summary()
+        ))
+    }
+}
+
+fn expect_pattern(data: &[u8]) -> Outcome {
+    match pattern::first_mismatch(SEED, 0, data) {
+        None => Ok(()),
+        Some(m) => Err(format!(
+            "expected pattern {SEED:#x}, got {:#04x} instead of {:#04x} at byte {:#x}",
+            m.found, m.expected, m.offset
+        )),
+    }
+}
+
+fn sync(dmabuf: &DmaBuf, flags: SyncFlags) -> Outcome {
+    dmabuf
+        .sync(flags)
+        .map_err(|err| format!("expected SYNC {flags:?} to succeed, got {err}"))
+}
+
+fn expect_errno<T>(what: &str, result: Result<T, Error>, expected: Errno) -> Outcome {
+    match result {
+        Err(err) if err.errno() == Some(expected) => Ok(()),
+        Err(err) => Err(format!(
+            "{what}: expected {}, got {err}",
+            errno_label(expected)
+        )),
+        Ok(_) => Err(format!(
+            "{what}: expected {}, got success",
+            errno_label(expected)
+        )),
+    }
+}
+
+fn errno_label(errno: Errno) -> &'static str {
+    match errno {
+        Errno::NOMEM => "ENOMEM",
+        other => crate::errno_name(other),
+    }
+}
+
+/// The value of `key` in /proc/PID/fdinfo/FD text, whose lines read `key:\tvalue`.
+fn fdinfo_value<'a>(fdinfo: &'a str, key: &str) -> Option<&'a str> {
+    fdinfo.lines().find_map(|line| {
+        let (k, value) = line.split_once(':')?;
+        (k == key).then(|| value.trim())
+    })
+}
+
+/// Polls `done` every 20 ms until it holds; `Err` with the seconds waited once `limit` passed.
+fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> Result<(), u64> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if done() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(limit.as_secs());
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The PCI address of the guest's only virtio-net function.
+fn find_nic() -> Result<String, String> {
+    let read = |path: &Path| fs::read_to_string(path).map(|s| s.trim().to_owned());
+    let mut nics = Vec::new();
+    let entries = fs::read_dir(SYSFS_PCI_DEVICES)
+        .map_err(|err| format!("cannot list {SYSFS_PCI_DEVICES}: {err}"))?;
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let (Ok(vendor), Ok(device)) = (read(&dir.join("vendor")), read(&dir.join("device")))
+        else {
+            continue;
+        };
+        if NIC_IDS.contains(&(vendor.as_str(), device.as_str())) {
+            nics.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    nics.sort();
+    match nics.as_slice() {
+        [nic] => Ok(nic.clone()),
+        [] => Err(format!("no virtio-net PCI device in {SYSFS_PCI_DEVICES}")),
+        _ => Err(format!("more than one virtio-net device: {nics:?}")),
+    }
+}
+
+fn write_sysfs(path: &str, value: &str) -> Outcome {
+    fs::write(path, value)
+        .map_err(|err| format!("expected writing {value:?} to {path} to succeed, got {err}"))
+}
+
+/// Checks whether `bdf` is bound to peerdirect.
+fn expect_bound(bdf: &str, bound: bool) -> Outcome {
+    let link = format!("{SYSFS_PCI_DEVICES}/{bdf}/driver");
+    let driver = fs::read_link(&link)
+        .ok()
+        .and_then(|target| target.file_name().map(|n| n.to_string_lossy().into_owned()));
+    if (driver.as_deref() == Some(MODULE)) == bound {
+        return Ok(());
+    }
+    let got = driver.map_or_else(|| "no driver".to_owned(), |d| format!("driver {d}"));
+    let expected = if bound { "bound to" } else { "not bound to" };
+    Err(format!("expected {bdf} {expected} {MODULE}, got {got}"))
+}
+
+/// Waits for /dev/peerdirect0 to appear (or to go away) within [`SETTLE`].
+fn expect_node(exists: bool) -> Outcome {
+    let node = peerdirect::device_path(INDEX);
+    wait_for(SETTLE, || node.exists() == exists).map_err(|waited| {
+        let (expected, got) = if exists {
+            ("appear", "absent")
+        } else {
+            ("go away", "still present")
+        };
+        format!(
+            "expected {} to {expected} within {waited} s, got it {got}",
+            node.display()
+        )
+    })
+}
+
+/// Runs `rmmod name`, expecting success.
+fn expect_rmmod(name: &str) -> Outcome {
+    let output = Command::new("rmmod")
+        .arg(name)
+        .output()
+        .map_err(|err| format!("cannot run rmmod: {err}"))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "expected rmmod {name} to succeed, got {} ({})",
+        String::from_utf8_lossy(&output.stderr).trim(),
+        output.status
+    ))
+}
+
+fn module_loaded(name: &str) -> Result<bool, String> {
+    let modules = fs::read_to_string("/proc/modules")
+        .map_err(|err| format!("cannot read /proc/modules: {err}"))?;
+    Ok(modules
+        .lines()
+        .any(|line| line.split_whitespace().next() == Some(name)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn reports_parse_both_separators() {
+        let report = Report::parse("id=3\nmap=-19\ndma_first=0xd0200000\nnoise\n", '=');
+        assert_eq!(report.int("map"), Ok(-19));
+        assert_eq!(report.uint("dma_first"), Ok(0xd020_0000));
+        assert_eq!(report.uint("id"), Ok(3));
+        assert!(report.get("pinned").unwrap_err().contains("no pinned"));
+        let stats = Report::parse(
+            "hbm_bytes: 268435456\nmappings_revocable: 2\nmappings_pinned: 1\npresent: true\n",
+            ':',
+        );
+        assert_eq!(stats.get("mappings_pinned"), Ok("1"));
+        assert_eq!(stats.get("present"), Ok("true"));
+    }
+
+    #[test]
+    fn unbind_and_unplug_have_their_own_steps() {
+        let unbind = steps(Removal::Unbind);
+        let unplug = steps(Removal::Unplug);
+        assert!(unbind.len() > unplug.len());
+        assert!(unbind
+            .iter()
+            .any(|s| s.description.contains("/bind rebinds")));
+        assert!(!unplug.iter().any(|s| s.description.contains("rebinds")));
+        assert!(unplug
+            .iter()
+            .any(|s| s.description.contains("@@peerdirect-unplug hbm0")));
+        for steps in [&unbind, &unplug] {
+            assert!(steps
+                .last()
+                .unwrap()
+                .description
+                .contains("rmmod peerdirect"));
+        }
+    }
+
+    #[test]
+    fn revoke_takes_a_removal() {
+        let parse = |args: &[&str]| crate::Args::try_parse_from(args);
+        assert!(parse(&["peerdirect-guest-tests", "--revoke"]).is_err());
+        assert!(parse(&["peerdirect-guest-tests", "--revoke", "yank"]).is_err());
+        assert!(parse(&[
+            "peerdirect-guest-tests",
+            "--revoke",
+            "unbind",
+            "--lifecycle"
+        ])
+        .is_err());
+        let args = parse(&["peerdirect-guest-tests", "--revoke", "unplug"]).unwrap();
+        assert_eq!(args.revoke, Some(Removal::Unplug));
+    }
+
+    /// A regular file stands in for A: it maps, shows the pattern and is never revoked, so the
+    /// child's touch reads the pattern's first bytes.
+    #[test]
+    fn the_child_maps_checks_the_pattern_and_touches_on_go() {
+        let dir = std::env::temp_dir();
+        let path = dir.join(format!("peerdirect-revoke-test-{}", std::process::id()));
+        let go = dir.join(format!("peerdirect-revoke-test-go-{}", std::process::id()));
+        let mut data = vec![0; 8192];
+        pattern::fill(SEED, 0, &mut data);
+        fs::write(&path, &data).unwrap();
+        File::create(&go).unwrap();
+        let open = || DmaBuf::from_fd(File::open(&path).unwrap().into()).unwrap();
+        assert_eq!(
+            map_wait_touch(open(), &go),
+            Ok(data[..8].try_into().unwrap())
+        );
+        fs::remove_file(&go).unwrap();
+        data[100] ^= 1;
+        fs::write(&path, &data).unwrap();
+        let err = map_wait_touch(open(), &go).unwrap_err();
+        assert!(err.contains("at byte 0x64"), "{err}");
+        fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn wait_for_gives_up() {
+        assert_eq!(wait_for(Duration::from_millis(50), || false), Err(0));
+        assert_eq!(wait_for(Duration::from_millis(50), || true), Ok(()));
+    }
+}

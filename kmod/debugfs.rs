@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! debugfs: `/sys/kernel/debug/peerdirect/peerdirectN/` with `stats` and `allocations`.
+//! debugfs: `/sys/kernel/debug/peerdirect/peerdirectN/` with `stats`, `allocations` and
+//! `exports` (with their importers' attachments).
 
 use crate::hbm::Hbm;
 use kernel::{
@@ -68,10 +69,45 @@ impl Writer for Allocations {
     }
 }
 
+/// `exports`: one line per live dma-buf, then one indented line per importer attachment.
+pub(crate) struct Exports(Arc<Hbm>);
+
+impl Writer for Exports {
+    fn write(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // `exported` then `attachments`: the order removal and map take them in.
+        let exported = self.0.exported.lock();
+        let attachments = self.0.attachments.lock();
+        for (key, export) in exported.iter() {
+            writeln!(
+                f,
+                "handle={} offset={:#x} length={:#x}",
+                export.handle, export.offset, export.len
+            )?;
+            for a in attachments.values().filter(|a| a.export == *key) {
+                let end = a.importer.iter().position(|&b| b == 0).unwrap_or(32);
+                let importer = core::str::from_utf8(&a.importer[..end]).unwrap_or("?");
+                writeln!(
+                    f,
+                    "  importer={importer} {} pinned={} mapped_entries={}",
+                    if a.revocable {
+                        "revocable"
+                    } else {
+                        "not-revocable"
+                    },
+                    u8::from(a.pinned),
+                    a.entries
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What a device directory's files read.
 pub(crate) struct DeviceFiles {
     stats: Stats,
     allocations: Allocations,
+    exports: Exports,
 }
 
 /// The directory `peerdirect/<name>` for `hbm`, removed when the returned scope drops.
@@ -81,7 +117,8 @@ pub(crate) fn device_dir(
 ) -> impl PinInit<Scope<DeviceFiles>, Error> {
     let files = DeviceFiles {
         stats: Stats(hbm.clone()),
-        allocations: Allocations(hbm),
+        allocations: Allocations(hbm.clone()),
+        exports: Exports(hbm),
     };
     let init = move |slot: *mut Scope<DeviceFiles>| {
         // The directory holds a reference to the root, which may be released meanwhile.
@@ -92,6 +129,7 @@ pub(crate) fn device_dir(
         let scope = root.scope(Ok::<_, Error>(files), name, |files: &DeviceFiles, dir| {
             dir.read_only_file(c"stats", &files.stats);
             dir.read_only_file(c"allocations", &files.allocations);
+            dir.read_only_file(c"exports", &files.exports);
         });
         // SAFETY: `slot` is the pinned, uninitialized place our caller's initializer gives us;
         // we forward it unchanged to the scope's initializer, which has the same contract.

@@ -64,6 +64,22 @@ impl Attachment<'_> {
         ffi::log_refused_attach(hbm, self.dev(), reason);
     }
 
+    /// Identifies the attachment while it exists (its address).
+    pub(crate) fn id(&self) -> usize {
+        self.raw.as_ptr() as usize
+    }
+
+    /// The importer's device name (e.g. its PCI address), truncated to fit `buf`, NUL-padded.
+    pub(crate) fn importer_name(&self, buf: &mut [u8]) {
+        // SAFETY: `dev` is the attachment's device, alive while attached (it is referenced by
+        // the attachment for its whole life).
+        let dev: &kernel::device::Device = unsafe { kernel::device::Device::from_raw(self.dev()) };
+        let name = dev.name().to_bytes();
+        let n = name.len().min(buf.len().saturating_sub(1));
+        buf.fill(0);
+        buf[..n].copy_from_slice(&name[..n]);
+    }
+
     /// Whether the importer drops its mappings when told to (`dma_buf_attach_revocable`):
     /// false for pinned importers such as EFA memory registrations.
     pub(crate) fn is_revocable(&self) -> bool {
@@ -106,6 +122,15 @@ impl Attachment<'_> {
 /// A scatter-gather table made by [`Attachment::map_range`].
 pub(crate) struct SgTable(NonNull<bindings::sg_table>);
 
+impl SgTable {
+    /// Number of DMA segments.
+    pub(crate) fn entries(&self) -> u32 {
+        // SAFETY: the table was returned by `dma_buf_phys_vec_to_sgt` and is not freed while
+        // this value exists (it is freed through `Attachment::unmap`, which consumes it).
+        unsafe { (*self.0.as_ptr()).nents }
+    }
+}
+
 /// A user mapping being set up by `mmap` on a dma-buf.
 pub(crate) struct Vma<'a> {
     raw: NonNull<bindings::vm_area_struct>,
@@ -125,6 +150,14 @@ impl Vma<'_> {
 pub(crate) trait Exporter: Send + Sync + Sized {
     /// An importer attaches: refuse what cannot work.
     fn attach(&self, attach: &Attachment<'_>) -> Result;
+    /// An importer detaches.
+    fn detach(&self, _attach: &Attachment<'_>) {}
+    /// A pinned importer pins (reservation lock held).
+    fn pin(&self, _attach: &Attachment<'_>) -> Result {
+        Ok(())
+    }
+    /// A pinned importer unpins (reservation lock held).
+    fn unpin(&self, _attach: &Attachment<'_>) {}
     /// Map for the importer's device (reservation lock held).
     fn map(&self, attach: &Attachment<'_>, dir: DataDirection) -> Result<SgTable>;
     /// Undo [`Exporter::map`] (reservation lock held).
@@ -214,6 +247,7 @@ struct Ops<T>(PhantomData<T>);
 impl<T: Exporter> Ops<T> {
     const OPS: bindings::dma_buf_ops = bindings::dma_buf_ops {
         attach: Some(Self::attach),
+        detach: Some(Self::detach),
         pin: Some(Self::pin),
         unpin: Some(Self::unpin),
         map_dma_buf: Some(Self::map),
@@ -245,7 +279,8 @@ impl<T: Exporter> Ops<T> {
 
     /// # Safety
     ///
-    /// Only called by the dma-buf core as `dma_buf_ops.attach`: the core passes one of our dma-bufs and a new attachment to it.
+    /// Only called by the dma-buf core as `dma_buf_ops.attach`: the core passes one of our
+    /// dma-bufs and a new attachment to it.
     unsafe extern "C" fn attach(
         dmabuf: *mut bindings::dma_buf,
         attach: *mut bindings::dma_buf_attachment,
@@ -259,18 +294,47 @@ impl<T: Exporter> Ops<T> {
         })
     }
 
-    // The BAR never moves: pinning only promises what is always true.
     /// # Safety
     ///
-    /// Only called by the dma-buf core as `dma_buf_ops.pin`: the core passes an attachment to one of our dma-bufs.
-    unsafe extern "C" fn pin(_attach: *mut bindings::dma_buf_attachment) -> c_int {
-        0
+    /// Only called by the dma-buf core as `dma_buf_ops.detach`: the core passes one of our
+    /// dma-bufs and an attachment to it that is going away.
+    unsafe extern "C" fn detach(
+        dmabuf: *mut bindings::dma_buf,
+        attach: *mut bindings::dma_buf_attachment,
+    ) {
+        // SAFETY: the core calls `detach` on our dma-buf with a valid attachment.
+        let (exporter, attach) = unsafe { (Self::exporter(dmabuf), Attachment::from_raw(attach)) };
+        if let Some(attach) = attach {
+            exporter.detach(&attach);
+        }
     }
 
     /// # Safety
     ///
-    /// Only called by the dma-buf core as `dma_buf_ops.unpin`: the core passes an attachment to one of our dma-bufs.
-    unsafe extern "C" fn unpin(_attach: *mut bindings::dma_buf_attachment) {}
+    /// Only called by the dma-buf core as `dma_buf_ops.pin`: the core passes an attachment to
+    /// one of our dma-bufs.
+    unsafe extern "C" fn pin(attach: *mut bindings::dma_buf_attachment) -> c_int {
+        // SAFETY: the core calls `pin` with an attachment to our dma-buf.
+        let (exporter, attachment) =
+            unsafe { (Self::of_attachment(attach), Attachment::from_raw(attach)) };
+        from_result(|| {
+            exporter.pin(&attachment.ok_or(EINVAL)?)?;
+            Ok(0)
+        })
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.unpin`: the core passes an attachment
+    /// to one of our dma-bufs.
+    unsafe extern "C" fn unpin(attach: *mut bindings::dma_buf_attachment) {
+        // SAFETY: the core calls `unpin` with an attachment to our dma-buf.
+        let (exporter, attachment) =
+            unsafe { (Self::of_attachment(attach), Attachment::from_raw(attach)) };
+        if let Some(attachment) = attachment {
+            exporter.unpin(&attachment);
+        }
+    }
 
     /// # Safety
     ///

@@ -8,7 +8,8 @@
 //! - map hands out the BAR range through `dma_buf_phys_vec_to_sgt` (bus addresses behind a
 //!   shared switch, an IOMMU mapping through the host bridge), in segments no longer than the
 //!   importer's max segment size, never one per page;
-//! - the range never moves, so pinning is free (EFA's pinned import works);
+//! - the range never moves, so pinning costs nothing (EFA's pinned import works); pins are
+//!   only recorded for debugfs;
 //! - mmap maps the range write-combined for the CPU;
 //! - release drops the allocation reference: the memory is reused only after the last dma-buf;
 //! - on removal of the device every export is revoked (`Hbm::remove`).
@@ -16,7 +17,7 @@
 use crate::{
     allocation::Allocation,
     dmabuf::{Attachment, DataDirection, DmaBuf, Exporter, SgTable, Vma},
-    hbm::Hbm,
+    hbm::{AttachRecord, ExportRecord, Hbm},
 };
 use kernel::{
     fs::File,
@@ -38,6 +39,12 @@ impl Export {
         self.alloc.hbm()
     }
 
+    /// The key this export is recorded under in its device (its address: it lives in a box
+    /// owned by the dma-buf until release).
+    fn key(&self) -> usize {
+        core::ptr::from_ref(self) as usize
+    }
+
     /// CPU physical address of the exported range.
     fn phys_addr(&self) -> u64 {
         self.hbm().recorded().phys_addr + self.alloc.offset() + self.offset
@@ -57,7 +64,33 @@ impl Exporter for Export {
             );
             return Err(EOPNOTSUPP);
         }
+        let mut importer = [0; 32];
+        attach.importer_name(&mut importer);
+        let record = AttachRecord {
+            export: self.key(),
+            importer,
+            revocable: attach.is_revocable(),
+            pinned: false,
+            entries: 0,
+        };
+        let node = RBTreeNodeReservation::new(GFP_KERNEL)?;
+        self.hbm().attached(attach.id(), record, node);
         Ok(())
+    }
+
+    fn detach(&self, attach: &Attachment<'_>) {
+        self.hbm().detached(attach.id());
+    }
+
+    fn pin(&self, attach: &Attachment<'_>) -> Result {
+        self.hbm()
+            .update_attachment(attach.id(), |r| r.pinned = true);
+        Ok(())
+    }
+
+    fn unpin(&self, attach: &Attachment<'_>) {
+        self.hbm()
+            .update_attachment(attach.id(), |r| r.pinned = false);
     }
 
     fn map(&self, attach: &Attachment<'_>, dir: DataDirection) -> Result<SgTable> {
@@ -66,12 +99,16 @@ impl Exporter for Export {
         let seg = (attach.max_segment_size() & !(page - 1)).max(page);
         let sgt = attach.map_range(provider, self.phys_addr(), self.len, seg, dir)?;
         self.hbm().mapped(attach.is_revocable());
+        let entries = sgt.entries();
+        self.hbm()
+            .update_attachment(attach.id(), |r| r.entries = entries);
         Ok(sgt)
     }
 
     fn unmap(&self, attach: &Attachment<'_>, sgt: SgTable, dir: DataDirection) {
         attach.unmap(sgt, dir);
         self.hbm().unmapped(attach.is_revocable());
+        self.hbm().update_attachment(attach.id(), |r| r.entries = 0);
     }
 
     fn mmap(&self, vma: &Vma<'_>) -> Result {
@@ -86,8 +123,7 @@ impl Exporter for Export {
 
 impl Drop for Export {
     fn drop(&mut self) {
-        let key = core::ptr::from_ref(self) as usize;
-        self.hbm().unregister_export(key);
+        self.hbm().unregister_export(self.key());
         self.hbm().exports.fetch_sub(1, Relaxed);
     }
 }
@@ -124,6 +160,12 @@ pub(crate) fn export(
     let dmabuf = DmaBuf::export(export, len, writable)?;
     dmabuf.set_name(index, alloc.handle(), alloc.offset() + offset, len)?;
     // Recorded for revocation; fails if the device went away meanwhile.
-    hbm.register_export(key, dmabuf.id(), node)?;
+    let record = ExportRecord {
+        id: dmabuf.id(),
+        handle: alloc.handle(),
+        offset: alloc.offset() + offset,
+        len,
+    };
+    hbm.register_export(key, record, node)?;
     Ok(dmabuf.into_file())
 }

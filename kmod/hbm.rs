@@ -70,6 +70,27 @@ pub(crate) struct HbmInfo {
     pub(crate) index: u32,
 }
 
+/// An export as debugfs lists it.
+pub(crate) struct ExportRecord {
+    pub(crate) id: DmaBufId,
+    pub(crate) handle: u32,
+    /// Offset of the exported range in the BAR.
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+}
+
+/// An importer's attachment as debugfs lists it.
+pub(crate) struct AttachRecord {
+    /// The export's key in [`Hbm::register_export`].
+    pub(crate) export: usize,
+    /// The importer's device name, NUL-padded.
+    pub(crate) importer: [u8; 32],
+    pub(crate) revocable: bool,
+    pub(crate) pinned: bool,
+    /// DMA segments of its current mapping, 0 when unmapped.
+    pub(crate) entries: u32,
+}
+
 /// Mappings handed to importers that unmap when told to (they provide `invalidate_mappings`),
 /// counted so that removal can wait for them. Pinned ones are counted in [`HbmMemory`].
 #[derive(Default)]
@@ -90,7 +111,11 @@ pub(crate) struct Hbm {
     pub(crate) exports: Atomic<u64>,
     /// The live exports, by the address of their exporter state, to revoke on removal.
     #[pin]
-    exported: Mutex<RBTree<usize, DmaBufId>>,
+    pub(crate) exported: Mutex<RBTree<usize, ExportRecord>>,
+    /// Attachments to this device's exports, by attachment. Taken under a dma-buf's
+    /// reservation lock (map), so never held while taking one.
+    #[pin]
+    pub(crate) attachments: Mutex<RBTree<usize, AttachRecord>>,
     #[pin]
     pub(crate) mappings: Mutex<Mappings>,
     /// Signalled when a revocable mapping goes away.
@@ -114,6 +139,7 @@ impl Hbm {
                 next_handle: Atomic::new(1),
                 exports: Atomic::new(0),
                 exported <- new_mutex!(RBTree::new()),
+                attachments <- new_mutex!(RBTree::new()),
                 mappings <- new_mutex!(Mappings::default()),
                 unmapped <- new_condvar!(),
             }),
@@ -164,13 +190,35 @@ impl Hbm {
     pub(crate) fn register_export(
         &self,
         key: usize,
-        id: DmaBufId,
-        node: RBTreeNodeReservation<usize, DmaBufId>,
+        record: ExportRecord,
+        node: RBTreeNodeReservation<usize, ExportRecord>,
     ) -> Result {
         let mut exported = self.exported.lock();
         self.info()?;
-        exported.insert(node.into_node(key, id));
+        exported.insert(node.into_node(key, record));
         Ok(())
+    }
+
+    /// Records an importer's attachment.
+    pub(crate) fn attached(
+        &self,
+        key: usize,
+        record: AttachRecord,
+        node: RBTreeNodeReservation<usize, AttachRecord>,
+    ) {
+        self.attachments.lock().insert(node.into_node(key, record));
+    }
+
+    /// Forgets an importer's attachment.
+    pub(crate) fn detached(&self, key: usize) {
+        self.attachments.lock().remove(&key);
+    }
+
+    /// Updates an attachment's record.
+    pub(crate) fn update_attachment(&self, key: usize, f: impl FnOnce(&mut AttachRecord)) {
+        if let Some(record) = self.attachments.lock().get_mut(&key) {
+            f(record);
+        }
     }
 
     /// Counts a mapping made for an importer.
@@ -209,7 +257,7 @@ impl Hbm {
         // No export is recorded after this point (`register_export`), so this is all of them.
         {
             let exported = self.exported.lock();
-            for &id in exported.values() {
+            for id in exported.values().map(|r| r.id) {
                 // SAFETY: a recorded buffer's release unregisters it under `exported`, which we
                 // hold, so its release has not completed; its reservation lock is not ours.
                 unsafe { dmabuf::revoke(id) };

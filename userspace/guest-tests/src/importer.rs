@@ -471,6 +471,7 @@ fn run_held(setup: &mut Setup) -> Outcome {
     )?;
     let id = report.uint("id")?;
     let held_offset = exported.bar_offset;
+    let listed = check_debugfs_exports(setup, held_offset, len, report.uint("nents")?);
     drop(exported);
 
     let again = export(&setup.device, len, 0, len);
@@ -486,7 +487,33 @@ fn run_held(setup: &mut Setup) -> Outcome {
     expect_eq("mapped while held", 1, status.int("mapped")?)?;
     expect_eq("invalidations while held", 0, status.int("invalidations")?)?;
     let release = release?;
-    expect_eq("invalidations at release", 0, release.int("invalidations")?)
+    expect_eq("invalidations at release", 0, release.int("invalidations")?)?;
+    listed
+}
+
+/// The device's debugfs `exports` lists the export at `bar_offset` of `len` bytes with the
+/// NIC's attachment under it: revocable (dynamic mode), not pinned, mapped in `nents` entries.
+fn check_debugfs_exports(setup: &Setup, bar_offset: u64, len: u64, nents: u64) -> Outcome {
+    let path = format!("/sys/kernel/debug/peerdirect/peerdirect{INDEX}/exports");
+    let text = std::fs::read_to_string(&path).map_err(|err| format!("read {path}: {err}"))?;
+    let export = format!("offset={bar_offset:#x} length={len:#x}");
+    let attachment = format!(
+        "  importer={} revocable pinned=0 mapped_entries={nents}",
+        setup.nic
+    );
+    let mut lines = text.lines().skip_while(|l| !l.ends_with(&export));
+    if lines.next().is_none() {
+        return Err(format!("{path} has no export with {export}:\n{text}"));
+    }
+    if !lines
+        .take_while(|l| l.starts_with("  "))
+        .any(|l| l == attachment)
+    {
+        return Err(format!(
+            "{path} does not list {attachment:?} under the export:\n{text}"
+        ));
+    }
+    Ok(())
 }
 
 /// Prints TAP for the `--importer` mode; success iff every test passed.
@@ -552,7 +579,7 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
     ];
     let held = topology == Topology::Switch;
     let held_description = format!(
-        "{topology}: a held mapping keeps its range after its dma-buf and allocation are dropped"
+        "{topology}: debugfs exports lists the held attachment (importer, revocable, mapped entries); a held mapping keeps its range after its dma-buf and allocation are dropped"
     );
     let unload = format!("{MODULE} unloads");
 

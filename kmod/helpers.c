@@ -72,6 +72,13 @@ void peerdirect_unmap_phys(struct dma_buf_attachment *attach, struct sg_table *s
 	dma_buf_free_sgt(attach, sgt, dir);
 }
 
+/*
+ * Marks user mappings of our dma-bufs (no callbacks: identity only), so that the PeerDirect
+ * peer-memory client (peer_mem.c) recognises them: vma->vm_ops == &peerdirect_dmabuf_vm_ops.
+ * Faults behave as with the core's default (empty) ops: SIGBUS once the PTEs are zapped.
+ */
+const struct vm_operations_struct peerdirect_dmabuf_vm_ops = {};
+
 /* Maps the dma-buf's BAR range write-combined into a user VMA (offset from vm_pgoff). */
 int peerdirect_mmap_phys(struct vm_area_struct *vma, phys_addr_t base, u64 len)
 {
@@ -80,6 +87,7 @@ int peerdirect_mmap_phys(struct vm_area_struct *vma, phys_addr_t base, u64 len)
 
 	if (off > len || size > len - off)
 		return -EINVAL;
+	vma->vm_ops = &peerdirect_dmabuf_vm_ops;
 	vma->vm_page_prot = pgprot_writecombine(vma->vm_page_prot);
 	vm_flags_set(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
 	return io_remap_pfn_range(vma, vma->vm_start, (base + off) >> PAGE_SHIFT, size,

@@ -10,7 +10,8 @@
 //! module knows of it, [`memory`] and [`heap`] keep and allocate its BAR, [`allocation`] is one range owned by a file
 //! and its dma-bufs, [`export`] is the DMA-BUF exporter over the small exporter abstraction in
 //! [`dmabuf`], [`chardev`] is the misc device and its ioctls, [`uapi`] the ABI, [`debugfs`]
-//! the debug files, [`index`] the `/dev/peerdirectN` numbering, [`ffi`] the C helpers.
+//! the debug files, [`index`] the `/dev/peerdirectN` numbering, [`ffi`] the C helpers and the
+//! PeerDirect peer-memory client (`peer_mem.c`, registered where ib_core offers that API).
 
 mod allocation;
 mod chardev;
@@ -40,6 +41,9 @@ module! {
 struct Peerdirect {
     #[pin]
     driver: driver::Registration<pci::Adapter<provider::HbmDriver>>,
+    /// Registered after the driver, unregistered after it. No registration outlives the
+    /// module: each holds a dma-buf, and a dma-buf holds the module.
+    _peer_mem: ffi::PeerMemClient,
 }
 
 impl kernel::InPlaceModule for Peerdirect {
@@ -49,6 +53,7 @@ impl kernel::InPlaceModule for Peerdirect {
         memory::init();
         try_pin_init!(Self {
             driver <- driver::Registration::new(c"peerdirect", module),
+            _peer_mem: ffi::PeerMemClient::register()?,
         })
     }
 }

@@ -40,8 +40,10 @@ module-kunit: kernel
 test-modules: kernel
 	@scripts/build-module $(ROOT)/tests/kmod $(BUILD)/tests-kmod ""
 
+# The workspace includes capi: libpeerdirect.so and libpeerdirect.a land in $(BIN) too.
 userspace:
 	@cd userspace && cargo build -q --release --workspace --locked
+	@test -f $(BIN)/libpeerdirect.so || { echo "no $(BIN)/libpeerdirect.so after cargo build"; exit 1; }
 
 # The guest's Debian userland (qemu/run --userland trixie): libfabric >= 1.20, rdma-core.
 userland: setup
@@ -62,9 +64,16 @@ bench:
 install:
 	@[ -n "$(KDIR)" ] || { echo "make install needs KDIR=/lib/modules/\$$(uname -r)/build (or another kernel build tree)"; exit 2; }
 	@$(MAKE) -s module userspace
-	$(MAKE) -C $(KDIR) M=$(ROOT) MO=$(BUILD)/kmod modules_install
+	$(MAKE) -C $(KDIR) M=$(ROOT) MO=$(BUILD)/kmod INSTALL_MOD_PATH=$(DESTDIR) modules_install
 	install -D -m 0755 $(BIN)/peerdirect $(DESTDIR)$(PREFIX)/bin/peerdirect
 	install -D -m 0644 include/uapi/peerdirect.h $(DESTDIR)$(PREFIX)/include/peerdirect/peerdirect_uapi.h
+	install -D -m 0755 $(BIN)/libpeerdirect.so $(DESTDIR)$(PREFIX)/lib/libpeerdirect.so.0
+	ln -sf libpeerdirect.so.0 $(DESTDIR)$(PREFIX)/lib/libpeerdirect.so
+	install -m 0644 $(BIN)/libpeerdirect.a $(DESTDIR)$(PREFIX)/lib/libpeerdirect.a
+	install -D -m 0644 userspace/capi/include/peerdirect.h $(DESTDIR)$(PREFIX)/include/peerdirect.h
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e "s|@VERSION@|$$(sed -n 's/^version = \"\(.*\)\"$$/\1/p' userspace/Cargo.toml)|" \
+		userspace/capi/peerdirect.pc.in >$(DESTDIR)$(PREFIX)/lib/pkgconfig/peerdirect.pc
 
 clean:
 	rm -rf $(BUILD)

@@ -3,6 +3,7 @@
 mod alloc;
 mod devices;
 mod export;
+mod register;
 mod size;
 mod stats;
 mod table;
@@ -40,6 +41,10 @@ enum Command {
     /// Show, per HBM device, the allocations and dma-bufs the module has (from debugfs; needs
     /// root and debugfs mounted at /sys/kernel/debug).
     Stats(stats::Args),
+    /// Allocate HBM, export it and register it with a libfabric provider (dlopen of
+    /// libfabric.so.1 >= 1.20) through the registration cache; print the registration's path
+    /// (dma_buf, or host_bounce with the provider's reason), key and the cache's counters.
+    Register(register::Args),
 }
 
 fn main() -> ExitCode {
@@ -49,6 +54,7 @@ fn main() -> ExitCode {
         Command::Alloc(args) => alloc::run(&args),
         Command::Export(args) => export::run(&args),
         Command::Stats(args) => stats::run(&args),
+        Command::Register(args) => register::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

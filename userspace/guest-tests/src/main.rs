@@ -6,8 +6,12 @@
 //! [`lifecycle`]).
 
 mod alloc_export;
+mod bench_exporters;
+mod fabric;
+mod ibimport;
 mod importer;
 mod lifecycle;
+mod peermem;
 mod revoke;
 
 use std::process::ExitCode;
@@ -44,6 +48,25 @@ struct Args {
     /// mapping once the file named exists.
     #[arg(long, hide = true, value_name = "GO_FILE")]
     revoke_touch: Option<std::path::PathBuf>,
+    /// Benchmark (not a test): sg entries and attach/map/unmap times of peerdirect's,
+    /// udmabuf's and vfio-pci's dma-bufs imported by the NIC instead (`qemu/run --topology
+    /// switch-iommu`; leaves the HBM device on vfio-pci).
+    #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
+    bench_exporters: bool,
+    /// Test the libfabric registrar with this provider instead (`tcp` under `qemu/run
+    /// --userland trixie`, `verbs;ofi_rxm` under `--rxe`).
+    #[arg(long, value_name = "PROVIDER")]
+    fabric: Option<String>,
+    /// Import dma-bufs with ib_core's own functions through the test module
+    /// peerdirect_ibimport.ko, ibv_reg_dmabuf_mr on rxe0, and imports held across unbind
+    /// instead (`qemu/run --rxe --hbm 8G`, switch topology; see [`ibimport`]).
+    #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
+    ibimport: bool,
+    /// Contract test of the PeerDirect peer-memory client against the test module
+    /// peerdirect_peermem_core.ko instead, in the guest topology given (`qemu/run --no-bind
+    /// --topology T`; loads and unloads the modules itself, see [`peermem`]).
+    #[arg(long, value_enum, value_name = "TOPOLOGY", conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
+    peermem: Option<peermem::Topology>,
     /// The PCIe topology the guest was booted with (`qemu/run --topology`).
     #[arg(long, value_enum, requires = "importer")]
     topology: Option<importer::Topology>,
@@ -295,6 +318,18 @@ fn main() -> ExitCode {
     if args.alloc_export {
         return alloc_export::run();
     }
+    if args.ibimport {
+        return ibimport::run_tests();
+    }
+    if let Some(provider) = &args.fabric {
+        return fabric::run(provider);
+    }
+    if args.bench_exporters {
+        return bench_exporters::run();
+    }
+    if let Some(topology) = args.peermem {
+        return peermem::run(topology);
+    }
     if let Some(go) = &args.revoke_touch {
         return revoke::touch_child(go);
     }
@@ -382,6 +417,10 @@ mod tests {
             alloc_export: false,
             revoke: None,
             revoke_touch: None,
+            bench_exporters: false,
+            fabric: None,
+            ibimport: false,
+            peermem: None,
             topology: None,
         });
         assert_eq!(tests.len(), 14);

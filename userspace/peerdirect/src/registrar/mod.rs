@@ -10,6 +10,10 @@
 //!   fallback when a provider refuses dma-buf registrations;
 //! - `ibverbs`: `ibv_reg_dmabuf_mr`.
 
+pub mod libfabric;
+
+pub mod ibverbs;
+
 use serde::Serialize;
 
 /// How a registration reaches the memory.

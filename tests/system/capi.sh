@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The C ABI as a C user gets it: `make install` into a staging DESTDIR (PREFIX=/usr/local),
+# then, in the guest's Debian trixie userland, userspace/capi/examples/hbm_export.c built with
+# gcc and `pkg-config --cflags --libs peerdirect` against the installed header and library
+# (PKG_CONFIG_SYSROOT_DIR points pkg-config at the staging tree) and run against
+# /dev/peerdirect0; the pattern it writes is then checked on the host in the HBM backing file.
+. "$(dirname "$0")/../lib.sh"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "1..6"
+failed=0
+# fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
+fail() { failed=1; not_ok "$@"; }
+
+show() { echo "exit status $(cat "$1.rc" 2>/dev/null || echo none):"; cat "$1.out" 2>/dev/null; }
+
+stage=$work/share/stage
+lib=$stage/usr/local/lib
+mkdir -p "$work/share"
+desc="make install DESTDIR=... PREFIX=/usr/local installs libpeerdirect.so.0 (its soname), libpeerdirect.so, peerdirect.h and peerdirect.pc"
+if out=$(make -s -C "$ROOT" install KDIR="$("$ROOT/scripts/build-kernel")" DESTDIR="$stage" PREFIX=/usr/local 2>&1) &&
+	[ -f "$lib/libpeerdirect.so.0" ] && [ "$(readlink "$lib/libpeerdirect.so")" = libpeerdirect.so.0 ] &&
+	readelf -d "$lib/libpeerdirect.so.0" | grep -q 'SONAME.*\[libpeerdirect\.so\.0\]' &&
+	cmp -s "$stage/usr/local/include/peerdirect.h" "$ROOT/userspace/capi/include/peerdirect.h" &&
+	[ -f "$lib/pkgconfig/peerdirect.pc" ]; then
+	ok "$desc"
+else
+	fail "$desc" "$out" "$(find "$stage" 2>/dev/null)"
+fi
+
+flags=$(PKG_CONFIG_PATH=$lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$stage pkg-config --cflags --libs peerdirect 2>&1)
+expected="-I$stage/usr/local/include -L$stage/usr/local/lib -lpeerdirect"
+if [ "$(echo $flags)" = "$expected" ] && grep -qx 'prefix=/usr/local' "$lib/pkgconfig/peerdirect.pc"; then
+	ok "peerdirect.pc has prefix=/usr/local and gives: $expected"
+else
+	fail "peerdirect.pc has prefix=/usr/local and gives -I, -L and -lpeerdirect" "got: $flags" \
+		"$(cat "$lib/pkgconfig/peerdirect.pc" 2>/dev/null)"
+fi
+
+cp "$ROOT/userspace/capi/examples/hbm_export.c" "$work/share/"
+cat >"$work/share/probe.sh" <<'EOF'
+cd /mnt/host
+run() { name=$1; shift; "$@" >"$name.out" 2>&1; echo $? >"$name.rc"; }
+export PKG_CONFIG_PATH=/mnt/host/stage/usr/local/lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=/mnt/host/stage
+export LD_LIBRARY_PATH=/mnt/host/stage/usr/local/lib
+run build sh -c 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hbm_export hbm_export.c $(pkg-config --cflags --libs peerdirect) && cp /tmp/hbm_export .'
+run ldd ldd ./hbm_export
+run example ./hbm_export
+EOF
+hbm=$work/hbm
+out=$(guest --userland trixie --hbm 256M --hbm-backing "$hbm" --share "$work/share" -- sh /mnt/host/probe.sh 2>&1)
+rc=$?
+cd "$work/share"
+if [ "$(cat build.rc 2>/dev/null)" = 0 ]; then
+	ok "trixie's gcc builds hbm_export.c (C99, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect"
+else
+	fail "trixie's gcc builds hbm_export.c (C99, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect" \
+		"qemu/run exited $rc (99: kernel splat, 98: guest died, 124: timeout)" "$out" "$(show build)"
+fi
+
+if grep -q "libpeerdirect.so.0 => /mnt/host/stage/usr/local/lib/libpeerdirect.so.0" ldd.out 2>/dev/null; then
+	ok "hbm_export loads the installed libpeerdirect.so.0"
+else
+	fail "hbm_export loads the installed libpeerdirect.so.0" "$(show ldd)"
+fi
+
+if [ $rc = 0 ] && [ "$(cat example.rc 2>/dev/null)" = 0 ] &&
+	grep -q '^/dev/peerdirect0: .* 268435456 bytes of HBM' example.out &&
+	grep -q '^wrote and read back 4194304 bytes through the mapping: 0 words differ$' example.out &&
+	grep -q '^stats: allocations 0, allocated_bytes 0, exports 0, hbm_bytes 268435456$' example.out; then
+	ok "hbm_export runs in the guest: device info, 4 MiB allocated, exported, mapped, pattern read back, stats back to zero"
+	sed "s/^/# /" example.out
+else
+	fail "hbm_export runs in the guest: device info, 4 MiB allocated, exported, mapped, pattern read back, stats back to zero" \
+		"qemu/run exited $rc (99: kernel splat, 98: guest died, 124: timeout)" "$out" "$(show example)"
+fi
+
+# The pattern (word i = (i + 1) * 0x9e3779b97f4a7c15 mod 2^64) must be in HBM itself.
+offset=$(sed -n 's/^allocated 4194304 bytes at HBM offset \(0x[0-9a-f]*\|0\) .*/\1/p' example.out 2>/dev/null)
+if [ -n "$offset" ] && python3 - "$hbm" "$offset" <<'PY'; then
+import struct, sys
+path, offset = sys.argv[1], int(sys.argv[2], 0)
+with open(path, "rb") as f:
+    f.seek(offset)
+    data = f.read(4 << 20)
+words = struct.unpack("<%dQ" % (len(data) // 8), data)
+bad = [i for i, w in enumerate(words) if w != ((i + 1) * 0x9E3779B97F4A7C15) % (1 << 64)]
+if len(words) != (4 << 20) // 8 or bad:
+    print("# %d words, first bad word: %s" % (len(words), bad[:1]))
+    sys.exit(1)
+PY
+	ok "the host finds the pattern in the HBM backing file at the allocation's offset ($offset)"
+else
+	fail "the host finds the pattern in the HBM backing file at the allocation's offset" "offset: ${offset:-none}" "$(show example)"
+fi
+cd /
+exit $failed

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The libfabric registrar in the trixie userland (libfabric 2.1): `peerdirect-guest-tests
+# --fabric tcp` (path dma_buf through FI_MR_DMABUF, a tagged HBM-to-HBM exchange between two
+# endpoints, 10,000 register/deregister cycles without fd or dma-buf leaks with the cache on
+# and off, a registration over 4 GiB with --hbm 8G), the receiver's HBM checked on the host in
+# the --hbm-backing file, `peerdirect register --provider tcp --json`; then under --rxe,
+# `verbs;ofi_rxm` takes host_bounce with the provider's reason.
+. "$(dirname "$0")/../lib.sh"
+work=$(mktemp -d)
+hbm=/dev/shm/peerdirect-fabric-$$
+trap 'rm -rf "$work" "$hbm"' EXIT
+failed=0
+fail() { failed=1; not_ok "$@"; }
+
+# guest TAP, renumbered into ours
+relay() {
+	local line
+	while IFS= read -r line; do
+		case $line in
+		"ok "*) ok "${line#ok [0-9]* - }" ;;
+		"not ok "*) failed=1; tap_n=$((tap_n + 1)); echo "not ok $tap_n - ${line#not ok [0-9]* - }" ;;
+		"#"*) echo "$line" ;;
+		esac
+	done
+}
+
+cat >"$work/tcp.sh" <<'EOS'
+cd /mnt/host
+peerdirect register --provider tcp --node 127.0.0.1 --json >register.json 2>register.err
+echo $? >register.rc
+peerdirect-guest-tests --fabric tcp >tap.out 2>&1
+echo $? >tap.rc
+EOS
+out=$(guest --userland trixie --hbm 8G --hbm-backing "$hbm" --share "$work" -- sh /mnt/host/tcp.sh 2>&1)
+rc=$?
+if [ $rc != 0 ] || [ ! -s "$work/tap.out" ]; then
+	fail "guest --userland trixie --hbm 8G runs peerdirect-guest-tests --fabric tcp" "qemu/run exited $rc" "$out"
+fi
+relay <"$work/tap.out"
+if [ "$(cat "$work/tap.rc" 2>/dev/null)" != 0 ]; then failed=1; fi
+
+if [ "$(cat "$work/register.rc" 2>/dev/null)" = 0 ] &&
+	jq -e '.provider == "tcp" and .registration.path.path == "dma_buf" and .paths.dma_buf == 1 and .second_request_hit' "$work/register.json" >/dev/null 2>&1; then
+	ok "peerdirect register --provider tcp --json: path $(jq -c .registration.path "$work/register.json"), key $(jq .registration.key "$work/register.json"), libfabric $(jq -r .libfabric "$work/register.json")"
+else
+	fail "peerdirect register --provider tcp --json reports path dma_buf" "$(cat "$work/register.json" "$work/register.err" 2>/dev/null)"
+fi
+
+# The receiver's HBM, read on the host: the sender's pattern (independent SplitMix64).
+read -r offset length seed < <(sed -n 's/^# receiver-hbm offset=\(0x[0-9a-f]*\) length=\(0x[0-9a-f]*\) seed=\(0x[0-9a-f]*\)$/\1 \2 \3/p' "$work/tap.out")
+if [ -n "$offset" ] && python3 - "$hbm" "$offset" "$length" "$seed" <<'PY'
+import struct, sys
+path, off, length, seed = sys.argv[1], *(int(a, 0) for a in sys.argv[2:])
+M = (1 << 64) - 1
+with open(path, "rb") as f:
+    f.seek(off)
+    data = f.read(length)
+for i in range(length // 8):
+    z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & M
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+    if struct.unpack_from("<Q", data, 8 * i)[0] != z ^ (z >> 31):
+        sys.exit("word %d of the receiver's HBM differs" % i)
+PY
+then
+	ok "host: the receiver's HBM (backing file at $offset, $((length >> 20)) MiB) holds the sender's pattern"
+else
+	fail "host: the receiver's HBM holds the sender's pattern" "offset '$offset' length '$length'"
+fi
+
+rm -f "$work"/*.out "$work"/*.rc
+cat >"$work/rxe.sh" <<'EOS'
+cd /mnt/host
+peerdirect-guest-tests --fabric 'verbs;ofi_rxm' >tap.out 2>&1
+echo $? >tap.rc
+peerdirect register --provider 'verbs;ofi_rxm' --json >register.json 2>register.err
+echo $? >register.rc
+EOS
+out=$(guest --rxe --share "$work" -- sh /mnt/host/rxe.sh 2>&1)
+rc=$?
+if [ $rc != 0 ] || [ ! -s "$work/tap.out" ]; then
+	fail "guest --rxe runs peerdirect-guest-tests --fabric 'verbs;ofi_rxm'" "qemu/run exited $rc" "$out"
+fi
+relay <"$work/tap.out"
+if [ "$(cat "$work/tap.rc" 2>/dev/null)" != 0 ]; then failed=1; fi
+if [ "$(cat "$work/register.rc" 2>/dev/null)" = 0 ] &&
+	jq -e '.registration.path.path == "host_bounce" and (.registration.path.reason | test("FI_MR_DMABUF"))' "$work/register.json" >/dev/null 2>&1; then
+	ok "peerdirect register --provider 'verbs;ofi_rxm' --json: $(jq -c .registration.path "$work/register.json")"
+else
+	fail "peerdirect register --provider 'verbs;ofi_rxm' --json reports host_bounce with a reason" "$(cat "$work/register.json" "$work/register.err" 2>/dev/null)"
+fi
+echo "1..$tap_n"
+exit $failed

@@ -1,0 +1,86 @@
+//! The structs and constants of `include/peerdirect.h`, as Rust sees them. The header is
+//! written by hand; `tests::layout_matches_the_header` compiles it and compares.
+
+use pd::uapi;
+
+/// `PD_EXPORT_CLOEXEC`: the dma-buf fd is close-on-exec.
+pub const PD_EXPORT_CLOEXEC: u32 = 1;
+/// `PD_EXPORT_RDWR`: the dma-buf may be mapped writable.
+pub const PD_EXPORT_RDWR: u32 = 2;
+/// `PD_PROVIDER_OWNED`: peerdirect is the device's PCI driver and owns the BAR.
+pub const PD_PROVIDER_OWNED: u32 = 1;
+
+// The C names promise the module's values: flags are passed through unchanged.
+const _: () = assert!(PD_EXPORT_CLOEXEC == uapi::PEERDIRECT_EXPORT_CLOEXEC);
+const _: () = assert!(PD_EXPORT_RDWR == uapi::PEERDIRECT_EXPORT_RDWR);
+const _: () = assert!(PD_PROVIDER_OWNED == uapi::PEERDIRECT_PROVIDER_OWNED);
+
+/// `struct pd_device_info`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PdDeviceInfo {
+    pub hbm_bytes: u64,
+    pub hbm_bus_addr: u64,
+    pub hbm_phys_addr: u64,
+    pub index: u32,
+    pub bar_index: u32,
+    pub numa_node: i32,
+    pub pci_domain: u32,
+    pub pci_bus: u8,
+    pub pci_slot: u8,
+    pub pci_func: u8,
+    pub reserved0: u8,
+    pub vendor_id: u16,
+    pub device_id: u16,
+    pub provider: u32,
+    pub reserved1: u32,
+}
+
+impl From<&pd::DeviceInfo> for PdDeviceInfo {
+    fn from(info: &pd::DeviceInfo) -> Self {
+        Self {
+            hbm_bytes: info.hbm_bytes,
+            hbm_bus_addr: info.hbm_bus_addr,
+            hbm_phys_addr: info.hbm_phys_addr,
+            index: info.index,
+            bar_index: info.bar_index,
+            // NUMA nodes are small; one that does not fit reads as "none".
+            numa_node: info
+                .numa_node
+                .and_then(|node| i32::try_from(node).ok())
+                .unwrap_or(-1),
+            pci_domain: info.pci_address.domain,
+            pci_bus: info.pci_address.bus,
+            pci_slot: info.pci_address.slot,
+            pci_func: info.pci_address.func,
+            reserved0: 0,
+            vendor_id: info.vendor_id,
+            device_id: info.device_id,
+            provider: match info.provider {
+                pd::Provider::Owned => PD_PROVIDER_OWNED,
+            },
+            reserved1: 0,
+        }
+    }
+}
+
+/// `struct pd_stats`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PdStats {
+    pub allocations: u64,
+    pub allocated_bytes: u64,
+    pub exports: u64,
+    pub hbm_bytes: u64,
+}
+
+impl From<&pd::Stats> for PdStats {
+    fn from(stats: &pd::Stats) -> Self {
+        Self {
+            allocations: stats.allocations,
+            allocated_bytes: stats.allocated_bytes,
+            exports: stats.exports,
+            hbm_bytes: stats.hbm_bytes,
+        }
+    }
+}

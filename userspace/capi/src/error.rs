@@ -1,0 +1,209 @@
+//! How failures cross the C boundary: a negative errno as the return value, and a message
+//! (what was being done, on which node, and what to do about it) kept per thread for
+//! `pd_last_error`. Panics are caught here and never unwind into C.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+use pd::Errno;
+
+/// A failed call: the errno to return and the message to keep.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    errno: Errno,
+    message: String,
+}
+
+impl Failure {
+    pub(crate) fn new(errno: Errno, message: impl Into<String>) -> Self {
+        Self {
+            errno,
+            message: message.into(),
+        }
+    }
+
+    /// A pointer argument that must not be NULL was.
+    pub(crate) fn null(function: &str, argument: &str) -> Self {
+        Self::new(
+            Errno::INVAL,
+            format!("{function}: {argument} is NULL; pass a valid pointer"),
+        )
+    }
+
+    /// The value a C function returns for it: the negative errno.
+    fn code(&self) -> c_int {
+        -self.errno.raw_os_error()
+    }
+}
+
+impl From<pd::Error> for Failure {
+    /// The crate's message already ends with its hint ("...; is peerdirect.ko loaded ...").
+    fn from(err: pd::Error) -> Self {
+        Self::new(errno_of(&err), err.to_string())
+    }
+}
+
+/// The errno a C caller sees for an error of the crate. Errors that are not a failed system
+/// call get the errno closest to their meaning.
+fn errno_of(err: &pd::Error) -> Errno {
+    if let Some(errno) = err.errno() {
+        return errno;
+    }
+    match err {
+        // The module or its debugfs file said something this library cannot understand.
+        pd::Error::UnknownValue { .. }
+        | pd::Error::InvalidReply { .. }
+        | pd::Error::BadStats { .. } => Errno::PROTO,
+        pd::Error::DebugfsNotMounted { .. } => Errno::NOENT,
+        pd::Error::RequestTooLarge { .. } => Errno::INVAL,
+        _ => Errno::IO,
+    }
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(message: &str) {
+    // A message with an interior NUL (a path, say) is cut there rather than lost.
+    let message = CString::new(message).unwrap_or_else(|err| {
+        let nul = err.nul_position();
+        let mut bytes = err.into_vec();
+        bytes.truncate(nul);
+        CString::new(bytes).unwrap_or_default()
+    });
+    LAST_ERROR.with(|last| *last.borrow_mut() = message);
+}
+
+/// The message of the last failure on this thread; "" before the first. The pointer stays
+/// valid until the next failing call on this thread.
+pub(crate) fn last_error() -> *const c_char {
+    LAST_ERROR.with(|last| last.borrow().as_ptr())
+}
+
+/// Runs `f`, catching panics: the result, or `on_error` with the failure recorded for
+/// `pd_last_error` and its negative errno passed to `report`.
+pub(crate) fn guard<T>(
+    function: &str,
+    on_error: T,
+    report: impl FnOnce(c_int),
+    f: impl FnOnce() -> Result<T, Failure>,
+) -> T {
+    let failure = match panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(value)) => return value,
+        Ok(Err(failure)) => failure,
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("(no message)");
+            Failure::new(
+                Errno::IO,
+                format!("{function}: internal error (a bug in libpeerdirect): panic: {what}"),
+            )
+        }
+    };
+    set_last_error(&failure.message);
+    report(failure.code());
+    on_error
+}
+
+/// [`guard`] for functions that return 0 or a negative errno.
+pub(crate) fn guard_status(function: &str, f: impl FnOnce() -> Result<(), Failure>) -> c_int {
+    let mut code = 0;
+    guard(function, (), |c| code = c, f);
+    code
+}
+
+/// Errno values `strerror` describes individually on Linux are well below this.
+const ERRNO_TABLE_LEN: usize = 256;
+
+/// The description of errno `err` (either sign): a static string.
+pub(crate) fn strerror(err: c_int) -> &'static CStr {
+    static TABLE: OnceLock<Vec<CString>> = OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        (0..ERRNO_TABLE_LEN)
+            .map(|n| {
+                let text = match n {
+                    0 => "Success".to_owned(),
+                    // std's text is strerror's plus " (os error N)".
+                    n => {
+                        let text = std::io::Error::from_raw_os_error(n as i32).to_string();
+                        match text.rfind(" (os error ") {
+                            Some(end) => text[..end].to_owned(),
+                            None => text,
+                        }
+                    }
+                };
+                CString::new(text).unwrap_or_default()
+            })
+            .collect()
+    });
+    usize::try_from(err.unsigned_abs())
+        .ok()
+        .and_then(|n| table.get(n))
+        .map_or(c"Unknown error", CString::as_c_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last() -> String {
+        // SAFETY: `last_error` returns the thread's current NUL-terminated message, which
+        // lives until the next failure on this thread; it is copied out at once.
+        unsafe { CStr::from_ptr(last_error()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn failures_return_the_negative_errno_and_keep_the_message() {
+        let code = guard_status("pd_test", || Err(Failure::new(Errno::NOMEM, "HBM is full")));
+        assert_eq!(code, -12);
+        assert_eq!(last(), "HBM is full");
+        // Success leaves the last message alone, as errno does.
+        assert_eq!(guard_status("pd_test", || Ok(())), 0);
+        assert_eq!(last(), "HBM is full");
+    }
+
+    #[test]
+    fn panics_become_eio_with_a_message() {
+        let code = guard_status("pd_test", || panic!("boom"));
+        assert_eq!(code, -5);
+        assert_eq!(
+            last(),
+            "pd_test: internal error (a bug in libpeerdirect): panic: boom"
+        );
+    }
+
+    #[test]
+    fn messages_with_nul_are_cut_there() {
+        guard_status("pd_test", || Err(Failure::new(Errno::INVAL, "a\0b")));
+        assert_eq!(last(), "a");
+    }
+
+    #[test]
+    fn errors_without_errno_map_to_a_close_one() {
+        let err = pd::Error::UnknownValue {
+            path: "/dev/peerdirect0".into(),
+            field: "provider",
+            value: 9,
+        };
+        let failure = Failure::from(err);
+        assert_eq!(failure.code(), -Errno::PROTO.raw_os_error());
+        assert!(failure.message.contains("update"), "{}", failure.message);
+    }
+
+    #[test]
+    fn strerror_takes_either_sign() {
+        assert_eq!(strerror(-2), c"No such file or directory");
+        assert_eq!(strerror(2), c"No such file or directory");
+        assert_eq!(strerror(0), c"Success");
+        assert_eq!(strerror(100_000), c"Unknown error");
+        assert_eq!(strerror(c_int::MIN), c"Unknown error");
+    }
+}

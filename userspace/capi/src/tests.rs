@@ -1,0 +1,207 @@
+//! The hand-written header against this crate: every function's C type and every struct's
+//! layout and constant, compiled with the C compiler (`cc`, or `$CC`) and compared.
+
+use std::collections::BTreeSet;
+use std::ffi::{c_char, c_int, c_uint};
+use std::mem::{align_of, offset_of, size_of};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::*;
+use crate::abi::*;
+
+/// The C spelling of a Rust type of the ABI, as `stringify!` writes it.
+fn c_type(rust: &str) -> String {
+    if let Some(pointee) = rust.strip_prefix("*mut ") {
+        return format!("{} *", c_type(pointee));
+    }
+    if let Some(pointee) = rust.strip_prefix("*const ") {
+        return format!("const {} *", c_type(pointee));
+    }
+    match rust {
+        "()" => "void",
+        "c_int" => "int",
+        "c_uint" => "unsigned",
+        "c_char" => "char",
+        "u32" => "uint32_t",
+        "u64" => "uint64_t",
+        "PdDevice" => "pd_device",
+        "PdAllocation" => "pd_allocation",
+        "PdDeviceInfo" => "struct pd_device_info",
+        "PdStats" => "struct pd_stats",
+        other => panic!("no C spelling for the Rust type {other}"),
+    }
+    .to_owned()
+}
+
+/// `(name, C declaration of a pointer to it)` per function. The coercion to the listed
+/// Rust signature fails to compile if the function differs from it.
+macro_rules! signatures {
+    ($($name:ident($($arg:ty),*) -> $ret:ty;)*) => {
+        vec![$({
+            let _: unsafe extern "C" fn($($arg),*) -> $ret = $name;
+            let args: Vec<String> = vec![$(c_type(stringify!($arg))),*];
+            let args = if args.is_empty() { "void".to_owned() } else { args.join(", ") };
+            (
+                stringify!($name),
+                format!("{} (*check_{})({args}) = {};", c_type(stringify!($ret)), stringify!($name), stringify!($name)),
+            )
+        }),*]
+    };
+}
+
+fn signatures() -> Vec<(&'static str, String)> {
+    signatures! {
+        pd_device_open(c_uint, *mut c_int) -> *mut PdDevice;
+        pd_device_open_path(*const c_char, *mut c_int) -> *mut PdDevice;
+        pd_device_close(*mut PdDevice) -> ();
+        pd_device_info(*const PdDevice, *mut PdDeviceInfo) -> c_int;
+        pd_alloc(*mut PdDevice, u64, u64, *mut *mut PdAllocation) -> c_int;
+        pd_allocation_free(*mut PdAllocation) -> c_int;
+        pd_allocation_length(*const PdAllocation) -> u64;
+        pd_allocation_hbm_offset(*const PdAllocation) -> u64;
+        pd_allocation_handle(*const PdAllocation) -> u32;
+        pd_export(*const PdAllocation, u64, u64, u32, *mut c_int) -> c_int;
+        pd_stats(c_uint, *mut PdStats) -> c_int;
+        pd_last_error() -> *const c_char;
+        pd_strerror(c_int) -> *const c_char;
+        pd_version() -> *const c_char;
+    }
+}
+
+/// `(name, value)`: sizes, alignments, offsets and constants as Rust has them.
+fn rust_layout() -> Vec<(String, u64)> {
+    let mut values = Vec::new();
+    macro_rules! layout {
+        ($($rust:ident $c:literal { $($field:ident),* })*) => {$(
+            values.push((format!("sizeof.{}", $c), size_of::<$rust>() as u64));
+            values.push((format!("alignof.{}", $c), align_of::<$rust>() as u64));
+            $(values.push((format!("offsetof.{}.{}", $c, stringify!($field)), offset_of!($rust, $field) as u64));)*
+        )*};
+    }
+    layout! {
+        PdDeviceInfo "pd_device_info" {
+            hbm_bytes, hbm_bus_addr, hbm_phys_addr, index, bar_index, numa_node, pci_domain,
+            pci_bus, pci_slot, pci_func, reserved0, vendor_id, device_id, provider, reserved1
+        }
+        PdStats "pd_stats" { allocations, allocated_bytes, exports, hbm_bytes }
+    }
+    for (name, value) in [
+        ("PD_EXPORT_CLOEXEC", PD_EXPORT_CLOEXEC),
+        ("PD_EXPORT_RDWR", PD_EXPORT_RDWR),
+        ("PD_PROVIDER_OWNED", PD_PROVIDER_OWNED),
+    ] {
+        values.push((name.to_owned(), value.into()));
+    }
+    values
+}
+
+/// A C expression for each name of [`rust_layout`].
+fn c_expression(name: &str) -> String {
+    let parts: Vec<_> = name.split('.').collect();
+    match parts[..] {
+        ["sizeof", ty] => format!("sizeof(struct {ty})"),
+        ["alignof", ty] => format!("_Alignof(struct {ty})"),
+        ["offsetof", ty, field] => format!("offsetof(struct {ty}, {field})"),
+        [constant] => constant.to_owned(),
+        _ => unreachable!("{name}"),
+    }
+}
+
+fn header_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("include")
+}
+
+/// Compiles (without linking) `source` against the header in C standard `std`, with every
+/// warning an error.
+fn compile(name: &str, std: &str, source: &str) {
+    let work = std::env::temp_dir().join(format!("peerdirect-capi-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    let (c_file, binary) = (work.join(format!("{name}.c")), work.join(name));
+    std::fs::write(&c_file, source).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+    let output = Command::new(&cc)
+        .args([std, "-pedantic", "-Wall", "-Wextra", "-Werror", "-c", "-I"])
+        .arg(header_dir())
+        .arg("-o")
+        .arg(&binary)
+        .arg(&c_file)
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run the C compiler `{cc}`: {err}"));
+    let _ = std::fs::remove_dir_all(&work);
+    assert!(
+        output.status.success(),
+        "{cc} failed on {name}.c:\n{}\n{source}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn function_types_match_the_header() {
+    let checks: String = signatures()
+        .iter()
+        .map(|(_, check)| format!("{check}\n"))
+        .collect();
+    // Only compiled: an incompatible pointer initialization is an error under -Werror.
+    compile(
+        "signatures",
+        "-std=c99",
+        &format!("#include <peerdirect.h>\n\n{checks}"),
+    );
+}
+
+#[test]
+fn header_rust_and_table_name_the_same_functions() {
+    let header = std::fs::read_to_string(header_dir().join("peerdirect.h")).unwrap();
+    let source = include_str!("lib.rs");
+    let names_after = |text: &str, marker: &str| -> BTreeSet<String> {
+        text.match_indices(marker)
+            .map(|(at, _)| {
+                text[at + marker.len()..]
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .next()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    };
+    let in_header: BTreeSet<String> = header
+        .lines()
+        .filter(|line| !line.starts_with([' ', '\t', '/', '#']) && line.contains('('))
+        .filter_map(|line| {
+            let before = &line[..line.find('(').unwrap()];
+            let name = before.rsplit([' ', '*']).next()?;
+            name.starts_with("pd_").then(|| name.to_owned())
+        })
+        .collect();
+    let in_rust = names_after(source, "extern \"C\" fn ");
+    let in_table: BTreeSet<String> = signatures().iter().map(|(n, _)| n.to_string()).collect();
+    assert_eq!(in_header, in_rust, "header vs. extern \"C\" fns of lib.rs");
+    assert_eq!(
+        in_table, in_rust,
+        "signature table vs. extern \"C\" fns of lib.rs"
+    );
+    assert_eq!(in_rust.len(), 14);
+}
+
+#[test]
+fn layout_matches_the_header() {
+    let values = rust_layout();
+    let body: String = values
+        .iter()
+        .map(|(name, value)| {
+            format!(
+                "_Static_assert({} == {value}, \"{name}\");\n",
+                c_expression(name)
+            )
+        })
+        .collect();
+    // _Static_assert and _Alignof are C11.
+    compile(
+        "layout",
+        "-std=c11",
+        &format!("#include <stddef.h>\n#include <peerdirect.h>\n\n{body}"),
+    );
+    // Guard against the comparison passing vacuously.
+    assert_eq!(values.len(), 2 + 15 + 2 + 4 + 3);
+}

@@ -1,0 +1,89 @@
+/*
+ * Calls every function of peerdirect.h through the real libpeerdirect.so on a host without
+ * peerdirect devices: the failure paths, their errnos and messages. Prints one line per
+ * failed check; exit status 0 iff all passed.
+ *   c_program REGULAR_FILE
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <peerdirect.h>
+
+static int failed;
+
+#define CHECK(cond)                                                                  \
+	do {                                                                         \
+		if (!(cond)) {                                                       \
+			printf("FAILED line %d: %s (last error: %s)\n", __LINE__, #cond, \
+			       pd_last_error());                                      \
+			failed = 1;                                                  \
+		}                                                                    \
+	} while (0)
+
+static int contains(const char *haystack, const char *needle)
+{
+	return haystack && strstr(haystack, needle) != NULL;
+}
+
+int main(int argc, char **argv)
+{
+	int err = 12345;
+	pd_device *dev;
+	pd_allocation *alloc = (pd_allocation *)&err; /* must be left alone on failure */
+	struct pd_device_info info;
+	struct pd_stats stats;
+	int fd = -7;
+
+	if (argc != 2)
+		return 2;
+
+	CHECK(strcmp(pd_last_error(), "") == 0);
+	CHECK(strcmp(pd_version(), "0.1.0") == 0);
+	CHECK(strcmp(pd_strerror(-ENOENT), "No such file or directory") == 0);
+	CHECK(strcmp(pd_strerror(ENOMEM), "Cannot allocate memory") == 0);
+
+	/* No /dev/peerdirect4095 on the host. */
+	CHECK(pd_device_open(4095, &err) == NULL);
+	CHECK(err == -ENOENT);
+	CHECK(contains(pd_last_error(), "open /dev/peerdirect4095: "));
+	CHECK(contains(pd_last_error(), "is peerdirect.ko loaded and the HBM device bound?"));
+	CHECK(pd_device_open(4095, NULL) == NULL);
+
+	CHECK(pd_device_open_path(NULL, &err) == NULL);
+	CHECK(err == -EINVAL);
+	CHECK(strcmp(pd_last_error(), "pd_device_open_path: path is NULL; pass a valid pointer") == 0);
+
+	/* A regular file opens, but is no peerdirect device: its ioctls fail with ENOTTY. */
+	dev = pd_device_open_path(argv[1], &err);
+	CHECK(dev != NULL);
+	CHECK(err == 0);
+	CHECK(pd_device_info(dev, &info) == -ENOTTY);
+	CHECK(contains(pd_last_error(), "PEERDIRECT_IOC_INFO on "));
+	CHECK(contains(pd_last_error(), "not a peerdirect device"));
+	CHECK(pd_device_info(dev, NULL) == -EINVAL);
+	CHECK(pd_device_info(NULL, &info) == -EINVAL);
+	CHECK(strcmp(pd_last_error(), "pd_device_info: dev is NULL; pass a valid pointer") == 0);
+
+	CHECK(pd_alloc(dev, 4096, 0, &alloc) == -ENOTTY);
+	CHECK(alloc == (pd_allocation *)&err);
+	CHECK(contains(pd_last_error(), "PEERDIRECT_IOC_ALLOC on "));
+	CHECK(pd_alloc(dev, 4096, 0, NULL) == -EINVAL);
+	CHECK(pd_alloc(NULL, 4096, 0, &alloc) == -EINVAL);
+	pd_device_close(dev);
+	pd_device_close(NULL);
+
+	CHECK(pd_export(NULL, 0, 0, PD_EXPORT_RDWR, &fd) == -EINVAL);
+	CHECK(fd == -7);
+	CHECK(contains(pd_last_error(), "pd_export: alloc is NULL"));
+	CHECK(pd_allocation_free(NULL) == 0);
+	CHECK(pd_allocation_length(NULL) == 0);
+	CHECK(pd_allocation_hbm_offset(NULL) == 0);
+	CHECK(pd_allocation_handle(NULL) == 0);
+
+	CHECK(pd_stats(4095, NULL) == -EINVAL);
+	CHECK(pd_stats(4095, &stats) < 0);
+	CHECK(contains(pd_last_error(), "/sys/kernel/debug"));
+
+	return failed;
+}

@@ -1,0 +1,101 @@
+//! `peerdirect register`: allocate HBM, export it and register it with a libfabric provider
+//! through the registration cache; print the path the registration took (and why, for host
+//! bounce), its key and the cache's counters.
+
+use std::io::{self, Write};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use peerdirect::cache::{Access, ByteRange, ExportId, RegCache};
+use peerdirect::registrar::libfabric::{self, Fabric, LibfabricRegistrar, MappedDmaBuf};
+use peerdirect::{Device, ExportFlags, RegPath};
+use serde_json::json;
+
+use crate::size::{human_bytes, parse_size};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The libfabric provider, as `fi_info -p` names it: tcp, shm, "verbs;ofi_rxm", ...
+    #[arg(long, value_name = "NAME")]
+    pub provider: String,
+    /// Bytes of HBM to allocate and register (K, M, G, T: powers of 1024).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "8M")]
+    pub size: u64,
+    /// Bind the provider to this local address (FI_SOURCE), e.g. 127.0.0.1.
+    #[arg(long, value_name = "ADDR")]
+    pub node: Option<String>,
+    /// The HBM device: N of /dev/peerdirectN.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub device: u32,
+    /// Print a JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    // libfabric first: on a host without it, that is the thing to fix.
+    let fabric = Fabric::open(&args.provider, args.node.as_deref())?;
+    let version = libfabric::version()?;
+    let caps = fabric.caps().clone();
+    let registrar = Arc::new(LibfabricRegistrar::new(fabric));
+    let device = Device::open_index(args.device)?;
+    let allocation = device.alloc(args.size, None)?;
+    let dma_buf = allocation.export(0, 0, ExportFlags::CLOEXEC | ExportFlags::RDWR)?;
+    let export = ExportId::of_dma_buf(args.device, &dma_buf)
+        .with_context(|| format!("fstat of dma-buf of {}", device.path().display()))?;
+    let hbm = MappedDmaBuf::new(dma_buf)?;
+    let cache = RegCache::from_env()?;
+    let range = ByteRange::new(0, allocation.length())?;
+    let mr = cache.get(&registrar, &hbm, export, range, Access::all())?;
+    // A second request inside the first: served by the cache.
+    let again = cache.get(&registrar, &hbm, export, range, Access::LOCAL_READ)?;
+    let stats = cache.stats();
+    let path = mr.mr().path().clone();
+    let mut out = io::stdout().lock();
+    if args.json {
+        let value = json!({
+            "provider": caps.provider,
+            "domain": caps.domain,
+            "libfabric": version,
+            "caps": caps,
+            "length": allocation.length(),
+            "registration": {
+                "path": path,
+                "key": mr.mr().key(),
+                "desc": mr.mr().desc(),
+                "staging_bytes": mr.mr().staging_bytes(),
+                "uncached": mr.uncached(),
+            },
+            "second_request_hit": stats.hits == 1 && again.mr().key() == mr.mr().key(),
+            "cache": stats,
+            "paths": registrar.path_stats(),
+        });
+        serde_json::to_writer_pretty(&mut out, &value).context("writing JSON to stdout")?;
+        writeln!(out).context("writing to stdout")?;
+    } else {
+        let how = match &path {
+            RegPath::DmaBuf => "dma_buf (FI_MR_DMABUF: the NIC reaches HBM directly)".to_owned(),
+            RegPath::PeerMemVa => "peer_mem_va".to_owned(),
+            RegPath::HostBounce { reason } => {
+                format!("host_bounce (staged through host memory) because {reason}")
+            }
+        };
+        writeln!(
+            out,
+            "{} of HBM on {} registered with libfabric {version} provider {} domain {}\npath: {how}\nkey: {:#x}\ncache: {} hits, {} misses, {} entries",
+            human_bytes(allocation.length()),
+            device.path().display(),
+            caps.provider,
+            caps.domain,
+            mr.mr().key(),
+            stats.hits,
+            stats.misses,
+            stats.entries,
+        )
+        .context("writing to stdout")?;
+    }
+    out.flush().context("writing to stdout")?;
+    drop((again, mr));
+    cache.invalidate_export(export);
+    Ok(())
+}

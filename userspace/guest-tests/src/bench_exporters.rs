@@ -1,0 +1,1023 @@
+//! `--bench-exporters`: a benchmark, not a test. The NIC's PCI device (virtio-net) imports
+//! 2 MiB, 64 MiB and 1 GiB dma-bufs from three exporters through the test importer module
+//! (`tests/kmod/peerdirect_importer.c`), and one table reports the sg entries and the best of
+//! [`RUNS`] attach, map and unmap+detach times of each, with the ratios of peerdirect to the
+//! other two:
+//!
+//! 1. peerdirect: `Device::alloc` + `Allocation::export` of the HBM BAR;
+//! 2. udmabuf: `UDMABUF_CREATE` over a sealed memfd (guest RAM, mapped through the IOMMU);
+//! 3. vfio-pci: its own dma-buf of a range of the same HBM BAR (`VFIO_DEVICE_FEATURE_DMA_BUF`).
+//!
+//! All three attach in the importer's `dynamic` mode (`allow_peer2peer` and an
+//! `invalidate_mappings` callback, as mlx5 does): vfio-pci refuses importers it cannot revoke,
+//! so that is the one mode all three take, and the comparison stays like for like.
+//!
+//! vfio-pci needs the HBM device, an IOMMU and a viable group, so it comes last: the HBM
+//! device is unbound from peerdirect and the NIC from virtio-pci (HBM and NIC sit below one
+//! switch without ACS, in one group; the importer only needs the NIC's `struct device`), the
+//! HBM device is bound to vfio-pci through `driver_override`, and BAR 2 ranges are exported
+//! through the container/group interface. Boot with `qemu/run --topology switch-iommu --hbm 2G
+//! --mem 3G` (`scripts/bench-exporters`). Leaves the HBM device on vfio-pci and the NIC unbound.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
+use std::process::{Command, ExitCode};
+
+use peerdirect::{Device, DmaBuf, ExportFlags, PciAddress};
+use rustix::fs::{MemfdFlags, SealFlags};
+
+use crate::INDEX;
+
+const IMPORTER_PATH: &str = "/lib/peerdirect/tests/peerdirect_importer.ko";
+const RUN_FILE: &str = "/sys/kernel/debug/peerdirect_importer/run";
+const SYSFS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
+/// virtio-net: legacy and modern device IDs.
+const NIC_IDS: [(&str, &str); 2] = [("0x1af4", "0x1000"), ("0x1af4", "0x1041")];
+const MIB: u64 = 1 << 20;
+const SIZES: [u64; 3] = [2 * MIB, 64 * MIB, 1 << 30];
+/// Attachments per case; times are the best of them.
+const RUNS: usize = 5;
+/// The HBM BAR (ivshmem-plain's BAR 2), as vfio-pci's region index.
+const HBM_BAR: u32 = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Exporter {
+    Peerdirect,
+    Udmabuf,
+    VfioPci,
+}
+
+impl Exporter {
+    const ALL: [Exporter; 3] = [Exporter::Peerdirect, Exporter::Udmabuf, Exporter::VfioPci];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Peerdirect => "peerdirect",
+            Self::Udmabuf => "udmabuf",
+            Self::VfioPci => "vfio-pci",
+        }
+    }
+}
+
+/// What the importer module answered: its `key=value` lines.
+#[derive(Debug, Default)]
+struct Report(BTreeMap<String, String>);
+
+impl Report {
+    fn parse(text: &str) -> Self {
+        Self(
+            text.lines()
+                .filter_map(|line| line.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+        )
+    }
+
+    fn get(&self, key: &str) -> Result<&str, String> {
+        self.0
+            .get(key)
+            .map(String::as_str)
+            .ok_or_else(|| format!("the importer reported no {key}= ({})", self.summary()))
+    }
+
+    fn int(&self, key: &str) -> Result<i64, String> {
+        let value = self.get(key)?;
+        value
+            .parse()
+            .map_err(|_| format!("{key}={value} is not a number"))
+    }
+
+    fn uint(&self, key: &str) -> Result<u64, String> {
+        let value = self.get(key)?;
+        match value.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16),
+            None => value.parse(),
+        }
+        .map_err(|_| format!("{key}={value} is not a number"))
+    }
+
+    fn summary(&self) -> String {
+        self.0
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// The importer module's debugfs file, open for commands.
+struct Importer {
+    file: File,
+}
+
+impl Importer {
+    /// Loads the module unless it is loaded already, and opens its command file.
+    fn load() -> Result<Self, String> {
+        if !Path::new(RUN_FILE).exists() {
+            let output = Command::new("insmod")
+                .arg(IMPORTER_PATH)
+                .output()
+                .map_err(|err| format!("cannot run insmod: {err}"))?;
+            if !output.status.success() {
+                return Err(format!(
+                    "insmod {IMPORTER_PATH} failed: {}",
+                    String::from_utf8_lossy(&output.stderr).trim()
+                ));
+            }
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(RUN_FILE)
+            .map_err(|err| format!("cannot open {RUN_FILE}: {err}"))?;
+        Ok(Self { file })
+    }
+
+    /// Sends one command line (in one write) and reads its result back.
+    fn command(&mut self, line: &str) -> Result<Report, String> {
+        let written = self.file.write(line.as_bytes());
+        let mut text = String::new();
+        self.file
+            .read_to_string(&mut text)
+            .map_err(|err| format!("reading the result of '{line}' failed: {err}"))?;
+        match written {
+            Ok(n) if n == line.len() => Ok(Report::parse(&text)),
+            Ok(n) => Err(format!("'{line}': short write ({n} bytes)")),
+            Err(err) => Err(format!("'{line}' was refused: {err}; {}", text.trim())),
+        }
+    }
+}
+
+/// One exporter at one size: the best of [`RUNS`] attachments by the NIC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Measured {
+    nents: u64,
+    max_seg: u64,
+    max_entry: u64,
+    /// Entries longer than `max_seg`.
+    over_max_seg: u64,
+    attach_ns: u64,
+    map_ns: u64,
+    unmap_detach_ns: u64,
+    /// The dma-buf's `exp_name`, as the importer saw it.
+    exp_name: String,
+    dma_first: u64,
+    importer_iommu: String,
+    /// The kernel's P2P distance HBM → NIC (asked for the two BAR exporters only).
+    p2p_distance: Option<i64>,
+}
+
+/// Attaches `dmabuf` to `nic` [`RUNS`] times in dynamic mode, each time mapping, walking and
+/// unmapping it; checks every run mapped the whole buffer into the same number of entries and
+/// keeps the best times.
+fn measure(
+    importer: &mut Importer,
+    nic: &str,
+    hbm: Option<PciAddress>,
+    dmabuf: &DmaBuf,
+) -> Result<Measured, String> {
+    let hbm = hbm.map_or(String::new(), |hbm| format!(" hbm={hbm}"));
+    let line = format!(
+        "fd={} dev={nic} mode=dynamic{hbm}",
+        dmabuf.as_fd().as_raw_fd()
+    );
+    let mut best: Option<Measured> = None;
+    for run in 1..=RUNS {
+        let report = importer.command(&line)?;
+        for key in ["attach", "map"] {
+            let value = report.int(key)?;
+            if value != 0 {
+                return Err(format!(
+                    "run {run}: {key} failed with {value} ({})",
+                    report.summary()
+                ));
+            }
+        }
+        let total = report.uint("dma_total")?;
+        if total != dmabuf.length() {
+            return Err(format!(
+                "run {run}: the sg table covers {total} bytes of {}",
+                dmabuf.length()
+            ));
+        }
+        let this = Measured {
+            nents: report.uint("nents")?,
+            max_seg: report.uint("max_seg")?,
+            max_entry: report.uint("max_entry")?,
+            over_max_seg: report.uint("over_max_seg")?,
+            attach_ns: report.uint("attach_ns")?,
+            map_ns: report.uint("map_ns")?,
+            unmap_detach_ns: report.uint("unmap_detach_ns")?,
+            exp_name: report.get("exporter")?.to_owned(),
+            dma_first: report.uint("dma_first")?,
+            importer_iommu: report.get("importer_iommu")?.to_owned(),
+            p2p_distance: report.0.get("p2p_distance").and_then(|d| d.parse().ok()),
+        };
+        best = Some(match best {
+            None => this,
+            Some(best) if best.nents != this.nents => {
+                return Err(format!(
+                    "run {run}: {} sg entries, run 1 had {}",
+                    this.nents, best.nents
+                ))
+            }
+            Some(best) => Measured {
+                attach_ns: best.attach_ns.min(this.attach_ns),
+                map_ns: best.map_ns.min(this.map_ns),
+                unmap_detach_ns: best.unmap_detach_ns.min(this.unmap_detach_ns),
+                ..best
+            },
+        });
+    }
+    best.ok_or_else(|| "no run".to_owned())
+}
+
+/// The PCI address of the guest's only virtio-net function.
+fn find_nic() -> Result<String, String> {
+    let read = |path: &Path| fs::read_to_string(path).map(|s| s.trim().to_owned());
+    let mut nics = Vec::new();
+    let entries = fs::read_dir(SYSFS_PCI_DEVICES)
+        .map_err(|err| format!("cannot list {SYSFS_PCI_DEVICES}: {err}"))?;
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let (Ok(vendor), Ok(device)) = (read(&dir.join("vendor")), read(&dir.join("device")))
+        else {
+            continue;
+        };
+        if NIC_IDS.contains(&(vendor.as_str(), device.as_str())) {
+            nics.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    nics.sort();
+    match nics.as_slice() {
+        [nic] => Ok(nic.clone()),
+        [] => Err(format!("no virtio-net PCI device in {SYSFS_PCI_DEVICES}")),
+        _ => Err(format!("more than one virtio-net device: {nics:?}")),
+    }
+}
+
+fn size_name(bytes: u64) -> String {
+    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
+        format!("{} GiB", bytes >> 30)
+    } else if bytes.is_multiple_of(MIB) {
+        format!("{} MiB", bytes / MIB)
+    } else {
+        format!("{bytes:#x} bytes")
+    }
+}
+
+type Results = BTreeMap<(Exporter, u64), Result<Measured, String>>;
+
+/// peerdirect: a fresh allocation of each size, exported whole.
+fn bench_peerdirect(
+    importer: &mut Importer,
+    nic: &str,
+    device: &Device,
+    hbm: PciAddress,
+    sizes: &[u64],
+    results: &mut Results,
+) {
+    for &len in sizes {
+        let measured = (|| {
+            let allocation = device
+                .alloc(len, None)
+                .map_err(|err| format!("alloc of {} failed: {err}", size_name(len)))?;
+            let dmabuf = allocation
+                .export(0, len, ExportFlags::CLOEXEC)
+                .map_err(|err| format!("export of {} failed: {err}", size_name(len)))?;
+            measure(importer, nic, Some(hbm), &dmabuf)
+        })();
+        results.insert((Exporter::Peerdirect, len), measured);
+    }
+}
+
+/// DMA-API debug's knobs (CONFIG_DMA_API_DEBUG): how many more errors to report with a
+/// WARNING, and how many it has seen.
+const DMA_API_NUM_ERRORS: &str = "/sys/kernel/debug/dma-api/num_errors";
+const DMA_API_ERROR_COUNT: &str = "/sys/kernel/debug/dma-api/error_count";
+
+fn read_u32(path: &str) -> Option<u32> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// udmabuf: a sealed memfd of each size (its pages are allocated and pinned by the create).
+///
+/// udmabuf builds its sg table with `sg_alloc_table_from_pages`, which merges contiguous pages
+/// with no regard for the importer's max segment size, so DMA-API debug flags its mappings
+/// ("mapping sg segment longer than device claims to support") with a WARNING, which the
+/// harness counts as a failed run. That is upstream udmabuf's doing, not this benchmark's: the
+/// warnings are turned off (`num_errors` 0) for udmabuf's runs only, and the errors counted
+/// meanwhile are printed instead.
+fn bench_udmabuf(importer: &mut Importer, nic: &str, sizes: &[u64], results: &mut Results) {
+    let num_errors = read_u32(DMA_API_NUM_ERRORS);
+    let errors_before = read_u32(DMA_API_ERROR_COUNT);
+    if num_errors.is_some() {
+        if let Err(err) = write_sysfs(DMA_API_NUM_ERRORS, "0") {
+            println!("# udmabuf: {err}");
+        }
+    }
+    bench_udmabuf_sizes(importer, nic, sizes, results);
+    if let Some(num_errors) = num_errors {
+        if let Err(err) = write_sysfs(DMA_API_NUM_ERRORS, &num_errors.to_string()) {
+            println!("# udmabuf: {err}");
+        }
+    }
+    if let (Some(before), Some(after)) = (errors_before, read_u32(DMA_API_ERROR_COUNT)) {
+        println!(
+            "# udmabuf: DMA-API debug counted {} error(s) in udmabuf's mappings (its warnings \
+             were off for these runs: udmabuf's sg entries exceed the NIC's max segment size)",
+            after.wrapping_sub(before)
+        );
+    }
+}
+
+fn bench_udmabuf_sizes(importer: &mut Importer, nic: &str, sizes: &[u64], results: &mut Results) {
+    let udmabuf = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/udmabuf")
+        .map_err(|err| format!("cannot open /dev/udmabuf: {err}"));
+    for &len in sizes {
+        let measured = udmabuf.as_ref().map_err(Clone::clone).and_then(|udmabuf| {
+            let memfd = rustix::fs::memfd_create(
+                "peerdirect-bench",
+                MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+            )
+            .map_err(|err| format!("memfd_create failed: {err}"))?;
+            rustix::fs::ftruncate(&memfd, len)
+                .map_err(|err| format!("ftruncate of the memfd to {len} failed: {err}"))?;
+            rustix::fs::fcntl_add_seals(&memfd, SealFlags::SHRINK)
+                .map_err(|err| format!("F_ADD_SEALS F_SEAL_SHRINK failed: {err}"))?;
+            let fd = sys::udmabuf_create(udmabuf.as_fd(), memfd.as_fd(), len)
+                .map_err(|err| format!("UDMABUF_CREATE of {} failed: {err}", size_name(len)))?;
+            let dmabuf = DmaBuf::from_fd(fd).map_err(|err| err.to_string())?;
+            measure(importer, nic, None, &dmabuf)
+        });
+        results.insert((Exporter::Udmabuf, len), measured);
+    }
+}
+
+/// The PCI driver `bdf` is bound to, if any.
+fn driver_of(bdf: &str) -> Option<String> {
+    let link = fs::read_link(format!("{SYSFS_PCI_DEVICES}/{bdf}/driver")).ok()?;
+    Some(link.file_name()?.to_string_lossy().into_owned())
+}
+
+fn write_sysfs(path: &str, value: &str) -> Result<(), String> {
+    fs::write(path, value).map_err(|err| format!("writing '{value}' to {path} failed: {err}"))
+}
+
+/// Unbinds `bdf` from its driver, if it has one.
+fn unbind(bdf: &str) -> Result<(), String> {
+    if driver_of(bdf).is_some() {
+        write_sysfs(&format!("{SYSFS_PCI_DEVICES}/{bdf}/driver/unbind"), bdf)?;
+    }
+    match driver_of(bdf) {
+        None => Ok(()),
+        Some(driver) => Err(format!("{bdf} is still bound to {driver} after unbind")),
+    }
+}
+
+/// The IOMMU group of `bdf` and every device in it with its driver, for diagnostics.
+fn iommu_group(bdf: &str) -> Result<(String, Vec<String>), String> {
+    let link = fs::read_link(format!("{SYSFS_PCI_DEVICES}/{bdf}/iommu_group")).map_err(|err| {
+        format!(
+            "{bdf} has no IOMMU group ({err}): is the IOMMU on? (qemu/run --topology switch-iommu)"
+        )
+    })?;
+    let group = link
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .ok_or_else(|| format!("{bdf}: odd iommu_group link {}", link.display()))?;
+    let mut members: Vec<String> =
+        fs::read_dir(format!("/sys/kernel/iommu_groups/{group}/devices"))
+            .map_err(|err| format!("cannot list IOMMU group {group}: {err}"))?
+            .flatten()
+            .map(|entry| {
+                let member = entry.file_name().to_string_lossy().into_owned();
+                let driver = driver_of(&member).unwrap_or_else(|| "no driver".to_owned());
+                format!("{member} ({driver})")
+            })
+            .collect();
+    members.sort();
+    Ok((group, members))
+}
+
+/// An open vfio-pci device in a type1 container. Fields drop in order: device, group,
+/// container.
+struct Vfio {
+    device: OwnedFd,
+    _group: File,
+    _container: File,
+}
+
+/// Moves the HBM device to vfio-pci (the NIC to no driver, so that their shared group is
+/// viable) and opens it through the container/group interface.
+fn open_vfio(hbm: &str, nic: &str) -> Result<Vfio, String> {
+    unbind(hbm)?;
+    unbind(nic)?;
+    write_sysfs(
+        &format!("{SYSFS_PCI_DEVICES}/{hbm}/driver_override"),
+        "vfio-pci",
+    )?;
+    write_sysfs("/sys/bus/pci/drivers_probe", hbm)?;
+    match driver_of(hbm) {
+        Some(driver) if driver == "vfio-pci" => {}
+        other => {
+            return Err(format!(
+                "{hbm} did not bind to vfio-pci (driver: {})",
+                other.as_deref().unwrap_or("none")
+            ))
+        }
+    }
+    let (group, members) = iommu_group(hbm)?;
+    let open = |path: &str| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|err| format!("cannot open {path}: {err}"))
+    };
+    let container = open("/dev/vfio/vfio")?;
+    let version = sys::vfio_get_api_version(container.as_fd())
+        .map_err(|err| format!("VFIO_GET_API_VERSION failed: {err}"))?;
+    if version != sys::VFIO_API_VERSION {
+        return Err(format!(
+            "VFIO API version {version}, expected {}",
+            sys::VFIO_API_VERSION
+        ));
+    }
+    let type1v2 = sys::vfio_check_extension(container.as_fd(), sys::VFIO_TYPE1V2_IOMMU)
+        .map_err(|err| format!("VFIO_CHECK_EXTENSION failed: {err}"))?;
+    if type1v2 <= 0 {
+        return Err("the VFIO container has no type1v2 IOMMU backend".to_owned());
+    }
+    let group_path = format!("/dev/vfio/{group}");
+    let group_file = open(&group_path)?;
+    let status = sys::vfio_group_flags(group_file.as_fd())
+        .map_err(|err| format!("VFIO_GROUP_GET_STATUS failed: {err}"))?;
+    if status & sys::VFIO_GROUP_FLAGS_VIABLE == 0 {
+        return Err(format!(
+            "IOMMU group {group} is not viable (each device must be on vfio-pci, a DMA-managing driver such as pcieport, or none): {}",
+            members.join(", ")
+        ));
+    }
+    sys::vfio_group_set_container(group_file.as_fd(), container.as_fd()).map_err(|err| {
+        format!(
+            "VFIO_GROUP_SET_CONTAINER failed: {err} (group {group}: {})",
+            members.join(", ")
+        )
+    })?;
+    sys::vfio_set_iommu(container.as_fd(), sys::VFIO_TYPE1V2_IOMMU)
+        .map_err(|err| format!("VFIO_SET_IOMMU type1v2 failed: {err}"))?;
+    let name = CString::new(hbm).map_err(|err| err.to_string())?;
+    let device = sys::vfio_group_get_device_fd(group_file.as_fd(), &name)
+        .map_err(|err| format!("VFIO_GROUP_GET_DEVICE_FD {hbm} failed: {err}"))?;
+    Ok(Vfio {
+        device,
+        _group: group_file,
+        _container: container,
+    })
+}
+
+/// vfio-pci: BAR 2 bytes `0..len` of the HBM device as one-range dma-bufs.
+fn bench_vfio(
+    importer: &mut Importer,
+    nic: &str,
+    hbm: PciAddress,
+    sizes: &[u64],
+    results: &mut Results,
+) {
+    let vfio = open_vfio(&hbm.to_string(), nic);
+    if let Err(err) = &vfio {
+        println!("# vfio-pci: {err}");
+    }
+    for &len in sizes {
+        let measured = vfio
+            .as_ref()
+            .map_err(|err| format!("vfio-pci setup failed: {err}"))
+            .and_then(|vfio| {
+                let fd =
+                    sys::vfio_dma_buf(vfio.device.as_fd(), HBM_BAR, 0, len).map_err(|err| {
+                        format!(
+                            "VFIO_DEVICE_FEATURE_DMA_BUF of {} failed: {err}",
+                            size_name(len)
+                        )
+                    })?;
+                let dmabuf = DmaBuf::from_fd(fd).map_err(|err| err.to_string())?;
+                measure(importer, nic, Some(hbm), &dmabuf)
+            });
+        results.insert((Exporter::VfioPci, len), measured);
+    }
+}
+
+fn micros(ns: u64) -> String {
+    format!("{:.2}", ns as f64 / 1000.0)
+}
+
+fn ratio(ours: u64, theirs: u64) -> String {
+    if theirs == 0 {
+        "-".to_owned()
+    } else {
+        format!("{:.2}", ours as f64 / theirs as f64)
+    }
+}
+
+/// The table: one line per exporter and size, failures in place of numbers.
+fn table(results: &Results, sizes: &[u64]) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{:<11} {:>7} {:>6} {:>8} {:>10} {:>10} {:>16}",
+        "exporter", "size", "nents", "max_seg", "attach µs", "map µs", "unmap+detach µs"
+    )];
+    for exporter in Exporter::ALL {
+        for &len in sizes {
+            let line = match results.get(&(exporter, len)) {
+                Some(Ok(m)) => format!(
+                    "{:<11} {:>7} {:>6} {:>8} {:>10} {:>10} {:>16}",
+                    exporter.name(),
+                    size_name(len),
+                    m.nents,
+                    m.max_seg,
+                    micros(m.attach_ns),
+                    micros(m.map_ns),
+                    micros(m.unmap_detach_ns)
+                ),
+                Some(Err(err)) => format!(
+                    "{:<11} {:>7} failed: {err}",
+                    exporter.name(),
+                    size_name(len)
+                ),
+                None => format!("{:<11} {:>7} not run", exporter.name(), size_name(len)),
+            };
+            lines.push(line);
+        }
+    }
+    lines
+}
+
+/// peerdirect's times divided by another exporter's, per size (below 1: peerdirect is faster).
+fn ratios(results: &Results, sizes: &[u64]) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{:<21} {:>7} {:>7} {:>7} {:>13}",
+        "ratio", "size", "attach", "map", "unmap+detach"
+    )];
+    for other in [Exporter::VfioPci, Exporter::Udmabuf] {
+        for &len in sizes {
+            let name = format!("peerdirect/{}", other.name());
+            let (Some(Ok(ours)), Some(Ok(theirs))) = (
+                results.get(&(Exporter::Peerdirect, len)),
+                results.get(&(other, len)),
+            ) else {
+                lines.push(format!("{name:<21} {:>7} -", size_name(len)));
+                continue;
+            };
+            lines.push(format!(
+                "{name:<21} {:>7} {:>7} {:>7} {:>13}",
+                size_name(len),
+                ratio(ours.attach_ns, theirs.attach_ns),
+                ratio(ours.map_ns, theirs.map_ns),
+                ratio(ours.unmap_detach_ns, theirs.unmap_detach_ns)
+            ));
+        }
+    }
+    lines
+}
+
+/// Where each exporter's mapping points, as the importer saw it (the first size of each).
+fn notes(results: &Results, sizes: &[u64], hbm_bus_addr: u64) -> Vec<String> {
+    let mut lines = Vec::new();
+    for exporter in Exporter::ALL {
+        let Some(Ok(m)) = sizes
+            .iter()
+            .map(|&len| results.get(&(exporter, len)))
+            .find(|m| matches!(m, Some(Ok(_))))
+            .flatten()
+        else {
+            continue;
+        };
+        let largest = sizes
+            .iter()
+            .filter_map(|&len| match results.get(&(exporter, len)) {
+                Some(Ok(m)) => Some(m.max_entry),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let over: u64 = sizes
+            .iter()
+            .filter_map(|&len| match results.get(&(exporter, len)) {
+                Some(Ok(m)) => Some(m.over_max_seg),
+                _ => None,
+            })
+            .sum();
+        let whence = if m.dma_first == hbm_bus_addr {
+            " = the HBM BAR's bus address: P2P through the switch, no IOMMU in the path"
+        } else {
+            ""
+        };
+        lines.push(format!(
+            "# {}: exp_name={} dma_first={:#x}{whence}; largest sg entry {} bytes, {} entries longer than max_seg (all sizes); importer_iommu={}{}",
+            exporter.name(),
+            m.exp_name,
+            m.dma_first,
+            largest,
+            over,
+            m.importer_iommu,
+            m.p2p_distance
+                .map_or(String::new(), |d| format!("; p2p_distance HBM→NIC {d}"))
+        ));
+    }
+    lines
+}
+
+/// Runs the benchmark and prints the table; success iff every case was measured.
+pub(crate) fn run() -> ExitCode {
+    let setup = (|| {
+        let importer = Importer::load()?;
+        let nic = find_nic()?;
+        let device = Device::open_index(INDEX).map_err(|err| err.to_string())?;
+        let info = device.info().map_err(|err| err.to_string())?;
+        Ok::<_, String>((importer, nic, device, info))
+    })();
+    let (mut importer, nic, device, info) = match setup {
+        Ok(setup) => setup,
+        Err(err) => {
+            println!("# setup failed: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let sizes: Vec<u64> = SIZES
+        .into_iter()
+        .filter(|&len| len <= info.hbm_bytes)
+        .collect();
+    println!(
+        "# exporters → NIC {nic} (virtio-net) through peerdirect_importer, mode=dynamic \
+         (allow_peer2peer + invalidate_mappings: vfio-pci refuses importers it cannot revoke, so \
+         all three attach this way); HBM {} ({}, bus address {:#x}); best of {RUNS}",
+        info.pci_address,
+        size_name(info.hbm_bytes),
+        info.hbm_bus_addr
+    );
+
+    let mut results = Results::new();
+    bench_peerdirect(
+        &mut importer,
+        &nic,
+        &device,
+        info.pci_address,
+        &sizes,
+        &mut results,
+    );
+    bench_udmabuf(&mut importer, &nic, &sizes, &mut results);
+    // vfio-pci takes the device over: peerdirect must let go of it first.
+    drop(device);
+    bench_vfio(&mut importer, &nic, info.pci_address, &sizes, &mut results);
+
+    for line in table(&results, &sizes) {
+        println!("{line}");
+    }
+    println!();
+    println!(
+        "# peerdirect's best time divided by the other exporter's (below 1: peerdirect is faster)"
+    );
+    for line in ratios(&results, &sizes) {
+        println!("{line}");
+    }
+    for line in notes(&results, &sizes, info.hbm_bus_addr) {
+        println!("{line}");
+    }
+    println!(
+        "# max_seg is the NIC's DMA max segment size (64 KiB, the PCI default): peerdirect cuts \
+         its ranges there, as habanalabs does; vfio-pci gives one entry per range; udmabuf's \
+         entries are what the IOMMU mapping merged"
+    );
+    if results.values().all(Result::is_ok) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// The raw udmabuf and VFIO ioctls: the only `unsafe` code of this benchmark. Each wrapper
+/// passes exactly the argument its request takes, and the fds the kernel returns become
+/// `OwnedFd`s at once.
+mod sys {
+    use core::ffi::{c_int, c_void, CStr};
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+    use rustix::fs::OFlags;
+    use rustix::io::Result;
+    use rustix::ioctl::{ioctl, opcode, Ioctl, IoctlOutput, Opcode};
+
+    /// `struct udmabuf_create` (include/uapi/linux/udmabuf.h).
+    #[repr(C)]
+    struct UdmabufCreate {
+        memfd: u32,
+        flags: u32,
+        offset: u64,
+        size: u64,
+    }
+    const UDMABUF_FLAGS_CLOEXEC: u32 = 0x01;
+    const UDMABUF_CREATE: Opcode = opcode::write::<UdmabufCreate>(b'u', 0x42);
+
+    // include/uapi/linux/vfio.h: VFIO_TYPE ';', VFIO_BASE 100; every request is `_IO`.
+    pub(super) const VFIO_API_VERSION: c_int = 0;
+    pub(super) const VFIO_TYPE1V2_IOMMU: usize = 3;
+    pub(super) const VFIO_GROUP_FLAGS_VIABLE: u32 = 1 << 0;
+    const VFIO_GET_API_VERSION: Opcode = opcode::none(b';', 100);
+    const VFIO_CHECK_EXTENSION: Opcode = opcode::none(b';', 101);
+    const VFIO_SET_IOMMU: Opcode = opcode::none(b';', 102);
+    const VFIO_GROUP_GET_STATUS: Opcode = opcode::none(b';', 103);
+    const VFIO_GROUP_SET_CONTAINER: Opcode = opcode::none(b';', 104);
+    const VFIO_GROUP_GET_DEVICE_FD: Opcode = opcode::none(b';', 106);
+    const VFIO_DEVICE_FEATURE: Opcode = opcode::none(b';', 117);
+    const VFIO_DEVICE_FEATURE_GET: u32 = 1 << 16;
+    const VFIO_DEVICE_FEATURE_DMA_BUF: u32 = 11;
+
+    /// `struct vfio_group_status`.
+    #[repr(C)]
+    struct VfioGroupStatus {
+        argsz: u32,
+        flags: u32,
+    }
+
+    /// `struct vfio_device_feature` whose `data[]` is a `struct vfio_device_feature_dma_buf`
+    /// with one `struct vfio_region_dma_range`.
+    #[repr(C)]
+    struct VfioFeatureDmaBuf {
+        argsz: u32,
+        flags: u32,
+        region_index: u32,
+        open_flags: u32,
+        dma_buf_flags: u32,
+        nr_ranges: u32,
+        range_offset: u64,
+        range_length: u64,
+    }
+    // The range must start where the C flexible array does: after six `__u32`s.
+    const _: () = assert!(core::mem::offset_of!(VfioFeatureDmaBuf, range_offset) == 24);
+    const _: () = assert!(core::mem::size_of::<VfioFeatureDmaBuf>() == 40);
+
+    /// An ioctl whose argument is an integer or a pointer, and whose result is the syscall's
+    /// return value (an fd, a version, a yes/no).
+    struct Raw {
+        opcode: Opcode,
+        arg: *mut c_void,
+    }
+
+    // SAFETY: `as_ptr` hands the kernel exactly the argument the caller chose; `IS_MUTATING`
+    // is true, which never promises more than the truth (the kernel may write through
+    // pointer arguments); the output is the return value alone, read from no pointer.
+    unsafe impl Ioctl for Raw {
+        type Output = c_int;
+
+        const IS_MUTATING: bool = true;
+
+        fn opcode(&self) -> Opcode {
+            self.opcode
+        }
+
+        fn as_ptr(&mut self) -> *mut c_void {
+            self.arg
+        }
+
+        unsafe fn output_from_ptr(out: IoctlOutput, _: *mut c_void) -> Result<c_int> {
+            Ok(out)
+        }
+    }
+
+    /// Adopts an fd a successful ioctl just returned.
+    ///
+    /// # Safety
+    ///
+    /// `fd` must be a new file descriptor the kernel installed for this call, which nothing
+    /// else in the process owns.
+    unsafe fn adopt(fd: c_int) -> OwnedFd {
+        // SAFETY: the caller's contract: `fd` is open and has no other owner.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    /// `UDMABUF_CREATE`: a dma-buf of bytes `0..size` of `memfd`, close-on-exec.
+    pub(super) fn udmabuf_create(
+        udmabuf: BorrowedFd<'_>,
+        memfd: BorrowedFd<'_>,
+        size: u64,
+    ) -> Result<OwnedFd> {
+        let mut create = UdmabufCreate {
+            memfd: memfd.as_raw_fd() as u32,
+            flags: UDMABUF_FLAGS_CLOEXEC,
+            offset: 0,
+            size,
+        };
+        let request = Raw {
+            opcode: UDMABUF_CREATE,
+            arg: core::ptr::from_mut(&mut create).cast(),
+        };
+        // SAFETY: UDMABUF_CREATE takes a `const struct udmabuf_create *` (its `_IOW` size is
+        // that of `UdmabufCreate`, the same `repr(C)` layout) and only reads it; `create` lives
+        // until the call returns.
+        let fd = unsafe { ioctl(udmabuf, request) }?;
+        // SAFETY: on success UDMABUF_CREATE returns a new dma-buf fd (dma_buf_fd) that only
+        // this call has seen.
+        Ok(unsafe { adopt(fd) })
+    }
+
+    /// `VFIO_GET_API_VERSION` of a container.
+    pub(super) fn vfio_get_api_version(container: BorrowedFd<'_>) -> Result<c_int> {
+        let request = Raw {
+            opcode: VFIO_GET_API_VERSION,
+            arg: core::ptr::null_mut(),
+        };
+        // SAFETY: VFIO_GET_API_VERSION ignores its argument and touches no user memory.
+        unsafe { ioctl(container, request) }
+    }
+
+    /// `VFIO_CHECK_EXTENSION`: > 0 when the container supports IOMMU backend `extension`.
+    pub(super) fn vfio_check_extension(
+        container: BorrowedFd<'_>,
+        extension: usize,
+    ) -> Result<c_int> {
+        let request = Raw {
+            opcode: VFIO_CHECK_EXTENSION,
+            arg: core::ptr::without_provenance_mut(extension),
+        };
+        // SAFETY: VFIO_CHECK_EXTENSION takes its argument as an integer, never as a pointer,
+        // so no user memory is touched.
+        unsafe { ioctl(container, request) }
+    }
+
+    /// `VFIO_SET_IOMMU` of a container whose group is set.
+    pub(super) fn vfio_set_iommu(container: BorrowedFd<'_>, iommu: usize) -> Result<()> {
+        let request = Raw {
+            opcode: VFIO_SET_IOMMU,
+            arg: core::ptr::without_provenance_mut(iommu),
+        };
+        // SAFETY: VFIO_SET_IOMMU takes its argument as an integer (the backend type), never
+        // as a pointer, so no user memory is touched.
+        unsafe { ioctl(container, request) }.map(drop)
+    }
+
+    /// `VFIO_GROUP_GET_STATUS`: the group's flags.
+    pub(super) fn vfio_group_flags(group: BorrowedFd<'_>) -> Result<u32> {
+        let mut status = VfioGroupStatus {
+            argsz: core::mem::size_of::<VfioGroupStatus>() as u32,
+            flags: 0,
+        };
+        let request = Raw {
+            opcode: VFIO_GROUP_GET_STATUS,
+            arg: core::ptr::from_mut(&mut status).cast(),
+        };
+        // SAFETY: VFIO_GROUP_GET_STATUS takes a `struct vfio_group_status *` (`VfioGroupStatus`
+        // has its `repr(C)` layout), reads `argsz` and writes back at most `argsz` bytes, all of
+        // them inside `status`, which lives until the call returns and which nothing else
+        // borrows; any bits are valid for `u32`s.
+        unsafe { ioctl(group, request) }?;
+        Ok(status.flags)
+    }
+
+    /// `VFIO_GROUP_SET_CONTAINER`.
+    pub(super) fn vfio_group_set_container(
+        group: BorrowedFd<'_>,
+        container: BorrowedFd<'_>,
+    ) -> Result<()> {
+        let mut fd: i32 = container.as_raw_fd();
+        let request = Raw {
+            opcode: VFIO_GROUP_SET_CONTAINER,
+            arg: core::ptr::from_mut(&mut fd).cast(),
+        };
+        // SAFETY: VFIO_GROUP_SET_CONTAINER takes an `int32_t *` holding the container's fd and
+        // only reads it; `fd` lives until the call returns.
+        unsafe { ioctl(group, request) }.map(drop)
+    }
+
+    /// `VFIO_GROUP_GET_DEVICE_FD`: the device named `name` (its PCI address).
+    pub(super) fn vfio_group_get_device_fd(group: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
+        let request = Raw {
+            opcode: VFIO_GROUP_GET_DEVICE_FD,
+            arg: name.as_ptr().cast_mut().cast(),
+        };
+        // SAFETY: VFIO_GROUP_GET_DEVICE_FD takes a `char *`, a NUL-terminated name, which the
+        // kernel reads (strndup_user) and never writes; `name` is one and outlives the call.
+        let fd = unsafe { ioctl(group, request) }?;
+        // SAFETY: on success the kernel returns a new device fd that only this call has seen.
+        Ok(unsafe { adopt(fd) })
+    }
+
+    /// `VFIO_DEVICE_FEATURE` `GET | DMA_BUF`: bytes `offset..offset + length` of region
+    /// `region` (a BAR) as a dma-buf, read-write and close-on-exec.
+    pub(super) fn vfio_dma_buf(
+        device: BorrowedFd<'_>,
+        region: u32,
+        offset: u64,
+        length: u64,
+    ) -> Result<OwnedFd> {
+        let mut feature = VfioFeatureDmaBuf {
+            argsz: core::mem::size_of::<VfioFeatureDmaBuf>() as u32,
+            flags: VFIO_DEVICE_FEATURE_GET | VFIO_DEVICE_FEATURE_DMA_BUF,
+            region_index: region,
+            open_flags: (OFlags::RDWR | OFlags::CLOEXEC).bits(),
+            dma_buf_flags: 0,
+            nr_ranges: 1,
+            range_offset: offset,
+            range_length: length,
+        };
+        let request = Raw {
+            opcode: VFIO_DEVICE_FEATURE,
+            arg: core::ptr::from_mut(&mut feature).cast(),
+        };
+        // SAFETY: VFIO_DEVICE_FEATURE takes a `struct vfio_device_feature *` followed by the
+        // feature's data; for GET of DMA_BUF that is a `struct vfio_device_feature_dma_buf`
+        // and `nr_ranges` (1) `struct vfio_region_dma_range`s, which is `VfioFeatureDmaBuf`'s
+        // `repr(C)` layout (checked above). The kernel reads `argsz` bytes and the one range,
+        // all inside `feature`, which lives until the call returns; this feature writes no
+        // data back.
+        let fd = unsafe { ioctl(device, request) }?;
+        // SAFETY: on success the kernel returns a new dma-buf fd (dma_buf_fd) that only this
+        // call has seen.
+        Ok(unsafe { adopt(fd) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measured(attach_ns: u64, map_ns: u64, unmap_detach_ns: u64) -> Measured {
+        Measured {
+            nents: 32,
+            max_seg: 65536,
+            max_entry: 65536,
+            over_max_seg: 0,
+            attach_ns,
+            map_ns,
+            unmap_detach_ns,
+            exp_name: "x".to_owned(),
+            dma_first: 0xd000_0000,
+            importer_iommu: "1".to_owned(),
+            p2p_distance: Some(4),
+        }
+    }
+
+    #[test]
+    fn ratios_divide_peerdirect_by_the_other() {
+        let mut results = Results::new();
+        results.insert(
+            (Exporter::Peerdirect, 2 * MIB),
+            Ok(measured(1000, 3000, 500)),
+        );
+        results.insert((Exporter::VfioPci, 2 * MIB), Ok(measured(500, 1000, 1000)));
+        results.insert((Exporter::Udmabuf, 2 * MIB), Err("no".to_owned()));
+        let lines = ratios(&results, &[2 * MIB]);
+        assert_eq!(lines.len(), 3);
+        let vfio: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(
+            vfio,
+            ["peerdirect/vfio-pci", "2", "MiB", "2.00", "3.00", "0.50"]
+        );
+        assert!(lines[2].ends_with('-'), "{}", lines[2]);
+    }
+
+    #[test]
+    fn table_shows_numbers_and_failures() {
+        let mut results = Results::new();
+        results.insert(
+            (Exporter::Peerdirect, 2 * MIB),
+            Ok(measured(1234, 5678, 90)),
+        );
+        results.insert((Exporter::Udmabuf, 2 * MIB), Err("boom".to_owned()));
+        let lines = table(&results, &[2 * MIB]);
+        assert_eq!(lines.len(), 4);
+        let peerdirect: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(
+            peerdirect,
+            [
+                "peerdirect",
+                "2",
+                "MiB",
+                "32",
+                "65536",
+                "1.23",
+                "5.68",
+                "0.09"
+            ]
+        );
+        assert!(lines[2].contains("failed: boom"), "{}", lines[2]);
+        assert!(lines[3].contains("not run"), "{}", lines[3]);
+    }
+
+    #[test]
+    fn bench_exporters_is_a_mode_of_its_own() {
+        use clap::Parser;
+        let parse = |args: &[&str]| crate::Args::try_parse_from(args);
+        assert!(
+            parse(&["peerdirect-guest-tests", "--bench-exporters"])
+                .unwrap()
+                .bench_exporters
+        );
+        assert!(parse(&["peerdirect-guest-tests", "--bench-exporters", "--lifecycle"]).is_err());
+    }
+}

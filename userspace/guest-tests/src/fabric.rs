@@ -1,0 +1,292 @@
+//! `--fabric PROVIDER`: the libfabric registrar against real libfabric in the guest
+//! (`qemu/run --userland trixie`, `--rxe` for verbs). TAP.
+//!
+//! - every provider: the registration path, asserted per provider (`tcp`: `dma_buf`;
+//!   `verbs;ofi_rxm` on rxe: `host_bounce` with the provider's reason);
+//! - `tcp`: two endpoints exchange an HBM pattern with tagged messages, source and
+//!   destination in HBM (the receiver's allocation is reported for the host to check in the
+//!   `--hbm-backing` file); 10,000 register/deregister cycles with the cache on and off leave
+//!   the fd count and the module's export count where they were; a registration over 4 GiB
+//!   when the HBM is large enough.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId, RegCache};
+use peerdirect::registrar::libfabric::{Fabric, LibfabricRegistrar, MappedDmaBuf};
+use peerdirect::{pattern, Device, ExportFlags, RegPath, Stats};
+
+const SEED: u64 = 0x5eed_fab1;
+const EXCHANGE: u64 = 8 << 20;
+const CYCLES: usize = 10_000;
+
+type Outcome = Result<String, String>;
+type Case<'a> = (&'static str, Box<dyn Fn() -> Outcome + 'a>);
+
+fn mapped(
+    device: &Device,
+    len: u64,
+) -> Result<(peerdirect::Allocation<'_>, MappedDmaBuf, ExportId), String> {
+    let allocation = device
+        .alloc(len, None)
+        .map_err(|e| format!("alloc {len}: {e}"))?;
+    let dma_buf = allocation
+        .export(0, 0, ExportFlags::CLOEXEC | ExportFlags::RDWR)
+        .map_err(|e| format!("export: {e}"))?;
+    let export = ExportId::of_dma_buf(0, &dma_buf).map_err(|e| format!("fstat: {e}"))?;
+    let hbm = MappedDmaBuf::new(dma_buf).map_err(|e| e.to_string())?;
+    Ok((allocation, hbm, export))
+}
+
+fn registrar(provider: &str, node: Option<&str>) -> Result<Arc<LibfabricRegistrar>, String> {
+    Fabric::open(provider, node)
+        .map(|f| Arc::new(LibfabricRegistrar::new(f)))
+        .map_err(|e| format!("opening {provider}: {e}"))
+}
+
+fn path_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
+    let registrar = registrar(provider, node)?;
+    let (allocation, hbm, export) = mapped(device, 4 << 20)?;
+    let cache = RegCache::new(CacheLimits::default());
+    let range = ByteRange::new(0, allocation.length()).map_err(|e| e.to_string())?;
+    let mr = cache
+        .get(&registrar, &hbm, export, range, Access::all())
+        .map_err(|e| format!("register: {e}"))?;
+    let path = mr.mr().path().clone();
+    let stats = registrar.path_stats();
+    let caps = registrar.fabric().caps().clone();
+    match (provider, &path) {
+        ("tcp", RegPath::DmaBuf) if stats.dma_buf == 1 && stats.host_bounce == 0 => Ok(format!(
+            "tcp registers HBM through FI_MR_DMABUF: path dma_buf, key {:#x}, FI_HMEM advertised: {}",
+            mr.mr().key(),
+            caps.hmem
+        )),
+        (p, RegPath::HostBounce { reason })
+            if p.starts_with("verbs")
+                && reason.contains("fi_mr_regattr(FI_MR_DMABUF)")
+                && stats.host_bounce == 1
+                && mr.mr().staging_bytes() > 0 =>
+        {
+            Ok(format!(
+                "{p} on {} takes host_bounce with the provider's reason: {reason} ({} bytes staged)",
+                caps.domain,
+                mr.mr().staging_bytes()
+            ))
+        }
+        _ => Err(format!("{provider}: unexpected path {path:?}, stats {stats:?}")),
+    }
+}
+
+fn exchange_case(device: &Device) -> Outcome {
+    let registrar = registrar("tcp", Some("127.0.0.1"))?;
+    let (src_alloc, src, src_export) = mapped(device, EXCHANGE)?;
+    let (dst_alloc, dst, dst_export) = mapped(device, EXCHANGE)?;
+    let mut data = vec![0u8; EXCHANGE as usize];
+    pattern::fill(SEED, 0, &mut data);
+    src.write(0, &data);
+    dst.write(0, &vec![0u8; EXCHANGE as usize]);
+    let cache = RegCache::new(CacheLimits::default());
+    let whole = ByteRange::new(0, EXCHANGE).map_err(|e| e.to_string())?;
+    let src_mr = cache
+        .get(&registrar, &src, src_export, whole, Access::LOCAL_READ)
+        .map_err(|e| format!("register source: {e}"))?;
+    let dst_mr = cache
+        .get(&registrar, &dst, dst_export, whole, Access::LOCAL_WRITE)
+        .map_err(|e| format!("register destination: {e}"))?;
+    for mr in [&src_mr, &dst_mr] {
+        if *mr.mr().path() != RegPath::DmaBuf {
+            return Err(format!("expected path dma_buf, got {:?}", mr.mr().path()));
+        }
+    }
+    let fabric = registrar.fabric();
+    let sender = fabric.endpoint().map_err(|e| e.to_string())?;
+    let receiver = fabric.endpoint().map_err(|e| e.to_string())?;
+    let to_receiver = sender
+        .insert_peer(&receiver.address().map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    receiver
+        .insert_peer(&sender.address().map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let tag = 0x7a90_0000;
+    std::thread::scope(|s| {
+        let recv = s.spawn(|| receiver.recv(dst_mr.mr(), 0, EXCHANGE, tag));
+        let sent = sender.send(src_mr.mr(), 0, EXCHANGE, to_receiver, tag);
+        let received = recv.join().expect("receiver thread");
+        sent.map_err(|e| format!("send: {e}"))?;
+        received.map_err(|e| format!("recv: {e}"))
+    })?;
+    let mut got = vec![0u8; EXCHANGE as usize];
+    dst.read(0, &mut got);
+    if let Some(m) = pattern::first_mismatch(SEED, 0, &got) {
+        return Err(format!(
+            "receiver's HBM differs at byte {:#x}: expected {:#04x}, found {:#04x}",
+            m.offset, m.expected, m.found
+        ));
+    }
+    // For the host: where the receiver's bytes are in the HBM backing file.
+    println!(
+        "# receiver-hbm offset={:#x} length={EXCHANGE:#x} seed={SEED:#x}",
+        dst_alloc.hbm_offset()
+    );
+    let _ = src_alloc.into_handle();
+    let _ = dst_alloc.into_handle();
+    Ok(format!(
+        "tcp: two endpoints exchanged {} MiB HBM to HBM with tagged send/recv (FI_MR_DMABUF both sides); the receiver's HBM holds the sender's pattern",
+        EXCHANGE >> 20
+    ))
+}
+
+fn fd_count() -> Result<usize, String> {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .map_err(|e| e.to_string())
+}
+
+fn exports() -> Result<u64, String> {
+    Stats::read(0).map(|s| s.exports).map_err(|e| e.to_string())
+}
+
+fn leak_case(device: &Device, max_count: usize) -> Outcome {
+    let registrar = registrar("tcp", Some("127.0.0.1"))?;
+    let before = (fd_count()?, exports()?);
+    let limits = CacheLimits {
+        max_count,
+        ..CacheLimits::default()
+    };
+    let cache = RegCache::new(limits);
+    for i in 0..CYCLES {
+        let (allocation, hbm, export) = mapped(device, 64 << 10)?;
+        let range = ByteRange::new(0, allocation.length()).map_err(|e| e.to_string())?;
+        let mr = cache
+            .get(&registrar, &hbm, export, range, Access::all())
+            .map_err(|e| format!("cycle {i}: {e}"))?;
+        if *mr.mr().path() != RegPath::DmaBuf {
+            return Err(format!("cycle {i}: path {:?}", mr.mr().path()));
+        }
+        drop(mr);
+        cache.invalidate_export(export);
+    }
+    let stats = cache.stats();
+    drop(cache);
+    let after = (fd_count()?, exports()?);
+    if before != after
+        || stats.registrations != CYCLES as u64
+        || stats.deregistrations != CYCLES as u64
+    {
+        return Err(format!(
+            "(fds, exports) before {before:?}, after {after:?}; cache {stats:?}"
+        ));
+    }
+    Ok(format!(
+        "{CYCLES} register/deregister cycles with the cache {}: fds {} and dma-buf exports {} as before",
+        if max_count == 0 { "disabled" } else { "enabled" },
+        after.0,
+        after.1
+    ))
+}
+
+fn large_case(device: &Device) -> Outcome {
+    let hbm_bytes = device.info().map_err(|e| e.to_string())?.hbm_bytes;
+    let len: u64 = (4 << 30) + (64 << 20);
+    if hbm_bytes < len + (64 << 20) {
+        return Ok(format!(
+            "# SKIP HBM is {hbm_bytes} bytes, need > 4 GiB (--hbm 8G)"
+        ));
+    }
+    let registrar = registrar("tcp", Some("127.0.0.1"))?;
+    let (allocation, hbm, export) = mapped(device, len)?;
+    let tail = len - 4096;
+    hbm.write(tail as usize, b"past 4 GiB");
+    let cache = RegCache::new(CacheLimits::default());
+    let range = ByteRange::new(0, allocation.length()).map_err(|e| e.to_string())?;
+    let mr = cache
+        .get(&registrar, &hbm, export, range, Access::all())
+        .map_err(|e| format!("register {len} bytes: {e}"))?;
+    let part = cache
+        .get(
+            &registrar,
+            &hbm,
+            export,
+            ByteRange::new(tail, 4096).map_err(|e| e.to_string())?,
+            Access::LOCAL_READ,
+        )
+        .map_err(|e| e.to_string())?;
+    if *mr.mr().path() != RegPath::DmaBuf
+        || mr.mr().range().length() != len
+        || part.offset_in_mr() != tail
+    {
+        return Err(format!(
+            "{:?}, offset_in_mr {}",
+            mr.mr(),
+            part.offset_in_mr()
+        ));
+    }
+    // Through the fabric too: a 1 MiB message from past 4 GiB to the start of the region.
+    let sender = registrar.fabric().endpoint().map_err(|e| e.to_string())?;
+    let receiver = registrar.fabric().endpoint().map_err(|e| e.to_string())?;
+    let peer = sender
+        .insert_peer(&receiver.address().map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let from = len - (1 << 20);
+    std::thread::scope(|s| {
+        let r = s.spawn(|| receiver.recv(mr.mr(), 0, 1 << 20, 9));
+        sender
+            .send(mr.mr(), from, 1 << 20, peer, 9)
+            .map_err(|e| e.to_string())?;
+        r.join().expect("receiver").map_err(|e| e.to_string())
+    })?;
+    let mut got = [0u8; 10];
+    hbm.read((4096 * 255) as usize, &mut got);
+    if &got != b"past 4 GiB" {
+        return Err(format!("bytes from past 4 GiB arrived as {got:?}"));
+    }
+    Ok(format!("a {len}-byte (> 4 GiB) registration through the crate: path dma_buf, and a message from its last MiB arrived"))
+}
+
+pub fn run(provider: &str) -> ExitCode {
+    let device = match Device::open_index(0) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("Bail out! {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let tcp = provider == "tcp";
+    let node = tcp.then_some("127.0.0.1");
+    let mut cases: Vec<Case<'_>> = vec![(
+        "registration path",
+        Box::new(|| path_case(&device, provider, node)),
+    )];
+    if tcp {
+        cases.push((
+            "tagged exchange HBM to HBM",
+            Box::new(|| exchange_case(&device)),
+        ));
+        cases.push((
+            "no leaks, cache enabled",
+            Box::new(|| leak_case(&device, 4096)),
+        ));
+        cases.push((
+            "no leaks, cache disabled",
+            Box::new(|| leak_case(&device, 0)),
+        ));
+        cases.push(("registration over 4 GiB", Box::new(|| large_case(&device))));
+    }
+    println!("1..{}", cases.len());
+    let mut failed = false;
+    for (n, (name, case)) in cases.iter().enumerate() {
+        match case() {
+            Ok(text) if text.starts_with("# SKIP") => println!("ok {} - {name} {text}", n + 1),
+            Ok(text) => println!("ok {} - {text}", n + 1),
+            Err(text) => {
+                failed = true;
+                println!("not ok {} - {name}\n# {text}", n + 1);
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

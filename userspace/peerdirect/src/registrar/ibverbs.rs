@@ -1,0 +1,622 @@
+//! The ibverbs registrar: `ibv_reg_dmabuf_mr` (rdma-core >= 34) on one RDMA device.
+//!
+//! `libibverbs.so.1` is loaded at run time, so a binary using this crate runs on hosts without
+//! rdma-core; [`IbverbsRegistrar::open`] then fails with [`IbverbsError::LibraryNotLoaded`].
+//! The kernel side is the RDMA driver's import of the dma-buf: EFA and irdma pin it
+//! (`ib_umem_dmabuf_get_pinned`, `..._revocable_and_lock`), mlx5 maps it dynamically
+//! (`ib_umem_dmabuf_get`). Devices whose provider cannot register dma-bufs (rxe, siw; in
+//! Linux 7.3 `rdma_rxe` has no `reg_user_mr_dmabuf`) fail with [`IbverbsError::DmaBufUnsupported`],
+//! which names the device, the provider, the errno and what to use instead.
+//!
+//! Every `unsafe` of this registrar is in the private module `ffi` below.
+
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::{Path, PathBuf};
+
+use rustix::io::Errno;
+
+use crate::cache::{Access, ByteRange, DomainId, RegKey, Registrar};
+use crate::DmaBuf;
+
+/// The library loaded at run time.
+pub const LIBRARY: &str = "libibverbs.so.1";
+/// Where the kernel lists RDMA devices.
+pub const SYSFS_INFINIBAND: &str = "/sys/class/infiniband";
+
+/// `IBV_ACCESS_*` of `<infiniband/verbs.h>` (stable ABI).
+const IBV_ACCESS_LOCAL_WRITE: i32 = 1;
+const IBV_ACCESS_REMOTE_WRITE: i32 = 1 << 1;
+const IBV_ACCESS_REMOTE_READ: i32 = 1 << 2;
+
+/// What the user can do when a device cannot register dma-bufs.
+pub const DMA_BUF_ALTERNATIVES: &str = "use an RDMA device whose kernel driver imports dma-bufs (EFA, mlx5, irdma), or let peerdirect take the host-bounce path (registered host memory, copies through the dma-buf's mapping)";
+
+/// Why the ibverbs registrar could not do its job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IbverbsError {
+    /// `dlopen` of the library failed.
+    #[error("cannot load {library}: {reason}; install rdma-core's libibverbs (Debian/Ubuntu: libibverbs1 and ibverbs-providers; RHEL: libibverbs), or use the libfabric registrar or the host-bounce path")]
+    LibraryNotLoaded {
+        /// The library asked for.
+        library: String,
+        /// What the dynamic loader said.
+        reason: String,
+    },
+    /// The library lacks a function: rdma-core older than 34 has no `ibv_reg_dmabuf_mr`.
+    #[error("{library} has no {symbol} ({reason}): rdma-core >= 34 is needed for dma-buf registration; update rdma-core, or use the host-bounce path")]
+    MissingSymbol {
+        /// The library.
+        library: String,
+        /// The function.
+        symbol: &'static str,
+        /// What the dynamic loader said.
+        reason: String,
+    },
+    /// No RDMA device of that name.
+    #[error("no RDMA device named {name} (devices: {}); list them with ibv_devices or rdma link", if .available.is_empty() { "none".to_owned() } else { .available.join(", ") })]
+    NoSuchDevice {
+        /// The name asked for.
+        name: String,
+        /// The devices libibverbs knows.
+        available: Vec<String>,
+    },
+    /// A setup call (`ibv_get_device_list`, `ibv_open_device`, `ibv_alloc_pd`) failed.
+    #[error("{call} on {device}: {}", ErrnoText(*.errno))]
+    Setup {
+        /// The call.
+        call: &'static str,
+        /// The device.
+        device: String,
+        /// errno after the call.
+        errno: Errno,
+    },
+    /// The provider cannot register dma-bufs at all.
+    #[error("ibv_reg_dmabuf_mr on {device} (provider {provider}): {}: this provider cannot register dma-bufs{}; {DMA_BUF_ALTERNATIVES}", ErrnoText(*.errno), provider_note(.provider))]
+    DmaBufUnsupported {
+        /// The RDMA device.
+        device: String,
+        /// Its provider (kernel driver).
+        provider: String,
+        /// errno: EOPNOTSUPP (or ENOSYS / EPROTONOSUPPORT from older stacks).
+        errno: Errno,
+    },
+    /// `ibv_reg_dmabuf_mr` failed for another reason.
+    #[error("ibv_reg_dmabuf_mr on {device} (provider {provider}) of dma-buf fd {fd} bytes {offset:#x}+{length:#x}: {}{}", ErrnoText(*.errno), reg_hint(*.errno))]
+    Register {
+        /// The RDMA device.
+        device: String,
+        /// Its provider.
+        provider: String,
+        /// The dma-buf.
+        fd: i32,
+        /// Offset in the dma-buf.
+        offset: u64,
+        /// Length.
+        length: u64,
+        /// errno after the call.
+        errno: Errno,
+    },
+}
+
+impl IbverbsError {
+    /// The errno, when a call failed with one.
+    pub fn errno(&self) -> Option<Errno> {
+        match self {
+            Self::Setup { errno, .. }
+            | Self::DmaBufUnsupported { errno, .. }
+            | Self::Register { errno, .. } => Some(*errno),
+            Self::LibraryNotLoaded { .. }
+            | Self::MissingSymbol { .. }
+            | Self::NoSuchDevice { .. } => None,
+        }
+    }
+
+    /// Whether the device can never register dma-bufs, so that falling back to host bounce
+    /// is the answer (and must be reported as such).
+    pub fn is_dma_buf_unsupported(&self) -> bool {
+        matches!(self, Self::DmaBufUnsupported { .. })
+    }
+}
+
+/// "EOPNOTSUPP (Operation not supported)".
+struct ErrnoText(Errno);
+
+impl fmt::Display for ErrnoText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self.0 {
+            Errno::OPNOTSUPP => "EOPNOTSUPP",
+            Errno::NOSYS => "ENOSYS",
+            Errno::PROTONOSUPPORT => "EPROTONOSUPPORT",
+            Errno::INVAL => "EINVAL",
+            Errno::NOMEM => "ENOMEM",
+            Errno::FAULT => "EFAULT",
+            Errno::ACCESS => "EACCES",
+            Errno::PERM => "EPERM",
+            Errno::BADF => "EBADF",
+            Errno::NODEV => "ENODEV",
+            Errno::NOENT => "ENOENT",
+            _ => return write!(f, "errno {} ({})", self.0.raw_os_error(), self.0),
+        };
+        write!(f, "{name} ({})", self.0)
+    }
+}
+
+fn provider_note(provider: &str) -> &'static str {
+    match provider {
+        "rxe" => " (soft-RoCE: Linux 7.3's rdma_rxe has no dma-buf MRs, and rdma-core's rxe provider no reg_dmabuf_mr)",
+        "siw" => " (soft-iWARP has no dma-buf MRs)",
+        _ => "",
+    }
+}
+
+fn reg_hint(errno: Errno) -> &'static str {
+    match errno {
+        Errno::INVAL => "; the range must lie inside the dma-buf, and the exporter must accept this NIC as a peer-to-peer importer (see `peerdirect topology`)",
+        Errno::NOMEM => "; raise the locked-memory limit (ulimit -l) or free registrations",
+        Errno::ACCESS | Errno::PERM => "; remote write needs local write, and the dma-buf must be exported writable",
+        Errno::NODEV => "; the HBM device is gone (unbound or removed)",
+        _ => "",
+    }
+}
+
+/// The error for a failed `ibv_reg_dmabuf_mr`: an unsupported provider, or another failure.
+pub fn reg_error(
+    device: &str,
+    provider: &str,
+    fd: i32,
+    range: ByteRange,
+    errno: Errno,
+) -> IbverbsError {
+    match errno {
+        Errno::OPNOTSUPP | Errno::NOSYS | Errno::PROTONOSUPPORT => {
+            IbverbsError::DmaBufUnsupported {
+                device: device.to_owned(),
+                provider: provider.to_owned(),
+                errno,
+            }
+        }
+        _ => IbverbsError::Register {
+            device: device.to_owned(),
+            provider: provider.to_owned(),
+            fd,
+            offset: range.offset(),
+            length: range.length(),
+            errno,
+        },
+    }
+}
+
+/// `IBV_ACCESS_*` for `access`. Local read is always allowed; remote write needs local write.
+pub fn ibv_access(access: Access) -> i32 {
+    let mut flags = 0;
+    if access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE) {
+        flags |= IBV_ACCESS_LOCAL_WRITE;
+    }
+    if access.contains(Access::REMOTE_WRITE) {
+        flags |= IBV_ACCESS_REMOTE_WRITE;
+    }
+    if access.contains(Access::REMOTE_READ) {
+        flags |= IBV_ACCESS_REMOTE_READ;
+    }
+    flags
+}
+
+/// The kernel driver behind RDMA device `name`, from sysfs under `root` (normally
+/// [`SYSFS_INFINIBAND`]): the PCI driver of its parent device (`efa`, `mlx5_core`, `irdma`),
+/// or for software devices, which have no parent device, the name without its index (`rxe`,
+/// `siw`).
+pub fn provider_of(root: &Path, name: &str) -> String {
+    let driver: PathBuf = root.join(name).join("device").join("driver");
+    if let Some(driver) = std::fs::read_link(&driver)
+        .ok()
+        .and_then(|target| target.file_name().map(|n| n.to_string_lossy().into_owned()))
+    {
+        return driver;
+    }
+    let stem = name.trim_end_matches(|c: char| c.is_ascii_digit());
+    if stem.is_empty() {
+        name.to_owned()
+    } else {
+        stem.to_owned()
+    }
+}
+
+/// A memory region made by `ibv_reg_dmabuf_mr`.
+#[derive(Debug)]
+pub struct IbvMr {
+    mr: ffi::MrPtr,
+    /// The local key.
+    pub lkey: u32,
+    /// The remote key.
+    pub rkey: u32,
+}
+
+/// One RDMA device, opened, with a protection domain: registers ranges of dma-bufs in it.
+pub struct IbverbsRegistrar {
+    verbs: ffi::Verbs,
+    device: String,
+    provider: String,
+}
+
+impl fmt::Debug for IbverbsRegistrar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IbverbsRegistrar")
+            .field("device", &self.device)
+            .field("provider", &self.provider)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IbverbsRegistrar {
+    /// Opens RDMA device `device` (e.g. `rxe0`, `efa_0`, `mlx5_0`) through [`LIBRARY`] and
+    /// allocates a protection domain.
+    pub fn open(device: &str) -> Result<Self, IbverbsError> {
+        Self::open_with(LIBRARY, device)
+    }
+
+    /// As [`IbverbsRegistrar::open`], loading `library` (a name or a path) instead.
+    pub fn open_with(library: &str, device: &str) -> Result<Self, IbverbsError> {
+        let verbs = ffi::Verbs::open(library, device)?;
+        Ok(Self {
+            verbs,
+            device: device.to_owned(),
+            provider: provider_of(Path::new(SYSFS_INFINIBAND), device),
+        })
+    }
+
+    /// The device's name.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Its provider (kernel driver), e.g. `efa`, `mlx5_core`, `rxe`.
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// `ibv_reg_dmabuf_mr` of `range` of `dma_buf`, with the IOVA equal to the offset.
+    pub fn register_range(
+        &self,
+        dma_buf: &DmaBuf,
+        range: ByteRange,
+        access: Access,
+    ) -> Result<IbvMr, IbverbsError> {
+        let fd = dma_buf.as_fd().as_raw_fd();
+        self.verbs
+            .reg_dmabuf_mr(
+                range.offset(),
+                range.length(),
+                range.offset(),
+                fd,
+                ibv_access(access),
+            )
+            .map_err(|errno| reg_error(&self.device, &self.provider, fd, range, errno))
+    }
+}
+
+impl Registrar for IbverbsRegistrar {
+    type Source = DmaBuf;
+    type Mr = IbvMr;
+    type Error = IbverbsError;
+
+    fn domain(&self) -> DomainId {
+        DomainId(self.verbs.pd_id())
+    }
+
+    fn register(&self, source: &DmaBuf, key: &RegKey) -> Result<IbvMr, IbverbsError> {
+        self.register_range(source, key.range, key.access)
+    }
+
+    fn deregister(&self, mr: IbvMr) {
+        self.verbs.dereg_mr(mr);
+    }
+}
+
+/// Everything unsafe: the library, its functions and the objects they return.
+#[allow(unsafe_code)]
+mod ffi {
+    use std::ffi::{c_char, c_int, c_void, CStr};
+    use std::io;
+
+    use libloading::Library;
+    use rustix::io::Errno;
+
+    use super::{IbvMr, IbverbsError};
+
+    type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void;
+    type FreeDeviceList = unsafe extern "C" fn(*mut *mut c_void);
+    type GetDeviceName = unsafe extern "C" fn(*mut c_void) -> *const c_char;
+    type OpenDevice = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
+    type CloseDevice = unsafe extern "C" fn(*mut c_void) -> c_int;
+    type AllocPd = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
+    type DeallocPd = unsafe extern "C" fn(*mut c_void) -> c_int;
+    type RegDmabufMr = unsafe extern "C" fn(*mut c_void, u64, usize, u64, c_int, c_int) -> *mut Mr;
+    type DeregMr = unsafe extern "C" fn(*mut Mr) -> c_int;
+
+    /// The head of `struct ibv_mr` (rdma-core's stable ABI).
+    #[repr(C)]
+    pub(super) struct Mr {
+        context: *mut c_void,
+        pd: *mut c_void,
+        addr: *mut c_void,
+        length: usize,
+        handle: u32,
+        lkey: u32,
+        rkey: u32,
+    }
+
+    /// A `struct ibv_mr *` from `ibv_reg_dmabuf_mr`, deregistered exactly once.
+    #[derive(Debug)]
+    pub(super) struct MrPtr(*mut Mr);
+
+    // SAFETY: an ibv_mr is not tied to the thread that made it; libibverbs allows
+    // ibv_dereg_mr from any thread, and nothing here reads it after registration.
+    unsafe impl Send for MrPtr {}
+    // SAFETY: shared references give no access to the pointer's target.
+    unsafe impl Sync for MrPtr {}
+
+    struct Fns {
+        close_device: CloseDevice,
+        dealloc_pd: DeallocPd,
+        reg_dmabuf_mr: RegDmabufMr,
+        dereg_mr: DeregMr,
+    }
+
+    /// The library, an open device context and a protection domain.
+    pub(super) struct Verbs {
+        fns: Fns,
+        context: *mut c_void,
+        pd: *mut c_void,
+        /// Kept loaded while the function pointers above live; dropped last.
+        _library: Library,
+    }
+
+    // SAFETY: libibverbs' verbs are thread-safe (rdma-core's documented guarantee for
+    // ibv_reg_*_mr, ibv_dereg_mr, ibv_dealloc_pd, ibv_close_device on one context), and the
+    // raw pointers are only passed to them.
+    unsafe impl Send for Verbs {}
+    // SAFETY: as for Send: every use through &Verbs is a thread-safe verb.
+    unsafe impl Sync for Verbs {}
+
+    fn errno_now() -> Errno {
+        Errno::from_io_error(&io::Error::last_os_error()).unwrap_or(Errno::IO)
+    }
+
+    impl Verbs {
+        pub(super) fn open(library: &str, device: &str) -> Result<Self, IbverbsError> {
+            // SAFETY: loading libibverbs runs its constructors, which only initialise its own
+            // state (no thread-unsafe global changes beyond what dlopen does).
+            let lib =
+                unsafe { Library::new(library) }.map_err(|err| IbverbsError::LibraryNotLoaded {
+                    library: library.to_owned(),
+                    reason: err.to_string(),
+                })?;
+            macro_rules! sym {
+                ($name:literal, $ty:ty) => {{
+                    // SAFETY: $ty is the C prototype of $name in <infiniband/verbs.h>, and the
+                    // pointer is only used while `lib` is loaded (it is moved into Verbs).
+                    let s = unsafe { lib.get::<$ty>(concat!($name, "\0").as_bytes()) };
+                    *s.map_err(|err| IbverbsError::MissingSymbol {
+                        library: library.to_owned(),
+                        symbol: $name,
+                        reason: err.to_string(),
+                    })?
+                }};
+            }
+            let get_device_list = sym!("ibv_get_device_list", GetDeviceList);
+            let free_device_list = sym!("ibv_free_device_list", FreeDeviceList);
+            let get_device_name = sym!("ibv_get_device_name", GetDeviceName);
+            let open_device = sym!("ibv_open_device", OpenDevice);
+            let fns = Fns {
+                close_device: sym!("ibv_close_device", CloseDevice),
+                dealloc_pd: sym!("ibv_dealloc_pd", DeallocPd),
+                reg_dmabuf_mr: sym!("ibv_reg_dmabuf_mr", RegDmabufMr),
+                dereg_mr: sym!("ibv_dereg_mr", DeregMr),
+            };
+            let alloc_pd = sym!("ibv_alloc_pd", AllocPd);
+
+            let setup = |call, errno| IbverbsError::Setup {
+                call,
+                device: device.to_owned(),
+                errno,
+            };
+            let mut count: c_int = 0;
+            // SAFETY: count is a valid out pointer; the list is freed below.
+            let list = unsafe { get_device_list(&mut count) };
+            if list.is_null() {
+                return Err(setup("ibv_get_device_list", errno_now()));
+            }
+            let mut names = Vec::new();
+            let mut found = std::ptr::null_mut();
+            for i in 0..usize::try_from(count).unwrap_or(0) {
+                // SAFETY: the list holds `count` device pointers.
+                let dev = unsafe { *list.add(i) };
+                // SAFETY: dev is a device of the list; the name is a NUL-terminated string
+                // inside it, copied before the list is freed.
+                let name = unsafe { CStr::from_ptr(get_device_name(dev)) }
+                    .to_string_lossy()
+                    .into_owned();
+                if name == device {
+                    found = dev;
+                }
+                names.push(name);
+            }
+            let context = if found.is_null() {
+                std::ptr::null_mut()
+            } else {
+                // SAFETY: found is a device of the live list; a context outlives the list.
+                unsafe { open_device(found) }
+            };
+            let open_errno = errno_now();
+            // SAFETY: list came from get_device_list and is freed once.
+            unsafe { free_device_list(list) };
+            if found.is_null() {
+                return Err(IbverbsError::NoSuchDevice {
+                    name: device.to_owned(),
+                    available: names,
+                });
+            }
+            if context.is_null() {
+                return Err(setup("ibv_open_device", open_errno));
+            }
+            // SAFETY: context is an open device context.
+            let pd = unsafe { alloc_pd(context) };
+            if pd.is_null() {
+                let errno = errno_now();
+                // SAFETY: context is open and has no objects; closed once.
+                unsafe { (fns.close_device)(context) };
+                return Err(setup("ibv_alloc_pd", errno));
+            }
+            Ok(Self {
+                fns,
+                context,
+                pd,
+                _library: lib,
+            })
+        }
+
+        /// The protection domain's address, unique while it lives.
+        pub(super) fn pd_id(&self) -> u64 {
+            self.pd as u64
+        }
+
+        pub(super) fn reg_dmabuf_mr(
+            &self,
+            offset: u64,
+            length: u64,
+            iova: u64,
+            fd: c_int,
+            access: c_int,
+        ) -> Result<IbvMr, Errno> {
+            let length = usize::try_from(length).map_err(|_| Errno::OVERFLOW)?;
+            // SAFETY: pd is live for &self; the kernel checks fd, offset and length.
+            let mr = unsafe { (self.fns.reg_dmabuf_mr)(self.pd, offset, length, iova, fd, access) };
+            if mr.is_null() {
+                return Err(errno_now());
+            }
+            // SAFETY: a non-null result is a valid struct ibv_mr until ibv_dereg_mr.
+            let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+            Ok(IbvMr {
+                mr: MrPtr(mr),
+                lkey,
+                rkey,
+            })
+        }
+
+        pub(super) fn dereg_mr(&self, mr: IbvMr) {
+            // SAFETY: mr was registered in self.pd, which is still live, and IbvMr is
+            // consumed, so it is deregistered once.
+            unsafe { (self.fns.dereg_mr)(mr.mr.0) };
+        }
+    }
+
+    impl Drop for Verbs {
+        fn drop(&mut self) {
+            // SAFETY: the registrar's MRs are deregistered before it is dropped (the cache
+            // holds an Arc of it for each); pd and context are released once, in order.
+            unsafe {
+                (self.fns.dealloc_pd)(self.pd);
+                (self.fns.close_device)(self.context);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range() -> ByteRange {
+        ByteRange::new(0, 64 << 20).unwrap()
+    }
+
+    #[test]
+    fn eopnotsupp_on_rxe_names_device_provider_errno_and_alternatives() {
+        let err = reg_error("rxe0", "rxe", 7, range(), Errno::OPNOTSUPP);
+        assert!(err.is_dma_buf_unsupported());
+        assert_eq!(err.errno(), Some(Errno::OPNOTSUPP));
+        let text = err.to_string();
+        for part in [
+            "ibv_reg_dmabuf_mr on rxe0",
+            "provider rxe",
+            "EOPNOTSUPP",
+            "cannot register dma-bufs",
+            "rdma_rxe has no dma-buf MRs",
+            "EFA, mlx5, irdma",
+            "host-bounce",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from: {text}");
+        }
+    }
+
+    #[test]
+    fn enosys_is_unsupported_too_and_other_errors_are_not() {
+        assert!(reg_error("x0", "x", 3, range(), Errno::NOSYS).is_dma_buf_unsupported());
+        let err = reg_error("efa_0", "efa", 3, range(), Errno::INVAL);
+        assert!(!err.is_dma_buf_unsupported());
+        let text = err.to_string();
+        assert!(text.contains("efa_0 (provider efa)"), "{text}");
+        assert!(text.contains("fd 3 bytes 0x0+0x4000000"), "{text}");
+        assert!(text.contains("EINVAL"), "{text}");
+        assert!(text.contains("peer-to-peer"), "{text}");
+        assert!(!text.contains("host-bounce"), "{text}");
+    }
+
+    #[test]
+    fn missing_library_is_reported_with_what_to_install() {
+        let err =
+            IbverbsRegistrar::open_with("libibverbs-does-not-exist.so.1", "rxe0").unwrap_err();
+        let IbverbsError::LibraryNotLoaded { library, reason } = &err else {
+            panic!("expected LibraryNotLoaded, got {err:?}");
+        };
+        assert_eq!(library, "libibverbs-does-not-exist.so.1");
+        assert!(!reason.is_empty());
+        let text = err.to_string();
+        assert!(
+            text.starts_with("cannot load libibverbs-does-not-exist.so.1: "),
+            "{text}"
+        );
+        assert!(text.contains("libibverbs1 and ibverbs-providers"), "{text}");
+        assert!(text.contains("host-bounce"), "{text}");
+        assert_eq!(err.errno(), None);
+    }
+
+    #[test]
+    fn no_such_device_lists_the_others() {
+        let err = IbverbsError::NoSuchDevice {
+            name: "efa_0".into(),
+            available: vec!["rxe0".into()],
+        };
+        assert_eq!(
+            err.to_string(),
+            "no RDMA device named efa_0 (devices: rxe0); list them with ibv_devices or rdma link"
+        );
+    }
+
+    #[test]
+    fn access_flags() {
+        assert_eq!(ibv_access(Access::LOCAL_READ), 0);
+        assert_eq!(ibv_access(Access::LOCAL_WRITE), IBV_ACCESS_LOCAL_WRITE);
+        assert_eq!(
+            ibv_access(Access::REMOTE_WRITE),
+            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
+        );
+        assert_eq!(ibv_access(Access::REMOTE_READ), IBV_ACCESS_REMOTE_READ);
+        assert_eq!(ibv_access(Access::all()), 7);
+    }
+
+    #[test]
+    fn provider_from_sysfs_driver_link_or_software_name() {
+        let root = std::env::temp_dir().join(format!("pd-ibverbs-sysfs-{}", std::process::id()));
+        let dev = root.join("efa_0").join("device");
+        std::fs::create_dir_all(&dev).unwrap();
+        std::os::unix::fs::symlink("../../../bus/pci/drivers/efa", dev.join("driver")).unwrap();
+        assert_eq!(provider_of(&root, "efa_0"), "efa");
+        assert_eq!(provider_of(&root, "rxe0"), "rxe");
+        assert_eq!(provider_of(&root, "siw12"), "siw");
+        assert_eq!(provider_of(&root, "42"), "42");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

@@ -1,0 +1,754 @@
+//! The libfabric registrar: `fi_mr_regattr` with `FI_MR_DMABUF` (libfabric >= 1.20), loaded
+//! at run time from `libfabric.so.1`, and the host-bounce fallback when a provider refuses it.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use peerdirect::cache::{Access, ByteRange, ExportId, RegCache};
+//! use peerdirect::registrar::libfabric::{Fabric, LibfabricRegistrar, MappedDmaBuf};
+//! use peerdirect::{Device, ExportFlags};
+//!
+//! let device = Device::open_index(0)?;
+//! let allocation = device.alloc(8 << 20, None)?;
+//! let dma_buf = allocation.export(0, 0, ExportFlags::CLOEXEC | ExportFlags::RDWR)?;
+//! let export = ExportId::of_dma_buf(0, &dma_buf)?;
+//! let hbm = MappedDmaBuf::new(dma_buf)?; // mapped once, kept by every MR of it
+//! let registrar = Arc::new(LibfabricRegistrar::new(Fabric::open("tcp", Some("127.0.0.1"))?));
+//! let cache = RegCache::from_env()?;
+//! let mr = cache.get(&registrar, &hbm, export, ByteRange::new(0, 8 << 20)?, Access::all())?;
+//! println!("{:?} key {:#x}", mr.mr().path(), mr.mr().key()); // DmaBuf, or HostBounce { reason }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Software providers (`tcp`, `shm`, `udp`) accept `FI_MR_DMABUF` and use `base_addr +
+//! offset` as the region's CPU address, so `base_addr` is the dma-buf's mapping
+//! ([`MappedDmaBuf`]). A provider that refuses (verbs on rxe: no dma-buf MRs in the kernel)
+//! gets a registered host staging buffer instead; [`Endpoint::send`] and [`Endpoint::recv`]
+//! then copy through the dma-buf's mapping in [`CHUNK`]-sized pieces, two in flight, and the
+//! registration says so: [`RegPath::HostBounce`] with the provider's reason.
+
+#[allow(
+    dead_code,
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    clippy::all
+)]
+mod bindings;
+mod sys;
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::RegPath;
+use crate::cache::{Access, ByteRange, DomainId, RegKey, Registrar};
+use crate::DmaBuf;
+
+/// The library loaded at run time.
+pub const LIBRARY: &str = "libfabric.so.1";
+/// The piece size of transfers: every transfer is one tagged message per chunk (tag + chunk
+/// index), whatever the registration's path, so direct and bounced peers interoperate.
+pub const CHUNK: usize = 1 << 20;
+/// Chunks a host-bounce registration stages at once (its staging buffer holds this many).
+const BOUNCE_SLOTS: usize = 2;
+/// Chunks a direct registration keeps in flight.
+const DIRECT_WINDOW: usize = 8;
+/// How long a transfer may go without a completion.
+const STALL: Duration = Duration::from_secs(60);
+/// The API version asked for: the first with `FI_MR_DMABUF`.
+const API_VERSION: u32 = 1 << 16 | 20;
+
+/// Errors of the libfabric registrar.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LibfabricError {
+    /// `dlopen("libfabric.so.1")` failed.
+    #[error("{LIBRARY} not found: install libfabric1 (>= 1.20) ({0})")]
+    NotFound(String),
+    /// The library lacks a function libfabric has.
+    #[error("{LIBRARY} has no {0}: not a usable libfabric; install libfabric1 (>= 1.20)")]
+    MissingSymbol(&'static str),
+    /// The library predates `FI_MR_DMABUF`.
+    #[error("libfabric {major}.{minor} is older than 1.20 (no FI_MR_DMABUF): install libfabric1 (>= 1.20)")]
+    TooOld {
+        /// Major version.
+        major: u32,
+        /// Minor version.
+        minor: u32,
+    },
+    /// A libfabric call failed.
+    #[error("{provider}: {call}: {text} (-{errno})")]
+    Call {
+        /// The provider (as asked for, or as `fi_getinfo` named it).
+        provider: String,
+        /// The call.
+        call: &'static str,
+        /// The positive libfabric error number.
+        errno: i32,
+        /// `fi_strerror(errno)`.
+        text: String,
+    },
+    /// The dma-buf could not be mapped.
+    #[error("mmap of dma-buf ({len} bytes, writable): {errno}; export it with ExportFlags::RDWR")]
+    Map {
+        /// Its length.
+        len: u64,
+        /// The kernel's error.
+        errno: rustix::io::Errno,
+    },
+    /// A name holds a NUL byte.
+    #[error("{0:?} contains a NUL byte")]
+    BadName(String),
+    /// A transfer saw no completion for too long.
+    #[error("{provider}: no completion for {secs} s during a transfer")]
+    Stalled {
+        /// The provider.
+        provider: String,
+        /// Seconds waited.
+        secs: u64,
+    },
+}
+
+/// What a provider advertises that matters for registering HBM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProviderCaps {
+    /// The provider `fi_getinfo` chose (e.g. `tcp`, `verbs;ofi_rxm`).
+    pub provider: String,
+    /// Its domain (e.g. `rxe0`, `lo`).
+    pub domain: String,
+    /// `FI_HMEM` in its caps: it registers device memory itself. tcp does not advertise it and
+    /// still accepts `FI_MR_DMABUF` (it uses the CPU mapping).
+    pub hmem: bool,
+    /// `FI_MR_LOCAL`: local buffers need their MR's descriptor.
+    pub mr_local: bool,
+    /// `FI_MR_VIRT_ADDR`: RMA addresses are virtual addresses, not offsets.
+    pub mr_virt_addr: bool,
+    /// `FI_MR_PROV_KEY`: the provider picks keys.
+    pub mr_prov_key: bool,
+    /// `FI_MR_ENDPOINT`: MRs must be bound to an endpoint (not supported here).
+    pub mr_endpoint: bool,
+    /// Largest message.
+    pub max_msg_size: u64,
+}
+
+/// The loaded library, or why it cannot be used.
+fn library() -> Result<&'static sys::Lib, LibfabricError> {
+    let lib = sys::Lib::get().map_err(load_error)?;
+    check_version(lib.version())?;
+    Ok(lib)
+}
+
+fn load_error(e: sys::LoadError) -> LibfabricError {
+    match e {
+        sys::LoadError::NotFound(message) => LibfabricError::NotFound(message),
+        sys::LoadError::MissingSymbol(name) => LibfabricError::MissingSymbol(name),
+    }
+}
+
+fn check_version(version: u32) -> Result<(), LibfabricError> {
+    let (major, minor) = (version >> 16, version & 0xffff);
+    if (major, minor) < (1, 20) {
+        return Err(LibfabricError::TooOld { major, minor });
+    }
+    Ok(())
+}
+
+/// libfabric's version as "major.minor", if the library loads.
+pub fn version() -> Result<String, LibfabricError> {
+    let v = library()?.version();
+    Ok(format!("{}.{}", v >> 16, v & 0xffff))
+}
+
+fn call_error(
+    lib: &sys::Lib,
+    provider: &str,
+    call: &'static str,
+    e: sys::FiErrno,
+) -> LibfabricError {
+    LibfabricError::Call {
+        provider: provider.to_owned(),
+        call,
+        errno: e.0,
+        text: lib.strerror(e),
+    }
+}
+
+/// A provider's fabric and domain (thread-safe), opened for tagged messages on reliable
+/// datagram endpoints (`FI_EP_RDM`, `FI_TAGGED | FI_MSG`).
+pub struct Fabric {
+    lib: &'static sys::Lib,
+    info: sys::Info,
+    caps: ProviderCaps,
+    domain: Arc<sys::Domain>,
+    id: DomainId,
+}
+
+impl std::fmt::Debug for Fabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fabric")
+            .field("caps", &self.caps)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Fabric {
+    /// Opens the first domain of `provider` (`fi_getinfo` with `prov_name`, e.g. `tcp` or
+    /// `verbs;ofi_rxm`), its endpoints bound to `node` if given (`FI_SOURCE`).
+    pub fn open(provider: &str, node: Option<&str>) -> Result<Self, LibfabricError> {
+        let lib = library()?;
+        let name =
+            sys::c_string(provider).ok_or_else(|| LibfabricError::BadName(provider.into()))?;
+        let node: Option<CString> = match node {
+            Some(n) => Some(sys::c_string(n).ok_or_else(|| LibfabricError::BadName(n.into()))?),
+            None => None,
+        };
+        use bindings as b;
+        let hints = sys::Hints {
+            provider: &name,
+            ep_type: b::FI_EP_RDM,
+            caps: u64::from(b::FI_TAGGED | b::FI_MSG),
+            mode: b::FI_CONTEXT | b::FI_CONTEXT2,
+            // What this crate handles: descriptors on every post, virtual addresses, keys from
+            // the provider, registered (allocated) memory. Not FI_MR_ENDPOINT.
+            mr_mode: (b::FI_MR_LOCAL | b::FI_MR_VIRT_ADDR | b::FI_MR_ALLOCATED | b::FI_MR_PROV_KEY)
+                as i32,
+            node: node.as_deref(),
+        };
+        let err = |call, e| call_error(lib, provider, call, e);
+        let info = sys::Info::get(lib, API_VERSION, &hints).map_err(|e| err("fi_getinfo", e))?;
+        let fields = info.fields();
+        let mr_mode = fields.mr_mode as u32;
+        let caps = ProviderCaps {
+            provider: fields.provider,
+            domain: fields.domain,
+            hmem: fields.caps & b::FI_HMEM != 0,
+            mr_local: mr_mode & b::FI_MR_LOCAL != 0,
+            mr_virt_addr: mr_mode & b::FI_MR_VIRT_ADDR != 0,
+            mr_prov_key: mr_mode & b::FI_MR_PROV_KEY != 0,
+            mr_endpoint: mr_mode & b::FI_MR_ENDPOINT != 0,
+            max_msg_size: fields.max_msg_size as u64,
+        };
+        let fabric = sys::Fabric::open(&info).map_err(|e| err("fi_fabric", e))?;
+        let domain = sys::Domain::open(&fabric, &info).map_err(|e| err("fi_domain", e))?;
+        static NEXT_DOMAIN: AtomicU64 = AtomicU64::new(1);
+        Ok(Self {
+            lib,
+            info,
+            caps,
+            domain,
+            id: DomainId(NEXT_DOMAIN.fetch_add(1, Relaxed)),
+        })
+    }
+
+    /// What the provider advertises.
+    pub fn caps(&self) -> &ProviderCaps {
+        &self.caps
+    }
+
+    /// A tagged endpoint of this domain, with its own completion queue and address vector.
+    pub fn endpoint(&self) -> Result<Endpoint, LibfabricError> {
+        let ep = sys::Endpoint::open(&self.domain, &self.info)
+            .map_err(|e| call_error(self.lib, &self.caps.provider, "fi_endpoint/fi_enable", e))?;
+        Ok(Endpoint {
+            lib: self.lib,
+            provider: self.caps.provider.clone(),
+            ep,
+        })
+    }
+
+    fn error(&self, call: &'static str, e: sys::FiErrno) -> LibfabricError {
+        call_error(self.lib, &self.caps.provider, call, e)
+    }
+}
+
+/// A dma-buf with its writable CPU mapping, made once per export: the source the registrar
+/// registers from, and the way the CPU reads and writes HBM (plain copies).
+pub struct MappedDmaBuf {
+    dma_buf: DmaBuf,
+    memory: Arc<sys::Memory>,
+}
+
+impl std::fmt::Debug for MappedDmaBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedDmaBuf")
+            .field("dma_buf", &self.dma_buf)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MappedDmaBuf {
+    /// Maps all of `dma_buf` shared and writable (it must be exported with `RDWR`).
+    pub fn new(dma_buf: DmaBuf) -> Result<Self, LibfabricError> {
+        let len = dma_buf.length();
+        let map_err = |errno| LibfabricError::Map { len, errno };
+        let size = usize::try_from(len).map_err(|_| map_err(rustix::io::Errno::NOMEM))?;
+        let memory = sys::Memory::map(dma_buf.as_fd(), size).map_err(map_err)?;
+        Ok(Self { dma_buf, memory })
+    }
+
+    /// The dma-buf.
+    pub fn dma_buf(&self) -> &DmaBuf {
+        &self.dma_buf
+    }
+
+    /// Copies bytes `offset..offset + buf.len()` of the dma-buf into `buf`. Panics if out of
+    /// range.
+    pub fn read(&self, offset: usize, buf: &mut [u8]) {
+        self.memory.read(offset, buf);
+    }
+
+    /// Copies `data` into the dma-buf at `offset`. Panics if out of range.
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        self.memory.write(offset, data);
+    }
+}
+
+/// How many registrations took each path, since the registrar was made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PathStats {
+    /// Registered with `FI_MR_DMABUF`.
+    pub dma_buf: u64,
+    /// Staged through host memory.
+    pub host_bounce: u64,
+    /// The reason of the last host-bounce registration.
+    pub last_bounce_reason: Option<String>,
+}
+
+/// Registers ranges of a [`MappedDmaBuf`] in a [`Fabric`]'s domain.
+pub struct LibfabricRegistrar {
+    fabric: Fabric,
+    stats: Mutex<PathStats>,
+    /// Keys for providers without FI_MR_PROV_KEY (tcp): unique in the domain.
+    next_key: AtomicU64,
+}
+
+impl std::fmt::Debug for LibfabricRegistrar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LibfabricRegistrar")
+            .field("fabric", &self.fabric)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LibfabricRegistrar {
+    /// A registrar for `fabric`'s domain.
+    pub fn new(fabric: Fabric) -> Self {
+        Self {
+            fabric,
+            stats: Mutex::default(),
+            next_key: AtomicU64::new(1),
+        }
+    }
+
+    /// Its fabric.
+    pub fn fabric(&self) -> &Fabric {
+        &self.fabric
+    }
+
+    /// How many registrations took which path.
+    pub fn path_stats(&self) -> PathStats {
+        self.stats
+            .lock()
+            .expect("no panics under this lock")
+            .clone()
+    }
+}
+
+/// The `FI_*` access bits for `access`.
+pub fn fi_access(access: Access) -> u64 {
+    let mut bits = 0;
+    if access.contains(Access::LOCAL_READ) {
+        bits |= u64::from(bindings::FI_SEND);
+    }
+    if access.contains(Access::LOCAL_WRITE) {
+        bits |= u64::from(bindings::FI_RECV);
+    }
+    if access.contains(Access::REMOTE_READ) {
+        bits |= u64::from(bindings::FI_REMOTE_READ);
+    }
+    if access.contains(Access::REMOTE_WRITE) {
+        bits |= u64::from(bindings::FI_REMOTE_WRITE);
+    }
+    bits
+}
+
+/// A registration: an MR of the dma-buf itself, or of a host staging buffer.
+pub struct FabricMr {
+    mr: sys::Mr,
+    path: RegPath,
+    range: ByteRange,
+    hbm: Arc<sys::Memory>,
+    /// Held by a transfer that uses the staging buffer (host bounce).
+    staging: Mutex<()>,
+}
+
+impl std::fmt::Debug for FabricMr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FabricMr")
+            .field("path", &self.path)
+            .field("range", &self.range)
+            .field("key", &self.key())
+            .finish_non_exhaustive()
+    }
+}
+
+impl FabricMr {
+    /// How it reaches HBM.
+    pub fn path(&self) -> &RegPath {
+        &self.path
+    }
+
+    /// `fi_mr_key`: what peers name it with in RMA.
+    pub fn key(&self) -> u64 {
+        self.mr.key()
+    }
+
+    /// `fi_mr_desc`, as an address (0 when the provider needs none).
+    pub fn desc(&self) -> usize {
+        self.mr.desc()
+    }
+
+    /// The bytes of the dma-buf it covers.
+    pub fn range(&self) -> ByteRange {
+        self.range
+    }
+
+    /// Bytes of host staging memory (0 when direct).
+    pub fn staging_bytes(&self) -> usize {
+        if self.path.is_direct() {
+            0
+        } else {
+            self.mr.memory().len()
+        }
+    }
+}
+
+impl Registrar for LibfabricRegistrar {
+    type Source = MappedDmaBuf;
+    type Mr = FabricMr;
+    type Error = LibfabricError;
+
+    fn domain(&self) -> DomainId {
+        self.fabric.id
+    }
+
+    fn register(&self, source: &MappedDmaBuf, key: &RegKey) -> Result<FabricMr, LibfabricError> {
+        let access = fi_access(key.access);
+        let range = key.range;
+        // Ignored by providers that pick keys (FI_MR_PROV_KEY); must be unique otherwise.
+        let requested_key = self.next_key.fetch_add(1, Relaxed);
+        let direct = self.fabric.domain.register_dma_buf(
+            source.dma_buf.as_fd(),
+            range.offset(),
+            range.length(),
+            access,
+            requested_key,
+            Arc::clone(&source.memory),
+        );
+        let (mr, path) = match direct {
+            Ok(mr) => (mr, RegPath::DmaBuf),
+            Err(refused) => {
+                let reason = self
+                    .fabric
+                    .error("fi_mr_regattr(FI_MR_DMABUF)", refused)
+                    .to_string();
+                let slots = usize::try_from(range.length())
+                    .unwrap_or(usize::MAX)
+                    .div_ceil(CHUNK)
+                    .min(BOUNCE_SLOTS);
+                let staging = sys::Memory::host(slots * CHUNK);
+                let mr = self
+                    .fabric
+                    .domain
+                    .register_host(access, requested_key, staging)
+                    .map_err(|e| self.fabric.error("fi_mr_regattr(host staging)", e))?;
+                (mr, RegPath::HostBounce { reason })
+            }
+        };
+        let mut stats = self.stats.lock().expect("no panics under this lock");
+        match &path {
+            RegPath::HostBounce { reason } => {
+                stats.host_bounce += 1;
+                stats.last_bounce_reason = Some(reason.clone());
+            }
+            _ => stats.dma_buf += 1,
+        }
+        Ok(FabricMr {
+            mr,
+            path,
+            range,
+            hbm: Arc::clone(&source.memory),
+            staging: Mutex::new(()),
+        })
+    }
+
+    fn deregister(&self, mr: FabricMr) {
+        drop(mr);
+    }
+}
+
+/// A peer in an endpoint's address vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(u64);
+
+/// A tagged endpoint ([`Fabric::endpoint`]).
+pub struct Endpoint {
+    lib: &'static sys::Lib,
+    provider: String,
+    ep: sys::Endpoint,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("provider", &self.provider)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The pieces of a transfer: `(offset, length)` of each [`CHUNK`] of `length` bytes.
+pub fn chunks(length: u64) -> impl Iterator<Item = (u64, usize)> {
+    (0..length.div_ceil(CHUNK as u64)).map(move |i| {
+        let offset = i * CHUNK as u64;
+        (offset, (length - offset).min(CHUNK as u64) as usize)
+    })
+}
+
+impl Endpoint {
+    /// Its address (`fi_getname`), for [`Endpoint::insert_peer`] on other endpoints.
+    pub fn address(&self) -> Result<Vec<u8>, LibfabricError> {
+        self.ep.name().map_err(|e| self.error("fi_getname", e))
+    }
+
+    /// Adds a peer's address to the address vector (`fi_av_insert`).
+    pub fn insert_peer(&self, address: &[u8]) -> Result<Peer, LibfabricError> {
+        self.ep
+            .insert(address)
+            .map(Peer)
+            .map_err(|e| self.error("fi_av_insert", e))
+    }
+
+    /// Sends bytes `offset..offset + length` of `mr` (relative to its range) to `peer` with
+    /// tagged messages `tag`, `tag + 1`, ... (one per chunk), returning once all completed.
+    /// Host bounce copies each chunk from HBM to the staging buffer first.
+    pub fn send(
+        &self,
+        mr: &FabricMr,
+        offset: u64,
+        length: u64,
+        peer: Peer,
+        tag: u64,
+    ) -> Result<(), LibfabricError> {
+        self.transfer(true, mr, offset, length, peer.0, tag)
+    }
+
+    /// Receives what [`Endpoint::send`] sends with `tag` into bytes `offset..offset + length`
+    /// of `mr`, from any peer. Host bounce copies each chunk from staging to HBM on arrival.
+    pub fn recv(
+        &self,
+        mr: &FabricMr,
+        offset: u64,
+        length: u64,
+        tag: u64,
+    ) -> Result<(), LibfabricError> {
+        self.transfer(false, mr, offset, length, u64::MAX, tag)
+    }
+
+    fn transfer(
+        &self,
+        send: bool,
+        mr: &FabricMr,
+        offset: u64,
+        length: u64,
+        peer: u64,
+        tag: u64,
+    ) -> Result<(), LibfabricError> {
+        assert!(
+            offset
+                .checked_add(length)
+                .is_some_and(|end| end <= mr.range.length()),
+            "transfer of {length} bytes at {offset} outside the {}-byte registration",
+            mr.range.length()
+        );
+        let _staging = mr.staging.lock().expect("no panics under this lock");
+        let bounce = !mr.path.is_direct();
+        let hbm_base = usize::try_from(mr.range.offset() + offset).expect("mapped, so it fits");
+        let pieces: Vec<(u64, usize)> = chunks(length).collect();
+        let window = if bounce {
+            mr.mr.memory().len() / CHUNK
+        } else {
+            DIRECT_WINDOW
+        };
+        let mut free: Vec<usize> = (0..window).rev().collect();
+        let mut slot_of: HashMap<u64, usize> = HashMap::new();
+        let (mut next, mut finished) = (0usize, 0usize);
+        let mut done = Vec::new();
+        let mut last_progress = Instant::now();
+        while finished < pieces.len() {
+            while next < pieces.len() {
+                let Some(&slot) = free.last() else { break };
+                let (chunk_offset, len) = pieces[next];
+                let hbm_offset = hbm_base + chunk_offset as usize;
+                let region_offset = if bounce {
+                    if send {
+                        mr.mr
+                            .memory()
+                            .copy_from(slot * CHUNK, &mr.hbm, hbm_offset, len);
+                    }
+                    slot * CHUNK
+                } else {
+                    hbm_offset
+                };
+                let id = next as u64;
+                let op = sys::Op {
+                    send,
+                    offset: region_offset,
+                    len,
+                    peer,
+                    tag: tag.wrapping_add(id),
+                    id,
+                };
+                match self.ep.post(&mr.mr, &op) {
+                    Ok(()) => {
+                        free.pop();
+                        slot_of.insert(id, slot);
+                        next += 1;
+                    }
+                    Err(e) if e.0 == bindings::FI_EAGAIN as i32 => break,
+                    Err(e) => return Err(self.error(if send { "fi_tsend" } else { "fi_trecv" }, e)),
+                }
+            }
+            done.clear();
+            self.ep
+                .completions(&mut done)
+                .map_err(|(e, _)| self.error("completion", e))?;
+            for id in done.drain(..) {
+                let Some(slot) = slot_of.remove(&id) else {
+                    continue;
+                };
+                if bounce && !send {
+                    let (chunk_offset, len) = pieces[id as usize];
+                    mr.hbm.copy_from(
+                        hbm_base + chunk_offset as usize,
+                        mr.mr.memory(),
+                        slot * CHUNK,
+                        len,
+                    );
+                }
+                free.push(slot);
+                finished += 1;
+                last_progress = Instant::now();
+            }
+            if last_progress.elapsed() > STALL {
+                return Err(LibfabricError::Stalled {
+                    provider: self.provider.clone(),
+                    secs: STALL.as_secs(),
+                });
+            }
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    fn error(&self, call: &'static str, e: sys::FiErrno) -> LibfabricError {
+        call_error(self.lib, &self.provider, call, e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_says_what_to_install() {
+        let err = load_error(
+            sys::Lib::load("libfabric-peerdirect-test-missing.so.1")
+                .err()
+                .expect("no such library"),
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with("libfabric.so.1 not found: install libfabric1 (>= 1.20)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("libfabric-peerdirect-test-missing.so.1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_library_without_libfabric_functions_is_refused() {
+        let err = load_error(
+            sys::Lib::load("libc.so.6")
+                .err()
+                .expect("libc is no libfabric"),
+        );
+        assert_eq!(err.to_string(), "libfabric.so.1 has no fi_getinfo: not a usable libfabric; install libfabric1 (>= 1.20)");
+    }
+
+    #[test]
+    fn libfabric_before_1_20_is_too_old() {
+        assert_eq!(
+            check_version(1 << 16 | 17).unwrap_err().to_string(),
+            "libfabric 1.17 is older than 1.20 (no FI_MR_DMABUF): install libfabric1 (>= 1.20)"
+        );
+        assert!(check_version(1 << 16 | 20).is_ok());
+        assert!(check_version(2 << 16 | 1).is_ok());
+    }
+
+    #[test]
+    fn opening_a_fabric_without_the_library_fails_clearly() {
+        // Only meaningful where libfabric is absent (this project's host); elsewhere it opens
+        // or fails for another reason, which is not this test's business.
+        if sys::Lib::load(LIBRARY).is_err() {
+            let err = Fabric::open("tcp", None).unwrap_err();
+            assert!(matches!(err, LibfabricError::NotFound(_)), "{err}");
+            assert!(version().is_err());
+        }
+    }
+
+    #[test]
+    fn access_maps_to_fi_bits() {
+        assert_eq!(fi_access(Access::LOCAL_READ), 1 << 11);
+        assert_eq!(fi_access(Access::LOCAL_WRITE), 1 << 10);
+        assert_eq!(
+            fi_access(Access::all()),
+            (1 << 11) | (1 << 10) | (1 << 12) | (1 << 13)
+        );
+        assert_eq!(bindings::FI_MR_DMABUF, 1 << 40);
+    }
+
+    #[test]
+    fn transfers_split_into_chunks() {
+        assert_eq!(chunks(0).count(), 0);
+        assert_eq!(chunks(5).collect::<Vec<_>>(), [(0, 5)]);
+        let c: Vec<_> = chunks(2 * CHUNK as u64 + 3).collect();
+        assert_eq!(
+            c,
+            [(0, CHUNK), (CHUNK as u64, CHUNK), (2 * CHUNK as u64, 3)]
+        );
+        // Over 4 GiB: offsets stay exact.
+        let big = 5u64 << 30;
+        assert_eq!(chunks(big).count() as u64, big / CHUNK as u64);
+        assert_eq!(chunks(big).last(), Some((big - CHUNK as u64, CHUNK)));
+    }
+
+    #[test]
+    fn host_memory_copies_stay_in_bounds() {
+        let a = sys::Memory::host(8192);
+        let b = sys::Memory::host(4096);
+        a.write(4000, b"bounce");
+        b.copy_from(10, &a, 4000, 6);
+        let mut out = [0; 6];
+        b.read(10, &mut out);
+        assert_eq!(&out, b"bounce");
+        let r = std::panic::catch_unwind(|| b.copy_from(4095, &a, 0, 2));
+        assert!(r.is_err());
+    }
+}

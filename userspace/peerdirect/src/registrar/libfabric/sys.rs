@@ -1,0 +1,844 @@
+//! libfabric through `dlopen`: the only place of the libfabric registrar with raw pointers.
+//!
+//! Most of libfabric's API is static inline wrappers over ops tables in `struct fid_*`
+//! (`fi_mr_regattr(domain, ..)` is `domain->mr->regattr(&domain->fid, ..)`); this module calls
+//! the tables the same way, with the layouts of `bindings.rs` (bindgen of libfabric 2.1's
+//! headers, with compile-time layout asserts). Only the real functions (`fi_getinfo`,
+//! `fi_freeinfo`, `fi_dupinfo`, `fi_fabric`, `fi_strerror`, `fi_version`) come from
+//! `libfabric.so.1`. Every object is owned by a type that closes it on drop, after what
+//! depends on it (an `Arc` to the parent keeps the parent open).
+
+#![allow(unsafe_code)]
+
+use core::ffi::{c_char, c_int, c_void, CStr};
+use core::ptr::{self, NonNull};
+use std::alloc::{self, Layout};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use libloading::Library;
+use rustix::mm::{self, MapFlags, ProtFlags};
+
+use super::bindings as b;
+
+/// A negative libfabric return value (`-FI_E*`, errno values below 256).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FiErrno(pub(super) i32);
+
+type Result<T> = core::result::Result<T, FiErrno>;
+
+fn check(ret: isize) -> Result<()> {
+    if ret < 0 {
+        Err(FiErrno(i32::try_from(-ret).unwrap_or(i32::MAX)))
+    } else {
+        Ok(())
+    }
+}
+
+/// The functions `libfabric.so.1` exports that this module uses.
+pub(super) struct Lib {
+    getinfo: unsafe extern "C" fn(
+        u32,
+        *const c_char,
+        *const c_char,
+        u64,
+        *const b::fi_info,
+        *mut *mut b::fi_info,
+    ) -> c_int,
+    freeinfo: unsafe extern "C" fn(*mut b::fi_info),
+    dupinfo: unsafe extern "C" fn(*const b::fi_info) -> *mut b::fi_info,
+    fabric:
+        unsafe extern "C" fn(*mut b::fi_fabric_attr, *mut *mut b::fid_fabric, *mut c_void) -> c_int,
+    strerror: unsafe extern "C" fn(c_int) -> *const c_char,
+    version: unsafe extern "C" fn() -> u32,
+    /// Keeps the functions above mapped; never unloaded (libfabric's providers register
+    /// destructors and threads that must not outlive the library).
+    _library: Library,
+}
+
+/// Why `libfabric.so.1` could not be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum LoadError {
+    /// `dlopen` failed: the dynamic loader's message.
+    NotFound(String),
+    /// The library lacks a function: its name.
+    MissingSymbol(&'static str),
+}
+
+impl Lib {
+    /// The process's libfabric, loaded on first use.
+    pub(super) fn get() -> core::result::Result<&'static Lib, LoadError> {
+        static LIB: OnceLock<core::result::Result<Lib, LoadError>> = OnceLock::new();
+        LIB.get_or_init(|| Lib::load(super::LIBRARY))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// Loads `name` with `dlopen`, as libfabric.
+    pub(super) fn load(name: &str) -> core::result::Result<Lib, LoadError> {
+        // SAFETY: loading a library runs its initializers; libfabric's (and those of the
+        // system libraries `libfabric.so.1` could be) only set up the library's own state.
+        let library =
+            unsafe { Library::new(name) }.map_err(|e| LoadError::NotFound(e.to_string()))?;
+        macro_rules! function {
+            ($name:literal) => {
+                // SAFETY: the symbol is the libfabric function of this name, whose C signature
+                // (fabric.h) is the type of the field it is stored in; the pointer stays valid
+                // because `_library` is kept with it and never unloaded.
+                *unsafe { library.get(concat!($name, "\0").as_bytes()) }
+                    .map_err(|_| LoadError::MissingSymbol($name))?
+            };
+        }
+        Ok(Lib {
+            getinfo: function!("fi_getinfo"),
+            freeinfo: function!("fi_freeinfo"),
+            dupinfo: function!("fi_dupinfo"),
+            fabric: function!("fi_fabric"),
+            strerror: function!("fi_strerror"),
+            version: function!("fi_version"),
+            _library: library,
+        })
+    }
+
+    /// `fi_version()`: `major << 16 | minor`.
+    pub(super) fn version(&self) -> u32 {
+        // SAFETY: fi_version takes nothing and returns the library's version.
+        unsafe { (self.version)() }
+    }
+
+    /// `fi_strerror(errno)`.
+    pub(super) fn strerror(&self, errno: FiErrno) -> String {
+        // SAFETY: fi_strerror returns a pointer to a static NUL-terminated string (libc's
+        // strerror text or libfabric's own table) for any value.
+        let text = unsafe { (self.strerror)(errno.0) };
+        if text.is_null() {
+            return format!("error {}", errno.0);
+        }
+        // SAFETY: non-null, NUL-terminated and static (above).
+        unsafe { CStr::from_ptr(text) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// What `fi_getinfo` is asked for.
+pub(super) struct Hints<'a> {
+    pub(super) provider: &'a CStr,
+    pub(super) ep_type: b::fi_ep_type,
+    pub(super) caps: u64,
+    pub(super) mode: u64,
+    pub(super) mr_mode: c_int,
+    pub(super) node: Option<&'a CStr>,
+}
+
+/// The first `fi_info` that `fi_getinfo` returned; the list is freed on drop.
+pub(super) struct Info {
+    lib: &'static Lib,
+    info: NonNull<b::fi_info>,
+}
+
+// SAFETY: the fi_info list is plain data owned by this value; libfabric keeps no reference to
+// it, and it is only read through `&self`.
+unsafe impl Send for Info {}
+// SAFETY: as above; nothing mutates it after fi_getinfo returned.
+unsafe impl Sync for Info {}
+
+/// The fields of an `fi_info` this crate reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct InfoFields {
+    pub(super) provider: String,
+    pub(super) domain: String,
+    pub(super) caps: u64,
+    pub(super) mode: u64,
+    pub(super) mr_mode: c_int,
+    pub(super) ep_type: b::fi_ep_type,
+    pub(super) max_msg_size: usize,
+}
+
+fn string(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: the fi_info strings are NUL-terminated and live as long as the fi_info, which
+    // the caller borrows.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+impl Info {
+    /// `fi_getinfo(version, node, NULL, node ? FI_SOURCE : 0, hints)`.
+    pub(super) fn get(lib: &'static Lib, version: u32, hints: &Hints<'_>) -> Result<Info> {
+        // SAFETY: fi_dupinfo(NULL) allocates an fi_info with all its attribute structs (what
+        // the inline fi_allocinfo does), or returns NULL.
+        let raw = NonNull::new(unsafe { (lib.dupinfo)(ptr::null()) }).ok_or(FiErrno(12))?;
+        let h = raw.as_ptr();
+        // SAFETY: `h` and its attribute structs were just allocated by fi_dupinfo and are
+        // ours. `prov_name` borrows `hints.provider` only until it is reset to NULL below,
+        // before fi_freeinfo (which would free() it) runs.
+        unsafe {
+            (*h).caps = hints.caps;
+            (*h).mode = hints.mode;
+            (*(*h).ep_attr).type_ = hints.ep_type;
+            (*(*h).domain_attr).mr_mode = hints.mr_mode;
+            (*(*h).domain_attr).threading = b::FI_THREAD_SAFE;
+            (*(*h).fabric_attr).prov_name = hints.provider.as_ptr().cast_mut();
+        }
+        let mut info = ptr::null_mut();
+        let (node, flags) = match hints.node {
+            Some(node) => (node.as_ptr(), b::FI_SOURCE),
+            None => (ptr::null(), 0),
+        };
+        // SAFETY: `node` is NULL or a NUL-terminated string, the hints are a complete fi_info
+        // (above), and `info` receives a list that we own.
+        let ret = unsafe { (lib.getinfo)(version, node, ptr::null(), flags, h, &mut info) };
+        // SAFETY: the hints are ours; the borrowed provider name is detached first so that
+        // fi_freeinfo frees only what fi_dupinfo allocated.
+        unsafe {
+            (*(*h).fabric_attr).prov_name = ptr::null_mut();
+            (lib.freeinfo)(h);
+        }
+        check(ret as isize)?;
+        let info = NonNull::new(info).ok_or(FiErrno(b::FI_ENODATA as i32))?;
+        Ok(Info { lib, info })
+    }
+
+    pub(super) fn fields(&self) -> InfoFields {
+        let i = self.info.as_ptr();
+        // SAFETY: fi_getinfo returned a complete fi_info: its attribute pointers are valid
+        // for as long as the list, which `self` owns.
+        unsafe {
+            InfoFields {
+                provider: string((*(*i).fabric_attr).prov_name),
+                domain: string((*(*i).domain_attr).name),
+                caps: (*i).caps,
+                mode: (*i).mode,
+                mr_mode: (*(*i).domain_attr).mr_mode,
+                ep_type: (*(*i).ep_attr).type_,
+                max_msg_size: (*(*i).ep_attr).max_msg_size,
+            }
+        }
+    }
+}
+
+impl Drop for Info {
+    fn drop(&mut self) {
+        // SAFETY: the list came from fi_getinfo and is freed once, here.
+        unsafe { (self.lib.freeinfo)(self.info.as_ptr()) }
+    }
+}
+
+/// Closes a fid: `fid->ops->close(fid)`.
+///
+/// # Safety
+///
+/// `fid` is an open fid that nothing uses any more.
+unsafe fn close(fid: *mut b::fid) {
+    // SAFETY: the caller's contract; every fid has ops->close.
+    unsafe {
+        if let Some(close) = (*(*fid).ops).close {
+            close(fid);
+        }
+    }
+}
+
+/// An open fabric (`fi_fabric`).
+pub(super) struct Fabric {
+    fabric: NonNull<b::fid_fabric>,
+}
+
+// SAFETY: the domains are opened with FI_THREAD_SAFE, and a fabric's calls are thread-safe.
+unsafe impl Send for Fabric {}
+// SAFETY: as above.
+unsafe impl Sync for Fabric {}
+
+impl Fabric {
+    pub(super) fn open(info: &Info) -> Result<Arc<Fabric>> {
+        let mut fabric = ptr::null_mut();
+        // SAFETY: the fabric_attr comes from fi_getinfo (as fi_fabric wants) and `fabric`
+        // receives the new fid.
+        let ret = unsafe {
+            (info.lib.fabric)(
+                (*info.info.as_ptr()).fabric_attr,
+                &mut fabric,
+                ptr::null_mut(),
+            )
+        };
+        check(ret as isize)?;
+        let fabric = NonNull::new(fabric).ok_or(FiErrno(b::FI_ENODATA as i32))?;
+        Ok(Arc::new(Fabric { fabric }))
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        // SAFETY: every domain holds an Arc to the fabric, so none is left.
+        unsafe { close(ptr::addr_of_mut!((*self.fabric.as_ptr()).fid)) }
+    }
+}
+
+/// An open domain (`fi_domain`), thread-safe (FI_THREAD_SAFE).
+pub(super) struct Domain {
+    domain: NonNull<b::fid_domain>,
+    _fabric: Arc<Fabric>,
+}
+
+// SAFETY: opened with threading FI_THREAD_SAFE (Info::get asks for it).
+unsafe impl Send for Domain {}
+// SAFETY: as above.
+unsafe impl Sync for Domain {}
+
+impl Domain {
+    pub(super) fn open(fabric: &Arc<Fabric>, info: &Info) -> Result<Arc<Domain>> {
+        let mut domain = ptr::null_mut();
+        // SAFETY: fi_domain(fabric, info, &domain, NULL): the fabric is open, the info is the
+        // one it was opened from.
+        let ret = unsafe {
+            let f = fabric.fabric.as_ptr();
+            let open = (*(*f).ops).domain.ok_or(FiErrno(b::FI_ENOSYS as i32))?;
+            open(f, info.info.as_ptr(), &mut domain, ptr::null_mut())
+        };
+        check(ret as isize)?;
+        let domain = NonNull::new(domain).ok_or(FiErrno(b::FI_ENODATA as i32))?;
+        Ok(Arc::new(Domain {
+            domain,
+            _fabric: Arc::clone(fabric),
+        }))
+    }
+
+    fn fid(&self) -> *mut b::fid {
+        // SAFETY: the domain is open; this only computes a field address.
+        unsafe { ptr::addr_of_mut!((*self.domain.as_ptr()).fid) }
+    }
+
+    /// `fi_mr_regattr(domain, {dmabuf = {fd, offset, len, base_addr}, iface =
+    /// FI_HMEM_SYSTEM}, FI_MR_DMABUF)`. Software providers use `base_addr + offset` as the
+    /// CPU address of the region, which `memory` (the dma-buf's mapping) provides; the MR keeps
+    /// it mapped.
+    pub(super) fn register_dma_buf(
+        self: &Arc<Self>,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        access: u64,
+        requested_key: u64,
+        memory: Arc<Memory>,
+    ) -> Result<Mr> {
+        assert!(offset
+            .checked_add(len)
+            .is_some_and(|end| end <= memory.len as u64));
+        let dmabuf = b::fi_mr_dmabuf {
+            fd: fd.as_raw_fd(),
+            offset,
+            len: len as usize,
+            base_addr: memory.ptr.as_ptr().cast(),
+        };
+        // SAFETY: fi_mr_attr is plain data (integers, pointers, unions of them): all zeroes is
+        // a valid, empty value.
+        let mut attr: b::fi_mr_attr = unsafe { core::mem::zeroed() };
+        attr.__bindgen_anon_1.dmabuf = &dmabuf;
+        attr.iov_count = 1;
+        attr.access = access;
+        attr.requested_key = requested_key;
+        attr.iface = b::FI_HMEM_SYSTEM;
+        self.regattr(&attr, b::FI_MR_DMABUF, memory)
+    }
+
+    /// `fi_mr_regattr` of all of `memory` (host memory) as an iovec.
+    pub(super) fn register_host(
+        self: &Arc<Self>,
+        access: u64,
+        requested_key: u64,
+        memory: Arc<Memory>,
+    ) -> Result<Mr> {
+        let iov = b::iovec {
+            iov_base: memory.ptr.as_ptr().cast(),
+            iov_len: memory.len,
+        };
+        // SAFETY: as in register_dma_buf.
+        let mut attr: b::fi_mr_attr = unsafe { core::mem::zeroed() };
+        attr.__bindgen_anon_1.mr_iov = &iov;
+        attr.iov_count = 1;
+        attr.access = access;
+        attr.requested_key = requested_key;
+        attr.iface = b::FI_HMEM_SYSTEM;
+        self.regattr(&attr, 0, memory)
+    }
+
+    fn regattr(
+        self: &Arc<Self>,
+        attr: &b::fi_mr_attr,
+        flags: u64,
+        memory: Arc<Memory>,
+    ) -> Result<Mr> {
+        let mut mr = ptr::null_mut();
+        // SAFETY: domain->mr->regattr(&domain->fid, attr, flags, &mr), what fi_mr_regattr
+        // does. `attr` and what it points to (the iovec or fi_mr_dmabuf on the caller's
+        // stack) outlive the call; the registered memory lives in `memory`, which the Mr
+        // keeps until it has closed the MR.
+        let ret = unsafe {
+            let d = self.domain.as_ptr();
+            let ops = (*d).mr;
+            if ops.is_null() {
+                return Err(FiErrno(b::FI_ENOSYS as i32));
+            }
+            let regattr = (*ops).regattr.ok_or(FiErrno(b::FI_ENOSYS as i32))?;
+            regattr(self.fid(), attr, flags, &mut mr)
+        };
+        check(ret as isize)?;
+        let mr = NonNull::new(mr).ok_or(FiErrno(b::FI_ENODATA as i32))?;
+        Ok(Mr {
+            mr,
+            memory,
+            _domain: Arc::clone(self),
+        })
+    }
+}
+
+impl Drop for Domain {
+    fn drop(&mut self) {
+        // SAFETY: MRs, CQs, AVs and endpoints hold an Arc to their domain: none is left.
+        unsafe { close(self.fid()) }
+    }
+}
+
+/// Memory the CPU reaches through a raw pointer: a dma-buf's mapping or a host staging
+/// buffer. Never lent out as a Rust slice (a NIC and peers write it behind Rust's back); data
+/// moves in and out by copies.
+pub(super) struct Memory {
+    ptr: NonNull<u8>,
+    len: usize,
+    kind: MemoryKind,
+}
+
+enum MemoryKind {
+    /// `mmap` of a dma-buf: unmapped on drop.
+    Mapped,
+    /// `std::alloc` with this layout: freed on drop.
+    Heap(Layout),
+}
+
+// SAFETY: the memory is process-wide; access goes through copies with raw pointers, and the
+// callers serialize copies to a region with the transfers that use it (the staging lock,
+// `&mut` on the map).
+unsafe impl Send for Memory {}
+// SAFETY: as above.
+unsafe impl Sync for Memory {}
+
+impl Memory {
+    /// Maps all `len` bytes of the dma-buf `fd`, shared, readable and writable.
+    pub(super) fn map(fd: BorrowedFd<'_>, len: usize) -> rustix::io::Result<Arc<Memory>> {
+        // SAFETY: no address hint and no MAP_FIXED: the kernel picks a range that overlaps
+        // nothing this process uses.
+        let ptr = unsafe {
+            mm::mmap(
+                ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                fd,
+                0,
+            )
+        }?;
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(rustix::io::Errno::NOMEM)?;
+        Ok(Arc::new(Memory {
+            ptr,
+            len,
+            kind: MemoryKind::Mapped,
+        }))
+    }
+
+    /// `len` bytes of zeroed, page-aligned host memory.
+    pub(super) fn host(len: usize) -> Arc<Memory> {
+        let layout = Layout::from_size_align(len.max(1), 4096).expect("a sane staging size");
+        // SAFETY: the layout has a nonzero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        Arc::new(Memory {
+            ptr,
+            len,
+            kind: MemoryKind::Heap(layout),
+        })
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    fn check(&self, offset: usize, len: usize) {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len),
+            "bytes {offset}..+{len} are outside the {}-byte region",
+            self.len
+        );
+    }
+
+    /// Copies bytes `offset..offset + buf.len()` into `buf`.
+    pub(super) fn read(&self, offset: usize, buf: &mut [u8]) {
+        self.check(offset, buf.len());
+        // SAFETY: in bounds (checked), the memory lives as long as `self`, and `buf` is
+        // Rust-owned memory, so the two do not overlap.
+        unsafe {
+            ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), buf.as_mut_ptr(), buf.len())
+        }
+    }
+
+    /// Copies `data` to bytes `offset..offset + data.len()`.
+    pub(super) fn write(&self, offset: usize, data: &[u8]) {
+        self.check(offset, data.len());
+        // SAFETY: as in read; the memory is writable (a PROT_WRITE mapping or the heap).
+        unsafe {
+            ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        }
+    }
+
+    /// Copies `len` bytes from `src` at `src_offset` to `self` at `offset`.
+    pub(super) fn copy_from(&self, offset: usize, src: &Memory, src_offset: usize, len: usize) {
+        self.check(offset, len);
+        src.check(src_offset, len);
+        // SAFETY: both ranges are in bounds (checked) of live regions; `ptr::copy` allows
+        // overlap, so even the same region is fine.
+        unsafe {
+            ptr::copy(
+                src.ptr.as_ptr().add(src_offset),
+                self.ptr.as_ptr().add(offset),
+                len,
+            )
+        }
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        match self.kind {
+            // SAFETY: the range is the mapping `map` made, referenced by nothing else (every
+            // MR and in-flight operation holds an Arc to this value).
+            MemoryKind::Mapped => {
+                let _ = unsafe { mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+            }
+            // SAFETY: allocated by `host` with this layout; nothing references it (above).
+            MemoryKind::Heap(layout) => unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) },
+        }
+    }
+}
+
+/// A memory region (`fid_mr`), closed on drop, then its memory released.
+pub(super) struct Mr {
+    mr: NonNull<b::fid_mr>,
+    memory: Arc<Memory>,
+    /// Keeps the domain open until the MR is closed.
+    _domain: Arc<Domain>,
+}
+
+// SAFETY: the domain is FI_THREAD_SAFE; key and desc are read-only after registration.
+unsafe impl Send for Mr {}
+// SAFETY: as above.
+unsafe impl Sync for Mr {}
+
+impl Mr {
+    /// `fi_mr_key(mr)`.
+    pub(super) fn key(&self) -> u64 {
+        // SAFETY: the MR is open; `key` is set at registration.
+        unsafe { (*self.mr.as_ptr()).key }
+    }
+
+    /// `fi_mr_desc(mr)`, as an address (for display and for posting).
+    pub(super) fn desc(&self) -> usize {
+        // SAFETY: as above.
+        unsafe { (*self.mr.as_ptr()).mem_desc as usize }
+    }
+
+    pub(super) fn memory(&self) -> &Arc<Memory> {
+        &self.memory
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: posted operations hold an Arc to the MR's memory and the endpoint keeps it
+        // until their completion; closing the MR first, then releasing `memory`, is the order
+        // libfabric asks for.
+        unsafe { close(ptr::addr_of_mut!((*self.mr.as_ptr()).fid)) }
+    }
+}
+
+/// A tagged RDM endpoint with its own completion queue (FI_CQ_FORMAT_CONTEXT) and address
+/// vector (FI_AV_TABLE).
+pub(super) struct Endpoint {
+    ep: NonNull<b::fid_ep>,
+    cq: NonNull<b::fid_cq>,
+    av: NonNull<b::fid_av>,
+    /// Operations posted and not yet completed, by context: their memory stays alive here
+    /// until the completion is read or the endpoint is closed.
+    inflight: Mutex<Vec<(Box<Context>, Arc<Memory>)>>,
+    _domain: Arc<Domain>,
+}
+
+// SAFETY: the domain is FI_THREAD_SAFE; `inflight` is behind a mutex.
+unsafe impl Send for Endpoint {}
+// SAFETY: as above.
+unsafe impl Sync for Endpoint {}
+
+/// A tagged send or receive to post.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Op {
+    /// A send (`fi_tsend`), else a receive (`fi_trecv`).
+    pub(super) send: bool,
+    /// Where in the MR's memory.
+    pub(super) offset: usize,
+    pub(super) len: usize,
+    /// The peer (`fi_addr_t`; FI_ADDR_UNSPEC for receives from anyone).
+    pub(super) peer: u64,
+    pub(super) tag: u64,
+    /// Names the operation in its completion.
+    pub(super) id: u64,
+}
+
+/// An operation's context: libfabric may use it as scratch space (FI_CONTEXT2: 8 pointers).
+#[repr(C)]
+pub(super) struct Context {
+    _scratch: b::fi_context2,
+    pub(super) id: u64,
+}
+
+impl Endpoint {
+    pub(super) fn open(domain: &Arc<Domain>, info: &Info) -> Result<Endpoint> {
+        let d = domain.domain.as_ptr();
+        // SAFETY: all three attrs are plain data, valid when zeroed (defaults).
+        let mut cq_attr: b::fi_cq_attr = unsafe { core::mem::zeroed() };
+        cq_attr.format = b::FI_CQ_FORMAT_CONTEXT;
+        cq_attr.size = 256;
+        // SAFETY: as above.
+        let mut av_attr: b::fi_av_attr = unsafe { core::mem::zeroed() };
+        av_attr.type_ = b::FI_AV_TABLE;
+        let (mut cq, mut av, mut ep) = (ptr::null_mut(), ptr::null_mut(), ptr::null_mut());
+        let enosys = FiErrno(b::FI_ENOSYS as i32);
+        // SAFETY: fi_cq_open / fi_av_open / fi_endpoint on an open domain with attrs that
+        // outlive the calls; the out pointers receive new fids, closed on the error paths and
+        // by Drop otherwise (endpoint first).
+        unsafe {
+            let ops = (*d).ops;
+            check(
+                (*ops).cq_open.ok_or(enosys)?(d, &mut cq_attr, &mut cq, ptr::null_mut()) as isize,
+            )?;
+            let cq = NonNull::new(cq).ok_or(enosys)?;
+            let ret = (*ops).av_open.ok_or(enosys)?(d, &mut av_attr, &mut av, ptr::null_mut());
+            if ret < 0 || av.is_null() {
+                close(ptr::addr_of_mut!((*cq.as_ptr()).fid));
+                return Err(FiErrno(-ret));
+            }
+            let av = NonNull::new_unchecked(av);
+            let ret =
+                (*ops).endpoint.ok_or(enosys)?(d, info.info.as_ptr(), &mut ep, ptr::null_mut());
+            if ret < 0 || ep.is_null() {
+                close(ptr::addr_of_mut!((*av.as_ptr()).fid));
+                close(ptr::addr_of_mut!((*cq.as_ptr()).fid));
+                return Err(FiErrno(-ret));
+            }
+            let endpoint = Endpoint {
+                ep: NonNull::new_unchecked(ep),
+                cq,
+                av,
+                inflight: Mutex::new(Vec::new()),
+                _domain: Arc::clone(domain),
+            };
+            endpoint.bind(
+                ptr::addr_of_mut!((*cq.as_ptr()).fid),
+                b::FI_TRANSMIT as u64 | b::FI_RECV as u64,
+            )?;
+            endpoint.bind(ptr::addr_of_mut!((*av.as_ptr()).fid), 0)?;
+            endpoint.control(b::FI_ENABLE as c_int)?;
+            Ok(endpoint)
+        }
+    }
+
+    fn ep_fid(&self) -> *mut b::fid {
+        // SAFETY: field address of the open endpoint.
+        unsafe { ptr::addr_of_mut!((*self.ep.as_ptr()).fid) }
+    }
+
+    fn bind(&self, fid: *mut b::fid, flags: u64) -> Result<()> {
+        // SAFETY: fi_ep_bind(ep, fid, flags): ep->fid.ops->bind; `fid` is an open CQ or AV of
+        // the endpoint's domain, closed only after the endpoint.
+        unsafe {
+            let ep = self.ep_fid();
+            let bind = (*(*ep).ops).bind.ok_or(FiErrno(b::FI_ENOSYS as i32))?;
+            check(bind(ep, fid, flags) as isize)
+        }
+    }
+
+    fn control(&self, command: c_int) -> Result<()> {
+        // SAFETY: fi_enable: ep->fid.ops->control(&ep->fid, FI_ENABLE, NULL).
+        unsafe {
+            let ep = self.ep_fid();
+            let control = (*(*ep).ops).control.ok_or(FiErrno(b::FI_ENOSYS as i32))?;
+            check(control(ep, command, ptr::null_mut()) as isize)
+        }
+    }
+
+    /// `fi_getname`: the endpoint's address, for peers' address vectors.
+    pub(super) fn name(&self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; 256];
+        let mut len = buf.len();
+        // SAFETY: fi_getname: ep->cm->getname(&ep->fid, buf, &len) with a buffer of `len`
+        // bytes; libfabric writes at most `len` and sets it to the address length.
+        unsafe {
+            let cm = (*self.ep.as_ptr()).cm;
+            let getname = (*cm).getname.ok_or(FiErrno(b::FI_ENOSYS as i32))?;
+            check(getname(self.ep_fid(), buf.as_mut_ptr().cast(), &mut len) as isize)?;
+        }
+        buf.truncate(len.min(256));
+        Ok(buf)
+    }
+
+    /// `fi_av_insert` of one address: the peer's `fi_addr_t`.
+    pub(super) fn insert(&self, address: &[u8]) -> Result<u64> {
+        let mut fi_addr = 0u64;
+        // SAFETY: fi_av_insert: av->ops->insert(av, addr, 1, &fi_addr, 0, NULL); `address` is
+        // an endpoint name of this provider (from `name`) and outlives the call.
+        let n = unsafe {
+            let av = self.av.as_ptr();
+            let insert = (*(*av).ops).insert.ok_or(FiErrno(b::FI_ENOSYS as i32))?;
+            insert(
+                av,
+                address.as_ptr().cast(),
+                1,
+                &mut fi_addr,
+                0,
+                ptr::null_mut(),
+            )
+        };
+        check(n as isize)?;
+        if n != 1 {
+            return Err(FiErrno(b::FI_EOTHER as i32));
+        }
+        Ok(fi_addr)
+    }
+
+    /// Posts a tagged send (`fi_tsend`) or receive (`fi_trecv`) of `len` bytes of `mr`'s
+    /// memory at `offset`, identified by `id` in its completion. `Err(FI_EAGAIN)` means:
+    /// read completions, then retry.
+    pub(super) fn post(&self, mr: &Mr, op: &Op) -> Result<()> {
+        let Op {
+            send,
+            offset,
+            len,
+            peer,
+            tag,
+            id,
+        } = *op;
+        mr.memory.check(offset, len);
+        let mut context = Box::new(Context {
+            // SAFETY: fi_context2 is eight pointers: zero is a valid value.
+            _scratch: unsafe { core::mem::zeroed() },
+            id,
+        });
+        let ctx: *mut Context = &mut *context;
+        let mut inflight = self.inflight.lock().expect("no panics under this lock");
+        // SAFETY: fi_tsend/fi_trecv: ep->tagged->send/recv. The buffer is inside `mr`'s memory
+        // (checked) and `desc` is `mr`'s; the memory and the context box are kept in
+        // `inflight` until the completion naming `ctx` is read or the endpoint is closed, so
+        // libfabric never touches freed memory.
+        let ret = unsafe {
+            let tagged = (*self.ep.as_ptr()).tagged;
+            let buf = mr.memory.ptr.as_ptr().add(offset).cast::<c_void>();
+            let desc = (*mr.mr.as_ptr()).mem_desc;
+            if send {
+                (*tagged).send.ok_or(FiErrno(b::FI_ENOSYS as i32))?(
+                    self.ep.as_ptr(),
+                    buf,
+                    len,
+                    desc,
+                    peer,
+                    tag,
+                    ctx.cast(),
+                )
+            } else {
+                (*tagged).recv.ok_or(FiErrno(b::FI_ENOSYS as i32))?(
+                    self.ep.as_ptr(),
+                    buf,
+                    len,
+                    desc,
+                    peer,
+                    tag,
+                    0,
+                    ctx.cast(),
+                )
+            }
+        };
+        check(ret)?;
+        inflight.push((context, Arc::clone(&mr.memory)));
+        Ok(())
+    }
+
+    /// Reads completions (`fi_cq_read`, which also drives manual progress): the ids of those
+    /// that completed, or the first failed one's error (`fi_cq_readerr`).
+    pub(super) fn completions(
+        &self,
+        done: &mut Vec<u64>,
+    ) -> core::result::Result<(), (FiErrno, u64)> {
+        // SAFETY: fi_cq_entry is one pointer: zero is valid.
+        let mut entries: [b::fi_cq_entry; 16] = unsafe { core::mem::zeroed() };
+        // SAFETY: fi_cq_read: cq->ops->read(cq, buf, count) with room for `count` entries of
+        // the CQ's format (FI_CQ_FORMAT_CONTEXT).
+        let n = unsafe {
+            let cq = self.cq.as_ptr();
+            (*(*cq).ops).read.expect("every CQ can be read")(
+                cq,
+                entries.as_mut_ptr().cast(),
+                entries.len(),
+            )
+        };
+        let mut contexts = Vec::new();
+        let result = if n == -(b::FI_EAVAIL as isize) {
+            // SAFETY: zeroed fi_cq_err_entry is valid (plain data).
+            let mut err: b::fi_cq_err_entry = unsafe { core::mem::zeroed() };
+            err.src_addr = u64::MAX;
+            // SAFETY: fi_cq_readerr: cq->ops->readerr(cq, &err, 0) into our entry.
+            unsafe {
+                let cq = self.cq.as_ptr();
+                (*(*cq).ops).readerr.expect("every CQ has readerr")(cq, &mut err, 0);
+            }
+            contexts.push(err.op_context);
+            Err(FiErrno(err.err))
+        } else if n < 0 && n != -(b::FI_EAGAIN as isize) {
+            Err(FiErrno(i32::try_from(-n).unwrap_or(i32::MAX)))
+        } else {
+            contexts.extend(entries.iter().take(n.max(0) as usize).map(|e| e.op_context));
+            Ok(())
+        };
+        let mut inflight = self.inflight.lock().expect("no panics under this lock");
+        let mut failed = None;
+        for context in contexts {
+            if let Some(i) = inflight
+                .iter()
+                .position(|(c, _)| ptr::eq(&**c as *const Context as *const c_void, context))
+            {
+                let (c, _memory) = inflight.swap_remove(i);
+                if result.is_ok() {
+                    done.push(c.id);
+                } else {
+                    failed = Some(c.id);
+                }
+            }
+        }
+        result.map_err(|e| (e, failed.unwrap_or(u64::MAX)))
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        // SAFETY: closing the endpoint first ends its operations; then its CQ and AV, which
+        // only it uses. `inflight` (memory of operations that never completed) is dropped
+        // after, with the fields.
+        unsafe {
+            close(self.ep_fid());
+            close(ptr::addr_of_mut!((*self.av.as_ptr()).fid));
+            close(ptr::addr_of_mut!((*self.cq.as_ptr()).fid));
+        }
+    }
+}
+
+/// A C string for a provider or node name.
+pub(super) fn c_string(s: &str) -> Option<CString> {
+    CString::new(s).ok()
+}

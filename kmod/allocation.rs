@@ -19,7 +19,7 @@ impl Allocation {
     pub(crate) fn new(hbm: &Arc<Hbm>, len: u64, align: u64) -> Result<Arc<Self>> {
         let record = RBTreeNodeReservation::new(GFP_KERNEL)?;
         let handle = hbm.new_handle();
-        let pid = kernel::current!().tgid();
+        let pid = crate::ffi::current_tgid();
         let range = {
             let mut state = hbm.memory.heap.lock();
             let range = state.heap.alloc(len, align)?;

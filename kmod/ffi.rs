@@ -24,6 +24,7 @@ mod raw {
         pub(super) fn peerdirect_pci_domain(pdev: *mut bindings::pci_dev) -> c_int;
         pub(super) fn peerdirect_pci_numa_node(pdev: *mut bindings::pci_dev) -> c_int;
         pub(super) fn peerdirect_pci_bar_is_mem(pdev: *mut bindings::pci_dev, bar: c_int) -> bool;
+        pub(super) fn peerdirect_current_tgid() -> bindings::pid_t;
         pub(super) fn peerdirect_dma_max_seg_size(dev: *mut bindings::device) -> c_uint;
         pub(super) fn peerdirect_dev_is_pci(dev: *mut bindings::device) -> bool;
         pub(super) fn peerdirect_map_phys(
@@ -186,6 +187,12 @@ pub(crate) fn p2p_distance(hbm: &pci::Device, dev: *mut bindings::device) -> Opt
         bindings::pci_p2pdma_distance_many(raw_pci_dev(hbm), clients.as_mut_ptr(), 1, false)
     };
     u32::try_from(distance).ok()
+}
+
+/// The calling process's id, as its PID namespace sees it.
+pub(crate) fn current_tgid() -> i32 {
+    // SAFETY: `task_tgid_vnr(current)` may be called from any process context.
+    unsafe { raw::peerdirect_current_tgid() }
 }
 
 /// Whether `dev` is a PCI device. `dev` must be a live `struct device` (an attachment's).

@@ -7,6 +7,7 @@
 #include <linux/dma-mapping.h>
 #include <linux/dma-resv.h>
 #include <linux/mm.h>
+#include <linux/sched.h>
 #include <linux/slab.h>
 
 #include "helpers.h"
@@ -29,6 +30,12 @@ int peerdirect_pci_numa_node(struct pci_dev *pdev)
 bool peerdirect_pci_bar_is_mem(struct pci_dev *pdev, int bar)
 {
 	return pci_resource_flags(pdev, bar) & IORESOURCE_MEM;
+}
+
+/* The calling process's id as its own PID namespace sees it (for debugfs listings). */
+pid_t peerdirect_current_tgid(void)
+{
+	return task_tgid_vnr(current);
 }
 
 unsigned int peerdirect_dma_max_seg_size(struct device *dev)

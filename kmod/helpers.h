@@ -20,6 +20,7 @@ struct p2pdma_provider;
 struct sg_table;
 struct vm_area_struct;
 
+pid_t peerdirect_current_tgid(void);
 unsigned int peerdirect_dma_max_seg_size(struct device *dev);
 bool peerdirect_dev_is_pci(struct device *dev);
 struct sg_table *peerdirect_map_phys(struct dma_buf_attachment *attach,

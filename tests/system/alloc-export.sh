@@ -12,59 +12,8 @@ failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
 
-# pattern fill FILE SEED | check FILE OFFSET LENGTH SEED | zero FILE OFFSET LENGTH
-# The test pattern of `peerdirect export --pattern` (peerdirect::pattern), recomputed here
-# independently: byte o is byte o % 8 of the little-endian word o / 8, and word i is output i
-# of SplitMix64 seeded with SEED. `fill` writes it over all of FILE; `check` compares FILE's
-# bytes OFFSET..OFFSET+LENGTH with pattern bytes 0..LENGTH; `zero` checks that those bytes are
-# zero. Prints the first mismatch and fails on one.
-pattern() {
-	python3 - "$@" <<'PY'
-import os, struct, sys
-
-M = (1 << 64) - 1
-CHUNK = 1 << 20
-
-def pattern(seed, start, length):
-    """Pattern bytes start..start+length; both multiples of 8."""
-    words = []
-    for i in range(start // 8, (start + length) // 8):
-        z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & M
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
-        words.append(z ^ (z >> 31))
-    return struct.pack("<%dQ" % len(words), *words)
-
-def compare(path, offset, length, expect):
-    with open(path, "rb") as f:
-        f.seek(offset)
-        for start in range(0, length, CHUNK):
-            n = min(CHUNK, length - start)
-            got, want = f.read(n), expect(start, n)
-            if got != want:
-                k = next((k for k in range(min(len(got), n)) if got[k] != want[k]), len(got))
-                found = "end of file" if k >= len(got) else "%#04x" % got[k]
-                sys.exit("byte %#x of the file (range byte %#x): expected %#04x, found %s"
-                         % (offset + start + k, start + k, want[k], found))
-
-cmd, path = sys.argv[1], sys.argv[2]
-args = [int(a, 0) for a in sys.argv[3:]]
-if cmd == "fill":
-    (seed,) = args
-    size = os.path.getsize(path)
-    with open(path, "r+b") as f:
-        for start in range(0, size, CHUNK):
-            f.write(pattern(seed, start, min(CHUNK, size - start)))
-elif cmd == "check":
-    offset, length, seed = args
-    compare(path, offset, length, lambda start, n: pattern(seed, start, n))
-elif cmd == "zero":
-    offset, length = args
-    compare(path, offset, length, lambda start, n: bytes(n))
-else:
-    sys.exit("pattern: unknown command " + cmd)
-PY
-}
+# pattern fill FILE SEED | check FILE OFFSET LENGTH SEED | zero FILE OFFSET LENGTH (tests/hbm-pattern)
+pattern() { "$ROOT/tests/hbm-pattern" "$@"; }
 
 # (a) The guest's own tests, passed through without their plan (it comes at the end).
 guest --kmemleak -- peerdirect-guest-tests --alloc-export >"$work/tap" 2>"$work/err"
@@ -127,6 +76,12 @@ peerdirect export --size 1M --verify 0x5eed0003 --json >mismatch.json 2>mismatch
 echo $? >mismatch.rc
 peerdirect stats --json >stats.json
 echo $? >stats.rc
+peerdirect export --size 2M --hold 3 >/dev/null &
+holder=$!
+sleep 1
+cat /sys/kernel/debug/peerdirect/peerdirect0/allocations >held.txt
+echo "$holder" >holder.pid
+wait
 EOF
 out=$(guest --share "$work" -- sh /mnt/host/cmds.sh 2>&1)
 r=$?
@@ -150,6 +105,14 @@ if [ "$(rc_of sub)" = 0 ] && jq -e '.allocation.length == 1048576 and .export.of
 	ok "$desc"
 else
 	fail "$desc" "$(show sub)"
+fi
+
+desc="debugfs allocations lists a held allocation with its owner's pid"
+holder=$(cat "$work/holder.pid" 2>/dev/null)
+if [ -n "$holder" ] && grep -q "length=0x200000 pid=$holder\$" "$work/held.txt" 2>/dev/null; then
+	ok "$desc"
+else
+	fail "$desc" "holder pid: ${holder:-none}" "$(cat "$work/held.txt" 2>/dev/null)"
 fi
 
 desc="export --verify of a pattern that is not in HBM exits 3 and reports the first mismatching byte"

@@ -48,21 +48,7 @@ fi
 
 # The receiver's HBM, read on the host: the sender's pattern (independent SplitMix64).
 read -r offset length seed < <(sed -n 's/^# receiver-hbm offset=\(0x[0-9a-f]*\) length=\(0x[0-9a-f]*\) seed=\(0x[0-9a-f]*\)$/\1 \2 \3/p' "$work/tap.out")
-if [ -n "$offset" ] && python3 - "$hbm" "$offset" "$length" "$seed" <<'PY'
-import struct, sys
-path, off, length, seed = sys.argv[1], *(int(a, 0) for a in sys.argv[2:])
-M = (1 << 64) - 1
-with open(path, "rb") as f:
-    f.seek(off)
-    data = f.read(length)
-for i in range(length // 8):
-    z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & M
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
-    if struct.unpack_from("<Q", data, 8 * i)[0] != z ^ (z >> 31):
-        sys.exit("word %d of the receiver's HBM differs" % i)
-PY
-then
+if [ -n "$offset" ] && "$ROOT/tests/hbm-pattern" check "$hbm" "$offset" "$length" "$seed"; then
 	ok "host: the receiver's HBM (backing file at $offset, $((length >> 20)) MiB) holds the sender's pattern"
 else
 	fail "host: the receiver's HBM holds the sender's pattern" "offset '$offset' length '$length'"

@@ -6,9 +6,8 @@
 //! Every test opens the files it needs and closes them before it returns, so each starts from
 //! a device with nothing allocated.
 
-use std::fs;
-use std::os::fd::{AsFd, AsRawFd};
-use std::path::{Path, PathBuf};
+use std::os::fd::AsFd;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use peerdirect::uapi::{
@@ -19,7 +18,10 @@ use peerdirect::{
     Stats, SyncFlags,
 };
 
-use crate::{errno_name, expect_eq, Outcome, Tap, INDEX};
+use crate::support::{
+    expect_eq, expect_errno_of, expect_fdinfo, fdinfo, fdinfo_value, Outcome, Tap,
+};
+use crate::INDEX;
 
 const PAGE: u64 = 4096;
 const KIB: u64 = 1 << 10;
@@ -86,11 +88,11 @@ pub(crate) fn cases() -> Vec<Case> {
         // The malformed requests, one each.
         case("ALLOC with length 0 fails with EINVAL", |env| {
             let device = open(env)?;
-            expect_errno("ALLOC", alloc_raw(&device, 0, 0), Errno::INVAL)
+            expect_errno_of("ALLOC", alloc_raw(&device, 0, 0), Errno::INVAL)
         }),
         case("ALLOC with length hbm_bytes + 4096 fails with EINVAL", |env| {
             let device = open(env)?;
-            expect_errno(
+            expect_errno_of(
                 "ALLOC",
                 alloc_raw(&device, env.hbm_bytes + PAGE, 0),
                 Errno::INVAL,
@@ -98,18 +100,18 @@ pub(crate) fn cases() -> Vec<Case> {
         }),
         case("ALLOC with align 3 (not a power of two) fails with EINVAL", |env| {
             let device = open(env)?;
-            expect_errno("ALLOC", alloc_raw(&device, PAGE, 3), Errno::INVAL)
+            expect_errno_of("ALLOC", alloc_raw(&device, PAGE, 3), Errno::INVAL)
         }),
         case("ALLOC with align 2048 (below the page size) fails with EINVAL", |env| {
             let device = open(env)?;
-            expect_errno("ALLOC", alloc_raw(&device, PAGE, 2048), Errno::INVAL)
+            expect_errno_of("ALLOC", alloc_raw(&device, PAGE, 2048), Errno::INVAL)
         }),
         case(
             "EXPORT with offset 4096 and length 0xfffffffffffff000 (offset + length overflows) fails with EOVERFLOW",
             |env| {
                 let device = open(env)?;
                 let allocation = alloc(&device, 2 * MIB, None)?;
-                expect_errno(
+                expect_errno_of(
                     "EXPORT",
                     allocation.export(PAGE, !(PAGE - 1), RW),
                     Errno::OVERFLOW,
@@ -121,8 +123,8 @@ pub(crate) fn cases() -> Vec<Case> {
             |env| {
                 let device = open(env)?;
                 let allocation = alloc(&device, 64 * KIB, None)?;
-                expect_errno("EXPORT", allocation.export(0, 128 * KIB, RW), Errno::INVAL)?;
-                expect_errno(
+                expect_errno_of("EXPORT", allocation.export(0, 128 * KIB, RW), Errno::INVAL)?;
+                expect_errno_of(
                     "EXPORT at offset 32 KiB, length 64 KiB",
                     allocation.export(32 * KIB, 64 * KIB, RW),
                     Errno::INVAL,
@@ -132,18 +134,18 @@ pub(crate) fn cases() -> Vec<Case> {
         case("EXPORT with offset 100 (not page aligned) fails with EINVAL", |env| {
             let device = open(env)?;
             let allocation = alloc(&device, 64 * KIB, None)?;
-            expect_errno("EXPORT", allocation.export(100, PAGE, RW), Errno::INVAL)
+            expect_errno_of("EXPORT", allocation.export(100, PAGE, RW), Errno::INVAL)
         }),
         case("EXPORT with length 6000 (not page aligned) fails with EINVAL", |env| {
             let device = open(env)?;
             let allocation = alloc(&device, 64 * KIB, None)?;
-            expect_errno("EXPORT", allocation.export(0, 6000, RW), Errno::INVAL)
+            expect_errno_of("EXPORT", allocation.export(0, 6000, RW), Errno::INVAL)
         }),
         case("ALLOC with __reserved0 != 0 fails with EINVAL", |env| {
             let device = open(env)?;
             let mut raw = alloc_request(PAGE, 0);
             raw.alloc.__reserved0 = 1;
-            expect_errno("ALLOC", device.alloc_raw(&mut raw), Errno::INVAL)
+            expect_errno_of("ALLOC", device.alloc_raw(&mut raw), Errno::INVAL)
         }),
         case(
             "FREE with __reserved0 != 0 fails with EINVAL and leaves the allocation",
@@ -152,7 +154,7 @@ pub(crate) fn cases() -> Vec<Case> {
                 let allocation = alloc(&device, PAGE, None)?;
                 let mut raw = free_request(allocation.handle());
                 raw.free.__reserved0 = 1;
-                expect_errno("FREE", device.free_raw(&mut raw), Errno::INVAL)?;
+                expect_errno_of("FREE", device.free_raw(&mut raw), Errno::INVAL)?;
                 free(allocation)
             },
         ),
@@ -160,7 +162,7 @@ pub(crate) fn cases() -> Vec<Case> {
             let device = open(env)?;
             let mut raw = alloc_request(PAGE, 0);
             raw.alloc.flags = UNKNOWN_FLAG;
-            expect_errno("ALLOC", device.alloc_raw(&mut raw), Errno::OPNOTSUPP)
+            expect_errno_of("ALLOC", device.alloc_raw(&mut raw), Errno::OPNOTSUPP)
         }),
         case(
             "FREE with flags 0x80000000 fails with EOPNOTSUPP and leaves the allocation",
@@ -169,7 +171,7 @@ pub(crate) fn cases() -> Vec<Case> {
                 let allocation = alloc(&device, PAGE, None)?;
                 let mut raw = free_request(allocation.handle());
                 raw.free.flags = UNKNOWN_FLAG;
-                expect_errno("FREE", device.free_raw(&mut raw), Errno::OPNOTSUPP)?;
+                expect_errno_of("FREE", device.free_raw(&mut raw), Errno::OPNOTSUPP)?;
                 free(allocation)
             },
         ),
@@ -178,7 +180,7 @@ pub(crate) fn cases() -> Vec<Case> {
             let allocation = alloc(&device, PAGE, None)?;
             let mut raw = export_request(allocation.handle(), 0, 0);
             raw.export.flags = UNKNOWN_FLAG | PEERDIRECT_EXPORT_CLOEXEC;
-            expect_errno("EXPORT", device.export_raw(&mut raw), Errno::OPNOTSUPP)
+            expect_errno_of("EXPORT", device.export_raw(&mut raw), Errno::OPNOTSUPP)
         }),
         case(
             "FREE and EXPORT on file B of a handle made on file A fail with ENOENT; on A both work",
@@ -187,12 +189,12 @@ pub(crate) fn cases() -> Vec<Case> {
                 let b = open(env)?;
                 let allocation = alloc(&a, 64 * KIB, None)?;
                 let handle = allocation.handle();
-                expect_errno(
+                expect_errno_of(
                     "EXPORT on B",
                     b.export_raw(&mut export_request(handle, 0, 0)),
                     Errno::NOENT,
                 )?;
-                expect_errno(
+                expect_errno_of(
                     "FREE on B",
                     b.free_raw(&mut free_request(handle)),
                     Errno::NOENT,
@@ -212,7 +214,7 @@ pub(crate) fn cases() -> Vec<Case> {
             let allocation = alloc(&device, PAGE, None)?;
             let handle = allocation.handle();
             free(allocation)?;
-            expect_errno(
+            expect_errno_of(
                 "second FREE",
                 device.free_raw(&mut free_request(handle)),
                 Errno::NOENT,
@@ -220,14 +222,14 @@ pub(crate) fn cases() -> Vec<Case> {
         }),
         case("FREE of handle 0 (never valid) fails with ENOENT", |env| {
             let device = open(env)?;
-            expect_errno("FREE", device.free_raw(&mut free_request(0)), Errno::NOENT)
+            expect_errno_of("FREE", device.free_raw(&mut free_request(0)), Errno::NOENT)
         }),
         case("EXPORT of a freed handle fails with ENOENT", |env| {
             let device = open(env)?;
             let allocation = alloc(&device, PAGE, None)?;
             let handle = allocation.handle();
             free(allocation)?;
-            expect_errno(
+            expect_errno_of(
                 "EXPORT",
                 device.export_raw(&mut export_request(handle, 0, 0)),
                 Errno::NOENT,
@@ -237,7 +239,7 @@ pub(crate) fn cases() -> Vec<Case> {
             let device = open(env)?;
             let mut raw = alloc_request(PAGE, 0);
             raw.alloc.size = 8;
-            expect_errno("ALLOC", device.alloc_raw(&mut raw), Errno::INVAL)
+            expect_errno_of("ALLOC", device.alloc_raw(&mut raw), Errno::INVAL)
         }),
         case("ALLOC with size 48 and a nonzero tail fails with E2BIG", |env| {
             let device = open(env)?;
@@ -245,7 +247,7 @@ pub(crate) fn cases() -> Vec<Case> {
             raw.alloc.size = 48;
             raw.alloc.length = PAGE;
             raw.tail[7] = 1;
-            expect_errno("ALLOC", device.alloc_raw(&mut raw), Errno::TOOBIG)
+            expect_errno_of("ALLOC", device.alloc_raw(&mut raw), Errno::TOOBIG)
         }),
         case(
             "ALLOC with size 48 and a zero tail succeeds, writes back size 40 and leaves the tail",
@@ -336,7 +338,7 @@ pub(crate) fn cases() -> Vec<Case> {
                 let device = open(env)?;
                 let all = alloc(&device, env.hbm_bytes, None)?;
                 expect_eq("hbm_offset", 0, all.hbm_offset())?;
-                expect_errno("ALLOC of 4 KiB", device.alloc(PAGE, Some(PAGE)), Errno::NOMEM)
+                expect_errno_of("ALLOC of 4 KiB", device.alloc(PAGE, Some(PAGE)), Errno::NOMEM)
             },
         ),
         // What their dma-bufs are.
@@ -439,7 +441,7 @@ pub(crate) fn cases() -> Vec<Case> {
                 ] {
                     sync(&dma_buf, flags)?;
                 }
-                expect_errno(
+                expect_errno_of(
                     "SYNC with flags 0x8",
                     dma_buf.sync(SyncFlags::from_bits_retain(0x8)),
                     Errno::INVAL,
@@ -474,7 +476,7 @@ pub(crate) fn cases() -> Vec<Case> {
                 let dma_buf = export(&allocation, 0, 0, RO)?;
                 let map = mmap(&dma_buf, false)?;
                 map.read(0, &mut [0; 64]);
-                expect_errno("writable mmap", dma_buf.mmap(true), Errno::ACCESS)
+                expect_errno_of("writable mmap", dma_buf.mmap(true), Errno::ACCESS)
             },
         ),
         // How long memory lives.
@@ -512,7 +514,7 @@ pub(crate) fn cases() -> Vec<Case> {
                 let all = alloc(&device, env.hbm_bytes, None)?;
                 let dma_buf = export(&all, 0, 0, RO)?;
                 free(all)?;
-                expect_errno(
+                expect_errno_of(
                     "ALLOC of 4 KiB while the dma-buf lives",
                     device.alloc(PAGE, Some(PAGE)),
                     Errno::NOMEM,
@@ -675,30 +677,6 @@ fn describe(allocation: &Allocation<'_>) -> String {
     )
 }
 
-fn expect_errno<T>(what: &str, result: Result<T, Error>, expected: Errno) -> Outcome {
-    match result {
-        Err(err) if err.errno() == Some(expected) => Ok(()),
-        Err(err) => Err(format!(
-            "{what}: expected {}, got {} ({err})",
-            errno_label(expected),
-            err.errno().map_or("no errno", errno_label)
-        )),
-        Ok(_) => Err(format!(
-            "{what}: expected {}, got success",
-            errno_label(expected)
-        )),
-    }
-}
-
-/// [`errno_name`], and the errnos only these tests expect.
-fn errno_label(errno: Errno) -> &'static str {
-    match errno {
-        Errno::NOMEM => "ENOMEM",
-        Errno::OVERFLOW => "EOVERFLOW",
-        _ => errno_name(errno),
-    }
-}
-
 fn expect_aligned(allocation: &Allocation<'_>, align: u64) -> Outcome {
     if allocation.hbm_offset() % align == 0 {
         Ok(())
@@ -774,29 +752,6 @@ fn expect_matches(seed: u64, offset: u64, data: &[u8]) -> Outcome {
     }
 }
 
-fn fdinfo(fd: &impl AsFd) -> Result<String, String> {
-    let path = Path::new("/proc/self/fdinfo").join(fd.as_fd().as_raw_fd().to_string());
-    fs::read_to_string(&path)
-        .map_err(|err| format!("expected to read {}, got {err}", path.display()))
-}
-
-/// The value of `key` in /proc/PID/fdinfo/FD text, whose lines read `key:\tvalue`.
-fn fdinfo_value<'a>(fdinfo: &'a str, key: &str) -> Option<&'a str> {
-    fdinfo.lines().find_map(|line| {
-        let (k, value) = line.split_once(':')?;
-        (k == key).then(|| value.trim())
-    })
-}
-
-fn expect_fdinfo(fdinfo: &str, key: &str, expected: &str) -> Outcome {
-    match fdinfo_value(fdinfo, key) {
-        Some(value) => expect_eq(key, expected, value),
-        None => Err(format!(
-            "{key}: expected {expected:?}, got no {key} line in fdinfo:\n{fdinfo}"
-        )),
-    }
-}
-
 /// The open flags fdinfo shows (octal), `O_CLOEXEC` included.
 fn fdinfo_flags(fd: &impl AsFd) -> Result<u64, String> {
     let fdinfo = fdinfo(fd)?;
@@ -808,6 +763,8 @@ fn fdinfo_flags(fd: &impl AsFd) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::support::errno_name;
+    use std::fs;
 
     #[test]
     fn overlaps_are_found_in_any_order() {
@@ -862,7 +819,7 @@ mod tests {
             (Errno::OVERFLOW, "EOVERFLOW"),
             (Errno::ACCESS, "EACCES"),
         ] {
-            assert_eq!(errno_label(errno), name);
+            assert_eq!(errno_name(errno), name);
         }
     }
 

@@ -22,21 +22,16 @@
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::Path;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
 use peerdirect::{Device, DmaBuf, ExportFlags, PciAddress};
 use rustix::fs::{MemfdFlags, SealFlags};
 
+use crate::support::{find_nic, write_sysfs, SYSFS_PCI_DEVICES};
+use crate::testmod::TestModule;
 use crate::INDEX;
 
-const IMPORTER_PATH: &str = "/lib/peerdirect/tests/peerdirect_importer.ko";
-const RUN_FILE: &str = "/sys/kernel/debug/peerdirect_importer/run";
-const SYSFS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
-/// virtio-net: legacy and modern device IDs.
-const NIC_IDS: [(&str, &str); 2] = [("0x1af4", "0x1000"), ("0x1af4", "0x1041")];
 const MIB: u64 = 1 << 20;
 const SIZES: [u64; 3] = [2 * MIB, 64 * MIB, 1 << 30];
 /// Attachments per case; times are the best of them.
@@ -59,95 +54,6 @@ impl Exporter {
             Self::Peerdirect => "peerdirect",
             Self::Udmabuf => "udmabuf",
             Self::VfioPci => "vfio-pci",
-        }
-    }
-}
-
-/// What the importer module answered: its `key=value` lines.
-#[derive(Debug, Default)]
-struct Report(BTreeMap<String, String>);
-
-impl Report {
-    fn parse(text: &str) -> Self {
-        Self(
-            text.lines()
-                .filter_map(|line| line.split_once('='))
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
-        )
-    }
-
-    fn get(&self, key: &str) -> Result<&str, String> {
-        self.0
-            .get(key)
-            .map(String::as_str)
-            .ok_or_else(|| format!("the importer reported no {key}= ({})", self.summary()))
-    }
-
-    fn int(&self, key: &str) -> Result<i64, String> {
-        let value = self.get(key)?;
-        value
-            .parse()
-            .map_err(|_| format!("{key}={value} is not a number"))
-    }
-
-    fn uint(&self, key: &str) -> Result<u64, String> {
-        let value = self.get(key)?;
-        match value.strip_prefix("0x") {
-            Some(hex) => u64::from_str_radix(hex, 16),
-            None => value.parse(),
-        }
-        .map_err(|_| format!("{key}={value} is not a number"))
-    }
-
-    fn summary(&self) -> String {
-        self.0
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
-}
-
-/// The importer module's debugfs file, open for commands.
-struct Importer {
-    file: File,
-}
-
-impl Importer {
-    /// Loads the module unless it is loaded already, and opens its command file.
-    fn load() -> Result<Self, String> {
-        if !Path::new(RUN_FILE).exists() {
-            let output = Command::new("insmod")
-                .arg(IMPORTER_PATH)
-                .output()
-                .map_err(|err| format!("cannot run insmod: {err}"))?;
-            if !output.status.success() {
-                return Err(format!(
-                    "insmod {IMPORTER_PATH} failed: {}",
-                    String::from_utf8_lossy(&output.stderr).trim()
-                ));
-            }
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(RUN_FILE)
-            .map_err(|err| format!("cannot open {RUN_FILE}: {err}"))?;
-        Ok(Self { file })
-    }
-
-    /// Sends one command line (in one write) and reads its result back.
-    fn command(&mut self, line: &str) -> Result<Report, String> {
-        let written = self.file.write(line.as_bytes());
-        let mut text = String::new();
-        self.file
-            .read_to_string(&mut text)
-            .map_err(|err| format!("reading the result of '{line}' failed: {err}"))?;
-        match written {
-            Ok(n) if n == line.len() => Ok(Report::parse(&text)),
-            Ok(n) => Err(format!("'{line}': short write ({n} bytes)")),
-            Err(err) => Err(format!("'{line}' was refused: {err}; {}", text.trim())),
         }
     }
 }
@@ -175,7 +81,7 @@ struct Measured {
 /// unmapping it; checks every run mapped the whole buffer into the same number of entries and
 /// keeps the best times.
 fn measure(
-    importer: &mut Importer,
+    importer: &mut TestModule,
     nic: &str,
     hbm: Option<PciAddress>,
     dmabuf: &DmaBuf,
@@ -215,7 +121,7 @@ fn measure(
             exp_name: report.get("exporter")?.to_owned(),
             dma_first: report.uint("dma_first")?,
             importer_iommu: report.get("importer_iommu")?.to_owned(),
-            p2p_distance: report.0.get("p2p_distance").and_then(|d| d.parse().ok()),
+            p2p_distance: report.value("p2p_distance").and_then(|d| d.parse().ok()),
         };
         best = Some(match best {
             None => this,
@@ -236,30 +142,6 @@ fn measure(
     best.ok_or_else(|| "no run".to_owned())
 }
 
-/// The PCI address of the guest's only virtio-net function.
-fn find_nic() -> Result<String, String> {
-    let read = |path: &Path| fs::read_to_string(path).map(|s| s.trim().to_owned());
-    let mut nics = Vec::new();
-    let entries = fs::read_dir(SYSFS_PCI_DEVICES)
-        .map_err(|err| format!("cannot list {SYSFS_PCI_DEVICES}: {err}"))?;
-    for entry in entries.flatten() {
-        let dir = entry.path();
-        let (Ok(vendor), Ok(device)) = (read(&dir.join("vendor")), read(&dir.join("device")))
-        else {
-            continue;
-        };
-        if NIC_IDS.contains(&(vendor.as_str(), device.as_str())) {
-            nics.push(entry.file_name().to_string_lossy().into_owned());
-        }
-    }
-    nics.sort();
-    match nics.as_slice() {
-        [nic] => Ok(nic.clone()),
-        [] => Err(format!("no virtio-net PCI device in {SYSFS_PCI_DEVICES}")),
-        _ => Err(format!("more than one virtio-net device: {nics:?}")),
-    }
-}
-
 fn size_name(bytes: u64) -> String {
     if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
         format!("{} GiB", bytes >> 30)
@@ -274,7 +156,7 @@ type Results = BTreeMap<(Exporter, u64), Result<Measured, String>>;
 
 /// peerdirect: a fresh allocation of each size, exported whole.
 fn bench_peerdirect(
-    importer: &mut Importer,
+    importer: &mut TestModule,
     nic: &str,
     device: &Device,
     hbm: PciAddress,
@@ -312,7 +194,7 @@ fn read_u32(path: &str) -> Option<u32> {
 /// harness counts as a failed run. That is upstream udmabuf's doing, not this benchmark's: the
 /// warnings are turned off (`num_errors` 0) for udmabuf's runs only, and the errors counted
 /// meanwhile are printed instead.
-fn bench_udmabuf(importer: &mut Importer, nic: &str, sizes: &[u64], results: &mut Results) {
+fn bench_udmabuf(importer: &mut TestModule, nic: &str, sizes: &[u64], results: &mut Results) {
     let num_errors = read_u32(DMA_API_NUM_ERRORS);
     let errors_before = read_u32(DMA_API_ERROR_COUNT);
     if num_errors.is_some() {
@@ -335,7 +217,7 @@ fn bench_udmabuf(importer: &mut Importer, nic: &str, sizes: &[u64], results: &mu
     }
 }
 
-fn bench_udmabuf_sizes(importer: &mut Importer, nic: &str, sizes: &[u64], results: &mut Results) {
+fn bench_udmabuf_sizes(importer: &mut TestModule, nic: &str, sizes: &[u64], results: &mut Results) {
     let udmabuf = OpenOptions::new()
         .read(true)
         .write(true)
@@ -365,10 +247,6 @@ fn bench_udmabuf_sizes(importer: &mut Importer, nic: &str, sizes: &[u64], result
 fn driver_of(bdf: &str) -> Option<String> {
     let link = fs::read_link(format!("{SYSFS_PCI_DEVICES}/{bdf}/driver")).ok()?;
     Some(link.file_name()?.to_string_lossy().into_owned())
-}
-
-fn write_sysfs(path: &str, value: &str) -> Result<(), String> {
-    fs::write(path, value).map_err(|err| format!("writing '{value}' to {path} failed: {err}"))
 }
 
 /// Unbinds `bdf` from its driver, if it has one.
@@ -486,7 +364,7 @@ fn open_vfio(hbm: &str, nic: &str) -> Result<Vfio, String> {
 
 /// vfio-pci: BAR 2 bytes `0..len` of the HBM device as one-range dma-bufs.
 fn bench_vfio(
-    importer: &mut Importer,
+    importer: &mut TestModule,
     nic: &str,
     hbm: PciAddress,
     sizes: &[u64],
@@ -637,7 +515,7 @@ fn notes(results: &Results, sizes: &[u64], hbm_bus_addr: u64) -> Vec<String> {
 /// Runs the benchmark and prints the table; success iff every case was measured.
 pub(crate) fn run() -> ExitCode {
     let setup = (|| {
-        let importer = Importer::load()?;
+        let importer = TestModule::load_importer()?;
         let nic = find_nic()?;
         let device = Device::open_index(INDEX).map_err(|err| err.to_string())?;
         let info = device.info().map_err(|err| err.to_string())?;

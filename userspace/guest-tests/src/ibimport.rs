@@ -9,9 +9,7 @@
 //!
 //! Needs the switch topology, `--hbm 8G` and `--rxe` (`tests/system/ibimport.sh`).
 
-use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::fs;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -21,11 +19,12 @@ use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId, RegCache};
 use peerdirect::registrar::ibverbs::{IbverbsError, IbverbsRegistrar};
 use peerdirect::{Device, DeviceInfo, DmaBuf, Errno, ExportFlags};
 
-use crate::{expect_eq, Outcome, Tap, INDEX, SYSFS_DRIVER};
+use crate::support::{expect_eq, find_nic, run_command as run, Outcome, Tap};
+use crate::testmod::{stats, TestModule};
+use crate::{INDEX, SYSFS_DRIVER};
 
 const MODULE_PATH: &str = "/lib/peerdirect/tests/peerdirect_ibimport.ko";
 const RUN_FILE: &str = "/sys/kernel/debug/peerdirect_ibimport/run";
-const NIC_IDS: [(&str, &str); 2] = [("0x1af4", "0x1000"), ("0x1af4", "0x1041")];
 const RXE: &str = "rxe0";
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -66,116 +65,12 @@ pub(crate) fn num_blocks(iova: u64, len: u64, pgsz: u64) -> u64 {
     ((iova + len).next_multiple_of(pgsz) - iova / pgsz * pgsz) / pgsz
 }
 
-#[derive(Debug, Default)]
-struct Report(BTreeMap<String, String>);
-
-impl Report {
-    fn parse(text: &str) -> Self {
-        Self(
-            text.lines()
-                .filter_map(|l| l.split_once(['=', ':']))
-                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-                .collect(),
-        )
+/// Loads ib_core and the module unless they are loaded already, and opens its command file.
+fn load_module() -> Result<TestModule, String> {
+    if !Path::new("/sys/module/ib_core").exists() {
+        run("modprobe", &["ib_core"])?;
     }
-    fn get(&self, key: &str) -> Result<&str, String> {
-        self.0
-            .get(key)
-            .map(String::as_str)
-            .ok_or_else(|| format!("no {key}= in: {}", self.summary()))
-    }
-    fn int(&self, key: &str) -> Result<i64, String> {
-        let v = self.get(key)?;
-        v.parse().map_err(|_| format!("{key}={v} is not a number"))
-    }
-    fn uint(&self, key: &str) -> Result<u64, String> {
-        let v = self.get(key)?;
-        match v.strip_prefix("0x") {
-            Some(hex) => u64::from_str_radix(hex, 16),
-            None => v.parse(),
-        }
-        .map_err(|_| format!("{key}={v} is not a number"))
-    }
-    fn summary(&self) -> String {
-        let parts: Vec<String> = self.0.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        parts.join(" ")
-    }
-    fn expect(&self, keys: &[(&str, i64)]) -> Outcome {
-        for (key, want) in keys {
-            expect_eq(key, *want, self.int(key)?)
-                .map_err(|e| format!("{e}\n{}", self.summary()))?;
-        }
-        Ok(())
-    }
-}
-
-struct Module {
-    file: File,
-}
-
-impl Module {
-    fn load() -> Result<Self, String> {
-        if !Path::new("/sys/module/ib_core").exists() {
-            run("modprobe", &["ib_core"])?;
-        }
-        if !Path::new(RUN_FILE).exists() {
-            run("insmod", &[MODULE_PATH])?;
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(RUN_FILE)
-            .map_err(|err| format!("cannot open {RUN_FILE}: {err}"))?;
-        Ok(Self { file })
-    }
-
-    fn command(&mut self, line: &str) -> Result<Report, String> {
-        let written = self.file.write(line.as_bytes());
-        let mut text = String::new();
-        self.file
-            .read_to_string(&mut text)
-            .map_err(|err| format!("reading the result of '{line}': {err}"))?;
-        match written {
-            Ok(n) if n == line.len() => Ok(Report::parse(&text)),
-            Ok(n) => Err(format!("'{line}': short write ({n})")),
-            Err(err) => Err(format!("'{line}' was refused: {err}; {}", text.trim())),
-        }
-    }
-}
-
-fn run(cmd: &str, args: &[&str]) -> Outcome {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .map_err(|err| format!("cannot run {cmd}: {err}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{cmd} {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-fn find_nic() -> Result<String, String> {
-    let read = |p: &Path| fs::read_to_string(p).map(|s| s.trim().to_owned());
-    let mut nics = Vec::new();
-    for entry in fs::read_dir("/sys/bus/pci/devices")
-        .map_err(|e| e.to_string())?
-        .flatten()
-    {
-        let dir = entry.path();
-        if let (Ok(v), Ok(d)) = (read(&dir.join("vendor")), read(&dir.join("device"))) {
-            if NIC_IDS.contains(&(v.as_str(), d.as_str())) {
-                nics.push(entry.file_name().to_string_lossy().into_owned());
-            }
-        }
-    }
-    match nics.as_slice() {
-        [nic] => Ok(nic.clone()),
-        _ => Err(format!("expected one virtio-net device, found {nics:?}")),
-    }
+    TestModule::load("peerdirect_ibimport", MODULE_PATH, RUN_FILE)
 }
 
 /// How an import is made; `Pinned` with rxe's ib_device, the others with the test-owned one.
@@ -266,7 +161,7 @@ impl Layout {
 }
 
 struct Ctx {
-    module: Module,
+    module: TestModule,
     device: Device,
     info: DeviceInfo,
     nic: String,
@@ -417,13 +312,6 @@ fn hold(ctx: &mut Ctx) -> Result<Held, String> {
     })
 }
 
-fn stats() -> Result<Report, String> {
-    let path = peerdirect::stats_path(INDEX);
-    fs::read_to_string(&path)
-        .map(|t| Report::parse(&t))
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))
-}
-
 fn pinned_log_lines() -> Result<usize, String> {
     let out = Command::new("dmesg")
         .output()
@@ -567,7 +455,7 @@ pub(crate) fn run_tests() -> ExitCode {
     let steps = steps();
     let mut tap = Tap::plan(1 + steps.len());
     let setup = (|| {
-        let module = Module::load()?;
+        let module = load_module()?;
         let nic = find_nic()?;
         let device = Device::open_index(INDEX).map_err(|e| e.to_string())?;
         let info = device.info().map_err(|e| e.to_string())?;
@@ -594,6 +482,11 @@ pub(crate) fn run_tests() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testmod::Report;
+
+    fn report(text: &str) -> Report {
+        Report::parse("peerdirect_ibimport", text, '=')
+    }
 
     const BUS: u64 = 0xf8_0000_0000; // an 8 GiB BAR, naturally aligned
 
@@ -621,7 +514,7 @@ mod tests {
 
     #[test]
     fn reports_parse_and_mismatches_fail() {
-        let r = Report::parse("get=0\npgsz=2097152\nblock_first=0x10\n");
+        let r = report("get=0\npgsz=2097152\nblock_first=0x10\n");
         assert_eq!(r.uint("block_first").unwrap(), 16);
         assert!(r.expect(&[("get", 0)]).is_ok());
         assert!(r.expect(&[("get", -95)]).is_err());

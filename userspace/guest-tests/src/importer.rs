@@ -4,18 +4,16 @@
 //! reports the sg table; this checks the result against the kernel's own P2P verdict for the
 //! HBM device and the NIC, and prints the times and sg entry counts as `# timing:` lines.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd};
-use std::path::Path;
 use std::process::{Command, ExitCode};
 
 use clap::ValueEnum;
 use peerdirect::{Allocation, Device, DeviceInfo, DmaBuf, ExportFlags};
 
-use crate::{expect_eq, Outcome, Tap, INDEX};
+use crate::support::{expect_eq, find_nic, Outcome, Tap};
+use crate::testmod::{Report, TestModule, IMPORTER as MODULE};
+use crate::INDEX;
 
 /// The PCIe layout the guest was booted with (`qemu/run --topology`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -38,12 +36,6 @@ impl fmt::Display for Topology {
     }
 }
 
-const MODULE: &str = "peerdirect_importer";
-const MODULE_PATH: &str = "/lib/peerdirect/tests/peerdirect_importer.ko";
-const RUN_FILE: &str = "/sys/kernel/debug/peerdirect_importer/run";
-const SYSFS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
-/// virtio-net: legacy and modern device IDs.
-const NIC_IDS: [(&str, &str); 2] = [("0x1af4", "0x1000"), ("0x1af4", "0x1041")];
 const EOPNOTSUPP: i64 = 95;
 const MIB: u64 = 1 << 20;
 /// Attachments per case: the first is checked in full, all must agree, times are the best.
@@ -72,58 +64,6 @@ impl Mode {
     }
 }
 
-/// What the importer module answered: its `key=value` lines.
-#[derive(Debug, Default)]
-struct Report(BTreeMap<String, String>);
-
-impl Report {
-    fn parse(text: &str) -> Self {
-        Self(
-            text.lines()
-                .filter_map(|line| line.split_once('='))
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
-        )
-    }
-
-    fn get(&self, key: &str) -> Result<&str, String> {
-        self.0
-            .get(key)
-            .map(String::as_str)
-            .ok_or_else(|| format!("the importer reported no {key}= ({})", self.summary()))
-    }
-
-    fn int(&self, key: &str) -> Result<i64, String> {
-        let value = self.get(key)?;
-        value
-            .parse()
-            .map_err(|_| format!("{key}={value} is not a number"))
-    }
-
-    fn uint(&self, key: &str) -> Result<u64, String> {
-        let value = self.get(key)?;
-        match value.strip_prefix("0x") {
-            Some(hex) => u64::from_str_radix(hex, 16),
-            None => value.parse(),
-        }
-        .map_err(|_| format!("{key}={value} is not a number"))
-    }
-
-    /// An errno-style result (`attach=-95`) as a name for messages.
-    fn errno_of(&self, key: &str) -> Result<i64, String> {
-        self.int(key)
-    }
-
-    /// Every line on one line, for diagnostics.
-    fn summary(&self) -> String {
-        self.0
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
-}
-
 fn errno_text(value: i64) -> String {
     match -value {
         0 => "0".to_owned(),
@@ -137,85 +77,17 @@ fn errno_text(value: i64) -> String {
     }
 }
 
-/// The module's debugfs file, open for commands.
-struct Importer {
-    file: File,
-}
-
-impl Importer {
-    /// Loads the module unless it is loaded already, and opens its command file.
-    fn load() -> Result<Self, String> {
-        if !Path::new(RUN_FILE).exists() {
-            let output = Command::new("insmod")
-                .arg(MODULE_PATH)
-                .output()
-                .map_err(|err| format!("cannot run insmod: {err}"))?;
-            if !output.status.success() {
-                return Err(format!(
-                    "insmod {MODULE_PATH} failed: {}",
-                    String::from_utf8_lossy(&output.stderr).trim()
-                ));
-            }
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(RUN_FILE)
-            .map_err(|err| format!("cannot open {RUN_FILE}: {err}"))?;
-        Ok(Self { file })
-    }
-
-    /// Sends one command line. A refused write (a malformed command, no such fd, device or
-    /// id) is an `Err` carrying the module's `error=` line.
-    fn command(&mut self, line: &str) -> Result<Report, String> {
-        let written = self.file.write(line.as_bytes());
-        let mut text = String::new();
-        self.file
-            .read_to_string(&mut text)
-            .map_err(|err| format!("reading the result of '{line}' failed: {err}"))?;
-        match written {
-            Ok(n) if n == line.len() => Ok(Report::parse(&text)),
-            Ok(n) => Err(format!("'{line}': short write ({n} bytes)")),
-            Err(err) => Err(format!("'{line}' was refused: {err}; {}", text.trim())),
-        }
-    }
-}
-
-/// The PCI address of the guest's only virtio-net function.
-fn find_nic() -> Result<String, String> {
-    let read = |path: &Path| fs::read_to_string(path).map(|s| s.trim().to_owned());
-    let mut nics = Vec::new();
-    let entries = fs::read_dir(SYSFS_PCI_DEVICES)
-        .map_err(|err| format!("cannot list {SYSFS_PCI_DEVICES}: {err}"))?;
-    for entry in entries.flatten() {
-        let dir = entry.path();
-        let (Ok(vendor), Ok(device)) = (read(&dir.join("vendor")), read(&dir.join("device")))
-        else {
-            continue;
-        };
-        if NIC_IDS.contains(&(vendor.as_str(), device.as_str())) {
-            nics.push(entry.file_name().to_string_lossy().into_owned());
-        }
-    }
-    nics.sort();
-    match nics.as_slice() {
-        [nic] => Ok(nic.clone()),
-        [] => Err(format!("no virtio-net PCI device in {SYSFS_PCI_DEVICES}")),
-        _ => Err(format!("more than one virtio-net device: {nics:?}")),
-    }
-}
-
 /// Everything the cases share.
 struct Setup {
     topology: Topology,
-    importer: Importer,
+    importer: TestModule,
     device: Device,
     info: DeviceInfo,
     nic: String,
 }
 
 fn setup(topology: Topology) -> Result<Setup, String> {
-    let importer = Importer::load()?;
+    let importer = TestModule::load_importer()?;
     let nic = find_nic()?;
     let device = Device::open_index(INDEX).map_err(|err| err.to_string())?;
     let info = device.info().map_err(|err| err.to_string())?;
@@ -335,8 +207,8 @@ fn run_case(setup: &mut Setup, case: &Case) -> Outcome {
         for key in ["attach", "pin", "map", "nents", "dma_first", "dma_total"] {
             expect_eq(
                 &format!("run {} of {RUNS}: {key}", i + 1),
-                first.0.get(key),
-                report.0.get(key),
+                first.value(key),
+                report.value(key),
             )?;
         }
     }
@@ -352,7 +224,7 @@ fn check_mapped(report: &Report, case: &Case, expected_first: Option<u64>) -> Ou
         if key == "pin" && !case.mode.pins() {
             continue;
         }
-        let value = report.errno_of(key)?;
+        let value = report.int(key)?;
         if value != 0 {
             return Err(format!(
                 "P2P is allowed (p2p_distance={}), but {key} failed with {}\n{}",
@@ -387,7 +259,7 @@ fn check_mapped(report: &Report, case: &Case, expected_first: Option<u64>) -> Ou
 
 /// P2P refused: the exporter must refuse the attachment itself, with EOPNOTSUPP.
 fn check_refused(report: &Report) -> Outcome {
-    let attach = report.errno_of("attach")?;
+    let attach = report.int("attach")?;
     if attach == -EOPNOTSUPP {
         return Ok(());
     }
@@ -395,7 +267,7 @@ fn check_refused(report: &Report) -> Outcome {
         "P2P is refused (p2p_distance={}): expected attach to fail with -EOPNOTSUPP, got {}{}",
         report.get("p2p_distance")?,
         errno_text(attach),
-        match report.0.get("map") {
+        match report.value("map") {
             Some(map) => format!(", and map={map}"),
             None => String::new(),
         }
@@ -411,10 +283,10 @@ fn print_timing(topology: Topology, case: &Case, reports: &[Report]) {
             .map_or("-".to_owned(), |ns| ns.to_string())
     };
     let first = &reports[0];
-    let field = |key: &str| first.0.get(key).map_or("-", String::as_str).to_owned();
+    let field = |key: &str| first.value(key).unwrap_or("-").to_owned();
     println!(
         "# timing: topology={topology} mode={} size={} offset={:#x} p2p_distance={} importer_iommu={} attach={} pin={} map={} nents={} max_entry={} max_seg={} attach_ns={} pin_ns={} map_ns={} unmap_detach_ns={} (best of {RUNS})",
-        first.0.get("mode").map_or(case.mode.name(), String::as_str),
+        first.value("mode").unwrap_or(case.mode.name()),
         size_name(case.len),
         case.offset,
         field("p2p_distance"),
@@ -439,7 +311,7 @@ fn run_non_p2p(setup: &mut Setup, case: &Case) -> Outcome {
     let line = case.command(setup, exported.dmabuf.as_fd().as_raw_fd());
     let report = setup.importer.command(&line)?;
     expect_eq("peer2peer", 0, report.int("peer2peer").unwrap_or(0))?;
-    let attach = report.errno_of("attach")?;
+    let attach = report.int("attach")?;
     if attach != -EOPNOTSUPP {
         return Err(format!(
             "expected attach to fail with -EOPNOTSUPP, got {}\n{}",
@@ -645,9 +517,13 @@ fn rmmod() -> Outcome {
 mod tests {
     use super::*;
 
+    fn report(text: &str) -> Report {
+        Report::parse("the importer", text, '=')
+    }
+
     #[test]
     fn report_parses_key_value_lines() {
-        let report = Report::parse("attach=0\nmap=-95\ndma_first=0xd0000000\nnoise\nnents=1\n");
+        let report = report("attach=0\nmap=-95\ndma_first=0xd0000000\nnoise\nnents=1\n");
         assert_eq!(report.int("attach"), Ok(0));
         assert_eq!(report.int("map"), Ok(-95));
         assert_eq!(report.uint("dma_first"), Ok(0xd000_0000));
@@ -667,7 +543,7 @@ mod tests {
 
     #[test]
     fn mapped_accepts_one_contiguous_range_at_the_bar() {
-        let report = Report::parse(
+        let report = report(
             "attach=0\npin=0\nmap=0\nnents=1\ndma_first=0xd0200000\ndma_total=2097152\ncontiguous=1\nunaligned=0\nmax_seg=65536\n",
         );
         assert_eq!(
@@ -680,7 +556,7 @@ mod tests {
 
     #[test]
     fn mapped_refuses_one_entry_per_page() {
-        let report = Report::parse(
+        let report = report(
             "attach=0\npin=0\nmap=0\nnents=512\ndma_first=0xd0000000\ndma_total=2097152\ncontiguous=1\nunaligned=0\nmax_seg=65536\n",
         );
         let err = check_mapped(&report, &case(2 * MIB), None).unwrap_err();
@@ -689,7 +565,7 @@ mod tests {
 
     #[test]
     fn mapped_reports_a_failed_pin() {
-        let report = Report::parse("p2p_distance=4\nattach=0\npin=-95\n");
+        let report = report("p2p_distance=4\nattach=0\npin=-95\n");
         let err = check_mapped(&report, &case(2 * MIB), None).unwrap_err();
         assert!(err.contains("pin failed with -EOPNOTSUPP"), "{err}");
     }
@@ -697,11 +573,10 @@ mod tests {
     #[test]
     fn refused_wants_eopnotsupp_at_attach() {
         assert_eq!(
-            check_refused(&Report::parse("p2p_distance=-1\nattach=-95\n")),
+            check_refused(&report("p2p_distance=-1\nattach=-95\n")),
             Ok(())
         );
-        let err =
-            check_refused(&Report::parse("p2p_distance=-1\nattach=0\nmap=-22\n")).unwrap_err();
+        let err = check_refused(&report("p2p_distance=-1\nattach=0\nmap=-22\n")).unwrap_err();
         assert!(err.contains("got 0, and map=-22"), "{err}");
     }
 

@@ -7,14 +7,15 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
 use std::process::Command;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use peerdirect::{Device, DeviceInfo, Errno, PciAddress};
 
-use crate::{errno_name, expect_eq, Outcome, INDEX, SYSFS_DRIVER};
+use crate::support::{
+    errno_name, expect_eq, expect_fdinfo, fdinfo, module_listed, wait_for, write_sysfs, Outcome,
+};
+use crate::{INDEX, SYSFS_DRIVER};
 
 /// The module, as rmmod and /proc/modules name it; also the driver's name.
 const MODULE: &str = "peerdirect";
@@ -47,28 +48,17 @@ impl State {
     }
 }
 
-pub(crate) struct Step {
-    description: String,
-    /// Whether the steps after it rely on it having passed.
-    gate: bool,
-    run: Box<dyn Fn(&mut State) -> Outcome>,
-}
+/// A step of the sequence.
+pub(crate) type Step = crate::support::Step<State>;
 
 /// A step whose failure stops the sequence.
 fn gate(description: impl Into<String>, run: impl Fn(&mut State) -> Outcome + 'static) -> Step {
-    Step {
-        description: description.into(),
-        gate: true,
-        run: Box::new(run),
-    }
+    crate::support::gate(description, run)
 }
 
 /// A step whose failure the following steps do not depend on.
 fn check(description: impl Into<String>, run: impl Fn(&mut State) -> Outcome + 'static) -> Step {
-    Step {
-        gate: false,
-        ..gate(description, run)
-    }
+    crate::support::check(description, run)
 }
 
 pub(crate) const START: &str = "/dev/peerdirect0 opens as fd A and INFO on A succeeds";
@@ -207,31 +197,6 @@ pub(crate) fn steps() -> Vec<Step> {
     ]
 }
 
-/// Runs `start`'s outcome and then each step, handing each verdict to `report`; after a gate
-/// fails, reports the remaining steps as not run without running them.
-pub(crate) fn run_sequence(
-    start: Result<State, String>,
-    steps: &[Step],
-    report: &mut dyn FnMut(&str, &Outcome),
-) {
-    report(START, &start.as_ref().map(drop).map_err(Clone::clone));
-    let mut state = start.map_err(|_| not_run(START));
-    for step in steps {
-        let outcome = match &mut state {
-            Ok(state) => (step.run)(state),
-            Err(reason) => Err(reason.clone()),
-        };
-        report(&step.description, &outcome);
-        if step.gate && outcome.is_err() && state.is_ok() {
-            state = Err(not_run(&step.description));
-        }
-    }
-}
-
-fn not_run(failed: &str) -> String {
-    format!("not run: \"{failed}\" failed")
-}
-
 fn open_node() -> Result<Device, String> {
     Device::open_index(INDEX).map_err(|err| format!("expected open to succeed, got {err}"))
 }
@@ -267,54 +232,13 @@ fn expect_enodev_with_hint(device: &Device) -> Outcome {
     }
 }
 
-fn fdinfo(device: &Device) -> Result<String, String> {
-    let path = format!("/proc/self/fdinfo/{}", device.as_fd().as_raw_fd());
-    fs::read_to_string(&path).map_err(|err| format!("expected to read {path}, got {err}"))
-}
-
-/// The value of `key` in /proc/PID/fdinfo/FD text, whose lines read `key:\tvalue`.
-fn fdinfo_value<'a>(fdinfo: &'a str, key: &str) -> Option<&'a str> {
-    fdinfo.lines().find_map(|line| {
-        let (k, value) = line.split_once(':')?;
-        (k == key).then(|| value.trim())
-    })
-}
-
-fn expect_fdinfo(fdinfo: &str, key: &str, expected: &str) -> Outcome {
-    match fdinfo_value(fdinfo, key) {
-        Some(value) => expect_eq(key, expected, value),
-        None => Err(format!(
-            "{key}: expected {expected:?}, got no {key} line in fdinfo:\n{fdinfo}"
-        )),
-    }
-}
-
 fn device_dir(bdf: PciAddress) -> String {
     format!("{SYSFS_PCI}/devices/{bdf}")
 }
 
-fn write_sysfs(path: &str, value: &str) -> Outcome {
-    fs::write(path, value)
-        .map_err(|err| format!("expected writing {value:?} to {path} to succeed, got {err}"))
-}
-
-/// Polls `done` until it holds or [`SETTLE`] has passed; says whether it held.
-fn settles(mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        if done() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Waits for `path` to exist (or to be gone) within [`SETTLE`].
 fn expect_exists(path: &str, exists: bool) -> Outcome {
-    if settles(|| fs::symlink_metadata(path).is_ok() == exists) {
+    if wait_for(SETTLE, || fs::symlink_metadata(path).is_ok() == exists).is_ok() {
         return Ok(());
     }
     let (expected, got) = if exists {
@@ -370,13 +294,6 @@ fn rmmod() -> Result<(bool, String), String> {
     ))
 }
 
-/// Whether /proc/modules text lists module `name`.
-fn module_listed(proc_modules: &str, name: &str) -> bool {
-    proc_modules
-        .lines()
-        .any(|line| line.split_whitespace().next() == Some(name))
-}
-
 fn expect_loaded(loaded: bool) -> Outcome {
     const PROC_MODULES: &str = "/proc/modules";
     let modules = fs::read_to_string(PROC_MODULES)
@@ -398,6 +315,7 @@ fn expect_loaded(loaded: bool) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::support::{fdinfo_value, run_sequence};
 
     const FDINFO: &str = "pos:\t0\nflags:\t02100002\nmnt_id:\t17\nino:\t123\n\
         peerdirect-device:\tpeerdirect0\npeerdirect-pci:\t0000:03:00.0\n\
@@ -436,20 +354,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn proc_modules_lists_by_first_word() {
-        let modules = "peerdirect_test 16384 0 - Live 0x0000000000000000\n\
-            peerdirect 49152 1 - Live 0x0000000000000000 (O)\n";
-        assert!(module_listed(modules, "peerdirect"));
-        assert!(module_listed(modules, "peerdirect_test"));
-        assert!(!module_listed(modules, "peer"));
-        assert!(!module_listed(
-            "peerdirect_test 16384 0 - Live 0x0\n",
-            "peerdirect"
-        ));
-        assert!(!module_listed("", "peerdirect"));
-    }
-
     fn state() -> State {
         let path = std::env::temp_dir().join(format!(
             "peerdirect-guest-tests-lifecycle-{}",
@@ -484,7 +388,7 @@ mod tests {
 
     fn run(start: Result<State, String>, steps: &[Step]) -> Vec<(String, Outcome)> {
         let mut reported = Vec::new();
-        run_sequence(start, steps, &mut |description, outcome| {
+        run_sequence(START, start, steps, |_| {}, &mut |description, outcome| {
             reported.push((description.to_owned(), outcome.clone()));
         });
         reported

@@ -13,12 +13,16 @@ mod importer;
 mod lifecycle;
 mod peermem;
 mod revoke;
+mod support;
+mod testmod;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use peerdirect::uapi::{peerdirect_info, PEERDIRECT_INFO_SIZE_VER0, PEERDIRECT_PROVIDER_OWNED};
-use peerdirect::{Device, Errno, Error, PciAddress, Provider, RawInfo};
+use peerdirect::{Device, Errno, PciAddress, Provider, RawInfo};
+
+use support::{expect_eq, expect_errno, Outcome, Tap};
 
 /// Run the peerdirect ABI tests against /dev/peerdirect0 and print TAP.
 #[derive(Debug, Parser)]
@@ -75,9 +79,6 @@ struct Args {
 const INDEX: u32 = 0;
 /// The PCI devices bound to peerdirect, one link each, named by PCI address.
 const SYSFS_DRIVER: &str = "/sys/bus/pci/drivers/peerdirect";
-
-/// A test's verdict: `Err` carries the diagnostic, "expected ..., got ...".
-type Outcome = Result<(), String>;
 
 struct Test {
     description: String,
@@ -236,80 +237,6 @@ fn fields(info: &peerdirect_info) -> String {
     format!("{:?}", peerdirect_info { size: 0, ..*info })
 }
 
-fn expect_eq<T: PartialEq + std::fmt::Debug>(what: &str, expected: T, got: T) -> Outcome {
-    if expected == got {
-        Ok(())
-    } else {
-        Err(format!("{what}: expected {expected:?}, got {got:?}"))
-    }
-}
-
-fn expect_errno(result: Result<(), Error>, expected: Errno) -> Outcome {
-    match result {
-        Err(err) if err.errno() == Some(expected) => Ok(()),
-        Err(err) => Err(format!(
-            "expected {}, got {} ({err})",
-            errno_name(expected),
-            err.errno().map_or("no errno", errno_name)
-        )),
-        Ok(()) => Err(format!("expected {}, got success", errno_name(expected))),
-    }
-}
-
-fn errno_name(errno: Errno) -> &'static str {
-    match errno {
-        Errno::INVAL => "EINVAL",
-        Errno::TOOBIG => "E2BIG",
-        Errno::OPNOTSUPP => "EOPNOTSUPP",
-        Errno::NOTTY => "ENOTTY",
-        Errno::FAULT => "EFAULT",
-        Errno::NOENT => "ENOENT",
-        Errno::NODEV => "ENODEV",
-        Errno::NXIO => "ENXIO",
-        Errno::ACCESS => "EACCES",
-        Errno::PERM => "EPERM",
-        _ => "another errno",
-    }
-}
-
-/// Prints TAP: the plan, then one line per test and a `# ` line for each failure's diagnostic.
-struct Tap {
-    next: usize,
-    failed: usize,
-}
-
-impl Tap {
-    fn plan(tests: usize) -> Self {
-        println!("1..{tests}");
-        Self { next: 1, failed: 0 }
-    }
-
-    fn report(&mut self, description: &str, outcome: &Outcome) {
-        match outcome {
-            Ok(()) => println!("ok {} - {description}", self.next),
-            Err(diagnostic) => {
-                println!("not ok {} - {description}", self.next);
-                for line in diagnostic.lines() {
-                    println!("# {line}");
-                }
-                self.failed += 1;
-            }
-        }
-        self.next += 1;
-    }
-
-    /// Prints the tally; success iff every test passed.
-    fn finish(self) -> ExitCode {
-        let run = self.next - 1;
-        println!("# {} passed, {} failed", run - self.failed, self.failed);
-        if self.failed == 0 {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        }
-    }
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.lifecycle {
@@ -362,9 +289,13 @@ fn run_lifecycle() -> ExitCode {
     let steps = lifecycle::steps();
     let mut tap = Tap::plan(1 + steps.len());
     let start = lifecycle::start();
-    lifecycle::run_sequence(start, &steps, &mut |description, outcome| {
-        tap.report(description, outcome)
-    });
+    support::run_sequence(
+        lifecycle::START,
+        start,
+        &steps,
+        |_| {},
+        &mut |description, outcome| tap.report(description, outcome),
+    );
     tap.finish()
 }
 

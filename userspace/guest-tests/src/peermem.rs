@@ -8,10 +8,8 @@
 //! Boot with `qemu/run --no-bind`: the core module must be loaded before peerdirect.ko (which
 //! looks the API up at load time), so this loads both, binds the HBM device and unloads both.
 
-use std::collections::BTreeMap;
 use std::ffi::c_void;
-use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::fs;
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -23,7 +21,9 @@ use clap::ValueEnum;
 use peerdirect::{Device, DeviceInfo, DmaBuf, ExportFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
-use crate::{expect_eq, Outcome, Tap, INDEX, SYSFS_DRIVER};
+use crate::support::{expect_eq, insmod, pci_devices, Outcome, Tap, NIC_IDS, SYSFS_PCI_DEVICES};
+use crate::testmod::{Report, TestModule};
+use crate::{INDEX, SYSFS_DRIVER};
 
 /// The PCIe layout the guest was booted with (`qemu/run --topology`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -38,10 +38,8 @@ const CORE_MODULE: &str = "peerdirect_peermem_core";
 const CORE_PATH: &str = "/lib/peerdirect/tests/peerdirect_peermem_core.ko";
 const PEERDIRECT_PATH: &str = "/lib/peerdirect/peerdirect.ko";
 const RUN_FILE: &str = "/sys/kernel/debug/peerdirect_peermem_core/run";
-const SYSFS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
 /// The HBM stand-in (ivshmem-plain) and the NIC (virtio-net, legacy and modern).
 const HBM_ID: (&str, &str) = ("0x1af4", "0x1110");
-const NIC_IDS: [(&str, &str); 2] = [("0x1af4", "0x1000"), ("0x1af4", "0x1041")];
 const MIB: u64 = 1 << 20;
 const EXPORT_LEN: u64 = 4 * MIB;
 const EOPNOTSUPP: i64 = 95;
@@ -50,95 +48,6 @@ const EACCES: i64 = 13;
 const CLIENT_LOG: &str = "PeerDirect peer-memory client \"peerdirect\" registered with ib_core";
 const CORE_LOG: &str = "contract test: peer-memory client \"peerdirect\" version \"1\" registered";
 const UNBIND_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The core module's `key=value` answer.
-#[derive(Debug, Default)]
-struct Report(BTreeMap<String, String>);
-
-impl Report {
-    fn parse(text: &str) -> Self {
-        Self(
-            text.lines()
-                .filter_map(|line| line.split_once('='))
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
-        )
-    }
-
-    fn get(&self, key: &str) -> Result<&str, String> {
-        self.0
-            .get(key)
-            .map(String::as_str)
-            .ok_or_else(|| format!("the core reported no {key}= ({})", self.summary()))
-    }
-
-    fn int(&self, key: &str) -> Result<i64, String> {
-        let value = self.get(key)?;
-        match value.strip_prefix("0x") {
-            Some(hex) => i64::from_str_radix(hex, 16),
-            None => value.parse(),
-        }
-        .map_err(|_| format!("{key}={value} is not a number"))
-    }
-
-    fn uint(&self, key: &str) -> Result<u64, String> {
-        let value = self.get(key)?;
-        match value.strip_prefix("0x") {
-            Some(hex) => u64::from_str_radix(hex, 16),
-            None => value.parse(),
-        }
-        .map_err(|_| format!("{key}={value} is not a number"))
-    }
-
-    fn expect(&self, key: &str, expected: i64) -> Outcome {
-        let got = self.int(key)?;
-        if got == expected {
-            Ok(())
-        } else {
-            Err(format!(
-                "{key}: expected {expected}, got {got} ({})",
-                self.summary()
-            ))
-        }
-    }
-
-    fn summary(&self) -> String {
-        self.0
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
-}
-
-/// The core module's debugfs command file.
-struct Core {
-    file: File,
-}
-
-impl Core {
-    fn open() -> Result<Self, String> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(RUN_FILE)
-            .map_err(|err| format!("cannot open {RUN_FILE}: {err}"))?;
-        Ok(Self { file })
-    }
-
-    fn command(&mut self, line: &str) -> Result<Report, String> {
-        let written = self.file.write(line.as_bytes());
-        let mut text = String::new();
-        self.file
-            .read_to_string(&mut text)
-            .map_err(|err| format!("reading the result of '{line}' failed: {err}"))?;
-        match written {
-            Ok(n) if n == line.len() => Ok(Report::parse(&text)),
-            Ok(n) => Err(format!("'{line}': short write ({n} bytes)")),
-            Err(err) => Err(format!("'{line}' was refused: {err}; {}", text.trim())),
-        }
-    }
-}
 
 /// A shared mapping of a whole dma-buf at a 2 MiB-aligned address (what a runtime that wants
 /// huge pages in its MRs does), unmapped on drop. The memory is only ever named by address.
@@ -219,7 +128,7 @@ impl Drop for AlignedMap {
 /// What the steps share.
 struct State {
     nic: String,
-    core: Option<Core>,
+    core: Option<TestModule>,
     device: Option<Device>,
     info: Option<DeviceInfo>,
     /// The 4 MiB RDWR dma-buf, its offset in the BAR, and its aligned mapping.
@@ -231,7 +140,7 @@ struct State {
 }
 
 impl State {
-    fn core(&mut self) -> Result<&mut Core, String> {
+    fn core(&mut self) -> Result<&mut TestModule, String> {
         self.core
             .as_mut()
             .ok_or_else(|| "no core module".to_owned())
@@ -332,21 +241,6 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
     tap.finish()
 }
 
-fn insmod(path: &str) -> Outcome {
-    let output = Command::new("insmod")
-        .arg(path)
-        .output()
-        .map_err(|err| format!("cannot run insmod: {err}"))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "insmod {path} failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
-}
-
 /// rmmod, retried for a few seconds: closed files are released asynchronously.
 fn rmmod(module: &str) -> Outcome {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -379,26 +273,6 @@ fn dmesg() -> Result<String, String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// PCI devices with one of `ids`, sorted.
-fn pci_devices(ids: &[(&str, &str)]) -> Result<Vec<String>, String> {
-    let read = |path: &Path| fs::read_to_string(path).map(|s| s.trim().to_owned());
-    let mut found = Vec::new();
-    let entries = fs::read_dir(SYSFS_PCI_DEVICES)
-        .map_err(|err| format!("cannot list {SYSFS_PCI_DEVICES}: {err}"))?;
-    for entry in entries.flatten() {
-        let dir = entry.path();
-        let (Ok(vendor), Ok(device)) = (read(&dir.join("vendor")), read(&dir.join("device")))
-        else {
-            continue;
-        };
-        if ids.contains(&(vendor.as_str(), device.as_str())) {
-            found.push(entry.file_name().to_string_lossy().into_owned());
-        }
-    }
-    found.sort();
-    Ok(found)
-}
-
 fn load_core(s: &mut State) -> Outcome {
     if module_loaded("peerdirect") {
         return Err("peerdirect.ko is already loaded: boot with qemu/run --no-bind".to_owned());
@@ -409,7 +283,7 @@ fn load_core(s: &mut State) -> Outcome {
         _ => return Err(format!("expected one virtio-net device, found {nics:?}")),
     };
     insmod(CORE_PATH)?;
-    s.core = Some(Core::open()?);
+    s.core = Some(TestModule::open(CORE_MODULE, RUN_FILE)?);
     Ok(())
 }
 
@@ -469,9 +343,9 @@ fn not_ours(s: &mut State) -> Outcome {
     let plain = vec![0x5au8; MIB as usize];
     let line = register_line(s, plain.as_ptr() as u64, MIB, "");
     let report = s.core()?.command(&line)?;
-    report.expect("acquired", 0)?;
-    report.expect("acquire", 0)?;
-    if report.0.contains_key("id") {
+    report.expect(&[("acquired", 0)])?;
+    report.expect(&[("acquire", 0)])?;
+    if report.value("id").is_some() {
         return Err(format!("a registration was kept: {}", report.summary()));
     }
     Ok(())
@@ -480,11 +354,11 @@ fn not_ours(s: &mut State) -> Outcome {
 /// Checks a mapped registration: page size, pages, and one contiguous DMA range at
 /// `expected_first` of `len` bytes.
 fn check_mapped(report: &Report, page_size: u64, len: u64, expected_first: u64) -> Outcome {
-    report.expect("acquired", 1)?;
-    report.expect("get_pages", 0)?;
+    report.expect(&[("acquired", 1)])?;
+    report.expect(&[("get_pages", 0)])?;
     expect_eq("page_size", page_size, report.uint("page_size")?)?;
     expect_eq("nents", len / page_size, report.uint("nents")?)?;
-    report.expect("dma_map", 0)?;
+    report.expect(&[("dma_map", 0)])?;
     let nmap = report.uint("nmap")?;
     if nmap == 0 || nmap > len / page_size {
         return Err(format!(
@@ -512,8 +386,8 @@ fn register_whole(s: &mut State) -> Outcome {
     let id = report.uint("id")?;
     s.id = Some(id);
     let status = s.core()?.command(&format!("status id={id}"))?;
-    status.expect("invalidated", 0)?;
-    status.expect("mapped", 1)
+    status.expect(&[("invalidated", 0)])?;
+    status.expect(&[("mapped", 1)])
 }
 
 fn register_sub_range(s: &mut State) -> Outcome {
@@ -525,7 +399,7 @@ fn register_sub_range(s: &mut State) -> Outcome {
     check_mapped(&report, 64 << 10, MIB, expected)?;
     let id = report.uint("id")?;
     let released = s.core()?.command(&format!("release id={id}"))?;
-    released.expect("released", 1)
+    released.expect(&[("released", 1)])
 }
 
 fn read_only_refuses_write(s: &mut State) -> Outcome {
@@ -547,13 +421,13 @@ fn read_only_refuses_write(s: &mut State) -> Outcome {
         )
     };
     let report = core.command(&line(1))?;
-    report.expect("acquired", 1)?;
-    report.expect("get_pages", -EACCES)?;
+    report.expect(&[("acquired", 1)])?;
+    report.expect(&[("get_pages", -EACCES)])?;
     let report = core.command(&line(0))?;
-    report.expect("dma_map", 0)?;
+    report.expect(&[("dma_map", 0)])?;
     let id = report.uint("id")?;
     core.command(&format!("release id={id}"))?
-        .expect("released", 1)
+        .expect(&[("released", 1)])
 }
 
 fn unbind_invalidates(s: &mut State) -> Outcome {
@@ -579,28 +453,28 @@ fn unbind_invalidates(s: &mut State) -> Outcome {
         return Err(format!("{bdf} is still bound after unbind"));
     }
     let status = s.core()?.command(&format!("status id={id}"))?;
-    status.expect("invalidated", 1)?;
-    status.expect("invalidations", 1)?;
-    status.expect("mapped", 0)?;
-    status.expect("pages", 0)
+    status.expect(&[("invalidated", 1)])?;
+    status.expect(&[("invalidations", 1)])?;
+    status.expect(&[("mapped", 0)])?;
+    status.expect(&[("pages", 0)])
 }
 
 fn release_invalidated(s: &mut State) -> Outcome {
     let id = s.id.take().ok_or("no registration")?;
     s.core()?
         .command(&format!("release id={id}"))?
-        .expect("released", 1)
+        .expect(&[("released", 1)])
 }
 
 fn register_refused(s: &mut State) -> Outcome {
     let addr = s.map_addr()?;
     let line = register_line(s, addr, EXPORT_LEN, "");
     let report = s.core()?.command(&line)?;
-    report.expect("acquired", 1)?;
-    report.expect("get_pages", 0)?;
+    report.expect(&[("acquired", 1)])?;
+    report.expect(&[("get_pages", 0)])?;
     expect_eq("page_size", 2 * MIB, report.uint("page_size")?)?;
-    report.expect("dma_map", -EOPNOTSUPP)?;
-    if report.0.contains_key("id") {
+    report.expect(&[("dma_map", -EOPNOTSUPP)])?;
+    if report.value("id").is_some() {
         return Err(format!(
             "a failed registration was kept: {}",
             report.summary()
@@ -632,20 +506,24 @@ fn unload(s: &mut State) -> Outcome {
 mod tests {
     use super::*;
 
+    fn report(text: &str) -> Report {
+        Report::parse(CORE_MODULE, text, '=')
+    }
+
     #[test]
     fn report_parses_numbers_and_fails_on_mismatch() {
-        let report = Report::parse("acquired=1\ndma_map=-95\ndma_first=0x1000\nnoise\n");
+        let report = report("acquired=1\ndma_map=-95\ndma_first=0x1000\nnoise\n");
         assert_eq!(report.int("dma_map").unwrap(), -95);
         assert_eq!(report.uint("dma_first").unwrap(), 0x1000);
-        assert!(report.expect("acquired", 1).is_ok());
-        let err = report.expect("acquired", 0).unwrap_err();
+        assert!(report.expect(&[("acquired", 1)]).is_ok());
+        let err = report.expect(&[("acquired", 0)]).unwrap_err();
         assert!(err.contains("expected 0, got 1"), "{err}");
         assert!(report.get("id").is_err());
     }
 
     #[test]
     fn check_mapped_rejects_a_wrong_address_and_page_size() {
-        let good = Report::parse(
+        let good = report(
             "acquired=1\nget_pages=0\npage_size=2097152\nnents=2\ndma_map=0\nnmap=1\ncontiguous=1\ndma_total=4194304\ndma_first=0xc0000000\n",
         );
         assert!(check_mapped(&good, 2 * MIB, 4 * MIB, 0xc000_0000).is_ok());

@@ -22,22 +22,23 @@
 //!
 //! The steps share state; a failed step that later ones build on (a gate) stops the sequence.
 
-use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitCode, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::ValueEnum;
-use peerdirect::{
-    pattern, Device, DeviceInfo, DmaBuf, DmaBufMap, Errno, Error, ExportFlags, SyncFlags,
-};
+use peerdirect::{pattern, Device, DeviceInfo, DmaBuf, DmaBufMap, Errno, ExportFlags, SyncFlags};
 
-use crate::{expect_eq, Outcome, Tap, INDEX, SYSFS_DRIVER};
+use crate::support::{
+    expect_eq, expect_errno_of, fdinfo_value, find_nic, module_loaded, run_sequence, wait_for,
+    write_sysfs, Outcome, Tap, SYSFS_PCI_DEVICES,
+};
+use crate::testmod::{stats, Report, TestModule, IMPORTER as IMPORTER_MODULE};
+use crate::{INDEX, SYSFS_DRIVER};
 
 /// How the device goes away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -48,13 +49,7 @@ pub(crate) enum Removal {
     Unplug,
 }
 
-const IMPORTER_MODULE: &str = "peerdirect_importer";
-const IMPORTER_PATH: &str = "/lib/peerdirect/tests/peerdirect_importer.ko";
-const RUN_FILE: &str = "/sys/kernel/debug/peerdirect_importer/run";
 const MODULE: &str = "peerdirect";
-const SYSFS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
-/// virtio-net: legacy and modern device IDs.
-const NIC_IDS: [(&str, &str); 2] = [("0x1af4", "0x1000"), ("0x1af4", "0x1041")];
 /// The HBM device's id on QEMU's command line (qemu/run).
 const QEMU_HBM_ID: &str = "hbm0";
 /// What asks the host harness to hot-unplug a device; a line of its own on stdout.
@@ -144,7 +139,7 @@ struct Toucher {
 
 /// What the steps share.
 struct State {
-    importer: Option<Importer>,
+    importer: Option<TestModule>,
     nic: String,
     /// INFO on D, at the start.
     info: DeviceInfo,
@@ -157,7 +152,7 @@ struct State {
 }
 
 impl State {
-    fn importer(&mut self) -> Result<&mut Importer, String> {
+    fn importer(&mut self) -> Result<&mut TestModule, String> {
         self.importer
             .as_mut()
             .ok_or_else(|| "the importer's command file is not open".to_owned())
@@ -202,28 +197,16 @@ impl Drop for State {
     }
 }
 
-struct Step {
-    description: String,
-    /// Whether the steps after it rely on it having passed.
-    gate: bool,
-    run: Box<dyn Fn(&mut State) -> Outcome>,
-}
+type Step = crate::support::Step<State>;
 
 /// A step whose failure stops the sequence.
 fn gate(description: impl Into<String>, run: impl Fn(&mut State) -> Outcome + 'static) -> Step {
-    Step {
-        description: description.into(),
-        gate: true,
-        run: Box::new(run),
-    }
+    crate::support::gate(description, run)
 }
 
 /// A step whose failure the following steps do not depend on.
 fn check(description: impl Into<String>, run: impl Fn(&mut State) -> Outcome + 'static) -> Step {
-    Step {
-        gate: false,
-        ..gate(description, run)
-    }
+    crate::support::check(description, run)
 }
 
 const START: &str = "switch topology: peerdirect_importer loads, the NIC (virtio-net) is found, /dev/peerdirect0 opens as fd D and answers INFO";
@@ -232,37 +215,26 @@ const START: &str = "switch topology: peerdirect_importer loads, the NIC (virtio
 pub(crate) fn run(removal: Removal) -> ExitCode {
     let steps = steps(removal);
     let mut tap = Tap::plan(1 + steps.len());
-    let start = start();
-    tap.report(START, &start.as_ref().map(drop).map_err(Clone::clone));
-    let mut state = start.map_err(|_| not_run(START));
-    if let Ok(state) = &state {
-        println!(
-            "# HBM {} (bus address {:#x}, {} MiB), NIC {}, removal by {removal:?}",
-            state.info.pci_address,
-            state.info.hbm_bus_addr,
-            state.info.hbm_bytes / MIB,
-            state.nic
-        );
-    }
-    for step in &steps {
-        let outcome = match &mut state {
-            Ok(state) => (step.run)(state),
-            Err(reason) => Err(reason.clone()),
-        };
-        tap.report(&step.description, &outcome);
-        if step.gate && outcome.is_err() && state.is_ok() {
-            state = Err(not_run(&step.description));
-        }
-    }
+    run_sequence(
+        START,
+        start(),
+        &steps,
+        |state| {
+            println!(
+                "# HBM {} (bus address {:#x}, {} MiB), NIC {}, removal by {removal:?}",
+                state.info.pci_address,
+                state.info.hbm_bus_addr,
+                state.info.hbm_bytes / MIB,
+                state.nic
+            );
+        },
+        &mut |description, outcome| tap.report(description, outcome),
+    );
     tap.finish()
 }
 
-fn not_run(failed: &str) -> String {
-    format!("not run: \"{failed}\" failed")
-}
-
 fn start() -> Result<State, String> {
-    let importer = Importer::load()?;
+    let importer = TestModule::load_importer()?;
     let nic = find_nic()?;
     let device = Device::open_index(INDEX)
         .map_err(|err| format!("expected /dev/peerdirect0 to open, got {err}"))?;
@@ -339,7 +311,7 @@ fn steps(removal: Removal) -> Vec<Step> {
             |s| {
                 let status = s.status(A)?;
                 expect_invalidated(&status)?;
-                expect_ints(&status, &[("mapped", 0)])
+                status.expect(&[("mapped", 0)])
             },
         ),
         check(
@@ -347,7 +319,7 @@ fn steps(removal: Removal) -> Vec<Step> {
             |s| {
                 let status = s.status(B)?;
                 expect_invalidated(&status)?;
-                expect_ints(&status, &[("mapped", 0), ("pinned", 0), ("revoked", 1)])
+                status.expect(&[("mapped", 0), ("pinned", 0), ("revoked", 1)])
             },
         ),
         check(
@@ -358,9 +330,7 @@ fn steps(removal: Removal) -> Vec<Step> {
             "the pinned importer of C (no invalidate callback) keeps its mapping, as documented for non-revocable importers: mapped=1, pinned=1, invalidations=0",
             |s| {
                 let status = s.status(C)?;
-                expect_ints(
-                    &status,
-                    &[("mapped", 1), ("pinned", 1), ("invalidations", 0)],
+                status.expect(&[("mapped", 1), ("pinned", 1), ("invalidations", 0)],
                 )
             },
         ),
@@ -377,7 +347,7 @@ fn steps(removal: Removal) -> Vec<Step> {
             |s| {
                 for buf in &s.bufs {
                     for flags in [SyncFlags::START_READ, SyncFlags::START_WRITE] {
-                        expect_errno(
+                        expect_errno_of(
                             &format!("SYNC {flags:?} on {}", buf.name),
                             buf.dmabuf()?.sync(flags),
                             Errno::NODEV,
@@ -392,7 +362,7 @@ fn steps(removal: Removal) -> Vec<Step> {
             |s| {
                 for buf in &s.bufs {
                     for writable in [false, true] {
-                        expect_errno(
+                        expect_errno_of(
                             &format!("mmap of {} (writable: {writable})", buf.name),
                             buf.dmabuf()?.mmap(writable),
                             Errno::NODEV,
@@ -413,7 +383,7 @@ fn steps(removal: Removal) -> Vec<Step> {
         ),
         check(
             "INFO on D (opened before removal) fails with ENODEV",
-            |s| expect_errno("INFO on D", s.device()?.info(), Errno::NODEV),
+            |s| expect_errno_of("INFO on D", s.device()?.info(), Errno::NODEV),
         ),
         check(
             "A, B and C stay valid: fstat gives their size, fdinfo is readable and says exp_name peerdirect",
@@ -447,7 +417,7 @@ fn steps(removal: Removal) -> Vec<Step> {
                 "ALLOC of all of HBM on E fails with ENOMEM while the pinned importer holds C's range",
                 |s| {
                     let all = s.device()?.alloc(s.info.hbm_bytes, None);
-                    expect_errno("ALLOC of all of HBM", all.map(drop), Errno::NOMEM)
+                    expect_errno_of("ALLOC of all of HBM", all.map(drop), Errno::NOMEM)
                 },
             ),
             check(
@@ -460,7 +430,7 @@ fn steps(removal: Removal) -> Vec<Step> {
         "release all: the pinned importer lets go of C (released=1)",
         |s| {
             let report = s.importer()?.command("release all")?;
-            expect_ints(&report, &[("released", 1)])?;
+            report.expect(&[("released", 1)])?;
             for buf in &mut s.bufs {
                 buf.id = None;
             }
@@ -549,7 +519,7 @@ fn attach_held(s: &mut State) -> Outcome {
         if mode != Mode::Dynamic {
             ok.push(("pin", 0));
         }
-        within(expect_ints(&report, &ok))?;
+        within(report.expect(&ok))?;
         within(expect_eq("dma_first", expected, report.uint("dma_first")?))?;
         within(expect_eq("dma_total", LEN, report.uint("dma_total")?))?;
         s.bufs[k].id = Some(report.uint("id")?);
@@ -592,7 +562,8 @@ fn remap_fails(s: &mut State) -> Outcome {
     for k in [A, B] {
         let id = s.bufs[k].id()?;
         let report = s.importer()?.command(&format!("remap id={id}"))?;
-        expect_ints(&report, &[("map", -ENODEV)])
+        report
+            .expect(&[("map", -ENODEV)])
             .map_err(|err| format!("remap of {}: {err}", NAMES[k]))?;
     }
     Ok(())
@@ -625,7 +596,8 @@ fn attach_fails(s: &mut State) -> Outcome {
     for k in [A, B, C] {
         for mode in [Mode::Dynamic, Mode::Pinned] {
             let report = s.attach(k, mode)?;
-            expect_ints(&report, &[("attach", -ENODEV)])
+            report
+                .expect(&[("attach", -ENODEV)])
                 .map_err(|err| format!("{} attach of {}: {err}", mode.name(), NAMES[k]))?;
         }
     }
@@ -663,7 +635,8 @@ fn release_all_but_pinned(s: &mut State) -> Outcome {
     for k in [A, B] {
         let id = s.bufs[k].id()?;
         let report = s.importer()?.command(&format!("release id={id}"))?;
-        expect_ints(&report, &[("mapped", 0)])
+        report
+            .expect(&[("mapped", 0)])
             .map_err(|err| format!("release of {}: {err}", NAMES[k]))?;
         s.bufs[k].id = None;
     }
@@ -842,120 +815,12 @@ fn map_wait_touch(dmabuf: DmaBuf, go: &Path) -> Result<[u8; 8], String> {
     Ok(word)
 }
 
-/// The module's debugfs file, open for commands.
-struct Importer {
-    file: File,
-}
-
-impl Importer {
-    /// Loads the module unless it is loaded already, and opens its command file.
-    fn load() -> Result<Self, String> {
-        if !Path::new(RUN_FILE).exists() {
-            let output = Command::new("insmod")
-                .arg(IMPORTER_PATH)
-                .output()
-                .map_err(|err| format!("cannot run insmod: {err}"))?;
-            if !output.status.success() {
-                return Err(format!(
-                    "insmod {IMPORTER_PATH} failed: {}",
-                    String::from_utf8_lossy(&output.stderr).trim()
-                ));
-            }
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(RUN_FILE)
-            .map_err(|err| format!("cannot open {RUN_FILE}: {err}"))?;
-        Ok(Self { file })
-    }
-
-    /// Sends one command line. A refused write (a malformed command, no such fd, device or
-    /// id) is an `Err` carrying the module's `error=` line.
-    fn command(&mut self, line: &str) -> Result<Report, String> {
-        let written = self.file.write(line.as_bytes());
-        let mut text = String::new();
-        self.file
-            .read_to_string(&mut text)
-            .map_err(|err| format!("reading the result of '{line}' failed: {err}"))?;
-        match written {
-            Ok(n) if n == line.len() => Ok(Report::parse(&text, '=')),
-            Ok(n) => Err(format!("'{line}': short write ({n} bytes)")),
-            Err(err) => Err(format!("'{line}' was refused: {err}; {}", text.trim())),
-        }
-    }
-}
-
-/// `key<sep>value` lines: the importer's results (`=`), debugfs stats (`:`).
-#[derive(Debug, Default)]
-struct Report(BTreeMap<String, String>);
-
-impl Report {
-    fn parse(text: &str, separator: char) -> Self {
-        Self(
-            text.lines()
-                .filter_map(|line| line.split_once(separator))
-                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-                .collect(),
-        )
-    }
-
-    fn get(&self, key: &str) -> Result<&str, String> {
-        self.0
-            .get(key)
-            .map(String::as_str)
-            .ok_or_else(|| format!("no {key} reported ({})", self.summary()))
-    }
-
-    fn int(&self, key: &str) -> Result<i64, String> {
-        let value = self.get(key)?;
-        value
-            .parse()
-            .map_err(|_| format!("{key}={value} is not a number"))
-    }
-
-    fn uint(&self, key: &str) -> Result<u64, String> {
-        let value = self.get(key)?;
-        match value.strip_prefix("0x") {
-            Some(hex) => u64::from_str_radix(hex, 16),
-            None => value.parse(),
-        }
-        .map_err(|_| format!("{key}={value} is not a number"))
-    }
-
-    /// Every line on one line, for diagnostics.
-    fn summary(&self) -> String {
-        self.0
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
-}
-
-/// peerdirect0's debugfs stats, all of its keys (the library's `Stats` knows only some).
-fn stats() -> Result<Report, String> {
-    let path = peerdirect::stats_path(INDEX);
-    let text = fs::read_to_string(&path)
-        .map_err(|err| format!("expected to read {}, got {err}", path.display()))?;
-    Ok(Report::parse(&text, ':'))
-}
-
 /// Checks the stats' values of `keys` (the whole file on a mismatch).
 fn expect_stats(keys: &[(&str, &str)]) -> Outcome {
     let stats = stats()?;
     for &(key, expected) in keys {
         expect_eq(key, expected, stats.get(key)?)
             .map_err(|err| format!("{err}\n{}", stats.summary()))?;
-    }
-    Ok(())
-}
-
-/// Checks the report's numbers for `keys` (the whole report on a mismatch).
-fn expect_ints(report: &Report, keys: &[(&str, i64)]) -> Outcome {
-    for &(key, expected) in keys {
-        expect_eq(key, expected, report.int(key)?)
-            .map_err(|err| format!("{err}\n{}", report.summary()))?;
     }
     Ok(())
 }
@@ -986,78 +851,6 @@ fn sync(dmabuf: &DmaBuf, flags: SyncFlags) -> Outcome {
     dmabuf
         .sync(flags)
         .map_err(|err| format!("expected SYNC {flags:?} to succeed, got {err}"))
-}
-
-fn expect_errno<T>(what: &str, result: Result<T, Error>, expected: Errno) -> Outcome {
-    match result {
-        Err(err) if err.errno() == Some(expected) => Ok(()),
-        Err(err) => Err(format!(
-            "{what}: expected {}, got {err}",
-            errno_label(expected)
-        )),
-        Ok(_) => Err(format!(
-            "{what}: expected {}, got success",
-            errno_label(expected)
-        )),
-    }
-}
-
-fn errno_label(errno: Errno) -> &'static str {
-    match errno {
-        Errno::NOMEM => "ENOMEM",
-        other => crate::errno_name(other),
-    }
-}
-
-/// The value of `key` in /proc/PID/fdinfo/FD text, whose lines read `key:\tvalue`.
-fn fdinfo_value<'a>(fdinfo: &'a str, key: &str) -> Option<&'a str> {
-    fdinfo.lines().find_map(|line| {
-        let (k, value) = line.split_once(':')?;
-        (k == key).then(|| value.trim())
-    })
-}
-
-/// Polls `done` every 20 ms until it holds; `Err` with the seconds waited once `limit` passed.
-fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> Result<(), u64> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if done() {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(limit.as_secs());
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The PCI address of the guest's only virtio-net function.
-fn find_nic() -> Result<String, String> {
-    let read = |path: &Path| fs::read_to_string(path).map(|s| s.trim().to_owned());
-    let mut nics = Vec::new();
-    let entries = fs::read_dir(SYSFS_PCI_DEVICES)
-        .map_err(|err| format!("cannot list {SYSFS_PCI_DEVICES}: {err}"))?;
-    for entry in entries.flatten() {
-        let dir = entry.path();
-        let (Ok(vendor), Ok(device)) = (read(&dir.join("vendor")), read(&dir.join("device")))
-        else {
-            continue;
-        };
-        if NIC_IDS.contains(&(vendor.as_str(), device.as_str())) {
-            nics.push(entry.file_name().to_string_lossy().into_owned());
-        }
-    }
-    nics.sort();
-    match nics.as_slice() {
-        [nic] => Ok(nic.clone()),
-        [] => Err(format!("no virtio-net PCI device in {SYSFS_PCI_DEVICES}")),
-        _ => Err(format!("more than one virtio-net device: {nics:?}")),
-    }
-}
-
-fn write_sysfs(path: &str, value: &str) -> Outcome {
-    fs::write(path, value)
-        .map_err(|err| format!("expected writing {value:?} to {path} to succeed, got {err}"))
 }
 
 /// Checks whether `bdf` is bound to peerdirect.
@@ -1106,33 +899,10 @@ fn expect_rmmod(name: &str) -> Outcome {
     ))
 }
 
-fn module_loaded(name: &str) -> Result<bool, String> {
-    let modules = fs::read_to_string("/proc/modules")
-        .map_err(|err| format!("cannot read /proc/modules: {err}"))?;
-    Ok(modules
-        .lines()
-        .any(|line| line.split_whitespace().next() == Some(name)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
-
-    #[test]
-    fn reports_parse_both_separators() {
-        let report = Report::parse("id=3\nmap=-19\ndma_first=0xd0200000\nnoise\n", '=');
-        assert_eq!(report.int("map"), Ok(-19));
-        assert_eq!(report.uint("dma_first"), Ok(0xd020_0000));
-        assert_eq!(report.uint("id"), Ok(3));
-        assert!(report.get("pinned").unwrap_err().contains("no pinned"));
-        let stats = Report::parse(
-            "hbm_bytes: 268435456\nmappings_revocable: 2\nmappings_pinned: 1\npresent: true\n",
-            ':',
-        );
-        assert_eq!(stats.get("mappings_pinned"), Ok("1"));
-        assert_eq!(stats.get("present"), Ok("true"));
-    }
 
     #[test]
     fn unbind_and_unplug_have_their_own_steps() {
@@ -1193,11 +963,5 @@ mod tests {
         let err = map_wait_touch(open(), &go).unwrap_err();
         assert!(err.contains("at byte 0x64"), "{err}");
         fs::remove_file(&path).unwrap();
-    }
-
-    #[test]
-    fn wait_for_gives_up() {
-        assert_eq!(wait_for(Duration::from_millis(50), || false), Err(0));
-        assert_eq!(wait_for(Duration::from_millis(50), || true), Ok(()));
     }
 }

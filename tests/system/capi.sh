@@ -4,10 +4,14 @@
 # gcc and `pkg-config --cflags --libs peerdirect` against the installed header and library
 # (PKG_CONFIG_SYSROOT_DIR points pkg-config at the staging tree) and run against
 # /dev/peerdirect0; the pattern it writes is then checked on the host in the HBM backing file.
+# Then userspace/capi/examples/fabric_register.c, built the same way against peerdirect and
+# libfabric (`pkg-config --cflags --libs peerdirect libfabric`): it opens libfabric's tcp
+# domain itself, registers HBM through the cache twice (a miss, then a hit) and frees the
+# allocation, which must invalidate the cached registration before the domain is closed.
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "1..6"
+echo "1..8"
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -37,7 +41,7 @@ else
 		"$(cat "$lib/pkgconfig/peerdirect.pc" 2>/dev/null)"
 fi
 
-cp "$ROOT/userspace/capi/examples/hbm_export.c" "$work/share/"
+cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/fabric_register.c" "$work/share/"
 cat >"$work/share/probe.sh" <<'EOF'
 cd /mnt/host
 run() { name=$1; shift; "$@" >"$name.out" 2>&1; echo $? >"$name.rc"; }
@@ -46,6 +50,8 @@ export LD_LIBRARY_PATH=/mnt/host/stage/usr/local/lib
 run build sh -c 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hbm_export hbm_export.c $(pkg-config --cflags --libs peerdirect) && cp /tmp/hbm_export .'
 run ldd ldd ./hbm_export
 run example ./hbm_export
+run fbuild sh -c 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/fabric_register .'
+run fabric ./fabric_register
 EOF
 hbm=$work/hbm
 out=$(guest --userland trixie --hbm 256M --hbm-backing "$hbm" --share "$work/share" -- sh /mnt/host/probe.sh 2>&1)
@@ -92,6 +98,26 @@ PY
 	ok "the host finds the pattern in the HBM backing file at the allocation's offset ($offset)"
 else
 	fail "the host finds the pattern in the HBM backing file at the allocation's offset" "offset: ${offset:-none}" "$(show example)"
+fi
+
+desc="trixie's gcc builds fabric_register.c (C99, -Werror) with pkg-config --cflags --libs peerdirect libfabric"
+if [ "$(cat fbuild.rc 2>/dev/null)" = 0 ]; then
+	ok "$desc"
+else
+	fail "$desc" "$(show fbuild)"
+fi
+
+desc="fabric_register in the guest: tcp domain opened by the program, HBM registered through pd_register (path dmabuf), second request a cache hit, pd_allocation_free invalidates the entry, domain closed"
+if [ "$(cat fabric.rc 2>/dev/null)" = 0 ] &&
+	grep -q '^registered 4194304 bytes: path dmabuf, key ' fabric.out &&
+	grep -q '^registered 4096 bytes at 1 MiB: path dmabuf, key .*offset in mr 1048576$' fabric.out &&
+	grep -q '^cache after registering: hits 1, misses 1, registrations 1, deregistrations 0, invalidations 0, entries 1$' fabric.out &&
+	grep -q '^cache after freeing: hits 1, misses 1, registrations 1, deregistrations 1, invalidations 1, entries 0$' fabric.out &&
+	grep -q '^closed: the domain after every registration in it$' fabric.out; then
+	ok "$desc"
+	sed "s/^/# /" fabric.out
+else
+	fail "$desc" "$(show fabric)"
 fi
 cd /
 exit $failed

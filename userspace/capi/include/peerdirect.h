@@ -30,6 +30,13 @@ typedef struct pd_device pd_device;
 /* HBM allocated through a pd_device. */
 typedef struct pd_allocation pd_allocation;
 
+/* A registration cache (pd_regcache_new()). */
+typedef struct pd_regcache pd_regcache;
+/* A registration handed out by pd_register(). */
+typedef struct pd_mr pd_mr;
+/* libfabric's domain (<rdma/fabric.h>); only ever passed by pointer. */
+struct fid_domain;
+
 /* pd_export() flags. */
 #define PD_EXPORT_CLOEXEC 0x1u /* the dma-buf fd is close-on-exec */
 #define PD_EXPORT_RDWR 0x2u    /* the dma-buf may be mapped writable (else read-only) */
@@ -54,6 +61,35 @@ struct pd_device_info {
 	uint16_t device_id;
 	uint32_t provider;      /* PD_PROVIDER_* */
 	uint32_t reserved1;     /* 0 */
+};
+
+/* pd_register() access: what the NIC may do with the memory. */
+#define PD_ACCESS_LOCAL_READ 0x1u   /* local sends, RDMA write sources */
+#define PD_ACCESS_LOCAL_WRITE 0x2u  /* local receives, RDMA read targets */
+#define PD_ACCESS_REMOTE_READ 0x4u  /* peers' RDMA reads */
+#define PD_ACCESS_REMOTE_WRITE 0x8u /* peers' RDMA writes */
+
+/* pd_mr_path(): how a registration reaches HBM. */
+#define PD_PATH_DMABUF 1u      /* the NIC was given the dma-buf (FI_MR_DMABUF): direct */
+#define PD_PATH_HOST_BOUNCE 2u /* a host staging buffer; pd_mr_reason() says why */
+#define PD_PATH_PEERMEM_VA 3u  /* a virtual address resolved by a peer-memory client */
+
+/* What a pd_regcache did so far, and holds now (pd_regcache_stats()). */
+struct pd_regcache_stats {
+	uint64_t hits;                 /* requests served by a cached registration */
+	uint64_t misses;               /* requests that had to register */
+	uint64_t registrations;        /* successful registrations */
+	uint64_t failed_registrations; /* registrations the provider refused */
+	uint64_t deregistrations;      /* registrations - deregistrations are alive */
+	uint64_t evictions;            /* entries dropped as least recently used */
+	uint64_t superseded;           /* entries dropped for a new one that contains them */
+	uint64_t invalidations;        /* entries dropped because their allocation was freed,
+					  their device revoked or their domain invalidated */
+	uint64_t uncached;             /* registrations handed out without caching them */
+	uint64_t entries;              /* entries cached now */
+	uint64_t bytes;                /* bytes they cover */
+	uint64_t max_count;            /* limit on entries (PEERDIRECT_MR_CACHE_MAX_COUNT) */
+	uint64_t max_bytes;            /* limit on bytes (PEERDIRECT_MR_CACHE_MAX_SIZE) */
 };
 
 /* The module's counters for one device (pd_stats()). */
@@ -92,7 +128,9 @@ int pd_alloc(pd_device *dev, uint64_t length, uint64_t align, pd_allocation **ou
 
 /*
  * Frees the allocation and releases the handle, even when it returns an error; NULL returns
- * 0. Dma-bufs exported from it keep the memory until they are closed.
+ * 0. Dma-bufs exported from it keep the memory until they are closed. Before the memory is
+ * freed, every pd_regcache that registered it drops its entries of it (counted in
+ * invalidations); pd_mr handles still held stay registered until released.
  */
 int pd_allocation_free(pd_allocation *alloc);
 
@@ -117,6 +155,68 @@ int pd_export(const pd_allocation *alloc, uint64_t offset, uint64_t length, uint
  * (/sys/kernel/debug/peerdirect/peerdirect<index>/stats). Needs root and debugfs mounted.
  */
 int pd_stats(unsigned index, struct pd_stats *out);
+
+/*
+ * Registration cache: registrations of HBM in a libfabric domain that the caller opened,
+ * kept and handed out again to any request inside one (same domain and allocation, a
+ * containing range, at least the access). Limits from the environment, least recently used
+ * evicted: PEERDIRECT_MR_CACHE_MAX_COUNT (default 4096; 0 disables caching) and
+ * PEERDIRECT_MR_CACHE_MAX_SIZE (default 64G; K, M, G, T suffixes). Returns NULL with the
+ * negative errno in *err (-EINVAL: a bad limit, named in pd_last_error()); err may be NULL.
+ * A pd_regcache may be used from several threads at once.
+ */
+pd_regcache *pd_regcache_new(int *err);
+
+/*
+ * Releases the cache (NULL is ignored): cached registrations are closed now, those held by
+ * pd_mr handles when the handles are released.
+ */
+void pd_regcache_free(pd_regcache *cache);
+
+/*
+ * Registers bytes [offset, offset + length) of alloc (length 0: up to the end) in domain
+ * with access (PD_ACCESS_*), or hands out a cached registration that contains them. Stores
+ * an owning handle in *out: read it with pd_mr_key(), pd_mr_desc(), pd_mr_offset(),
+ * pd_mr_path(), pd_mr_reason(); release it with pd_mr_release(). The first call on an
+ * allocation exports all of it read-write and maps it; that dma-buf is closed when the
+ * allocation is freed. -ENOSYS: libfabric.so.1 (>= 1.20) cannot be loaded; other errors are
+ * the provider's (pd_last_error() names the call).
+ *
+ * The domain is borrowed, never closed by this library. Lifetime rules: keep it open until
+ * every pd_mr of it is released and the cache holds none of its registrations any more
+ * (pd_regcache_invalidate_domain(), or pd_regcache_free()); only then fi_close() it. Open
+ * it with FI_THREAD_SAFE, or never use it concurrently with calls of this library that
+ * register or close registrations (pd_register, pd_mr_release, pd_allocation_free of a
+ * registered allocation, pd_regcache_invalidate_domain, pd_regcache_free). Without
+ * FI_MR_PROV_KEY, keys 1, 2, ... are requested: do not request keys of your own from that
+ * range in the same domain.
+ */
+int pd_register(pd_regcache *cache, struct fid_domain *domain, const pd_allocation *alloc,
+		uint64_t offset, uint64_t length, uint32_t access, pd_mr **out);
+
+/*
+ * Drops every cached registration in domain and forgets the domain, before it is closed.
+ * Returns how many entries were dropped (0 for a domain the cache never saw) or a negative
+ * errno.
+ */
+int pd_regcache_invalidate_domain(pd_regcache *cache, struct fid_domain *domain);
+
+/* Fills *out with the cache's counters. */
+int pd_regcache_stats(const pd_regcache *cache, struct pd_regcache_stats *out);
+
+/* Releases the handle (NULL is ignored). */
+void pd_mr_release(pd_mr *mr);
+/* fi_mr_key() of the registration: what peers name it with (0 for NULL). */
+uint64_t pd_mr_key(const pd_mr *mr);
+/* fi_mr_desc() of the registration, for local buffers (NULL for NULL). */
+void *pd_mr_desc(const pd_mr *mr);
+/* Where the requested range starts in the registration, which may be larger. */
+uint64_t pd_mr_offset(const pd_mr *mr);
+/* PD_PATH_* (0 for NULL). */
+uint32_t pd_mr_path(const pd_mr *mr);
+/* Why the registration is PD_PATH_HOST_BOUNCE (the provider's refusal); NULL when direct.
+ * Valid until the handle is released. */
+const char *pd_mr_reason(const pd_mr *mr);
 
 /*
  * The message of the last failure on the calling thread ("" before the first), with a hint

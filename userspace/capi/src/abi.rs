@@ -10,6 +10,27 @@ pub const PD_EXPORT_RDWR: u32 = 2;
 /// `PD_PROVIDER_OWNED`: peerdirect is the device's PCI driver and owns the BAR.
 pub const PD_PROVIDER_OWNED: u32 = 1;
 
+/// `PD_ACCESS_*`: what a registration lets the NIC do (`pd_register`), the crate's `Access`.
+pub const PD_ACCESS_LOCAL_READ: u32 = 1;
+pub const PD_ACCESS_LOCAL_WRITE: u32 = 2;
+pub const PD_ACCESS_REMOTE_READ: u32 = 4;
+pub const PD_ACCESS_REMOTE_WRITE: u32 = 8;
+/// `PD_PATH_*`: how a registration reaches HBM (`pd_mr_path`), the crate's `RegPath`.
+pub const PD_PATH_DMABUF: u32 = 1;
+pub const PD_PATH_HOST_BOUNCE: u32 = 2;
+pub const PD_PATH_PEERMEM_VA: u32 = 3;
+
+const _: () = assert!(PD_ACCESS_LOCAL_READ == pd::cache::Access::LOCAL_READ.bits() as u32);
+const _: () = assert!(PD_ACCESS_LOCAL_WRITE == pd::cache::Access::LOCAL_WRITE.bits() as u32);
+const _: () = assert!(PD_ACCESS_REMOTE_READ == pd::cache::Access::REMOTE_READ.bits() as u32);
+const _: () = assert!(PD_ACCESS_REMOTE_WRITE == pd::cache::Access::REMOTE_WRITE.bits() as u32);
+
+/// `struct fid_domain` of libfabric: only ever behind a pointer.
+#[repr(C)]
+pub struct FidDomain {
+    _opaque: [u8; 0],
+}
+
 // The C names promise the module's values: flags are passed through unchanged.
 const _: () = assert!(PD_EXPORT_CLOEXEC == uapi::PEERDIRECT_EXPORT_CLOEXEC);
 const _: () = assert!(PD_EXPORT_RDWR == uapi::PEERDIRECT_EXPORT_RDWR);
@@ -81,6 +102,45 @@ impl From<&pd::Stats> for PdStats {
             allocated_bytes: stats.allocated_bytes,
             exports: stats.exports,
             hbm_bytes: stats.hbm_bytes,
+        }
+    }
+}
+
+/// `struct pd_regcache_stats`: the crate's `CacheStats`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PdRegcacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub registrations: u64,
+    pub failed_registrations: u64,
+    pub deregistrations: u64,
+    pub evictions: u64,
+    pub superseded: u64,
+    pub invalidations: u64,
+    pub uncached: u64,
+    pub entries: u64,
+    pub bytes: u64,
+    pub max_count: u64,
+    pub max_bytes: u64,
+}
+
+impl From<&pd::CacheStats> for PdRegcacheStats {
+    fn from(s: &pd::CacheStats) -> Self {
+        Self {
+            hits: s.hits,
+            misses: s.misses,
+            registrations: s.registrations,
+            failed_registrations: s.failed_registrations,
+            deregistrations: s.deregistrations,
+            evictions: s.evictions,
+            superseded: s.superseded,
+            invalidations: s.invalidations,
+            uncached: s.uncached,
+            entries: s.entries,
+            bytes: s.bytes,
+            max_count: s.max_count,
+            max_bytes: s.max_bytes,
         }
     }
 }

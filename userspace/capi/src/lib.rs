@@ -11,16 +11,18 @@
 
 mod abi;
 mod error;
+mod regcache;
 
 use std::ffi::{c_char, c_int, c_uint, CStr, OsStr};
 use std::os::fd::{IntoRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use pd::{Device, Errno, RawExport, RawFree, Stats};
 
-pub use abi::{PdDeviceInfo, PdStats};
+pub use abi::{FidDomain, PdDeviceInfo, PdRegcacheStats, PdStats};
 use error::{guard, guard_status, Failure};
+pub use regcache::{PdMr, PdRegCache};
 
 /// `pd_device`: an open `/dev/peerdirectN`. Allocations share it, so the file stays open until
 /// the device handle is closed and every allocation made through it is freed.
@@ -38,6 +40,9 @@ pub struct PdAllocation {
     handle: u32,
     hbm_offset: u64,
     length: u64,
+    /// The export `pd_register` registers from, made (and mapped) on its first call. Closed
+    /// when the handle is freed, after the device has invalidated its cache entries.
+    source: Mutex<Option<Arc<regcache::Source>>>,
 }
 
 /// Converts a C reference argument, refusing NULL.
@@ -193,6 +198,7 @@ pub unsafe extern "C" fn pd_alloc(
             handle: allocation.into_handle(),
             hbm_offset,
             length,
+            source: Mutex::default(),
         });
         // SAFETY: `out` is not NULL, and the caller promises it is valid for writing.
         unsafe { put(F, "out", out, Box::into_raw(allocation)) }
@@ -200,7 +206,8 @@ pub unsafe extern "C" fn pd_alloc(
 }
 
 /// `int pd_allocation_free(pd_allocation *alloc)`: frees the HBM and the handle (NULL: 0).
-/// The handle is gone even when freeing fails.
+/// The handle is gone even when freeing fails. Before the FREE command, the device drops the
+/// cache entries of every `pd_regcache` that registered the allocation.
 ///
 /// # Safety
 ///

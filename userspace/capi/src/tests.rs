@@ -2,13 +2,14 @@
 //! layout and constant, compiled with the C compiler (`cc`, or `$CC`) and compared.
 
 use std::collections::BTreeSet;
-use std::ffi::{c_char, c_int, c_uint};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::mem::{align_of, offset_of, size_of};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::*;
 use crate::abi::*;
+use crate::regcache::*;
 
 /// The C spelling of a Rust type of the ABI, as `stringify!` writes it.
 fn c_type(rust: &str) -> String {
@@ -29,6 +30,11 @@ fn c_type(rust: &str) -> String {
         "PdAllocation" => "pd_allocation",
         "PdDeviceInfo" => "struct pd_device_info",
         "PdStats" => "struct pd_stats",
+        "PdRegCache" => "pd_regcache",
+        "PdMr" => "pd_mr",
+        "PdRegcacheStats" => "struct pd_regcache_stats",
+        "FidDomain" => "struct fid_domain",
+        "c_void" => "void",
         other => panic!("no C spelling for the Rust type {other}"),
     }
     .to_owned()
@@ -63,6 +69,17 @@ fn signatures() -> Vec<(&'static str, String)> {
         pd_allocation_handle(*const PdAllocation) -> u32;
         pd_export(*const PdAllocation, u64, u64, u32, *mut c_int) -> c_int;
         pd_stats(c_uint, *mut PdStats) -> c_int;
+        pd_regcache_new(*mut c_int) -> *mut PdRegCache;
+        pd_regcache_free(*mut PdRegCache) -> ();
+        pd_register(*mut PdRegCache, *mut FidDomain, *const PdAllocation, u64, u64, u32, *mut *mut PdMr) -> c_int;
+        pd_regcache_invalidate_domain(*mut PdRegCache, *mut FidDomain) -> c_int;
+        pd_regcache_stats(*const PdRegCache, *mut PdRegcacheStats) -> c_int;
+        pd_mr_release(*mut PdMr) -> ();
+        pd_mr_key(*const PdMr) -> u64;
+        pd_mr_desc(*const PdMr) -> *mut c_void;
+        pd_mr_offset(*const PdMr) -> u64;
+        pd_mr_path(*const PdMr) -> u32;
+        pd_mr_reason(*const PdMr) -> *const c_char;
         pd_last_error() -> *const c_char;
         pd_strerror(c_int) -> *const c_char;
         pd_version() -> *const c_char;
@@ -85,11 +102,22 @@ fn rust_layout() -> Vec<(String, u64)> {
             pci_bus, pci_slot, pci_func, reserved0, vendor_id, device_id, provider, reserved1
         }
         PdStats "pd_stats" { allocations, allocated_bytes, exports, hbm_bytes }
+        PdRegcacheStats "pd_regcache_stats" {
+            hits, misses, registrations, failed_registrations, deregistrations, evictions,
+            superseded, invalidations, uncached, entries, bytes, max_count, max_bytes
+        }
     }
     for (name, value) in [
         ("PD_EXPORT_CLOEXEC", PD_EXPORT_CLOEXEC),
         ("PD_EXPORT_RDWR", PD_EXPORT_RDWR),
         ("PD_PROVIDER_OWNED", PD_PROVIDER_OWNED),
+        ("PD_ACCESS_LOCAL_READ", PD_ACCESS_LOCAL_READ),
+        ("PD_ACCESS_LOCAL_WRITE", PD_ACCESS_LOCAL_WRITE),
+        ("PD_ACCESS_REMOTE_READ", PD_ACCESS_REMOTE_READ),
+        ("PD_ACCESS_REMOTE_WRITE", PD_ACCESS_REMOTE_WRITE),
+        ("PD_PATH_DMABUF", PD_PATH_DMABUF),
+        ("PD_PATH_HOST_BOUNCE", PD_PATH_HOST_BOUNCE),
+        ("PD_PATH_PEERMEM_VA", PD_PATH_PEERMEM_VA),
     ] {
         values.push((name.to_owned(), value.into()));
     }
@@ -153,7 +181,7 @@ fn function_types_match_the_header() {
 #[test]
 fn header_rust_and_table_name_the_same_functions() {
     let header = std::fs::read_to_string(header_dir().join("peerdirect.h")).unwrap();
-    let source = include_str!("lib.rs");
+    let source = [include_str!("lib.rs"), include_str!("regcache.rs")].concat();
     let names_after = |text: &str, marker: &str| -> BTreeSet<String> {
         text.match_indices(marker)
             .map(|(at, _)| {
@@ -174,14 +202,17 @@ fn header_rust_and_table_name_the_same_functions() {
             name.starts_with("pd_").then(|| name.to_owned())
         })
         .collect();
-    let in_rust = names_after(source, "extern \"C\" fn ");
+    let in_rust = names_after(&source, "extern \"C\" fn ");
     let in_table: BTreeSet<String> = signatures().iter().map(|(n, _)| n.to_string()).collect();
-    assert_eq!(in_header, in_rust, "header vs. extern \"C\" fns of lib.rs");
+    assert_eq!(
+        in_header, in_rust,
+        "header vs. extern \"C\" fns of lib.rs and regcache.rs"
+    );
     assert_eq!(
         in_table, in_rust,
         "signature table vs. extern \"C\" fns of lib.rs"
     );
-    assert_eq!(in_rust.len(), 14);
+    assert_eq!(in_rust.len(), 25);
 }
 
 #[test]
@@ -203,5 +234,5 @@ fn layout_matches_the_header() {
         &format!("#include <stddef.h>\n#include <peerdirect.h>\n\n{body}"),
     );
     // Guard against the comparison passing vacuously.
-    assert_eq!(values.len(), 2 + 15 + 2 + 4 + 3);
+    assert_eq!(values.len(), 2 + 15 + 2 + 4 + 2 + 13 + 3 + 7);
 }

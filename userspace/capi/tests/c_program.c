@@ -4,8 +4,10 @@
  * failed check; exit status 0 iff all passed.
  *   c_program REGULAR_FILE
  */
+#define _POSIX_C_SOURCE 200112L /* setenv */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <peerdirect.h>
@@ -84,6 +86,42 @@ int main(int argc, char **argv)
 	CHECK(pd_stats(4095, NULL) == -EINVAL);
 	CHECK(pd_stats(4095, &stats) < 0);
 	CHECK(contains(pd_last_error(), "/sys/kernel/debug"));
+
+	/* The registration cache: limits from the environment, NULL checks, empty stats. */
+	{
+		struct pd_regcache_stats cstats;
+		pd_regcache *cache;
+		pd_mr *mr = (pd_mr *)&err;
+		struct fid_domain *domain = (struct fid_domain *)&cstats; /* never dereferenced */
+
+		CHECK(setenv("PEERDIRECT_MR_CACHE_MAX_COUNT", "many", 1) == 0);
+		CHECK(pd_regcache_new(&err) == NULL);
+		CHECK(err == -EINVAL);
+		CHECK(contains(pd_last_error(), "PEERDIRECT_MR_CACHE_MAX_COUNT"));
+		CHECK(setenv("PEERDIRECT_MR_CACHE_MAX_COUNT", "16", 1) == 0);
+		cache = pd_regcache_new(&err);
+		CHECK(cache != NULL);
+		CHECK(err == 0);
+		CHECK(pd_regcache_stats(cache, &cstats) == 0);
+		CHECK(cstats.max_count == 16 && cstats.entries == 0 && cstats.invalidations == 0);
+		CHECK(pd_regcache_stats(cache, NULL) == -EINVAL);
+		CHECK(pd_regcache_stats(NULL, &cstats) == -EINVAL);
+		CHECK(pd_register(cache, domain, NULL, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
+		CHECK(strcmp(pd_last_error(), "pd_register: alloc is NULL; pass a valid pointer") == 0);
+		CHECK(pd_register(NULL, domain, NULL, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
+		CHECK(mr == (pd_mr *)&err);
+		CHECK(pd_regcache_invalidate_domain(cache, domain) == 0);
+		CHECK(pd_regcache_invalidate_domain(cache, NULL) == -EINVAL);
+		CHECK(pd_regcache_invalidate_domain(NULL, domain) == -EINVAL);
+		CHECK(pd_mr_key(NULL) == 0);
+		CHECK(pd_mr_desc(NULL) == NULL);
+		CHECK(pd_mr_offset(NULL) == 0);
+		CHECK(pd_mr_path(NULL) == 0);
+		CHECK(pd_mr_reason(NULL) == NULL);
+		pd_mr_release(NULL);
+		pd_regcache_free(cache);
+		pd_regcache_free(NULL);
+	}
 
 	return failed;
 }

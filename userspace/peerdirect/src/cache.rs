@@ -52,6 +52,18 @@
 //!
 //! Entries the cache drops (evicted, superseded, invalidated) are deregistered outside the
 //! lock, by the thread that dropped them, or later by whoever drops the last handle to them.
+//!
+//! # Freed and revoked memory
+//!
+//! A cached registration keeps its dma-buf, and so its HBM, alive, and must never be handed
+//! out once the caller has freed the allocation or the device is gone. A cache in an `Arc`
+//! [attaches](RegCache::attach) to every [`crate::Device`] whose exports it registers; the
+//! device then invalidates, before `PEERDIRECT_IOC_FREE` of an allocation (an
+//! [`crate::Allocation`] dropped or freed, [`crate::Device::free_raw`]) and before its file is
+//! closed, every entry of every export made from that allocation through it, in every
+//! attached cache; and every entry of the device when one of its commands fails with
+//! `ENODEV` (revoked). Name exports with [`crate::Device::export_id`] so that the identities
+//! agree. See [`crate::invalidation`].
 
 mod index;
 mod key;
@@ -62,10 +74,12 @@ mod tests;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use serde::Serialize;
 
+use crate::invalidation::Invalidate;
+use crate::Device;
 use index::Index;
 pub use key::{Access, ByteRange, DomainId, ExportId, RangeError, RegKey};
 pub use limits::{CacheLimits, LimitsError, MAX_COUNT_VAR, MAX_SIZE_VAR};
@@ -386,6 +400,20 @@ impl<R: Registrar> RegCache<R> {
         self.invalidate(|index, removed| index.remove_where(|_, d| d == domain, removed))
     }
 
+    /// Subscribes the cache to `device`'s frees and revocation: from now on, freeing an
+    /// allocation of `device` through the crate first invalidates every cached registration of
+    /// the exports made from it ([`RegCache::invalidate_export`]), and a command of `device`
+    /// failing with `ENODEV` invalidates all of the device's
+    /// ([`RegCache::invalidate_device`]). Attaching twice is attaching once; the device holds
+    /// the cache weakly, so dropping the cache detaches it.
+    pub fn attach(self: &Arc<Self>, device: &Device)
+    where
+        R: 'static,
+    {
+        let hook: Weak<Self> = Arc::downgrade(self);
+        device.subscribe(hook);
+    }
+
     /// What the cache did so far, and holds now.
     pub fn stats(&self) -> CacheStats {
         let (hits, evictions, superseded, invalidations, entries, bytes) = {
@@ -450,6 +478,18 @@ impl<R: Registrar> RegCache<R> {
         self.state
             .lock()
             .expect("a thread panicked while updating the registration cache")
+    }
+}
+
+impl<R: Registrar> Invalidate for RegCache<R> {
+    fn exports_freed(&self, exports: &[ExportId]) {
+        for &export in exports {
+            self.invalidate_export(export);
+        }
+    }
+
+    fn device_gone(&self, device: u32) {
+        self.invalidate_device(device);
     }
 }
 

@@ -4,12 +4,15 @@ use std::fs;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Weak;
 
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::allocation::Allocation;
+use crate::cache::ExportId;
 use crate::error::Operation;
+use crate::invalidation::{Hooks, Invalidate};
 use crate::sys::{self, RawAlloc, RawExport, RawFree, RawInfo, RawRequest};
 use crate::uapi::DEVICE_PREFIX;
 use crate::{DeviceInfo, DmaBuf, Error};
@@ -23,10 +26,18 @@ pub fn device_path(index: u32) -> PathBuf {
 }
 
 /// An open peerdirect device node.
+///
+/// It remembers the exports made from each of its allocations and tells the registration
+/// caches attached to it ([`crate::RegCache::attach`], [`Device::subscribe`]) before an
+/// allocation is freed, before the file is closed, and when a command fails with `ENODEV`
+/// (the device was revoked); see [`crate::invalidation`].
 #[derive(Debug)]
 pub struct Device {
+    // Declared first so that it is dropped, telling the hooks, before `fd` is closed.
+    hooks: Hooks,
     fd: OwnedFd,
     path: PathBuf,
+    index: u32,
 }
 
 impl Device {
@@ -35,10 +46,22 @@ impl Device {
         let path = path.as_ref();
         let fd = rustix::fs::open(path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
             .map_err(|errno| Error::os(Operation::Open, path, errno))?;
-        Ok(Self {
+        let mut device = Self {
+            hooks: Hooks::default(),
             fd,
             path: path.to_owned(),
-        })
+            index: u32::MAX,
+        };
+        device.index = match path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .and_then(device_index)
+        {
+            Some(index) => index,
+            // Not named peerdirectN (a link, a test node): ask the module.
+            None => device.info().map_or(u32::MAX, |info| info.index),
+        };
+        Ok(device)
     }
 
     /// Opens `/dev/peerdirect<index>`.
@@ -49,6 +72,26 @@ impl Device {
     /// The path the device was opened at.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// N of `/dev/peerdirectN`: from the node's name, else from `PEERDIRECT_IOC_INFO`;
+    /// `u32::MAX` if neither says. The device part of the [`ExportId`]s of its exports.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The identity of `dma_buf`, exported from this device, as the caches know it and as
+    /// the device reports it when the allocation it came from is freed:
+    /// `ExportId::of_dma_buf(self.index(), dma_buf)`.
+    pub fn export_id(&self, dma_buf: &DmaBuf) -> Result<ExportId, Errno> {
+        ExportId::of_dma_buf(self.index, dma_buf)
+    }
+
+    /// Subscribes `hook` to this file's frees and revocation (once, however often it is
+    /// subscribed; it unsubscribes by being dropped). [`crate::RegCache::attach`] does this
+    /// for a cache.
+    pub fn subscribe(&self, hook: Weak<dyn Invalidate>) {
+        self.hooks.subscribe(hook);
     }
 
     /// Asks the module about the HBM device (`PEERDIRECT_IOC_INFO`).
@@ -99,7 +142,11 @@ impl Device {
 
     /// Sends `PEERDIRECT_IOC_FREE` with an argument the caller built, like
     /// [`Device::info_raw`].
+    ///
+    /// Before the command is sent, the hooks subscribed to this file drop what they hold of
+    /// the exports made from `raw.free.handle` through this `Device`.
     pub fn free_raw<const TAIL: usize>(&self, raw: &mut RawFree<TAIL>) -> Result<(), Error> {
+        self.hooks.before_free(raw.free.handle);
         self.send(Operation::Free, raw)
     }
 
@@ -113,13 +160,32 @@ impl Device {
         let fd = sys::export(self.fd.as_fd(), raw)
             .map_err(|errno| self.error(Operation::Export, errno))?
             .ok_or_else(|| self.invalid_reply(Operation::Export, "fd", raw.export.fd.into()))?;
-        DmaBuf::from_fd(fd)
+        let dma_buf = DmaBuf::from_fd(fd)?;
+        // fstat of an open dma-buf does not fail; if it did, there would be no identity for
+        // a cache to have registered it under either.
+        if let Ok(export) = self.export_id(&dma_buf) {
+            self.hooks.exported(raw.export.handle, export);
+        }
+        Ok(dma_buf)
     }
 
     /// Sends command `nr` (`_IO(PEERDIRECT_IOCTL_TYPE, nr)`) with a null argument. For testing
     /// how the module treats commands it does not know (ENOTTY).
     pub fn command_raw(&self, nr: u8) -> Result<(), Error> {
         sys::command(self.fd.as_fd(), nr).map_err(|errno| self.error(Operation::Command(nr), errno))
+    }
+
+    /// Records `export` as made from allocation `handle`, as a successful export does: for
+    /// testing the hooks without a device.
+    #[cfg(test)]
+    pub(crate) fn record_export(&self, handle: u32, export: ExportId) {
+        self.hooks.exported(handle, export);
+    }
+
+    /// Tells the hooks the device is gone, as a command failing with `ENODEV` does.
+    #[cfg(test)]
+    pub(crate) fn revoke_for_test(&self) {
+        self.hooks.device_gone(self.index);
     }
 
     /// `PEERDIRECT_IOC_FREE` of `handle`.
@@ -156,6 +222,10 @@ impl Device {
     }
 
     fn error(&self, operation: Operation, errno: Errno) -> Error {
+        if errno == Errno::NODEV {
+            // The device was unbound, removed or reset: its dma-bufs are revoked.
+            self.hooks.device_gone(self.index);
+        }
         Error::os(operation, &self.path, errno)
     }
 }
@@ -167,6 +237,8 @@ impl AsFd for Device {
 }
 
 impl From<Device> for OwnedFd {
+    /// The crate no longer sees what is freed on the file: the hooks are told as if it were
+    /// closed.
     fn from(device: Device) -> Self {
         device.fd
     }

@@ -24,6 +24,11 @@
 //! // Pass `dma_buf` (an fd) to an RDMA stack; it keeps the memory after `allocation` is freed.
 //! # Ok::<(), peerdirect::Error>(())
 //! ```
+//!
+//! Registration caches ([`RegCache`]) attach to the devices whose memory they register
+//! ([`RegCache::attach`]): freeing an allocation, closing its device file or the device being
+//! revoked (`ENODEV`) first invalidates the cached registrations of its exports, so that no
+//! stale registration is handed out and none keeps freed HBM alive ([`invalidation`]).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -34,6 +39,7 @@ mod device;
 mod dma_buf;
 mod error;
 mod info;
+pub mod invalidation;
 pub mod pattern;
 pub mod registrar;
 mod stats;
@@ -46,6 +52,7 @@ pub use device::{device_path, devices, Device};
 pub use dma_buf::{DmaBuf, DmaBufMap, SyncFlags};
 pub use error::{Error, Operation};
 pub use info::{DeviceInfo, PciAddress, Provider};
+pub use invalidation::Invalidate;
 pub use registrar::RegPath;
 pub use rustix::io::Errno;
 pub use stats::{stats_path, Stats, DEBUGFS};

@@ -785,3 +785,109 @@ fn eight_threads_share_a_disabled_cache() {
         max_bytes: 96 * PAGE,
     });
 }
+
+/// A `Device` on a regular file named `peerdirect7` (so its index is 7): every command fails
+/// with ENOTTY, but the hooks run as they do on a real device, before the command is sent.
+struct FakeDevice {
+    dir: std::path::PathBuf,
+    device: crate::Device,
+}
+
+impl FakeDevice {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "peerdirect-cache-hooks-{}-{name}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("peerdirect7");
+        std::fs::write(&path, b"").unwrap();
+        let device = crate::Device::open(&path).unwrap();
+        assert_eq!(device.index(), 7);
+        Self { dir, device }
+    }
+}
+
+impl Drop for FakeDevice {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn freeing_an_allocation_invalidates_its_exports_in_every_attached_cache_first() {
+    let fake = FakeDevice::new("free");
+    let device = &fake.device;
+    let registrar = FakeRegistrar::new(1);
+    let (a, b) = (Arc::new(cache(16, 1 << 30)), Arc::new(cache(16, 1 << 30)));
+    let detached = cache(16, 1 << 30);
+    a.attach(device);
+    a.attach(device); // once only
+    b.attach(device);
+    let (mine, other) = (ExportId::new(7, 1), ExportId::new(7, 2));
+    device.record_export(5, mine);
+    device.record_export(6, other);
+    let held = get(&a, &registrar, mine, 0, 4, RW);
+    drop(get(&a, &registrar, other, 0, 4, RW));
+    drop(get(&b, &registrar, mine, 8, 2, RW));
+    drop(get(&detached, &registrar, mine, 0, 1, RW));
+    assert_eq!(registrar.live().len(), 4);
+
+    let allocation = crate::Allocation::new(device, 5, 0, 1 << 20);
+    // The FREE ioctl fails (ENOTTY on a regular file), after the caches let go.
+    let err = allocation.free().unwrap_err();
+    assert_eq!(err.errno(), Some(crate::Errno::NOTTY));
+    assert_eq!(a.stats().invalidations, 1);
+    assert_eq!(b.stats().invalidations, 1);
+    assert_eq!(detached.stats().invalidations, 0);
+    // b's entry is deregistered; a's lives on in its handle, no longer cached.
+    assert_eq!((a.stats().entries, b.stats().entries), (1, 0));
+    assert!(registrar.is_live(held.mr().id));
+    assert_eq!(registrar.live().len(), 3);
+    drop(held);
+    assert_eq!(registrar.live().len(), 2);
+    // A new request misses: the freed export's registration is never handed out again.
+    let misses = a.stats().misses;
+    drop(get(&a, &registrar, mine, 0, 1, RW));
+    assert_eq!(a.stats().misses, misses + 1);
+
+    // Dropping an allocation does the same for handle 6.
+    drop(crate::Allocation::new(device, 6, 0, 1 << 20));
+    assert_eq!(a.stats().invalidations, 2);
+    assert_eq!(a.stats().entries, 1); // the re-registration of `mine`
+}
+
+#[test]
+fn closing_the_device_and_revocation_invalidate_too() {
+    let registrar = FakeRegistrar::new(1);
+    let cache = Arc::new(cache(16, 1 << 30));
+    let fake = FakeDevice::new("close");
+    cache.attach(&fake.device);
+    fake.device.record_export(9, ExportId::new(7, 3));
+    drop(get(&cache, &registrar, ExportId::new(7, 3), 0, 1, RW));
+    drop(get(&cache, &registrar, ExportId::new(7, 4), 0, 1, RW)); // made elsewhere
+    drop(get(&cache, &registrar, ExportId::new(8, 4), 0, 1, RW)); // another device
+    fake.device.revoke_for_test();
+    assert_eq!(cache.stats().invalidations, 2);
+    assert_eq!(cache.stats().entries, 1);
+
+    drop(get(&cache, &registrar, ExportId::new(7, 5), 0, 1, RW));
+    fake.device.record_export(10, ExportId::new(7, 5));
+    drop(fake); // closes the file, which frees handle 10
+    assert_eq!(cache.stats().invalidations, 3);
+    assert_eq!(cache.stats().entries, 1);
+    assert_eq!(registrar.live().len(), 1);
+}
+
+#[test]
+fn a_dropped_cache_detaches_itself() {
+    let fake = FakeDevice::new("detach");
+    let registrar = FakeRegistrar::new(1);
+    let cache = Arc::new(cache(16, 1 << 30));
+    cache.attach(&fake.device);
+    fake.device.record_export(1, ExportId::new(7, 1));
+    drop(get(&cache, &registrar, ExportId::new(7, 1), 0, 1, RW));
+    drop(cache);
+    assert!(registrar.live().is_empty());
+    drop(crate::Allocation::new(&fake.device, 1, 0, 4096)); // nobody to tell
+}

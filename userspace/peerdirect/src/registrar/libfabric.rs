@@ -25,6 +25,21 @@
 //! gets a registered host staging buffer instead; [`Endpoint::send`] and [`Endpoint::recv`]
 //! then copy through the dma-buf's mapping in [`CHUNK`]-sized pieces, two in flight, and the
 //! registration says so: [`RegPath::HostBounce`] with the provider's reason.
+//!
+//! # A domain the caller opened
+//!
+//! A program that runs libfabric itself registers HBM in its own domain through
+//! [`Fabric::from_raw_domain`]: the `struct fid_domain *` is borrowed, never closed here.
+//! Lifetime rules: the domain must stay open until the registrar, every [`FabricMr`] made
+//! through it and every cache entry of it are gone (drop the handles, then
+//! [`crate::RegCache::invalidate_domain`] or drop the cache, then the registrar, then
+//! `fi_close` the domain). It must be opened with `FI_THREAD_SAFE`, or the caller serializes
+//! its own use of the domain with everything that registers or deregisters through the
+//! registrar (cache misses, evictions, invalidations, freeing an allocation of an attached
+//! device, dropping a [`crate::Registration`]). Keys are requested from 1 upwards for
+//! providers without `FI_MR_PROV_KEY`: the program must not request keys of its own in that
+//! range. Such a fabric has no endpoints ([`Fabric::endpoint`] says so) and its
+//! [`ProviderCaps`] are only the provider's name.
 
 #[allow(
     dead_code,
@@ -37,8 +52,9 @@ mod bindings;
 mod sys;
 
 use std::collections::HashMap;
-use std::ffi::CString;
+use std::ffi::{c_void, CString};
 use std::os::fd::AsFd;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -104,6 +120,16 @@ pub enum LibfabricError {
     /// A name holds a NUL byte.
     #[error("{0:?} contains a NUL byte")]
     BadName(String),
+    /// The operation needs the fabric, which a borrowed domain does not come with.
+    #[error(
+        "{provider}: {what} needs a fabric opened by Fabric::open; this one only borrows a domain"
+    )]
+    Borrowed {
+        /// The provider name given with the domain.
+        provider: String,
+        /// What was asked for.
+        what: &'static str,
+    },
     /// A transfer saw no completion for too long.
     #[error("{provider}: no completion for {secs} s during a transfer")]
     Stalled {
@@ -134,6 +160,12 @@ pub struct ProviderCaps {
     pub mr_endpoint: bool,
     /// Largest message.
     pub max_msg_size: u64,
+}
+
+/// A domain id no other registrar has, for the life of the process.
+fn next_domain_id() -> DomainId {
+    static NEXT_DOMAIN: AtomicU64 = AtomicU64::new(1);
+    DomainId(NEXT_DOMAIN.fetch_add(1, Relaxed))
 }
 
 /// The loaded library, or why it cannot be used.
@@ -182,7 +214,8 @@ fn call_error(
 /// datagram endpoints (`FI_EP_RDM`, `FI_TAGGED | FI_MSG`).
 pub struct Fabric {
     lib: &'static sys::Lib,
-    info: sys::Info,
+    /// `None` for a borrowed domain.
+    info: Option<sys::Info>,
     caps: ProviderCaps,
     domain: Arc<sys::Domain>,
     id: DomainId,
@@ -235,14 +268,56 @@ impl Fabric {
         };
         let fabric = sys::Fabric::open(&info).map_err(|e| err("fi_fabric", e))?;
         let domain = sys::Domain::open(&fabric, &info).map_err(|e| err("fi_domain", e))?;
-        static NEXT_DOMAIN: AtomicU64 = AtomicU64::new(1);
         Ok(Self {
             lib,
-            info,
+            info: Some(info),
             caps,
             domain,
-            id: DomainId(NEXT_DOMAIN.fetch_add(1, Relaxed)),
+            id: next_domain_id(),
         })
+    }
+
+    /// Wraps a domain the caller opened and will close (`struct fid_domain *`), so that a
+    /// [`LibfabricRegistrar`] registers in it; `provider` names it in messages. The library
+    /// is loaded (`dlopen`, normally the very copy the caller uses) for its version and error
+    /// strings. Each call gets a new [`DomainId`], even for the same domain.
+    ///
+    /// # Safety
+    ///
+    /// `domain` points to an open `struct fid_domain` of libfabric >= 1.20 that outlives the
+    /// returned `Fabric`, every registrar made from it and every registration made through
+    /// those, and is thread-safe or used under the rules of the module documentation
+    /// ("A domain the caller opened").
+    #[allow(unsafe_code)]
+    pub unsafe fn from_raw_domain(
+        domain: NonNull<c_void>,
+        provider: &str,
+    ) -> Result<Self, LibfabricError> {
+        let lib = library()?;
+        // SAFETY: the caller's contract is `Domain::borrow`'s: an open fid_domain of a
+        // libfabric with this ABI that outlives everything made from it, used thread-safely.
+        let domain = unsafe { sys::Domain::borrow(domain.cast()) };
+        Ok(Self {
+            lib,
+            info: None,
+            caps: ProviderCaps {
+                provider: provider.to_owned(),
+                domain: String::new(),
+                hmem: false,
+                mr_local: false,
+                mr_virt_addr: false,
+                mr_prov_key: false,
+                mr_endpoint: false,
+                max_msg_size: 0,
+            },
+            domain,
+            id: next_domain_id(),
+        })
+    }
+
+    /// Whether the domain was opened by [`Fabric::open`] (else borrowed).
+    pub fn owns_domain(&self) -> bool {
+        self.domain.is_owned()
     }
 
     /// What the provider advertises.
@@ -251,8 +326,13 @@ impl Fabric {
     }
 
     /// A tagged endpoint of this domain, with its own completion queue and address vector.
+    /// Not for a borrowed domain ([`LibfabricError::Borrowed`]).
     pub fn endpoint(&self) -> Result<Endpoint, LibfabricError> {
-        let ep = sys::Endpoint::open(&self.domain, &self.info)
+        let info = self.info.as_ref().ok_or_else(|| LibfabricError::Borrowed {
+            provider: self.caps.provider.clone(),
+            what: "an endpoint",
+        })?;
+        let ep = sys::Endpoint::open(&self.domain, info)
             .map_err(|e| call_error(self.lib, &self.caps.provider, "fi_endpoint/fi_enable", e))?;
         Ok(Endpoint {
             lib: self.lib,
@@ -711,6 +791,28 @@ mod tests {
             assert!(matches!(err, LibfabricError::NotFound(_)), "{err}");
             assert!(version().is_err());
         }
+    }
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn borrowing_a_domain_without_the_library_fails_clearly() {
+        if sys::Lib::load(LIBRARY).is_err() {
+            let mut not_a_domain = 0u64;
+            // SAFETY: the library is missing, so `from_raw_domain` returns before it looks at
+            // the pointer (which points to a live u64, never used as a domain).
+            let err =
+                unsafe { Fabric::from_raw_domain(NonNull::from(&mut not_a_domain).cast(), "tcp") }
+                    .unwrap_err();
+            assert!(matches!(err, LibfabricError::NotFound(_)), "{err}");
+        }
+        let err = LibfabricError::Borrowed {
+            provider: "tcp".into(),
+            what: "an endpoint",
+        };
+        assert_eq!(
+            err.to_string(),
+            "tcp: an endpoint needs a fabric opened by Fabric::open; this one only borrows a domain"
+        );
     }
 
     #[test]

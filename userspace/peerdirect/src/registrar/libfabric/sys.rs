@@ -276,13 +276,16 @@ impl Drop for Fabric {
     }
 }
 
-/// An open domain (`fi_domain`), thread-safe (FI_THREAD_SAFE).
+/// An open domain (`fi_domain`), thread-safe (FI_THREAD_SAFE): opened here, or borrowed from
+/// the caller ([`Domain::borrow`]), who opened it and closes it.
 pub(super) struct Domain {
     domain: NonNull<b::fid_domain>,
-    _fabric: Arc<Fabric>,
+    /// The fabric of a domain opened here, kept open as long as it; `None` when borrowed.
+    fabric: Option<Arc<Fabric>>,
 }
 
-// SAFETY: opened with threading FI_THREAD_SAFE (Info::get asks for it).
+// SAFETY: opened with threading FI_THREAD_SAFE (Info::get asks for it); a borrowed domain's
+// caller promises the same, or that it serializes every use (`Domain::borrow`).
 unsafe impl Send for Domain {}
 // SAFETY: as above.
 unsafe impl Sync for Domain {}
@@ -301,8 +304,29 @@ impl Domain {
         let domain = NonNull::new(domain).ok_or(FiErrno(b::FI_ENODATA as i32))?;
         Ok(Arc::new(Domain {
             domain,
-            _fabric: Arc::clone(fabric),
+            fabric: Some(Arc::clone(fabric)),
         }))
+    }
+
+    /// A domain the caller opened (`fi_domain`) and will close; never closed here.
+    ///
+    /// # Safety
+    ///
+    /// `domain` is an open `struct fid_domain` of a libfabric whose ABI is the one the
+    /// bindings describe (>= 1.20), and stays open until this `Domain` and every [`Mr`] made
+    /// in it are dropped. Either it was opened with `FI_THREAD_SAFE`, or nothing uses it
+    /// (here or elsewhere) concurrently with the registrations, deregistrations and their
+    /// drops made through this `Domain`.
+    pub(super) unsafe fn borrow(domain: NonNull<b::fid_domain>) -> Arc<Domain> {
+        Arc::new(Domain {
+            domain,
+            fabric: None,
+        })
+    }
+
+    /// Whether the domain was opened here (else borrowed).
+    pub(super) fn is_owned(&self) -> bool {
+        self.fabric.is_some()
     }
 
     fn fid(&self) -> *mut b::fid {
@@ -396,8 +420,11 @@ impl Domain {
 
 impl Drop for Domain {
     fn drop(&mut self) {
-        // SAFETY: MRs, CQs, AVs and endpoints hold an Arc to their domain: none is left.
-        unsafe { close(self.fid()) }
+        if self.is_owned() {
+            // SAFETY: opened here (a borrowed one is its caller's to close); MRs, CQs, AVs
+            // and endpoints hold an Arc to their domain: none is left.
+            unsafe { close(self.fid()) }
+        }
     }
 }
 

@@ -1,0 +1,194 @@
+/*
+ * fabric_register: registering HBM in a libfabric domain the program opened itself, through
+ * the registration cache. Opens the tcp provider's fabric and domain (fi_getinfo, fi_fabric,
+ * fi_domain), allocates 4 MiB of HBM on /dev/peerdirect0, registers it twice with
+ * pd_register (the second request, a part of the first, is a cache hit), prints the path
+ * and key, frees the allocation (which drops the cache entry first: the cache's
+ * invalidations count it), releases everything and closes the domain. Exit status 0 iff all
+ * of it worked.
+ *
+ *   cc -o fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric)
+ */
+#define _POSIX_C_SOURCE 200809L /* strdup */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <peerdirect.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_errno.h>
+
+#define LENGTH (4u << 20)
+
+static int pd_fail(const char *what, int err)
+{
+	fprintf(stderr, "fabric_register: %s: %s (%s)\n", what, pd_strerror(err), pd_last_error());
+	return 1;
+}
+
+static int fi_fail(const char *what, int ret)
+{
+	fprintf(stderr, "fabric_register: %s: %s (%d)\n", what, fi_strerror(-ret), ret);
+	return 1;
+}
+
+static const char *path_name(uint32_t path)
+{
+	switch (path) {
+	case PD_PATH_DMABUF:
+		return "dmabuf";
+	case PD_PATH_HOST_BOUNCE:
+		return "host_bounce";
+	case PD_PATH_PEERMEM_VA:
+		return "peermem_va";
+	default:
+		return "unknown";
+	}
+}
+
+static void print_mr(const char *name, const pd_mr *mr)
+{
+	const char *reason = pd_mr_reason(mr);
+
+	printf("%s: path %s, key %#" PRIx64 ", desc %p, offset in mr %" PRIu64 "%s%s\n", name,
+	       path_name(pd_mr_path(mr)), pd_mr_key(mr), pd_mr_desc(mr), pd_mr_offset(mr),
+	       reason ? ", reason: " : "", reason ? reason : "");
+}
+
+static void print_stats(const char *when, const struct pd_regcache_stats *s)
+{
+	printf("cache %s: hits %" PRIu64 ", misses %" PRIu64 ", registrations %" PRIu64
+	       ", deregistrations %" PRIu64 ", invalidations %" PRIu64 ", entries %" PRIu64 "\n",
+	       when, s->hits, s->misses, s->registrations, s->deregistrations, s->invalidations,
+	       s->entries);
+}
+
+int main(void)
+{
+	struct fi_info *hints, *info = NULL;
+	struct fid_fabric *fabric = NULL;
+	struct fid_domain *domain = NULL;
+	struct pd_regcache_stats stats;
+	pd_device *dev = NULL;
+	pd_allocation *alloc = NULL;
+	pd_regcache *cache = NULL;
+	pd_mr *whole = NULL, *part = NULL;
+	int err, ret, status = 1;
+
+	/* libfabric, opened by the program: tcp, thread safe, the MR modes it asks for. */
+	hints = fi_allocinfo();
+	if (!hints)
+		return fi_fail("fi_allocinfo", -FI_ENOMEM);
+	hints->fabric_attr->prov_name = strdup("tcp");
+	hints->ep_attr->type = FI_EP_RDM;
+	hints->caps = FI_MSG | FI_TAGGED;
+	hints->domain_attr->threading = FI_THREAD_SAFE;
+	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+	ret = fi_getinfo(FI_VERSION(1, 20), "127.0.0.1", NULL, FI_SOURCE, hints, &info);
+	fi_freeinfo(hints);
+	if (ret)
+		return fi_fail("fi_getinfo(tcp)", ret);
+	ret = fi_fabric(info->fabric_attr, &fabric, NULL);
+	if (ret) {
+		fi_fail("fi_fabric", ret);
+		goto out;
+	}
+	ret = fi_domain(fabric, info, &domain, NULL);
+	if (ret) {
+		fi_fail("fi_domain", ret);
+		goto out;
+	}
+	printf("libfabric %u.%u: provider %s, domain %s\n", FI_MAJOR(fi_version()),
+	       FI_MINOR(fi_version()), info->fabric_attr->prov_name, info->domain_attr->name);
+
+	dev = pd_device_open(0, &err);
+	if (!dev) {
+		pd_fail("pd_device_open(0)", err);
+		goto out;
+	}
+	err = pd_alloc(dev, LENGTH, 0, &alloc);
+	if (err) {
+		pd_fail("pd_alloc", err);
+		goto out;
+	}
+	printf("allocated %u bytes at HBM offset %#" PRIx64 "\n", LENGTH,
+	       pd_allocation_hbm_offset(alloc));
+
+	cache = pd_regcache_new(&err);
+	if (!cache) {
+		pd_fail("pd_regcache_new", err);
+		goto out;
+	}
+	err = pd_register(cache, domain, alloc, 0, 0,
+			  PD_ACCESS_LOCAL_READ | PD_ACCESS_LOCAL_WRITE | PD_ACCESS_REMOTE_READ |
+				  PD_ACCESS_REMOTE_WRITE,
+			  &whole);
+	if (err) {
+		pd_fail("pd_register(all of it)", err);
+		goto out;
+	}
+	print_mr("registered 4194304 bytes", whole);
+	err = pd_register(cache, domain, alloc, 1u << 20, 4096, PD_ACCESS_REMOTE_WRITE, &part);
+	if (err) {
+		pd_fail("pd_register(4096 bytes at 1 MiB)", err);
+		goto out;
+	}
+	print_mr("registered 4096 bytes at 1 MiB", part);
+	if (pd_mr_key(part) != pd_mr_key(whole) || pd_mr_offset(part) != 1u << 20) {
+		fprintf(stderr, "fabric_register: the second registration is not the first one\n");
+		goto out;
+	}
+	pd_mr_release(whole);
+	pd_mr_release(part);
+	whole = part = NULL;
+	if ((err = pd_regcache_stats(cache, &stats))) {
+		pd_fail("pd_regcache_stats", err);
+		goto out;
+	}
+	print_stats("after registering", &stats);
+	if (stats.hits != 1 || stats.misses != 1 || stats.entries != 1) {
+		fprintf(stderr, "fabric_register: expected 1 hit, 1 miss, 1 entry\n");
+		goto out;
+	}
+
+	/* Freeing the allocation drops its registration from the cache first. */
+	err = pd_allocation_free(alloc);
+	alloc = NULL;
+	if (err) {
+		pd_fail("pd_allocation_free", err);
+		goto out;
+	}
+	if ((err = pd_regcache_stats(cache, &stats))) {
+		pd_fail("pd_regcache_stats", err);
+		goto out;
+	}
+	print_stats("after freeing", &stats);
+	if (stats.invalidations != 1 || stats.entries != 0 ||
+	    stats.deregistrations != stats.registrations) {
+		fprintf(stderr, "fabric_register: freeing did not invalidate the cached registration\n");
+		goto out;
+	}
+	ret = pd_regcache_invalidate_domain(cache, domain);
+	if (ret < 0) {
+		pd_fail("pd_regcache_invalidate_domain", ret);
+		goto out;
+	}
+	status = 0;
+out:
+	pd_mr_release(whole);
+	pd_mr_release(part);
+	pd_allocation_free(alloc);
+	/* Only once nothing of the domain is registered any more: then close it. */
+	pd_regcache_free(cache);
+	pd_device_close(dev);
+	if (domain && (ret = fi_close(&domain->fid)))
+		status = fi_fail("fi_close(domain)", ret);
+	if (fabric && (ret = fi_close(&fabric->fid)))
+		status = fi_fail("fi_close(fabric)", ret);
+	fi_freeinfo(info);
+	if (status == 0)
+		printf("closed: the domain after every registration in it\n");
+	return status;
+}

@@ -1,0 +1,424 @@
+//! The registration cache through the C ABI: `pd_regcache`, `pd_register` into a libfabric
+//! domain the caller opened, and the `pd_mr` handles it returns.
+//!
+//! A `pd_regcache` is a `RegCache` of libfabric registrations with one registrar per domain
+//! pointer the caller passed (each borrowing that domain, never closing it). `pd_register`
+//! attaches the cache to the allocation's device, so that `pd_allocation_free` invalidates
+//! the allocation's entries before the FREE command; it registers from one read-write export
+//! of the whole allocation, made and mapped on the first call and kept by the allocation
+//! handle until it is freed.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void, CString};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pd::cache::{Access, ByteRange, ExportId, RegCache};
+use pd::registrar::libfabric::{Fabric, LibfabricError, LibfabricRegistrar, MappedDmaBuf};
+use pd::{Errno, RawExport, RegPath, Registration};
+
+use crate::abi::{self, FidDomain, PdRegcacheStats};
+use crate::error::{guard, guard_status, Failure};
+use crate::{arg, put, PdAllocation};
+
+/// What `pd_register` registers an allocation from: its export and that export's identity.
+pub(crate) struct Source {
+    mapped: MappedDmaBuf,
+    export: ExportId,
+}
+
+/// `pd_regcache`: a registration cache and the registrars of the domains it has seen.
+pub struct PdRegCache {
+    cache: Arc<RegCache<LibfabricRegistrar>>,
+    /// By the address of the `struct fid_domain`; removed by
+    /// `pd_regcache_invalidate_domain`, so that a later domain at that address is a new one.
+    registrars: Mutex<HashMap<usize, Arc<LibfabricRegistrar>>>,
+}
+
+/// `pd_mr`: a registration handed out by `pd_register`, registered until released.
+pub struct PdMr {
+    registration: Registration<LibfabricRegistrar>,
+    /// The host-bounce reason, NUL-terminated for C.
+    reason: Option<CString>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Only maps and options are updated under these locks; nothing panics while they are held.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl From<LibfabricError> for Failure {
+    fn from(err: LibfabricError) -> Self {
+        let errno = match &err {
+            LibfabricError::NotFound(_)
+            | LibfabricError::MissingSymbol(_)
+            | LibfabricError::TooOld { .. } => Errno::NOSYS,
+            // libfabric's error numbers are errno values (FI_EAGAIN == EAGAIN, ...).
+            LibfabricError::Call { errno, .. } => Errno::from_raw_os_error(*errno),
+            LibfabricError::Map { errno, .. } => *errno,
+            LibfabricError::BadName(_) => Errno::INVAL,
+            _ => Errno::IO,
+        };
+        Failure::new(errno, err.to_string())
+    }
+}
+
+/// `pd_regcache *pd_regcache_new(int *err)`: an empty cache with the limits of
+/// `PEERDIRECT_MR_CACHE_MAX_COUNT` and `PEERDIRECT_MR_CACHE_MAX_SIZE`.
+///
+/// # Safety
+///
+/// `err` is NULL or valid for writing an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn pd_regcache_new(err: *mut c_int) -> *mut PdRegCache {
+    let report = |code| {
+        if !err.is_null() {
+            // SAFETY: not NULL, and the caller promises it is valid for writing an `int`.
+            unsafe { err.write(code) };
+        }
+    };
+    let cache = guard("pd_regcache_new", std::ptr::null_mut(), report, || {
+        let cache = RegCache::from_env()
+            .map_err(|e| Failure::new(Errno::INVAL, format!("pd_regcache_new: {e}")))?;
+        Ok(Box::into_raw(Box::new(PdRegCache {
+            cache: Arc::new(cache),
+            registrars: Mutex::default(),
+        })))
+    });
+    if !cache.is_null() {
+        report(0);
+    }
+    cache
+}
+
+/// `void pd_regcache_free(pd_regcache *cache)`: drops the cache (NULL is ignored). Cached
+/// registrations are deregistered now, those still held by `pd_mr` handles when released.
+///
+/// # Safety
+///
+/// `cache` is NULL or a handle from `pd_regcache_new` not freed yet; it is not used after.
+#[no_mangle]
+pub unsafe extern "C" fn pd_regcache_free(cache: *mut PdRegCache) {
+    if !cache.is_null() {
+        // SAFETY: the caller hands back a pointer from `Box::into_raw` in `pd_regcache_new`,
+        // once.
+        let cache = unsafe { Box::from_raw(cache) };
+        // The closing deregistrations may touch the domains; a panic in a provider's close
+        // must not unwind into C.
+        guard_status("pd_regcache_free", || {
+            drop(cache);
+            Ok(())
+        });
+    }
+}
+
+/// `int pd_register(pd_regcache *cache, struct fid_domain *domain, const pd_allocation
+/// *alloc, uint64_t offset, uint64_t length, uint32_t access, pd_mr **out)`.
+///
+/// # Safety
+///
+/// `cache` and `alloc` are NULL or live handles, and `alloc` is not being freed meanwhile;
+/// `domain` is NULL or an open `struct fid_domain` that the caller keeps open as the header
+/// says; `out` is NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn pd_register(
+    cache: *mut PdRegCache,
+    domain: *mut FidDomain,
+    alloc: *const PdAllocation,
+    offset: u64,
+    length: u64,
+    access: u32,
+    out: *mut *mut PdMr,
+) -> c_int {
+    const F: &str = "pd_register";
+    guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let cache = unsafe { arg(F, "cache", cache) }?;
+        // SAFETY: the caller promises NULL or a live handle, not freed during this call.
+        let alloc = unsafe { arg(F, "alloc", alloc) }?;
+        let domain = NonNull::new(domain).ok_or_else(|| Failure::null(F, "domain"))?;
+        if out.is_null() {
+            return Err(Failure::null(F, "out"));
+        }
+        let access = checked_access(access)?;
+        let range = checked_range(alloc.length, offset, length)?;
+        // SAFETY: the caller promises an open domain that outlives the registrar and its
+        // registrations, used thread-safely: the header's lifetime rules.
+        let registrar = unsafe { cache.registrar(domain) }?;
+        let source = source(alloc)?;
+        cache.cache.attach(&alloc.device);
+        let registration =
+            cache
+                .cache
+                .get(&registrar, &source.mapped, source.export, range, access)?;
+        let reason = match registration.mr().path() {
+            RegPath::HostBounce { reason } => {
+                Some(CString::new(reason.replace('\0', " ")).expect("NUL bytes were replaced"))
+            }
+            _ => None,
+        };
+        let mr = Box::new(PdMr {
+            registration,
+            reason,
+        });
+        // SAFETY: `out` is not NULL, and the caller promises it is valid for writing.
+        unsafe { put(F, "out", out, Box::into_raw(mr)) }
+    })
+}
+
+fn checked_access(access: u32) -> Result<Access, Failure> {
+    let known = abi::PD_ACCESS_LOCAL_READ
+        | abi::PD_ACCESS_LOCAL_WRITE
+        | abi::PD_ACCESS_REMOTE_READ
+        | abi::PD_ACCESS_REMOTE_WRITE;
+    if access == 0 || access & !known != 0 {
+        return Err(Failure::new(
+            Errno::INVAL,
+            format!(
+                "pd_register: access {access:#x}: give one or more PD_ACCESS_* and nothing else"
+            ),
+        ));
+    }
+    Ok(Access::from_bits_truncate(access as u8))
+}
+
+/// `offset..offset + length` of an allocation of `size` bytes; `length` 0 is up to the end.
+fn checked_range(size: u64, offset: u64, length: u64) -> Result<ByteRange, Failure> {
+    let length = if length == 0 {
+        size.saturating_sub(offset)
+    } else {
+        length
+    };
+    ByteRange::new(offset, length)
+        .ok()
+        .filter(|range| range.end() <= size)
+        .ok_or_else(|| {
+            Failure::new(
+                Errno::INVAL,
+                format!(
+                    "pd_register: {length} bytes at {offset} do not fit in the {size}-byte allocation"
+                ),
+            )
+        })
+}
+
+/// The allocation's export, made and mapped on first use.
+fn source(alloc: &PdAllocation) -> Result<Arc<Source>, Failure> {
+    let mut slot = lock(&alloc.source);
+    if let Some(source) = slot.as_ref() {
+        return Ok(Arc::clone(source));
+    }
+    let mut raw = RawExport::<0>::new();
+    raw.export.handle = alloc.handle;
+    raw.export.flags = abi::PD_EXPORT_CLOEXEC | abi::PD_EXPORT_RDWR;
+    let dma_buf = alloc.device.export_raw(&mut raw)?;
+    let export = alloc.device.export_id(&dma_buf).map_err(|errno| {
+        Failure::new(errno, format!("pd_register: fstat of the dma-buf: {errno}"))
+    })?;
+    let mapped = MappedDmaBuf::new(dma_buf)?;
+    let source = Arc::new(Source { mapped, export });
+    *slot = Some(Arc::clone(&source));
+    Ok(source)
+}
+
+impl PdRegCache {
+    /// The registrar of `domain`, made on its first use.
+    ///
+    /// # Safety
+    ///
+    /// `domain` is an open `struct fid_domain` that stays open, and is used thread-safely,
+    /// as `Fabric::from_raw_domain` requires.
+    unsafe fn registrar(
+        &self,
+        domain: NonNull<FidDomain>,
+    ) -> Result<Arc<LibfabricRegistrar>, Failure> {
+        let mut registrars = lock(&self.registrars);
+        if let Some(registrar) = registrars.get(&(domain.as_ptr() as usize)) {
+            return Ok(Arc::clone(registrar));
+        }
+        // SAFETY: the caller's contract is `from_raw_domain`'s.
+        let fabric = unsafe { Fabric::from_raw_domain(domain.cast::<c_void>(), "libfabric") }?;
+        let registrar = Arc::new(LibfabricRegistrar::new(fabric));
+        registrars.insert(domain.as_ptr() as usize, Arc::clone(&registrar));
+        Ok(registrar)
+    }
+}
+
+/// `int pd_regcache_invalidate_domain(pd_regcache *cache, struct fid_domain *domain)`: drops
+/// every cached registration in `domain` and forgets the domain; returns how many entries were
+/// dropped (0 for a domain the cache never saw), or a negative errno.
+///
+/// # Safety
+///
+/// `cache` is NULL or a live handle. `domain` is only compared, never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn pd_regcache_invalidate_domain(
+    cache: *mut PdRegCache,
+    domain: *mut FidDomain,
+) -> c_int {
+    const F: &str = "pd_regcache_invalidate_domain";
+    let mut dropped = 0;
+    let status = guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let cache = unsafe { arg(F, "cache", cache) }?;
+        if domain.is_null() {
+            return Err(Failure::null(F, "domain"));
+        }
+        let registrar = lock(&cache.registrars).remove(&(domain as usize));
+        if let Some(registrar) = registrar {
+            use pd::Registrar;
+            let count = cache.cache.invalidate_domain(registrar.domain());
+            dropped = c_int::try_from(count).unwrap_or(c_int::MAX);
+        }
+        Ok(())
+    });
+    if status < 0 {
+        status
+    } else {
+        dropped
+    }
+}
+
+/// `int pd_regcache_stats(const pd_regcache *cache, struct pd_regcache_stats *out)`.
+///
+/// # Safety
+///
+/// `cache` is NULL or a live handle; `out` is NULL or valid for writing the struct.
+#[no_mangle]
+pub unsafe extern "C" fn pd_regcache_stats(
+    cache: *const PdRegCache,
+    out: *mut PdRegcacheStats,
+) -> c_int {
+    const F: &str = "pd_regcache_stats";
+    guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let cache = unsafe { arg(F, "cache", cache) }?;
+        let stats = PdRegcacheStats::from(&cache.cache.stats());
+        // SAFETY: the caller promises `out` is NULL (refused) or valid for writing.
+        unsafe { put(F, "out", out, stats) }
+    })
+}
+
+/// `void pd_mr_release(pd_mr *mr)`: releases the handle (NULL is ignored); the registration is
+/// deregistered once neither the cache nor another handle holds it.
+///
+/// # Safety
+///
+/// `mr` is NULL or a handle from `pd_register` not released yet; it is not used after.
+#[no_mangle]
+pub unsafe extern "C" fn pd_mr_release(mr: *mut PdMr) {
+    if !mr.is_null() {
+        // SAFETY: the caller hands back a pointer from `Box::into_raw` in `pd_register`, once.
+        let mr = unsafe { Box::from_raw(mr) };
+        guard_status("pd_mr_release", || {
+            drop(mr);
+            Ok(())
+        });
+    }
+}
+
+/// Reads a field of a live `pd_mr`, or `default` for NULL.
+///
+/// # Safety
+///
+/// `mr` is NULL or a live handle.
+unsafe fn with_mr<T>(mr: *const PdMr, default: T, f: impl FnOnce(&PdMr) -> T) -> T {
+    // SAFETY: the caller promises NULL or a live handle.
+    unsafe { mr.as_ref() }.map_or(default, f)
+}
+
+/// `uint64_t pd_mr_key(const pd_mr *mr)`: `fi_mr_key` (0 for NULL).
+///
+/// # Safety
+///
+/// `mr` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn pd_mr_key(mr: *const PdMr) -> u64 {
+    // SAFETY: passed on under the same contract.
+    unsafe { with_mr(mr, 0, |m| m.registration.mr().key()) }
+}
+
+/// `void *pd_mr_desc(const pd_mr *mr)`: `fi_mr_desc` (NULL for NULL).
+///
+/// # Safety
+///
+/// `mr` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn pd_mr_desc(mr: *const PdMr) -> *mut c_void {
+    // SAFETY: passed on under the same contract.
+    unsafe {
+        with_mr(mr, std::ptr::null_mut(), |m| {
+            m.registration.mr().desc() as *mut c_void
+        })
+    }
+}
+
+/// `uint64_t pd_mr_offset(const pd_mr *mr)`: where the requested range starts in the
+/// registration, which may be larger (0 for NULL).
+///
+/// # Safety
+///
+/// `mr` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn pd_mr_offset(mr: *const PdMr) -> u64 {
+    // SAFETY: passed on under the same contract.
+    unsafe { with_mr(mr, 0, |m| m.registration.offset_in_mr()) }
+}
+
+/// `uint32_t pd_mr_path(const pd_mr *mr)`: `PD_PATH_*` (0 for NULL).
+///
+/// # Safety
+///
+/// `mr` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn pd_mr_path(mr: *const PdMr) -> u32 {
+    // SAFETY: passed on under the same contract.
+    unsafe {
+        with_mr(mr, 0, |m| match m.registration.mr().path() {
+            RegPath::DmaBuf => abi::PD_PATH_DMABUF,
+            RegPath::HostBounce { .. } => abi::PD_PATH_HOST_BOUNCE,
+            RegPath::PeerMemVa => abi::PD_PATH_PEERMEM_VA,
+        })
+    }
+}
+
+/// `const char *pd_mr_reason(const pd_mr *mr)`: why the registration is host bounce; NULL
+/// when it is direct (or `mr` is NULL). Valid until the handle is released.
+///
+/// # Safety
+///
+/// `mr` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn pd_mr_reason(mr: *const PdMr) -> *const std::ffi::c_char {
+    // SAFETY: passed on under the same contract.
+    unsafe {
+        with_mr(mr, std::ptr::null(), |m| {
+            m.reason.as_ref().map_or(std::ptr::null(), |r| r.as_ptr())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_must_be_known_bits() {
+        assert_eq!(checked_access(0xf).unwrap(), Access::all());
+        assert_eq!(checked_access(8).unwrap(), Access::REMOTE_WRITE);
+        assert!(checked_access(0).is_err());
+        assert!(checked_access(0x10).is_err());
+    }
+
+    #[test]
+    fn ranges_stay_inside_the_allocation() {
+        let r = checked_range(1 << 20, 4096, 0).unwrap();
+        assert_eq!((r.offset(), r.length()), (4096, (1 << 20) - 4096));
+        assert_eq!(checked_range(8192, 0, 8192).unwrap().length(), 8192);
+        assert!(checked_range(8192, 4096, 8192).is_err());
+        assert!(checked_range(8192, 8192, 0).is_err()); // empty
+        assert!(checked_range(8192, u64::MAX, 2).is_err());
+    }
+}

@@ -1,0 +1,198 @@
+//! Telling registration caches that memory is going away, before it does.
+//!
+//! A [`crate::Device`] remembers, per allocation handle, the exports (dma-buf identities,
+//! [`ExportId`]) made from it through the crate, and keeps weak references to the
+//! [`Invalidate`] hooks subscribed to it (a [`crate::RegCache`] subscribes with
+//! [`crate::RegCache::attach`]). Then:
+//!
+//! - before `PEERDIRECT_IOC_FREE` of a handle (an [`crate::Allocation`] dropped or freed,
+//!   [`crate::Device::free_raw`]), every hook is told the handle's exports
+//!   ([`Invalidate::exports_freed`]), so that it drops what it caches of them: a cached
+//!   registration keeps its dma-buf, and so its HBM, alive, and must not be handed out for
+//!   memory the caller gave back;
+//! - before the file is closed (the [`crate::Device`] dropped, which frees what is left), the
+//!   same for every handle still recorded;
+//! - when a command on the file fails with `ENODEV` (the device was unbound, removed or
+//!   reset: the module revoked its dma-bufs), every hook is told the device is gone
+//!   ([`Invalidate::device_gone`]).
+//!
+//! Hooks are held weakly: a cache that is dropped unsubscribes by itself. They run on the
+//! thread that frees, outside this module's locks.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use crate::cache::ExportId;
+
+/// Something that holds on to exports and must let go before their memory goes away: a
+/// registration cache. Implemented by [`crate::RegCache`].
+pub trait Invalidate: Send + Sync {
+    /// The allocation these exports were made from is about to be freed: drop everything
+    /// held for them.
+    fn exports_freed(&self, exports: &[ExportId]);
+
+    /// `/dev/peerdirect<device>` is gone (revoked, unbound, reset): drop everything held for
+    /// its exports.
+    fn device_gone(&self, device: u32);
+}
+
+/// A device file's exports per allocation handle and the hooks subscribed to it.
+#[derive(Default)]
+pub(crate) struct Hooks {
+    subscribers: Mutex<Vec<Weak<dyn Invalidate>>>,
+    exports: Mutex<HashMap<u32, Vec<ExportId>>>,
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks")
+            .field("subscribers", &lock(&self.subscribers).len())
+            .field("exports", &*lock(&self.exports))
+            .finish()
+    }
+}
+
+impl Drop for Hooks {
+    /// The device file is being closed (the `Device` is dropped): it frees what is left.
+    fn drop(&mut self) {
+        self.before_close();
+    }
+}
+
+/// These locks guard plain collections that no code panics while updating.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Hooks {
+    /// Adds `hook`, unless it is subscribed already; forgets hooks that are gone.
+    pub(crate) fn subscribe(&self, hook: Weak<dyn Invalidate>) {
+        let mut subscribers = lock(&self.subscribers);
+        subscribers.retain(|s| s.strong_count() > 0);
+        if !subscribers.iter().any(|s| Weak::ptr_eq(s, &hook)) {
+            subscribers.push(hook);
+        }
+    }
+
+    /// How many live hooks are subscribed.
+    #[cfg(test)]
+    pub(crate) fn subscribers(&self) -> usize {
+        lock(&self.subscribers)
+            .iter()
+            .filter(|s| s.strong_count() > 0)
+            .count()
+    }
+
+    /// Records that `export` was made from allocation `handle`.
+    pub(crate) fn exported(&self, handle: u32, export: ExportId) {
+        lock(&self.exports).entry(handle).or_default().push(export);
+    }
+
+    /// Allocation `handle` is about to be freed: tells every hook its exports, and forgets
+    /// them. Returns how many exports that was.
+    pub(crate) fn before_free(&self, handle: u32) -> usize {
+        let exports = lock(&self.exports).remove(&handle).unwrap_or_default();
+        self.notify_freed(&exports);
+        exports.len()
+    }
+
+    /// The file is about to be closed, freeing every allocation left: like
+    /// [`Hooks::before_free`] for each.
+    pub(crate) fn before_close(&self) -> usize {
+        let exports: Vec<ExportId> = lock(&self.exports).drain().flat_map(|(_, e)| e).collect();
+        self.notify_freed(&exports);
+        exports.len()
+    }
+
+    /// Device `device` is gone: tells every hook, and forgets every export.
+    pub(crate) fn device_gone(&self, device: u32) {
+        lock(&self.exports).clear();
+        for hook in self.live() {
+            hook.device_gone(device);
+        }
+    }
+
+    fn notify_freed(&self, exports: &[ExportId]) {
+        if exports.is_empty() {
+            return;
+        }
+        for hook in self.live() {
+            hook.exports_freed(exports);
+        }
+    }
+
+    /// The hooks still alive, so that they run without this module's locks held.
+    fn live(&self) -> Vec<Arc<dyn Invalidate>> {
+        let mut subscribers = lock(&self.subscribers);
+        subscribers.retain(|s| s.strong_count() > 0);
+        subscribers.iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Recorder {
+        freed: Mutex<Vec<ExportId>>,
+        gone: Mutex<Vec<u32>>,
+    }
+
+    impl Invalidate for Recorder {
+        fn exports_freed(&self, exports: &[ExportId]) {
+            self.freed.lock().unwrap().extend_from_slice(exports);
+        }
+        fn device_gone(&self, device: u32) {
+            self.gone.lock().unwrap().push(device);
+        }
+    }
+
+    fn weak(recorder: &Arc<Recorder>) -> Weak<dyn Invalidate> {
+        let weak: Weak<Recorder> = Arc::downgrade(recorder);
+        weak
+    }
+
+    #[test]
+    fn free_tells_every_hook_the_handles_exports_once() {
+        let hooks = Hooks::default();
+        let (a, b) = (Arc::new(Recorder::default()), Arc::new(Recorder::default()));
+        hooks.subscribe(weak(&a));
+        hooks.subscribe(weak(&a)); // once only
+        hooks.subscribe(weak(&b));
+        assert_eq!(hooks.subscribers(), 2);
+        hooks.exported(1, ExportId::new(0, 10));
+        hooks.exported(1, ExportId::new(0, 11));
+        hooks.exported(2, ExportId::new(0, 20));
+        assert_eq!(hooks.before_free(1), 2);
+        for r in [&a, &b] {
+            assert_eq!(
+                *r.freed.lock().unwrap(),
+                [ExportId::new(0, 10), ExportId::new(0, 11)]
+            );
+        }
+        // Forgotten: a second free (ENOENT in the kernel) tells nobody anything.
+        assert_eq!(hooks.before_free(1), 0);
+        assert_eq!(a.freed.lock().unwrap().len(), 2);
+        assert_eq!(hooks.before_close(), 1);
+        assert_eq!(a.freed.lock().unwrap()[2], ExportId::new(0, 20));
+        assert_eq!(hooks.before_close(), 0);
+    }
+
+    #[test]
+    fn dropped_hooks_unsubscribe_themselves() {
+        let hooks = Hooks::default();
+        let a = Arc::new(Recorder::default());
+        hooks.subscribe(weak(&a));
+        drop(a);
+        assert_eq!(hooks.subscribers(), 0);
+        hooks.exported(3, ExportId::new(1, 30));
+        assert_eq!(hooks.before_free(3), 1); // nobody to tell; no panic
+        let b = Arc::new(Recorder::default());
+        hooks.subscribe(weak(&b));
+        hooks.device_gone(1);
+        assert_eq!(*b.gone.lock().unwrap(), [1]);
+    }
+}

@@ -70,6 +70,25 @@ pub const LIBRARY: &str = "libfabric.so.1";
 /// The piece size of transfers: every transfer is one tagged message per chunk (tag + chunk
 /// index), whatever the registration's path, so direct and bounced peers interoperate.
 pub const CHUNK: usize = 1 << 20;
+/// Whether a failed `fi_mr_regattr(FI_MR_DMABUF)` means the provider cannot take dma-buf
+/// memory (then host bounce is the answer) rather than a failure to report: not supported
+/// (`FI_EOPNOTSUPP`, `FI_ENOSYS`, `EPROTONOSUPPORT`), or a provider that does not know the
+/// flag or the memory kind (`FI_EINVAL`, `FI_EFAULT`, `FI_EPERM`/`FI_EACCES` from the kernel
+/// refusing the dma-buf).
+fn refuses_dma_buf(errno: i32) -> bool {
+    const EPERM: i32 = 1;
+    const EFAULT: i32 = 14;
+    const EACCES: i32 = 13;
+    const EINVAL: i32 = 22;
+    const ENOSYS: i32 = 38;
+    const EPROTONOSUPPORT: i32 = 93;
+    const EOPNOTSUPP: i32 = 95;
+    matches!(
+        errno,
+        EPERM | EACCES | EFAULT | EINVAL | ENOSYS | EPROTONOSUPPORT | EOPNOTSUPP
+    )
+}
+
 /// Chunks a host-bounce registration stages at once (its staging buffer holds this many).
 const BOUNCE_SLOTS: usize = 2;
 /// Chunks a direct registration keeps in flight.
@@ -532,6 +551,11 @@ impl Registrar for LibfabricRegistrar {
         );
         let (mr, path) = match direct {
             Ok(mr) => (mr, RegPath::DmaBuf),
+            // Anything else (out of memory, keys, ...) is an error of its own, not a reason to
+            // take the slow path.
+            Err(other) if !refuses_dma_buf(other.0) => {
+                return Err(self.fabric.error("fi_mr_regattr(FI_MR_DMABUF)", other));
+            }
             Err(refused) => {
                 let reason = self
                     .fabric
@@ -742,6 +766,16 @@ impl Endpoint {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn only_refusals_of_dma_buf_memory_take_host_bounce() {
+        assert!(refuses_dma_buf(95)); // EOPNOTSUPP: rxe through verbs
+        assert!(refuses_dma_buf(38)); // ENOSYS
+        assert!(refuses_dma_buf(22)); // EINVAL: a provider that does not know FI_MR_DMABUF
+        assert!(!refuses_dma_buf(12)); // ENOMEM: an error, not a reason to bounce
+        assert!(!refuses_dma_buf(126)); // ENOKEY
+        assert!(!refuses_dma_buf(11)); // EAGAIN
+    }
     use super::*;
 
     #[test]

@@ -42,6 +42,7 @@ mod info;
 pub mod invalidation;
 pub mod pattern;
 pub mod registrar;
+pub mod size;
 mod stats;
 mod sys;
 pub mod uapi;

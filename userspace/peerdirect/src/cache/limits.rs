@@ -1,5 +1,6 @@
 //! How much the registration cache keeps: entries and bytes, from the environment.
 
+use crate::size::{parse_number, parse_size};
 use serde::Serialize;
 
 /// The environment variable that bounds the number of cached registrations.
@@ -115,47 +116,6 @@ fn example(variable: &str) -> String {
             CacheLimits::DEFAULT_MAX_COUNT
         )
     }
-}
-
-/// A number of bytes: a number, then optionally a unit that is a power of 1024.
-fn parse_size(text: &str) -> Result<u64, String> {
-    if text.starts_with("0x") || text.starts_with("0X") {
-        return parse_number(text);
-    }
-    let digits_end = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits_end);
-    if number.is_empty() {
-        return Err("not a size (a number, then optionally K, M, G or T)".into());
-    }
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        "t" | "tib" => 40,
-        _ => {
-            return Err(format!(
-                "unknown unit {unit:?} (K, M, G or T: powers of 1024)"
-            ))
-        }
-    };
-    parse_number(number)?
-        .checked_mul(1 << shift)
-        .ok_or_else(|| "does not fit in 64 bits".into())
-}
-
-/// A number: decimal digits, or `0x` and hex digits.
-fn parse_number(text: &str) -> Result<u64, String> {
-    let (digits, radix) = match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
-        Some(hex) => (hex, 16),
-        None => (text, 10),
-    };
-    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
-        return Err("not a number (decimal, or hex with 0x)".into());
-    }
-    u64::from_str_radix(digits, radix).map_err(|_| "does not fit in 64 bits".into())
 }
 
 #[cfg(test)]

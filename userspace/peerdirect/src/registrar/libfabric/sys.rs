@@ -537,9 +537,9 @@ impl Memory {
 impl Drop for Memory {
     fn drop(&mut self) {
         match self.kind {
-            // SAFETY: the range is the mapping `map` made, referenced by nothing else (every
-            // MR and in-flight operation holds an Arc to this value).
             MemoryKind::Mapped => {
+                // SAFETY: the range is the mapping `map` made, referenced by nothing else (every
+                // MR and in-flight operation holds an Arc to this value).
                 let _ = unsafe { mm::munmap(self.ptr.as_ptr().cast(), self.len) };
             }
             // SAFETY: allocated by `host` with this layout; nothing references it (above).

@@ -9,18 +9,21 @@ use crate::{
     allocation::Allocation,
     export,
     hbm::Hbm,
+    p2p,
     provider::HbmDevice,
     uapi::{
-        peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info, Request,
-        PEERDIRECT_ALLOC_ALIGN_DEFAULT, PEERDIRECT_EXPORT_CLOEXEC, PEERDIRECT_EXPORT_RDWR,
+        peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info, peerdirect_p2p,
+        Request, PEERDIRECT_ALLOC_ALIGN_DEFAULT, PEERDIRECT_EXPORT_CLOEXEC, PEERDIRECT_EXPORT_RDWR,
         PEERDIRECT_IOC_ALLOC, PEERDIRECT_IOC_EXPORT, PEERDIRECT_IOC_FREE, PEERDIRECT_IOC_INFO,
-        PEERDIRECT_PROVIDER_OWNED,
+        PEERDIRECT_IOC_P2P, PEERDIRECT_P2P_ACS_REDIRECT, PEERDIRECT_P2P_COMMON_BRIDGE,
+        PEERDIRECT_P2P_PEER_IOMMU, PEERDIRECT_P2P_SAME_HOST_BRIDGE, PEERDIRECT_PROVIDER_OWNED,
     },
 };
 use kernel::{
     bindings,
     fs::{file::FileDescriptorReservation, File},
     miscdevice::{MiscDevice, MiscDeviceRegistration},
+    mm::virt::VmaNew,
     new_mutex,
     page::PAGE_SIZE,
     prelude::*,
@@ -97,6 +100,14 @@ pub(crate) fn export_range(offset: u64, length: u64, alloc_len: u64) -> Result<(
     Ok((offset, length))
 }
 
+/// The devfn of slot `slot`, function `func`; `EINVAL` if either is out of range.
+pub(crate) fn devfn(slot: u8, func: u8) -> Result<u8> {
+    if slot >= 32 || func >= 8 {
+        return Err(EINVAL);
+    }
+    Ok(slot << 3 | func)
+}
+
 impl HbmFile {
     /// `PEERDIRECT_IOC_INFO`: describe the HBM device.
     fn info(&self, arg: usize) -> Result {
@@ -162,6 +173,53 @@ impl HbmFile {
         req.answer()
     }
 
+    /// `PEERDIRECT_IOC_P2P`: the kernel's P2P verdict between this HBM and a PCI device.
+    fn p2p(&self, arg: usize) -> Result {
+        let mut req = Request::<peerdirect_p2p>::read(arg)?;
+        let peerdirect_p2p {
+            pci_domain,
+            pci_bus,
+            pci_slot,
+            pci_func,
+            ..
+        } = req.value;
+        check_flags_and_padding(
+            req.value.flags,
+            0,
+            &[
+                req.value.__reserved0.into(),
+                req.value.__reserved1.into(),
+                req.value.__reserved2,
+            ],
+        )?;
+        let devfn = devfn(pci_slot, pci_func)?;
+        self.hbm.info()?;
+        let path = p2p::query(self.hbm.pci_device(), pci_domain, pci_bus, devfn)?;
+        let (host_bridge_vendor, host_bridge_device) = path.host_bridge.unwrap_or_default();
+        let flag = |set: bool, bit: u32| if set { bit } else { 0 };
+        req.value = peerdirect_p2p {
+            pci_domain,
+            pci_bus,
+            pci_slot,
+            pci_func,
+            distance: path
+                .distance
+                .and_then(|d| i32::try_from(d).ok())
+                .unwrap_or(-1),
+            path: flag(path.common_bridge.is_some(), PEERDIRECT_P2P_COMMON_BRIDGE)
+                | flag(path.acs_bridge.is_some(), PEERDIRECT_P2P_ACS_REDIRECT)
+                | flag(path.same_host_bridge, PEERDIRECT_P2P_SAME_HOST_BRIDGE)
+                | flag(path.peer_iommu, PEERDIRECT_P2P_PEER_IOMMU),
+            common_bridge: path.common_bridge.unwrap_or(0),
+            acs_bridge: path.acs_bridge.unwrap_or(0),
+            acs_bridges: path.acs_bridges,
+            host_bridge_vendor,
+            host_bridge_device,
+            ..Default::default()
+        };
+        req.answer()
+    }
+
     /// `PEERDIRECT_IOC_EXPORT`: a dma-buf fd for a range of one of this file's allocations.
     fn export(&self, arg: usize) -> Result {
         let mut req = Request::<peerdirect_export>::read(arg)?;
@@ -216,9 +274,16 @@ impl MiscDevice for HbmFile {
             PEERDIRECT_IOC_ALLOC => me.alloc(arg)?,
             PEERDIRECT_IOC_FREE => me.free(arg)?,
             PEERDIRECT_IOC_EXPORT => me.export(arg)?,
+            PEERDIRECT_IOC_P2P => me.p2p(arg)?,
             _ => return Err(ENOTTY),
         }
         Ok(0)
+    }
+
+    /// The status page (`PEERDIRECT_STATUS_OFFSET`), read-only; also after the device is gone,
+    /// when it says so.
+    fn mmap(me: Pin<&Self>, _file: &File, vma: &VmaNew) -> Result {
+        me.hbm.status.map(vma)
     }
 
     fn show_fdinfo(me: Pin<&Self>, m: &SeqFile, _file: &File) {
@@ -266,6 +331,15 @@ mod tests {
         assert!(matches!(export_range(4 * mib, 0, 4 * mib), Err(e) if e == EINVAL));
         assert!(matches!(export_range(0, 8 * mib, 4 * mib), Err(e) if e == EINVAL));
         assert!(matches!(export_range(PAGE, !(PAGE - 1), 4 * mib), Err(e) if e == EOVERFLOW));
+    }
+
+    #[test]
+    fn p2p_address() {
+        assert_eq!(devfn(0, 0).unwrap(), 0);
+        assert_eq!(devfn(3, 1).unwrap(), 0x19);
+        assert_eq!(devfn(31, 7).unwrap(), 0xff);
+        assert!(matches!(devfn(32, 0), Err(e) if e == EINVAL));
+        assert!(matches!(devfn(0, 8), Err(e) if e == EINVAL));
     }
 
     #[test]

@@ -6,8 +6,8 @@
 //! Everything here is wrapped once in a safe function; no other file declares `extern "C"` or
 //! touches a raw pointer.
 
-use core::ptr::NonNull;
-use kernel::{bindings, ffi::c_int, pci, prelude::*};
+use core::{marker::PhantomData, ptr::NonNull};
+use kernel::{bindings, ffi::c_int, mm::virt::VmaNew, page::Page, pci, prelude::*};
 
 mod raw {
     use kernel::{
@@ -24,7 +24,20 @@ mod raw {
         pub(super) fn peerdirect_pci_domain(pdev: *mut bindings::pci_dev) -> c_int;
         pub(super) fn peerdirect_pci_numa_node(pdev: *mut bindings::pci_dev) -> c_int;
         pub(super) fn peerdirect_pci_bar_is_mem(pdev: *mut bindings::pci_dev, bar: c_int) -> bool;
+        pub(super) fn peerdirect_pci_dev_id(pdev: *mut bindings::pci_dev) -> u16;
+        pub(super) fn peerdirect_pci_upstream_bridge(
+            pdev: *mut bindings::pci_dev,
+        ) -> *mut bindings::pci_dev;
+        pub(super) fn peerdirect_pci_acs_redirects(bridge: *mut bindings::pci_dev) -> bool;
+        pub(super) fn peerdirect_pci_same_host_bridge(
+            a: *mut bindings::pci_dev,
+            b: *mut bindings::pci_dev,
+        ) -> bool;
+        pub(super) fn peerdirect_pci_host_bridge_ids(pdev: *mut bindings::pci_dev) -> u32;
+        pub(super) fn peerdirect_pci_iommu_mapped(pdev: *mut bindings::pci_dev) -> bool;
         pub(super) fn peerdirect_current_tgid() -> bindings::pid_t;
+        pub(super) fn peerdirect_page_set_bits(page: *mut bindings::page, offset: usize, bits: u32);
+        pub(super) fn peerdirect_vma_pgoff(vma: *mut bindings::vm_area_struct) -> usize;
         pub(super) fn peerdirect_dma_max_seg_size(dev: *mut bindings::device) -> c_uint;
         pub(super) fn peerdirect_dev_is_pci(dev: *mut bindings::device) -> bool;
         pub(super) fn peerdirect_map_phys(
@@ -187,6 +200,136 @@ pub(crate) fn p2p_distance(hbm: &pci::Device, dev: *mut bindings::device) -> Opt
         bindings::pci_p2pdma_distance_many(raw_pci_dev(hbm), clients.as_mut_ptr(), 1, false)
     };
     u32::try_from(distance).ok()
+}
+
+/// A PCI device looked up by address, with a reference held until it is dropped
+/// (`pci_get_domain_bus_and_slot` / `pci_dev_put`).
+///
+/// # Invariants
+///
+/// Points to a `struct pci_dev` on which this value holds one reference.
+pub(crate) struct PciDevRef(NonNull<bindings::pci_dev>);
+
+impl PciDevRef {
+    /// The device at `domain`:`bus`:`devfn`, `None` if there is none.
+    pub(crate) fn get(domain: u32, bus: u8, devfn: u8) -> Option<Self> {
+        let domain = c_int::try_from(domain).ok()?;
+        // SAFETY: a lookup by value; it returns a referenced device or NULL, from process
+        // context (it takes the PCI bus semaphore).
+        let raw = unsafe {
+            bindings::pci_get_domain_bus_and_slot(domain, u32::from(bus), u32::from(devfn))
+        };
+        // INVARIANT: a non-NULL result carries a reference for us.
+        NonNull::new(raw).map(Self)
+    }
+
+    /// The device, borrowed for as long as the reference is held.
+    pub(crate) fn as_dev(&self) -> PciDev<'_> {
+        PciDev(self.0, PhantomData)
+    }
+}
+
+impl Drop for PciDevRef {
+    fn drop(&mut self) {
+        // SAFETY: by the type invariant we hold one reference, dropped once here.
+        unsafe { bindings::pci_dev_put(self.0.as_ptr()) }
+    }
+}
+
+/// A PCI device borrowed for `'a`: one the caller holds a reference on (a bound
+/// [`pci::Device`], a [`PciDevRef`]) or a bridge above one, which that reference keeps alive
+/// (as the p2pdma core relies on too).
+#[derive(Clone, Copy)]
+pub(crate) struct PciDev<'a>(NonNull<bindings::pci_dev>, PhantomData<&'a ()>);
+
+impl<'a> PciDev<'a> {
+    /// The bound device `pdev`.
+    pub(crate) fn of(pdev: &'a pci::Device) -> Self {
+        // Same pointer as `raw_pci_dev` (see there), from a reference, so never NULL.
+        Self(NonNull::from(pdev).cast(), PhantomData)
+    }
+
+    fn raw(self) -> *mut bindings::pci_dev {
+        self.0.as_ptr()
+    }
+
+    /// Whether `self` and `other` are the same device.
+    pub(crate) fn is(self, other: PciDev<'_>) -> bool {
+        self.0 == other.0
+    }
+
+    /// `bus << 8 | devfn`.
+    pub(crate) fn id(self) -> u16 {
+        // SAFETY: the device is alive for `'a` (type invariant).
+        unsafe { raw::peerdirect_pci_dev_id(self.raw()) }
+    }
+
+    /// The bridge directly above, `None` on a root bus. Held alive by the reference on the
+    /// device below it, so it is borrowed for the same `'a`.
+    pub(crate) fn upstream_bridge(self) -> Option<PciDev<'a>> {
+        // SAFETY: the device is alive for `'a`; the child's reference on its parent bridge
+        // keeps the result alive as long.
+        let raw = unsafe { raw::peerdirect_pci_upstream_bridge(self.raw()) };
+        NonNull::new(raw).map(|b| PciDev(b, PhantomData))
+    }
+
+    /// Whether this bridge redirects peer-to-peer requests upstream (ACS RR, CR or EC).
+    pub(crate) fn acs_redirects(self) -> bool {
+        // SAFETY: the device is alive for `'a`; reading its config space is allowed from
+        // process context.
+        unsafe { raw::peerdirect_pci_acs_redirects(self.raw()) }
+    }
+
+    /// Whether `self` and `other` are below the same host bridge.
+    pub(crate) fn same_host_bridge(self, other: PciDev<'_>) -> bool {
+        // SAFETY: both devices are alive for the call; a live device's bus and host bridge are
+        // set.
+        unsafe { raw::peerdirect_pci_same_host_bridge(self.raw(), other.raw()) }
+    }
+
+    /// Vendor and device ID of function 00.0 of the root bus above, `None` if it has none.
+    pub(crate) fn host_bridge_ids(self) -> Option<(u16, u16)> {
+        // SAFETY: the device is alive for `'a`; the helper takes and drops its own reference
+        // on the host bridge function.
+        let ids = unsafe { raw::peerdirect_pci_host_bridge_ids(self.raw()) };
+        // CAST: the helper packs two 16-bit IDs into one `u32`.
+        (ids != 0).then_some(((ids >> 16) as u16, ids as u16))
+    }
+
+    /// Whether the device's DMA goes through an IOMMU.
+    pub(crate) fn iommu_mapped(self) -> bool {
+        // SAFETY: the device is alive for `'a`.
+        unsafe { raw::peerdirect_pci_iommu_mapped(self.raw()) }
+    }
+
+    /// The kernel's peer-to-peer distance from `hbm` to this device
+    /// (`pci_p2pdma_distance_many`), `None` when its P2P rules give no path.
+    pub(crate) fn p2p_distance_from(self, hbm: &pci::Device) -> Option<u32> {
+        // SAFETY: the device is alive for `'a`, so is its embedded `struct device`.
+        let dev = unsafe { &raw mut (*self.raw()).dev };
+        p2p_distance(hbm, dev)
+    }
+}
+
+/// Sets `bits` in the `u32` at `offset` of `page` with release semantics, for readers that
+/// map the page (the status page). `EINVAL` unless `offset` is a 4-byte aligned offset inside
+/// the page.
+pub(crate) fn page_set_bits(page: &Page, offset: usize, bits: u32) -> Result {
+    if offset % 4 != 0 || offset + 4 > kernel::page::PAGE_SIZE {
+        return Err(EINVAL);
+    }
+    // SAFETY: `page` is a live page we own (borrowed), always mapped in the kernel (order 0,
+    // no highmem on the architectures peerdirect supports); `offset` is an aligned `u32`
+    // inside it (checked above). Userspace only reads it; the kernel's writers are serialized
+    // by the caller.
+    unsafe { raw::peerdirect_page_set_bits(page.as_ptr(), offset, bits) };
+    Ok(())
+}
+
+/// The page offset an `mmap` asked for (`vm_pgoff`).
+pub(crate) fn vma_pgoff(vma: &VmaNew) -> usize {
+    // SAFETY: `vma` is the area being set up by the current `mmap` call, valid while borrowed.
+    unsafe { raw::peerdirect_vma_pgoff(vma.as_ptr()) }
 }
 
 /// The calling process's id, as its PID namespace sees it.

@@ -11,6 +11,8 @@ use crate::{
     dmabuf::{self, DmaBufId},
     ffi::{BarIndex, P2pProvider},
     memory::{self, HbmMemory},
+    status::StatusPage,
+    uapi::PEERDIRECT_STATUS_REVOKED,
 };
 use kernel::{
     new_condvar, new_mutex, pci,
@@ -105,6 +107,8 @@ pub(crate) struct Hbm {
     present: Atomic<bool>,
     pdev: ARef<pci::Device>,
     provider: P2pProvider,
+    /// What userspace maps from the device file to see the device go.
+    pub(crate) status: StatusPage,
     pub(crate) memory: Arc<HbmMemory>,
     next_handle: Atomic<u32>,
     /// Live dma-bufs exported from this device.
@@ -136,6 +140,7 @@ impl Hbm {
                 present: Atomic::new(true),
                 pdev,
                 provider,
+                status: StatusPage::new()?,
                 next_handle: Atomic::new(1),
                 exports: Atomic::new(0),
                 exported <- new_mutex!(RBTree::new()),
@@ -254,6 +259,8 @@ impl Hbm {
     /// they let go; the range is never handed out again meanwhile.
     pub(crate) fn remove(&self) {
         self.present.store(false, Release);
+        // Before any export is revoked: caches stop handing out registrations of them.
+        self.status.set(PEERDIRECT_STATUS_REVOKED);
         // No export is recorded after this point (`register_export`), so this is all of them.
         {
             let exported = self.exported.lock();

@@ -32,6 +32,76 @@ bool peerdirect_pci_bar_is_mem(struct pci_dev *pdev, int bar)
 	return pci_resource_flags(pdev, bar) & IORESOURCE_MEM;
 }
 
+/* bus << 8 | devfn, as lspci prints a device without its domain. */
+u16 peerdirect_pci_dev_id(struct pci_dev *pdev)
+{
+	return pci_dev_id(pdev);
+}
+
+/* The bridge above @pdev; NULL on a root bus. The caller's reference on @pdev keeps it. */
+struct pci_dev *peerdirect_pci_upstream_bridge(struct pci_dev *pdev)
+{
+	return pci_upstream_bridge(pdev);
+}
+
+/*
+ * Whether @bridge redirects peer-to-peer requests upstream: ACS request or completion
+ * redirect, or egress control, enabled. The p2pdma core reads the same bits.
+ */
+bool peerdirect_pci_acs_redirects(struct pci_dev *bridge)
+{
+	u16 ctrl;
+
+	if (!bridge->acs_cap)
+		return false;
+	if (pci_read_config_word(bridge, bridge->acs_cap + PCI_ACS_CTRL, &ctrl))
+		return false;
+	return ctrl & (PCI_ACS_RR | PCI_ACS_CR | PCI_ACS_EC);
+}
+
+bool peerdirect_pci_same_host_bridge(struct pci_dev *a, struct pci_dev *b)
+{
+	return pci_find_host_bridge(a->bus) == pci_find_host_bridge(b->bus);
+}
+
+/*
+ * vendor << 16 | device of function 00.0 on @pdev's root bus (the "host bridge" the
+ * kernel's P2P allowlist names), 0 if there is none.
+ */
+u32 peerdirect_pci_host_bridge_ids(struct pci_dev *pdev)
+{
+	struct pci_host_bridge *host = pci_find_host_bridge(pdev->bus);
+	struct pci_dev *root = pci_get_slot(host->bus, PCI_DEVFN(0, 0));
+	u32 ids;
+
+	if (!root)
+		return 0;
+	ids = (u32)root->vendor << 16 | root->device;
+	pci_dev_put(root);
+	return ids;
+}
+
+bool peerdirect_pci_iommu_mapped(struct pci_dev *pdev)
+{
+	return device_iommu_mapped(&pdev->dev);
+}
+
+/*
+ * Sets @bits in the u32 at @offset of @page, a page userspace maps read-only, with release
+ * semantics: a reader that sees them (acquire) sees what the kernel did before.
+ */
+void peerdirect_page_set_bits(struct page *page, size_t offset, u32 bits)
+{
+	u32 *word = page_address(page) + offset;
+
+	smp_store_release(word, READ_ONCE(*word) | bits);
+}
+
+unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma)
+{
+	return vma->vm_pgoff;
+}
+
 /* The calling process's id as its own PID namespace sees it (for debugfs listings). */
 pid_t peerdirect_current_tgid(void)
 {

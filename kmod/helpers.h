@@ -13,6 +13,12 @@ u64 peerdirect_pci_bus_address(struct pci_dev *pdev, int bar);
 int peerdirect_pci_domain(struct pci_dev *pdev);
 int peerdirect_pci_numa_node(struct pci_dev *pdev);
 bool peerdirect_pci_bar_is_mem(struct pci_dev *pdev, int bar);
+u16 peerdirect_pci_dev_id(struct pci_dev *pdev);
+struct pci_dev *peerdirect_pci_upstream_bridge(struct pci_dev *pdev);
+bool peerdirect_pci_acs_redirects(struct pci_dev *bridge);
+bool peerdirect_pci_same_host_bridge(struct pci_dev *a, struct pci_dev *b);
+u32 peerdirect_pci_host_bridge_ids(struct pci_dev *pdev);
+bool peerdirect_pci_iommu_mapped(struct pci_dev *pdev);
 
 struct dma_buf;
 struct dma_buf_attachment;
@@ -20,7 +26,11 @@ struct p2pdma_provider;
 struct sg_table;
 struct vm_area_struct;
 
+struct page;
+
 pid_t peerdirect_current_tgid(void);
+void peerdirect_page_set_bits(struct page *page, size_t offset, u32 bits);
+unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma);
 unsigned int peerdirect_dma_max_seg_size(struct device *dev);
 bool peerdirect_dev_is_pci(struct device *dev);
 struct sg_table *peerdirect_map_phys(struct dma_buf_attachment *attach,

@@ -23,7 +23,9 @@ mod hbm;
 mod heap;
 mod index;
 mod memory;
+mod p2p;
 mod provider;
+mod status;
 mod uapi;
 
 use kernel::{driver, pci, prelude::*};

@@ -24,9 +24,11 @@ mod generated {
 }
 
 pub(crate) use generated::{
-    peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info,
-    PEERDIRECT_ALLOC_ALIGN_DEFAULT, PEERDIRECT_EXPORT_CLOEXEC, PEERDIRECT_EXPORT_RDWR,
-    PEERDIRECT_PROVIDER_OWNED,
+    peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info, peerdirect_p2p,
+    peerdirect_status, PEERDIRECT_ALLOC_ALIGN_DEFAULT, PEERDIRECT_EXPORT_CLOEXEC,
+    PEERDIRECT_EXPORT_RDWR, PEERDIRECT_P2P_ACS_REDIRECT, PEERDIRECT_P2P_COMMON_BRIDGE,
+    PEERDIRECT_P2P_PEER_IOMMU, PEERDIRECT_P2P_SAME_HOST_BRIDGE, PEERDIRECT_PROVIDER_OWNED,
+    PEERDIRECT_STATUS_OFFSET, PEERDIRECT_STATUS_REVOKED, PEERDIRECT_STATUS_VERSION,
 };
 
 pub(crate) const PEERDIRECT_IOC_INFO: u32 = _IO(
@@ -44,6 +46,10 @@ pub(crate) const PEERDIRECT_IOC_FREE: u32 = _IO(
 pub(crate) const PEERDIRECT_IOC_EXPORT: u32 = _IO(
     generated::PEERDIRECT_IOCTL_TYPE,
     generated::PEERDIRECT_CMD_EXPORT,
+);
+pub(crate) const PEERDIRECT_IOC_P2P: u32 = _IO(
+    generated::PEERDIRECT_IOCTL_TYPE,
+    generated::PEERDIRECT_CMD_P2P,
 );
 
 /// A request struct that grows only at its end and starts with its `__u32 size`.
@@ -78,6 +84,7 @@ extensible_struct! {
     peerdirect_alloc => PEERDIRECT_ALLOC_SIZE_VER0,
     peerdirect_free => PEERDIRECT_FREE_SIZE_VER0,
     peerdirect_export => PEERDIRECT_EXPORT_SIZE_VER0,
+    peerdirect_p2p => PEERDIRECT_P2P_SIZE_VER0,
 }
 
 /// Larger requests are refused outright, so a caller cannot make us scan megabytes of zeros.

@@ -31,6 +31,7 @@
 #define PEERDIRECT_CMD_ALLOC 0x01
 #define PEERDIRECT_CMD_FREE 0x02
 #define PEERDIRECT_CMD_EXPORT 0x03
+#define PEERDIRECT_CMD_P2P 0x04
 
 /* How peerdirect reaches the device's HBM (struct peerdirect_info.provider). */
 #define PEERDIRECT_PROVIDER_OWNED 1 /* peerdirect is the PCI driver and owns the BAR */
@@ -156,5 +157,95 @@ struct peerdirect_export {
 #define PEERDIRECT_EXPORT_SIZE_VER0 32
 
 #define PEERDIRECT_IOC_EXPORT _IO(PEERDIRECT_IOCTL_TYPE, PEERDIRECT_CMD_EXPORT)
+
+/*
+ * struct peerdirect_p2p.path: facts about the PCI path between the two devices.
+ *  COMMON_BRIDGE: the paths meet at a bridge below the host bridge (@common_bridge)
+ *  ACS_REDIRECT: a bridge on that path redirects P2P requests upstream (@acs_bridge)
+ *  SAME_HOST_BRIDGE: both devices are below the same host bridge
+ *  PEER_IOMMU: the peer's DMA is translated by an IOMMU
+ */
+#define PEERDIRECT_P2P_COMMON_BRIDGE (1U << 0)
+#define PEERDIRECT_P2P_ACS_REDIRECT (1U << 1)
+#define PEERDIRECT_P2P_SAME_HOST_BRIDGE (1U << 2)
+#define PEERDIRECT_P2P_PEER_IOMMU (1U << 3)
+
+/**
+ * struct peerdirect_p2p - PEERDIRECT_IOC_P2P: can a PCI device reach this HBM peer-to-peer?
+ * @size: in: sizeof(struct peerdirect_p2p) as the caller knows it; out: bytes the kernel wrote
+ * @flags: in: must be 0
+ * @pci_domain: in: PCI domain (segment) of the peer device, e.g. a NIC
+ * @pci_bus: in: its bus number
+ * @pci_slot: in: its slot (device) number, < 32
+ * @pci_func: in: its function number, < 8
+ * @__reserved0: padding, must be 0
+ * @distance: out: the kernel's verdict, pci_p2pdma_distance_many(): the number of PCI hops
+ *            between the two devices, or -1 when the kernel's P2P rules give no path (the
+ *            exporter then refuses the peer's attach with EOPNOTSUPP)
+ * @path: out: PEERDIRECT_P2P_* facts that explain the verdict
+ * @common_bridge: out: with PEERDIRECT_P2P_COMMON_BRIDGE, bus << 8 | devfn of the bridge where
+ *                 the paths meet (in @pci_domain); else 0
+ * @acs_bridge: out: with PEERDIRECT_P2P_ACS_REDIRECT, bus << 8 | devfn of the first bridge on
+ *              the path that redirects (in @pci_domain); else 0
+ * @acs_bridges: out: how many bridges on the path redirect
+ * @__reserved1: padding, must be 0
+ * @host_bridge_vendor: out: PCI vendor ID of this HBM device's host bridge (function 00.0 of
+ *                      its root bus), 0 if it has none; the kernel's P2P allowlist is by this ID
+ * @host_bridge_device: out: its PCI device ID
+ * @__reserved2: padding, must be 0
+ *
+ * Read-only: it changes nothing and needs nothing but the open device. ENXIO when no PCI
+ * device has that address; ENODEV once this HBM device is gone.
+ */
+struct peerdirect_p2p {
+	__u32 size;
+	__u32 flags;
+	__u32 pci_domain;
+	__u8 pci_bus;
+	__u8 pci_slot;
+	__u8 pci_func;
+	__u8 __reserved0;
+	__s32 distance;
+	__u32 path;
+	__u16 common_bridge;
+	__u16 acs_bridge;
+	__u16 acs_bridges;
+	__u16 __reserved1;
+	__u16 host_bridge_vendor;
+	__u16 host_bridge_device;
+	__u32 __reserved2;
+};
+#define PEERDIRECT_P2P_SIZE_VER0 40
+
+#define PEERDIRECT_IOC_P2P _IO(PEERDIRECT_IOCTL_TYPE, PEERDIRECT_CMD_P2P)
+
+/*
+ * The status page: mmap(NULL, page size, PROT_READ, MAP_SHARED, fd, PEERDIRECT_STATUS_OFFSET)
+ * of /dev/peerdirectN maps one read-only page that starts with struct peerdirect_status, so
+ * that a process learns without a system call that the device is going away (a registration
+ * cache checks it before handing out a cached registration). Writable or larger mappings, or
+ * other offsets, are refused (EPERM, EINVAL). The kernel only ever sets bits in @state, with
+ * release semantics; read it with acquire semantics.
+ */
+#define PEERDIRECT_STATUS_OFFSET 0
+#define PEERDIRECT_STATUS_VERSION 1
+
+/*
+ * struct peerdirect_status.state:
+ *  REVOKED: the device is being or has been unbound, removed or unloaded: its exports are
+ *  revoked or about to be, and every command fails with ENODEV. Set before the first export
+ *  is revoked; never cleared (a rebound device is a new device file).
+ */
+#define PEERDIRECT_STATUS_REVOKED (1U << 0)
+
+/**
+ * struct peerdirect_status - the start of the status page
+ * @version: PEERDIRECT_STATUS_VERSION
+ * @state: PEERDIRECT_STATUS_* bits
+ */
+struct peerdirect_status {
+	__u32 version;
+	__u32 state;
+};
 
 #endif /* _UAPI_PEERDIRECT_H */

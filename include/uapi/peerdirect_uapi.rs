@@ -9,6 +9,7 @@ pub const PEERDIRECT_CMD_INFO: u32 = 0;
 pub const PEERDIRECT_CMD_ALLOC: u32 = 1;
 pub const PEERDIRECT_CMD_FREE: u32 = 2;
 pub const PEERDIRECT_CMD_EXPORT: u32 = 3;
+pub const PEERDIRECT_CMD_P2P: u32 = 4;
 pub const PEERDIRECT_PROVIDER_OWNED: u32 = 1;
 pub const PEERDIRECT_INFO_SIZE_VER0: u32 = 64;
 pub const PEERDIRECT_ALLOC_ALIGN_DEFAULT: u32 = 2097152;
@@ -17,6 +18,14 @@ pub const PEERDIRECT_FREE_SIZE_VER0: u32 = 16;
 pub const PEERDIRECT_EXPORT_CLOEXEC: u32 = 1;
 pub const PEERDIRECT_EXPORT_RDWR: u32 = 2;
 pub const PEERDIRECT_EXPORT_SIZE_VER0: u32 = 32;
+pub const PEERDIRECT_P2P_COMMON_BRIDGE: u32 = 1;
+pub const PEERDIRECT_P2P_ACS_REDIRECT: u32 = 2;
+pub const PEERDIRECT_P2P_SAME_HOST_BRIDGE: u32 = 4;
+pub const PEERDIRECT_P2P_PEER_IOMMU: u32 = 8;
+pub const PEERDIRECT_P2P_SIZE_VER0: u32 = 40;
+pub const PEERDIRECT_STATUS_OFFSET: u32 = 0;
+pub const PEERDIRECT_STATUS_VERSION: u32 = 1;
+pub const PEERDIRECT_STATUS_REVOKED: u32 = 1;
 pub type __u8 = core::ffi::c_uchar;
 pub type __u16 = core::ffi::c_ushort;
 pub type __s32 = core::ffi::c_int;
@@ -163,4 +172,78 @@ const _: () = {
         [::core::mem::offset_of!(peerdirect_export, offset) - 16usize];
     ["Offset of field: peerdirect_export::length"]
         [::core::mem::offset_of!(peerdirect_export, length) - 24usize];
+};
+#[doc = " struct peerdirect_p2p - PEERDIRECT_IOC_P2P: can a PCI device reach this HBM peer-to-peer?\n @size: in: sizeof(struct peerdirect_p2p) as the caller knows it; out: bytes the kernel wrote\n @flags: in: must be 0\n @pci_domain: in: PCI domain (segment) of the peer device, e.g. a NIC\n @pci_bus: in: its bus number\n @pci_slot: in: its slot (device) number, < 32\n @pci_func: in: its function number, < 8\n @__reserved0: padding, must be 0\n @distance: out: the kernel's verdict, pci_p2pdma_distance_many(): the number of PCI hops\n            between the two devices, or -1 when the kernel's P2P rules give no path (the\n            exporter then refuses the peer's attach with EOPNOTSUPP)\n @path: out: PEERDIRECT_P2P_* facts that explain the verdict\n @common_bridge: out: with PEERDIRECT_P2P_COMMON_BRIDGE, bus << 8 | devfn of the bridge where\n                 the paths meet (in @pci_domain); else 0\n @acs_bridge: out: with PEERDIRECT_P2P_ACS_REDIRECT, bus << 8 | devfn of the first bridge on\n              the path that redirects (in @pci_domain); else 0\n @acs_bridges: out: how many bridges on the path redirect\n @__reserved1: padding, must be 0\n @host_bridge_vendor: out: PCI vendor ID of this HBM device's host bridge (function 00.0 of\n                      its root bus), 0 if it has none; the kernel's P2P allowlist is by this ID\n @host_bridge_device: out: its PCI device ID\n @__reserved2: padding, must be 0\n\n Read-only: it changes nothing and needs nothing but the open device. ENXIO when no PCI\n device has that address; ENODEV once this HBM device is gone."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct peerdirect_p2p {
+    pub size: __u32,
+    pub flags: __u32,
+    pub pci_domain: __u32,
+    pub pci_bus: __u8,
+    pub pci_slot: __u8,
+    pub pci_func: __u8,
+    pub __reserved0: __u8,
+    pub distance: __s32,
+    pub path: __u32,
+    pub common_bridge: __u16,
+    pub acs_bridge: __u16,
+    pub acs_bridges: __u16,
+    pub __reserved1: __u16,
+    pub host_bridge_vendor: __u16,
+    pub host_bridge_device: __u16,
+    pub __reserved2: __u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of peerdirect_p2p"][::core::mem::size_of::<peerdirect_p2p>() - 40usize];
+    ["Alignment of peerdirect_p2p"][::core::mem::align_of::<peerdirect_p2p>() - 4usize];
+    ["Offset of field: peerdirect_p2p::size"]
+        [::core::mem::offset_of!(peerdirect_p2p, size) - 0usize];
+    ["Offset of field: peerdirect_p2p::flags"]
+        [::core::mem::offset_of!(peerdirect_p2p, flags) - 4usize];
+    ["Offset of field: peerdirect_p2p::pci_domain"]
+        [::core::mem::offset_of!(peerdirect_p2p, pci_domain) - 8usize];
+    ["Offset of field: peerdirect_p2p::pci_bus"]
+        [::core::mem::offset_of!(peerdirect_p2p, pci_bus) - 12usize];
+    ["Offset of field: peerdirect_p2p::pci_slot"]
+        [::core::mem::offset_of!(peerdirect_p2p, pci_slot) - 13usize];
+    ["Offset of field: peerdirect_p2p::pci_func"]
+        [::core::mem::offset_of!(peerdirect_p2p, pci_func) - 14usize];
+    ["Offset of field: peerdirect_p2p::__reserved0"]
+        [::core::mem::offset_of!(peerdirect_p2p, __reserved0) - 15usize];
+    ["Offset of field: peerdirect_p2p::distance"]
+        [::core::mem::offset_of!(peerdirect_p2p, distance) - 16usize];
+    ["Offset of field: peerdirect_p2p::path"]
+        [::core::mem::offset_of!(peerdirect_p2p, path) - 20usize];
+    ["Offset of field: peerdirect_p2p::common_bridge"]
+        [::core::mem::offset_of!(peerdirect_p2p, common_bridge) - 24usize];
+    ["Offset of field: peerdirect_p2p::acs_bridge"]
+        [::core::mem::offset_of!(peerdirect_p2p, acs_bridge) - 26usize];
+    ["Offset of field: peerdirect_p2p::acs_bridges"]
+        [::core::mem::offset_of!(peerdirect_p2p, acs_bridges) - 28usize];
+    ["Offset of field: peerdirect_p2p::__reserved1"]
+        [::core::mem::offset_of!(peerdirect_p2p, __reserved1) - 30usize];
+    ["Offset of field: peerdirect_p2p::host_bridge_vendor"]
+        [::core::mem::offset_of!(peerdirect_p2p, host_bridge_vendor) - 32usize];
+    ["Offset of field: peerdirect_p2p::host_bridge_device"]
+        [::core::mem::offset_of!(peerdirect_p2p, host_bridge_device) - 34usize];
+    ["Offset of field: peerdirect_p2p::__reserved2"]
+        [::core::mem::offset_of!(peerdirect_p2p, __reserved2) - 36usize];
+};
+#[doc = " struct peerdirect_status - the start of the status page\n @version: PEERDIRECT_STATUS_VERSION\n @state: PEERDIRECT_STATUS_* bits"]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct peerdirect_status {
+    pub version: __u32,
+    pub state: __u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of peerdirect_status"][::core::mem::size_of::<peerdirect_status>() - 8usize];
+    ["Alignment of peerdirect_status"][::core::mem::align_of::<peerdirect_status>() - 4usize];
+    ["Offset of field: peerdirect_status::version"]
+        [::core::mem::offset_of!(peerdirect_status, version) - 0usize];
+    ["Offset of field: peerdirect_status::state"]
+        [::core::mem::offset_of!(peerdirect_status, state) - 4usize];
 };

@@ -7,6 +7,7 @@ mod register;
 mod size;
 mod stats;
 mod table;
+mod topo;
 
 use std::process::ExitCode;
 
@@ -45,6 +46,9 @@ enum Command {
     /// libfabric.so.1 >= 1.20) through the registration cache; print the registration's path
     /// (dma_buf, or host_bounce with the provider's reason), key and the cache's counters.
     Register(register::Args),
+    /// Show which PCI devices (RDMA NICs, network devices, accelerators) can reach each HBM
+    /// device peer-to-peer, as the kernel decides it when their drivers attach, and why not.
+    Topo(topo::Args),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
         Command::Export(args) => export::run(&args),
         Command::Stats(args) => stats::run(&args),
         Command::Register(args) => register::run(&args),
+        Command::Topo(args) => topo::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -261,5 +266,43 @@ mod tests {
             parse(&["--version"]).unwrap_err().kind(),
             ErrorKind::DisplayVersion
         );
+    }
+
+    fn topo(args: &[&str]) -> Result<topo::Args, clap::Error> {
+        match parse(&[&["topo"], args].concat())?.command {
+            Command::Topo(args) => Ok(args),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn topo_options() {
+        let args = topo(&[]).unwrap();
+        assert_eq!((args.device, args.all, args.json), (None, false, false));
+        assert!(args.peers.is_empty());
+        let args = topo(&[
+            "--device",
+            "1",
+            "--peer",
+            "0000:03:00.0",
+            "--peer",
+            "04:00.1",
+            "--json",
+        ])
+        .unwrap();
+        assert_eq!(args.device, Some(1));
+        let peers: Vec<String> = args.peers.iter().map(ToString::to_string).collect();
+        assert_eq!(peers, ["0000:03:00.0", "0000:04:00.1"]);
+        assert!(args.json);
+        assert!(topo(&["--all"]).unwrap().all);
+    }
+
+    #[test]
+    fn topo_refuses_bad_addresses_and_all_with_peers() {
+        let err = topo(&["--peer", "0000:03:20.0"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+        assert!(err.to_string().contains("is not a PCI address"), "{err}");
+        let err = topo(&["--all", "--peer", "0000:03:00.0"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ArgumentConflict);
     }
 }

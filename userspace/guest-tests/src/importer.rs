@@ -24,6 +24,9 @@ pub(crate) enum Topology {
     Split,
     /// `split` with intel-iommu: whatever the kernel decides.
     Iommu,
+    /// HBM and NIC as two functions below one root port whose ACS redirect the kernel turns
+    /// on for intel-iommu: P2P refused.
+    Acs,
 }
 
 impl fmt::Display for Topology {
@@ -32,6 +35,7 @@ impl fmt::Display for Topology {
             Self::Switch => "switch",
             Self::Split => "split",
             Self::Iommu => "iommu",
+            Self::Acs => "acs",
         })
     }
 }
@@ -184,9 +188,9 @@ fn run_case(setup: &mut Setup, case: &Case) -> Outcome {
                 first.get("p2p_distance")?
             ))
         }
-        (Topology::Split, true) => {
+        (Topology::Split | Topology::Acs, true) => {
             return Err(format!(
-                "the kernel allows P2P between HBM and NIC on separate root ports (p2p_distance={}): the harness's topology is wrong",
+                "the kernel allows P2P between HBM and NIC on separate root ports or below an ACS-redirecting one (p2p_distance={}): the harness's topology is wrong",
                 first.get("p2p_distance")?
             ))
         }
@@ -196,7 +200,7 @@ fn run_case(setup: &mut Setup, case: &Case) -> Outcome {
         // Behind a shared switch the NIC DMAs straight to the BAR's bus addresses.
         Topology::Switch => Some(setup.info.hbm_bus_addr + exported.bar_offset),
         // Through the host bridge an IOMMU may hand out IOVAs instead.
-        Topology::Split | Topology::Iommu => None,
+        Topology::Split | Topology::Iommu | Topology::Acs => None,
     };
     if allowed {
         check_mapped(first, case, expected_first)?;
@@ -319,6 +323,42 @@ fn run_non_p2p(setup: &mut Setup, case: &Case) -> Outcome {
             report.summary()
         ));
     }
+    Ok(())
+}
+
+/// `PEERDIRECT_IOC_P2P` about the NIC gives the distance the importer module computes itself
+/// (`pci_p2pdma_distance_many`), and path facts that fit the topology.
+fn run_p2p_query(setup: &mut Setup) -> Outcome {
+    let exported = export(&setup.device, 2 * MIB, 0, 2 * MIB)?;
+    let case = Case {
+        mode: Mode::Dynamic,
+        alloc_len: 2 * MIB,
+        offset: 0,
+        len: 2 * MIB,
+        extra: "",
+    };
+    let line = case.command(setup, exported.dmabuf.as_fd().as_raw_fd());
+    let module_distance = setup.importer.command(&line)?.int("p2p_distance")?;
+    let nic = setup.nic.parse()?;
+    let path = setup.device.p2p(nic).map_err(|err| err.to_string())?;
+    let ours = path.distance.map_or(-1, i64::from);
+    if ours != module_distance {
+        return Err(format!(
+            "PEERDIRECT_IOC_P2P says distance {ours}, the importer module {module_distance}: {path:?}"
+        ));
+    }
+    let facts_fit = match setup.topology {
+        Topology::Switch => path.common_bridge.is_some() && path.acs_bridge.is_none(),
+        Topology::Split | Topology::Iommu => path.common_bridge.is_none(),
+        Topology::Acs => path.common_bridge.is_some() && path.acs_bridge == path.common_bridge,
+    };
+    if !facts_fit {
+        return Err(format!(
+            "the path facts do not fit the {} topology: {path:?}",
+            setup.topology
+        ));
+    }
+    println!("# {}: {}", setup.topology, path.why());
     Ok(())
 }
 
@@ -454,8 +494,11 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
         "{topology}: debugfs exports lists the held attachment (importer, revocable, mapped entries); a held mapping keeps its range after its dma-buf and allocation are dropped"
     );
     let unload = format!("{MODULE} unloads");
+    let p2p_query = format!(
+        "{topology}: PEERDIRECT_IOC_P2P about the NIC gives the importer module's own pci_p2pdma_distance_many, with path facts that fit the topology"
+    );
 
-    let mut tap = Tap::plan(1 + cases.len() + non_p2p.len() + usize::from(held) + 1);
+    let mut tap = Tap::plan(1 + cases.len() + non_p2p.len() + usize::from(held) + 2);
     let setup_description =
         format!("{MODULE} loads, the NIC (virtio-net) is found, /dev/peerdirect0 answers INFO");
     let mut setup = match setup {
@@ -479,6 +522,7 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
             if held {
                 tap.report(&held_description, &skipped);
             }
+            tap.report(&p2p_query, &skipped);
             tap.report(&unload, &skipped);
             return tap.finish();
         }
@@ -493,6 +537,7 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
     if held {
         tap.report(&held_description, &run_held(&mut setup));
     }
+    tap.report(&p2p_query, &run_p2p_query(&mut setup));
     drop(setup);
     tap.report(&unload, &rmmod());
     tap.finish()

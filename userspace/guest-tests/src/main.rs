@@ -19,10 +19,13 @@ mod testmod;
 use std::process::ExitCode;
 
 use clap::Parser;
-use peerdirect::uapi::{peerdirect_info, PEERDIRECT_INFO_SIZE_VER0, PEERDIRECT_PROVIDER_OWNED};
-use peerdirect::{Device, Errno, PciAddress, Provider, RawInfo};
+use peerdirect::uapi::{
+    peerdirect_info, PEERDIRECT_INFO_SIZE_VER0, PEERDIRECT_PROVIDER_OWNED,
+    PEERDIRECT_STATUS_VERSION,
+};
+use peerdirect::{Device, Errno, PciAddress, Provider, RawInfo, RawP2p};
 
-use support::{expect_eq, expect_errno, Outcome, Tap};
+use support::{expect_eq, expect_errno, expect_errno_of, Outcome, Tap};
 
 /// Run the peerdirect ABI tests against /dev/peerdirect0 and print TAP.
 #[derive(Debug, Parser)]
@@ -208,6 +211,121 @@ fn tests(args: &Args) -> Vec<Test> {
             |device| expect_errno(device.command_raw(0x7f), Errno::NOTTY),
         ),
         test(
+            "P2P about the HBM device itself: distance 0, the same host bridge",
+            |device| {
+                let hbm = info_ok(device, &mut RawInfo::<0>::new())?;
+                let hbm = PciAddress {
+                    domain: hbm.pci_domain,
+                    bus: hbm.pci_bus,
+                    slot: hbm.pci_slot,
+                    func: hbm.pci_func,
+                };
+                let path = device
+                    .p2p(hbm)
+                    .map_err(|err| format!("expected P2P about {hbm} to succeed, got {err}"))?;
+                expect_eq("distance", Some(0), path.distance)?;
+                expect_eq("same_host_bridge", true, path.same_host_bridge)?;
+                expect_eq("why", "the peer is the HBM device itself", path.why().as_str())
+            },
+        ),
+        test("P2P about an address no device has fails with ENXIO", |device| {
+            let nobody = PciAddress {
+                domain: 0,
+                bus: 0xfe,
+                slot: 31,
+                func: 7,
+            };
+            expect_errno_of("P2P", device.p2p(nobody), Errno::NXIO)
+        }),
+        test(
+            "P2P with slot 32, function 8, size 39, flags 0x1 or a __reserved field != 0 fails (EINVAL, EOPNOTSUPP)",
+            |device| {
+                let hbm = info_ok(device, &mut RawInfo::<0>::new())?;
+                let at_hbm = || {
+                    let mut raw = RawP2p::<0>::new();
+                    raw.p2p.pci_domain = hbm.pci_domain;
+                    raw.p2p.pci_bus = hbm.pci_bus;
+                    raw.p2p.pci_slot = hbm.pci_slot;
+                    raw.p2p.pci_func = hbm.pci_func;
+                    raw
+                };
+                type Breaker = fn(&mut RawP2p<0>);
+                let cases: [(&str, Breaker, Errno); 7] = [
+                    ("slot 32", |r| r.p2p.pci_slot = 32, Errno::INVAL),
+                    ("function 8", |r| r.p2p.pci_func = 8, Errno::INVAL),
+                    ("size 39", |r| r.p2p.size = 39, Errno::INVAL),
+                    ("flags 0x1", |r| r.p2p.flags = 1, Errno::OPNOTSUPP),
+                    ("__reserved0", |r| r.p2p.__reserved0 = 1, Errno::INVAL),
+                    ("__reserved1", |r| r.p2p.__reserved1 = 1, Errno::INVAL),
+                    ("__reserved2", |r| r.p2p.__reserved2 = 1, Errno::INVAL),
+                ];
+                let mut good = at_hbm();
+                device.p2p_raw(&mut good).map_err(|err| {
+                    format!("expected the well-formed request to succeed, got {err}")
+                })?;
+                for (what, break_it, errno) in cases {
+                    let mut raw = at_hbm();
+                    break_it(&mut raw);
+                    expect_errno(device.p2p_raw(&mut raw), errno)
+                        .map_err(|err| format!("{what}: {err}"))?;
+                }
+                Ok(())
+            },
+        ),
+        test(
+            "P2P with size 48 and a zero tail succeeds; a nonzero tail fails with E2BIG",
+            |device| {
+                let hbm = info_ok(device, &mut RawInfo::<0>::new())?;
+                let mut raw = RawP2p::<8>::new();
+                raw.p2p.size = 48;
+                raw.p2p.pci_domain = hbm.pci_domain;
+                raw.p2p.pci_bus = hbm.pci_bus;
+                raw.p2p.pci_slot = hbm.pci_slot;
+                raw.p2p.pci_func = hbm.pci_func;
+                device.p2p_raw(&mut raw).map_err(|err| {
+                    format!("expected size 48 with a zero tail to succeed, got {err}")
+                })?;
+                expect_eq("distance", 0, raw.p2p.distance)?;
+                raw.p2p.size = 48;
+                raw.tail[0] = 1;
+                expect_errno(device.p2p_raw(&mut raw), Errno::TOOBIG)
+            },
+        ),
+        test(
+            "the status page maps read-only, one page at offset 0: version 1, not revoked",
+            |device| {
+                let page = rustix::param::page_size();
+                expect_eq(
+                    "version",
+                    PEERDIRECT_STATUS_VERSION,
+                    device.map_status_raw(page, 0, false).map_err(|err| {
+                        format!("expected the status page to map, got {err}")
+                    })?,
+                )?;
+                let status = device
+                    .status()
+                    .ok_or("expected Device::status to be mapped, got None")?;
+                expect_eq("revoked", false, status.revoked())
+            },
+        ),
+        test(
+            "a writable status page mapping fails with EPERM; two pages or offset 4096 with EINVAL",
+            |device| {
+                let page = rustix::param::page_size();
+                expect_errno_of("writable", device.map_status_raw(page, 0, true), Errno::PERM)?;
+                expect_errno_of(
+                    "two pages",
+                    device.map_status_raw(2 * page, 0, false),
+                    Errno::INVAL,
+                )?;
+                expect_errno_of(
+                    "offset 4096",
+                    device.map_status_raw(page, 4096, false),
+                    Errno::INVAL,
+                )
+            },
+        ),
+        test(
             "INFO with size 64 writes nothing past the struct (canary in bytes 64..72 survives)",
             |device| {
                 const CANARY: [u8; 8] = [0xa5, 0x5a, 0xc3, 0x3c, 0xde, 0xad, 0xbe, 0xef];
@@ -354,7 +472,7 @@ mod tests {
             peermem: None,
             topology: None,
         });
-        assert_eq!(tests.len(), 14);
+        assert_eq!(tests.len(), 20);
         for test in &tests {
             let outcome = (test.run)(&device);
             if test.description.starts_with("unknown command") {

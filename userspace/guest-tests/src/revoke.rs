@@ -30,8 +30,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitCode, Stdio};
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
 use clap::ValueEnum;
-use peerdirect::{pattern, Device, DeviceInfo, DmaBuf, DmaBufMap, Errno, ExportFlags, SyncFlags};
+use peerdirect::cache::{Access, ByteRange, CacheLimits, DomainId, ExportId, RegKey, Registrar};
+use peerdirect::{
+    pattern, Device, DeviceInfo, DmaBuf, DmaBufMap, Errno, ExportFlags, RegCache, SyncFlags,
+};
 
 use crate::support::{
     expect_eq, expect_errno_of, fdinfo_value, find_nic, module_loaded, run_sequence, wait_for,
@@ -137,6 +143,46 @@ struct Toucher {
     go: PathBuf,
 }
 
+/// Stands in for a NIC's registrar: a registration is a serial number, so a cached one can be
+/// told from a new one.
+#[derive(Default)]
+struct Numbering(AtomicU64);
+
+impl Registrar for Numbering {
+    type Source = ();
+    type Mr = u64;
+    type Error = std::convert::Infallible;
+
+    fn domain(&self) -> DomainId {
+        DomainId(1)
+    }
+
+    fn register(&self, _: &(), _: &RegKey) -> Result<u64, Self::Error> {
+        Ok(self.0.fetch_add(1, Relaxed) + 1)
+    }
+
+    fn deregister(&self, _: u64) {}
+}
+
+/// A registration cache attached to D, holding a registration of A.
+struct Cached {
+    cache: Arc<RegCache<Numbering>>,
+    registrar: Arc<Numbering>,
+    export: ExportId,
+    /// The serial number of A's cached registration.
+    serial: u64,
+}
+
+impl Cached {
+    fn get(&self) -> Result<peerdirect::Registration<Numbering>, String> {
+        let range = ByteRange::new(0, LEN).map_err(|err| err.to_string())?;
+        let Ok(registration) =
+            self.cache
+                .get(&self.registrar, &(), self.export, range, Access::all());
+        Ok(registration)
+    }
+}
+
 /// What the steps share.
 struct State {
     importer: Option<TestModule>,
@@ -149,6 +195,7 @@ struct State {
     /// This process's writable mapping of A.
     map: Option<DmaBufMap>,
     toucher: Option<Toucher>,
+    cached: Option<Cached>,
 }
 
 impl State {
@@ -249,6 +296,7 @@ fn start() -> Result<State, String> {
         bufs: Vec::new(),
         map: None,
         toucher: None,
+        cached: None,
     })
 }
 
@@ -272,6 +320,10 @@ fn steps(removal: Removal) -> Vec<Step> {
                 s.toucher = Some(spawn_toucher(s.bufs[A].dmabuf()?)?);
                 Ok(())
             },
+        ),
+        gate(
+            "a registration cache attached to D caches a registration of A; D's status page says live",
+            cache_a,
         ),
         check(
             "debugfs stats before removal: allocations 3, exports 3, mappings_revocable 2, mappings_pinned 1, present true",
@@ -303,6 +355,10 @@ fn steps(removal: Removal) -> Vec<Step> {
         ),
     });
     steps.extend([
+        check(
+            "right after removal, before any command on D: its status page says revoked, and the cache drops A's registration instead of handing it out (a miss; the new one is not cached)",
+            cache_after_removal,
+        ),
         check("after removal, /dev/peerdirect0 goes away", |_| {
             expect_node(false)
         }),
@@ -525,6 +581,59 @@ fn attach_held(s: &mut State) -> Outcome {
         s.bufs[k].id = Some(report.uint("id")?);
     }
     Ok(())
+}
+
+fn cache_a(s: &mut State) -> Outcome {
+    let device = s.device()?;
+    if device.status().is_none() {
+        return Err("D has no status page (mmap of /dev/peerdirect0 failed)".to_owned());
+    }
+    expect_eq("D revoked", false, device.is_revoked())?;
+    let cache = Arc::new(RegCache::new(CacheLimits::default()));
+    cache.attach(device);
+    let export = device
+        .export_id(s.bufs[A].dmabuf()?)
+        .map_err(|errno| format!("fstat of A: {errno}"))?;
+    let mut cached = Cached {
+        cache,
+        registrar: Arc::new(Numbering::default()),
+        export,
+        serial: 0,
+    };
+    cached.serial = *cached.get()?.mr();
+    expect_eq(
+        "second request's serial (a hit)",
+        cached.serial,
+        *cached.get()?.mr(),
+    )?;
+    expect_eq("hits", 1, cached.cache.stats().hits)?;
+    s.cached = Some(cached);
+    Ok(())
+}
+
+fn cache_after_removal(s: &mut State) -> Outcome {
+    let cached = s.cached.as_ref().ok_or("no cache")?;
+    expect_eq("D revoked", true, s.device()?.is_revoked())?;
+    let before = cached.cache.stats();
+    let again = cached.get()?;
+    let after = cached.cache.stats();
+    if *again.mr() == cached.serial {
+        return Err(format!(
+            "the cache handed out A's registration {} after the device was revoked",
+            cached.serial
+        ));
+    }
+    expect_eq("hits", before.hits, after.hits)?;
+    expect_eq(
+        "invalidations",
+        before.invalidations + 1,
+        after.invalidations,
+    )?;
+    expect_eq(
+        "uncached",
+        Some(peerdirect::cache::Uncached::Invalidated),
+        again.uncached(),
+    )
 }
 
 fn map_and_write(s: &mut State) -> Outcome {

@@ -62,8 +62,11 @@
 //! [`crate::Allocation`] dropped or freed, [`crate::Device::free_raw`]) and before its file is
 //! closed, every entry of every export made from that allocation through it, in every
 //! attached cache; and every entry of the device when one of its commands fails with
-//! `ENODEV` (revoked). Name exports with [`crate::Device::export_id`] so that the identities
-//! agree. See [`crate::invalidation`].
+//! `ENODEV` (revoked). The cache also watches each attached device's status page: once the
+//! module has started revoking the device (unbind, removal, unload), a request for any of its
+//! exports drops all of the device's entries before one could be handed out, with no system
+//! call on the hit path. Name exports with [`crate::Device::export_id`] so that the
+//! identities agree. See [`crate::invalidation`].
 
 mod index;
 mod key;
@@ -78,6 +81,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use serde::Serialize;
 
+use crate::device::WeakDeviceStatus;
 use crate::invalidation::Invalidate;
 use crate::Device;
 use index::Index;
@@ -174,6 +178,9 @@ struct State<R: Registrar> {
     evictions: u64,
     superseded: u64,
     invalidations: u64,
+    /// The status pages of the device files attached with [`RegCache::attach`], by device
+    /// index; held weakly, so that the cache does not keep the files open.
+    watched: Vec<(u32, WeakDeviceStatus)>,
 }
 
 /// Counted outside the lock, some of them when an entry is dropped.
@@ -276,6 +283,7 @@ impl<R: Registrar> RegCache<R> {
                 evictions: 0,
                 superseded: 0,
                 invalidations: 0,
+                watched: Vec::new(),
             }),
             counters: Arc::default(),
         }
@@ -318,11 +326,14 @@ impl<R: Registrar> RegCache<R> {
         } else {
             None
         };
+        let mut dropped = Vec::new();
         let epoch = match bypass {
             // No cached entry can serve it: skip the lookup.
             Some(_) => 0,
             None => {
                 let mut state = self.state();
+                // A device being revoked: its entries go before any is handed out.
+                state.drop_revoked(export.device(), &mut dropped);
                 if let Some(entry) = state.find(&key) {
                     state.hits += 1;
                     return Ok(Registration {
@@ -333,6 +344,7 @@ impl<R: Registrar> RegCache<R> {
                 state.epoch
             }
         };
+        drop(dropped);
         self.counters.misses.fetch_add(1, Relaxed);
         let mr = registrar.register(source, &key).inspect_err(|_| {
             self.counters.failed_registrations.fetch_add(1, Relaxed);
@@ -356,7 +368,7 @@ impl<R: Registrar> RegCache<R> {
                 drop(state);
                 drop(entry);
                 cached
-            } else if state.epoch != epoch {
+            } else if state.epoch != epoch || state.revoked(export.device()) {
                 entry.uncached = Some(Uncached::Invalidated);
                 Arc::new(entry)
             } else {
@@ -406,12 +418,26 @@ impl<R: Registrar> RegCache<R> {
     /// failing with `ENODEV` invalidates all of the device's
     /// ([`RegCache::invalidate_device`]). Attaching twice is attaching once; the device holds
     /// the cache weakly, so dropping the cache detaches it.
+    ///
+    /// The cache also watches the device's status page ([`Device::status`]): once the module
+    /// has started revoking the device (unbind, removal, unload), the next request for any of
+    /// its exports drops all of the device's entries instead of handing one out, and new
+    /// registrations of them are not cached ([`Uncached::Invalidated`]). This needs no system
+    /// call on the hit path: one atomic load.
     pub fn attach(self: &Arc<Self>, device: &Device)
     where
         R: 'static,
     {
         let hook: Weak<Self> = Arc::downgrade(self);
         device.subscribe(hook);
+        if let Some(status) = device.status() {
+            let status = status.downgrade();
+            let mut state = self.state();
+            state.watched.retain(|(_, watched)| !watched.is_closed());
+            if !state.watched.iter().any(|(_, watched)| watched.is(&status)) {
+                state.watched.push((device.index(), status));
+            }
+        }
     }
 
     /// What the cache did so far, and holds now.
@@ -502,6 +528,29 @@ impl<R: Registrar> fmt::Debug for RegCache<R> {
 }
 
 impl<R: Registrar> State<R> {
+    /// Whether a watched, still open file of `device` says it is being revoked.
+    fn revoked(&self, device: u32) -> bool {
+        self.watched
+            .iter()
+            .any(|(index, status)| *index == device && status.revoked())
+    }
+
+    /// If `device` is being revoked, takes all of its entries (into `dropped`, for the caller
+    /// to release once it has let go of the lock).
+    fn drop_revoked(&mut self, device: u32, dropped: &mut Vec<Arc<Entry<R>>>) {
+        if !self.revoked(device) {
+            return;
+        }
+        let mut removed = Vec::new();
+        self.index
+            .remove_where(|export, _| export.device() == device, &mut removed);
+        if !removed.is_empty() {
+            self.epoch += 1;
+            self.invalidations += removed.len() as u64;
+            self.take(removed, dropped);
+        }
+    }
+
     /// A cached entry that serves `key`, now the most recently used.
     fn find(&mut self, key: &RegKey) -> Option<Arc<Entry<R>>> {
         let slot = self.index.find(key)?;

@@ -4,7 +4,7 @@ use std::fs;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
@@ -13,9 +13,10 @@ use crate::allocation::Allocation;
 use crate::cache::ExportId;
 use crate::error::Operation;
 use crate::invalidation::{Hooks, Invalidate};
-use crate::sys::{self, RawAlloc, RawExport, RawFree, RawInfo, RawRequest};
-use crate::uapi::DEVICE_PREFIX;
-use crate::{DeviceInfo, DmaBuf, Error};
+use crate::sys::status::StatusPage;
+use crate::sys::{self, RawAlloc, RawExport, RawFree, RawInfo, RawP2p, RawRequest};
+use crate::uapi::{self, DEVICE_PREFIX};
+use crate::{DeviceInfo, DmaBuf, Error, P2pPath, PciAddress};
 
 /// Where the device nodes live.
 const DEV_DIR: &str = "/dev";
@@ -38,6 +39,51 @@ pub struct Device {
     fd: OwnedFd,
     path: PathBuf,
     index: u32,
+    status: Option<DeviceStatus>,
+}
+
+/// A device file's status page (`PEERDIRECT_STATUS_OFFSET`), mapped read-only: tells, without
+/// a system call, that the device is going away. Cheap to clone; stays valid (and then says
+/// revoked) after the device is gone.
+///
+/// The mapping holds the device file open: until the last clone is dropped, closing the
+/// [`Device`] does not release the file (nor free its allocations). Registration caches
+/// therefore watch it weakly ([`crate::RegCache::attach`]).
+#[derive(Debug, Clone)]
+pub struct DeviceStatus(Arc<StatusPage>);
+
+impl DeviceStatus {
+    /// Whether the module has started revoking the device's exports (unbind, removal, unload):
+    /// registrations of them must not be handed out any more.
+    pub fn revoked(&self) -> bool {
+        self.0.state() & uapi::PEERDIRECT_STATUS_REVOKED != 0
+    }
+
+    pub(crate) fn downgrade(&self) -> WeakDeviceStatus {
+        WeakDeviceStatus(Arc::downgrade(&self.0))
+    }
+}
+
+/// A [`DeviceStatus`] that does not keep the mapping (and so the device file) alive.
+#[derive(Debug, Clone)]
+pub(crate) struct WeakDeviceStatus(Weak<StatusPage>);
+
+impl WeakDeviceStatus {
+    /// Whether the device file is still open and its page says revoked.
+    pub(crate) fn revoked(&self) -> bool {
+        self.0
+            .upgrade()
+            .is_some_and(|page| page.state() & uapi::PEERDIRECT_STATUS_REVOKED != 0)
+    }
+
+    /// Whether the device file was closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.0.strong_count() == 0
+    }
+
+    pub(crate) fn is(&self, other: &Self) -> bool {
+        Weak::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl Device {
@@ -51,7 +97,13 @@ impl Device {
             fd,
             path: path.to_owned(),
             index: u32::MAX,
+            status: None,
         };
+        // A module without a status page (older than this crate) leaves revocation to be
+        // noticed by ENODEV.
+        device.status = StatusPage::map(device.fd.as_fd())
+            .ok()
+            .map(|page| DeviceStatus(Arc::new(page)));
         device.index = match path
             .file_name()
             .and_then(|name| name.to_str())
@@ -85,6 +137,26 @@ impl Device {
     /// `ExportId::of_dma_buf(self.index(), dma_buf)`.
     pub fn export_id(&self, dma_buf: &DmaBuf) -> Result<ExportId, Errno> {
         ExportId::of_dma_buf(self.index, dma_buf)
+    }
+
+    /// The device's status page, `None` when the module offers none.
+    pub fn status(&self) -> Option<DeviceStatus> {
+        self.status.clone()
+    }
+
+    /// Whether the module has started revoking this device (its status page says so); `false`
+    /// when there is no status page.
+    pub fn is_revoked(&self) -> bool {
+        self.status.as_ref().is_some_and(DeviceStatus::revoked)
+    }
+
+    /// Maps `len` bytes of the device file at `offset`, writable if asked, reads the first
+    /// `u32` and unmaps them. For testing the module's checks of status page mappings (only
+    /// one read-only page at `PEERDIRECT_STATUS_OFFSET` is allowed); [`Device::status`] is
+    /// the normal way.
+    pub fn map_status_raw(&self, len: usize, offset: u64, writable: bool) -> Result<u32, Error> {
+        sys::status::probe_map(self.fd.as_fd(), len, offset, writable)
+            .map_err(|errno| Error::os(Operation::Mmap, &self.path, errno))
     }
 
     /// Subscribes `hook` to this file's frees and revocation (once, however often it is
@@ -167,6 +239,26 @@ impl Device {
             self.hooks.exported(raw.export.handle, export);
         }
         Ok(dma_buf)
+    }
+
+    /// Asks the kernel whether the PCI device at `peer` (a NIC, another accelerator) can reach
+    /// this HBM peer-to-peer, and why (`PEERDIRECT_IOC_P2P`). The verdict is the one the
+    /// exporter applies when that device's driver attaches to a dma-buf.
+    pub fn p2p(&self, peer: PciAddress) -> Result<P2pPath, Error> {
+        let hbm = self.info()?.pci_address;
+        let mut raw = RawP2p::<0>::new();
+        raw.p2p.pci_domain = peer.domain;
+        raw.p2p.pci_bus = peer.bus;
+        raw.p2p.pci_slot = peer.slot;
+        raw.p2p.pci_func = peer.func;
+        self.p2p_raw(&mut raw)?;
+        Ok(P2pPath::from_raw(hbm, &raw.p2p))
+    }
+
+    /// Sends `PEERDIRECT_IOC_P2P` with an argument the caller built, like
+    /// [`Device::info_raw`].
+    pub fn p2p_raw<const TAIL: usize>(&self, raw: &mut RawP2p<TAIL>) -> Result<(), Error> {
+        self.send(Operation::P2p, raw)
     }
 
     /// Sends command `nr` (`_IO(PEERDIRECT_IOCTL_TYPE, nr)`) with a null argument. For testing

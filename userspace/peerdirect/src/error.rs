@@ -22,6 +22,8 @@ pub enum Operation {
     Free,
     /// `PEERDIRECT_IOC_EXPORT`.
     Export,
+    /// `PEERDIRECT_IOC_P2P`.
+    P2p,
     /// Finding the size of a dma-buf (`lseek(SEEK_END)`).
     Size,
     /// `mmap` of a dma-buf.
@@ -49,6 +51,7 @@ impl fmt::Display for Operation {
             Self::Alloc => f.write_str("PEERDIRECT_IOC_ALLOC on"),
             Self::Free => f.write_str("PEERDIRECT_IOC_FREE on"),
             Self::Export => f.write_str("PEERDIRECT_IOC_EXPORT on"),
+            Self::P2p => f.write_str("PEERDIRECT_IOC_P2P on"),
             Self::Size => f.write_str("lseek SEEK_END on"),
             Self::Mmap => f.write_str("mmap"),
             Self::Sync => f.write_str("DMA_BUF_IOCTL_SYNC on"),
@@ -202,16 +205,25 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
             "the dma-buf was exported read-only: export it with ExportFlags::RDWR (PEERDIRECT_EXPORT_RDWR) to map it writable"
         }
         (Stats, Errno::ACCESS | Errno::PERM) => "debugfs is readable by root only: run as root",
+        (Mmap, Errno::PERM) => {
+            "a device file's status page is read-only: map it with PROT_READ (Device::status)"
+        }
         (_, Errno::ACCESS | Errno::PERM) => {
             "permission denied: run as root, or give your user access to /dev/peerdirect* (e.g. with a udev rule)"
         }
         (Open, Errno::NOENT | Errno::NXIO | Errno::NODEV) => {
             "is peerdirect.ko loaded and the HBM device bound? see README"
         }
-        (Info | Command(_) | Alloc | Free | Export, Errno::NODEV) => {
+        (P2p, Errno::NXIO) => {
+            "no PCI device has that address: list them with lspci -D or in /sys/bus/pci/devices"
+        }
+        (P2p, Errno::INVAL) => {
+            "the PCI slot must be below 32 and the function below 8; otherwise this tool and the loaded module disagree on the ABI: build both from the same tree"
+        }
+        (Info | Command(_) | Alloc | Free | Export | P2p, Errno::NODEV) => {
             "the HBM device was unbound from peerdirect while open: reopen it once it is bound again"
         }
-        (Info | Command(_) | Alloc | Free | Export, Errno::NOTTY) => {
+        (Info | Command(_) | Alloc | Free | Export | P2p, Errno::NOTTY) => {
             "not a peerdirect device, or the peerdirect module is too old for this tool"
         }
         (Alloc, Errno::NOMEM) => {
@@ -230,7 +242,7 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
         (Export, Errno::MFILE | Errno::NFILE) => {
             "too many open files: close some, or raise the limit (ulimit -n)"
         }
-        (Info | Alloc | Free | Export, Errno::TOOBIG | Errno::INVAL | Errno::OPNOTSUPP) => {
+        (Info | Alloc | Free | Export | P2p, Errno::TOOBIG | Errno::INVAL | Errno::OPNOTSUPP) => {
             "ABI mismatch between this tool and the loaded peerdirect module: build both from the same tree"
         }
         (Mmap, Errno::NOMEM) => "not enough address space for the mapping: map a smaller dma-buf",

@@ -31,6 +31,51 @@ impl fmt::Display for PciAddress {
     }
 }
 
+impl PciAddress {
+    /// The address of the device `bus << 8 | devfn` in `domain`, as the module reports bridges.
+    pub fn from_id(domain: u32, id: u16) -> Self {
+        let [bus, devfn] = id.to_be_bytes();
+        Self {
+            domain,
+            bus,
+            slot: devfn >> 3,
+            func: devfn & 7,
+        }
+    }
+}
+
+impl std::str::FromStr for PciAddress {
+    type Err = String;
+
+    /// Parses `DDDD:BB:SS.F` (as in /sys/bus/pci/devices) or `BB:SS.F` (domain 0), hex.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad =
+            || format!("{s:?} is not a PCI address: expected DDDD:BB:SS.F, e.g. 0000:03:00.0");
+        let (domain, rest) = match s.split(':').count() {
+            3 => {
+                let (domain, rest) = s.split_once(':').ok_or_else(bad)?;
+                (u32::from_str_radix(domain, 16).map_err(|_| bad())?, rest)
+            }
+            2 => (0, s),
+            _ => return Err(bad()),
+        };
+        let (bus, rest) = rest.split_once(':').ok_or_else(bad)?;
+        let (slot, func) = rest.split_once('.').ok_or_else(bad)?;
+        let hex = |field: &str, max: u8| {
+            u8::from_str_radix(field, 16)
+                .ok()
+                .filter(|&v| v <= max && !field.is_empty() && field.len() <= 2)
+                .ok_or_else(bad)
+        };
+        Ok(Self {
+            domain,
+            bus: hex(bus, 0xff)?,
+            slot: hex(slot, 31)?,
+            func: hex(func, 7)?,
+        })
+    }
+}
+
 impl Serialize for PciAddress {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(self)
@@ -172,6 +217,35 @@ mod tests {
                 provider: Provider::Owned,
             }
         );
+    }
+
+    #[test]
+    fn pci_address_parses_sysfs_names() {
+        let parse = |s: &str| s.parse::<PciAddress>();
+        assert_eq!(
+            parse("0000:af:1f.7"),
+            Ok(PciAddress {
+                domain: 0,
+                bus: 0xaf,
+                slot: 0x1f,
+                func: 7
+            })
+        );
+        assert_eq!(parse("10000:01:02.3").unwrap().to_string(), "10000:01:02.3");
+        assert_eq!(parse("03:00.1").unwrap().to_string(), "0000:03:00.1");
+        for bad in [
+            "",
+            "0000:03:00",
+            "0000:03:20.0",
+            "0000:03:00.8",
+            "0000:103:00.0",
+            "x:03:00.0",
+        ] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.contains("is not a PCI address"), "{bad:?}: {err}");
+        }
+        assert_eq!(PciAddress::from_id(0, 0x0308).to_string(), "0000:03:01.0");
+        assert_eq!(PciAddress::from_id(1, 0x00ff).to_string(), "0001:00:1f.7");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod dma_buf;
+pub(crate) mod status;
 
 use core::ffi::c_void;
 use core::mem::{offset_of, size_of};
@@ -13,8 +14,9 @@ use rustix::io::Result;
 use rustix::ioctl::{ioctl, Ioctl, IoctlOutput, Opcode};
 
 use crate::uapi::{
-    self, peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info,
+    self, peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info, peerdirect_p2p,
     PEERDIRECT_IOC_ALLOC, PEERDIRECT_IOC_EXPORT, PEERDIRECT_IOC_FREE, PEERDIRECT_IOC_INFO,
+    PEERDIRECT_IOC_P2P,
 };
 
 /// A command's argument as it goes to the kernel: the command's struct, then bytes that stand
@@ -121,6 +123,14 @@ raw_request!(
     RawExport { export: peerdirect_export },
     PEERDIRECT_IOC_EXPORT,
     uapi::PEERDIRECT_EXPORT_SIZE_VER0
+);
+
+raw_request!(
+    /// A `PEERDIRECT_IOC_P2P` argument under the caller's full control, like [`RawInfo`].
+    /// [`crate::Device::p2p`] is the normal way.
+    RawP2p { p2p: peerdirect_p2p },
+    PEERDIRECT_IOC_P2P,
+    uapi::PEERDIRECT_P2P_SIZE_VER0
 );
 
 /// Sends `raw` with its command and leaves in it what the kernel wrote back.

@@ -48,6 +48,9 @@ pub const PEERDIRECT_IOC_FREE: Opcode = command(ioctl_byte(PEERDIRECT_CMD_FREE))
 /// `PEERDIRECT_IOC_EXPORT`, argument `*mut struct peerdirect_export`.
 pub const PEERDIRECT_IOC_EXPORT: Opcode = command(ioctl_byte(PEERDIRECT_CMD_EXPORT));
 
+/// `PEERDIRECT_IOC_P2P`, argument `*mut struct peerdirect_p2p`.
+pub const PEERDIRECT_IOC_P2P: Opcode = command(ioctl_byte(PEERDIRECT_CMD_P2P));
+
 /// `PEERDIRECT_DEVICE_PREFIX` without its NUL: device nodes are `/dev/peerdirectN`.
 pub const DEVICE_PREFIX: &str = match PEERDIRECT_DEVICE_PREFIX.as_slice().split_last() {
     Some((0, name)) => match core::str::from_utf8(name) {

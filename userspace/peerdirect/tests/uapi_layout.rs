@@ -9,6 +9,7 @@ use std::process::Command;
 
 use peerdirect::uapi::{
     self, dma_buf_sync, peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info,
+    peerdirect_p2p, peerdirect_status,
 };
 
 /// `(struct, field, offset, size)` for the listed fields of a struct, which must be all of
@@ -34,6 +35,8 @@ fn rust_structs() -> Vec<(&'static str, usize, usize)> {
         peerdirect_alloc,
         peerdirect_free,
         peerdirect_export,
+        peerdirect_p2p,
+        peerdirect_status,
         dma_buf_sync,
     )
 }
@@ -81,6 +84,25 @@ fn rust_fields() -> Vec<(&'static str, &'static str, usize, usize)> {
         offset,
         length,
     }));
+    fields.extend(fields!(peerdirect_p2p {
+        size,
+        flags,
+        pci_domain,
+        pci_bus,
+        pci_slot,
+        pci_func,
+        __reserved0,
+        distance,
+        path,
+        common_bridge,
+        acs_bridge,
+        acs_bridges,
+        __reserved1,
+        host_bridge_vendor,
+        host_bridge_device,
+        __reserved2,
+    }));
+    fields.extend(fields!(peerdirect_status { version, state }));
     fields.extend(fields!(dma_buf_sync { flags }));
     fields
 }
@@ -92,6 +114,7 @@ fn rust_constants() -> Vec<(&'static str, u64)> {
         ("PEERDIRECT_IOC_ALLOC", uapi::PEERDIRECT_IOC_ALLOC.into()),
         ("PEERDIRECT_IOC_FREE", uapi::PEERDIRECT_IOC_FREE.into()),
         ("PEERDIRECT_IOC_EXPORT", uapi::PEERDIRECT_IOC_EXPORT.into()),
+        ("PEERDIRECT_IOC_P2P", uapi::PEERDIRECT_IOC_P2P.into()),
         (
             "PEERDIRECT_INFO_SIZE_VER0",
             uapi::PEERDIRECT_INFO_SIZE_VER0.into(),
@@ -108,11 +131,32 @@ fn rust_constants() -> Vec<(&'static str, u64)> {
             "PEERDIRECT_EXPORT_SIZE_VER0",
             uapi::PEERDIRECT_EXPORT_SIZE_VER0.into(),
         ),
+        (
+            "PEERDIRECT_P2P_SIZE_VER0",
+            uapi::PEERDIRECT_P2P_SIZE_VER0.into(),
+        ),
         ("PEERDIRECT_IOCTL_TYPE", uapi::PEERDIRECT_IOCTL_TYPE.into()),
         ("PEERDIRECT_CMD_INFO", uapi::PEERDIRECT_CMD_INFO.into()),
         ("PEERDIRECT_CMD_ALLOC", uapi::PEERDIRECT_CMD_ALLOC.into()),
         ("PEERDIRECT_CMD_FREE", uapi::PEERDIRECT_CMD_FREE.into()),
         ("PEERDIRECT_CMD_EXPORT", uapi::PEERDIRECT_CMD_EXPORT.into()),
+        ("PEERDIRECT_CMD_P2P", uapi::PEERDIRECT_CMD_P2P.into()),
+        (
+            "PEERDIRECT_P2P_COMMON_BRIDGE",
+            uapi::PEERDIRECT_P2P_COMMON_BRIDGE.into(),
+        ),
+        (
+            "PEERDIRECT_P2P_ACS_REDIRECT",
+            uapi::PEERDIRECT_P2P_ACS_REDIRECT.into(),
+        ),
+        (
+            "PEERDIRECT_P2P_SAME_HOST_BRIDGE",
+            uapi::PEERDIRECT_P2P_SAME_HOST_BRIDGE.into(),
+        ),
+        (
+            "PEERDIRECT_P2P_PEER_IOMMU",
+            uapi::PEERDIRECT_P2P_PEER_IOMMU.into(),
+        ),
         (
             "PEERDIRECT_PROVIDER_OWNED",
             uapi::PEERDIRECT_PROVIDER_OWNED.into(),
@@ -243,7 +287,7 @@ fn rust_and_c_agree_on_the_abi() {
         c.len(),
         rust_constants().len() + 2 * rust_structs().len() + 2 * rust_fields().len()
     );
-    assert_eq!(rust_fields().len(), 17 + 7 + 4 + 6 + 1);
+    assert_eq!(rust_fields().len(), 17 + 7 + 4 + 6 + 16 + 2 + 1);
 }
 
 /// An independent spelling of the expected number, on architectures where `_IOC_NONE` is 0.
@@ -258,4 +302,5 @@ fn opcodes_are_io_0xbd_n() {
     assert_eq!(uapi::PEERDIRECT_IOC_ALLOC, 0xbd01);
     assert_eq!(uapi::PEERDIRECT_IOC_FREE, 0xbd02);
     assert_eq!(uapi::PEERDIRECT_IOC_EXPORT, 0xbd03);
+    assert_eq!(uapi::PEERDIRECT_IOC_P2P, 0xbd04);
 }

@@ -795,16 +795,40 @@ struct FakeDevice {
 
 impl FakeDevice {
     fn new(name: &str) -> Self {
+        Self::with_contents(name, b"")
+    }
+
+    /// With a status page: the file holds a page whose `struct peerdirect_status` says
+    /// version 1, state 0; [`FakeDevice::set_state`] changes the state as the module would.
+    fn with_status_page(name: &str) -> Self {
+        let mut page = vec![0u8; rustix::param::page_size()];
+        page[..4].copy_from_slice(&crate::uapi::PEERDIRECT_STATUS_VERSION.to_ne_bytes());
+        let fake = Self::with_contents(name, &page);
+        assert!(fake.device.status().is_some());
+        assert!(!fake.device.is_revoked());
+        fake
+    }
+
+    fn with_contents(name: &str, contents: &[u8]) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "peerdirect-cache-hooks-{}-{name}",
             std::process::id()
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("peerdirect7");
-        std::fs::write(&path, b"").unwrap();
+        std::fs::write(&path, contents).unwrap();
         let device = crate::Device::open(&path).unwrap();
         assert_eq!(device.index(), 7);
         Self { dir, device }
+    }
+
+    fn set_state(&self, state: u32) {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("peerdirect7"))
+            .unwrap();
+        file.write_all_at(&state.to_ne_bytes(), 4).unwrap();
     }
 }
 
@@ -890,4 +914,45 @@ fn a_dropped_cache_detaches_itself() {
     drop(cache);
     assert!(registrar.live().is_empty());
     drop(crate::Allocation::new(&fake.device, 1, 0, 4096)); // nobody to tell
+}
+
+#[test]
+fn a_device_file_without_a_status_page_has_none() {
+    let fake = FakeDevice::new("no-status");
+    assert!(fake.device.status().is_none());
+    assert!(!fake.device.is_revoked());
+}
+
+#[test]
+fn a_revoked_status_page_drops_the_device_entries_before_a_hit() {
+    let fake = FakeDevice::with_status_page("status");
+    let registrar = FakeRegistrar::new(1);
+    let cache = Arc::new(cache(16, 1 << 30));
+    cache.attach(&fake.device);
+    let held = get(&cache, &registrar, ExportId::new(7, 1), 0, 4, RW);
+    drop(get(&cache, &registrar, ExportId::new(7, 2), 0, 4, RW));
+    drop(get(&cache, &registrar, ExportId::new(8, 1), 0, 4, RW)); // another device
+    let hits = cache.stats().hits;
+    drop(get(&cache, &registrar, ExportId::new(7, 1), 1, 2, RW));
+    assert_eq!(cache.stats().hits, hits + 1);
+
+    // The module starts revoking device 7: the page says so, no system call involved.
+    fake.set_state(crate::uapi::PEERDIRECT_STATUS_REVOKED);
+    assert!(fake.device.is_revoked());
+    let misses = cache.stats().misses;
+    let again = get(&cache, &registrar, ExportId::new(7, 1), 1, 2, RW);
+    // Not the cached registration: both of device 7's entries are gone, the new one is not
+    // cached, and device 8's is untouched.
+    assert_ne!(again.mr().id, held.mr().id);
+    assert_eq!(cache.stats().misses, misses + 1);
+    assert_eq!(cache.stats().invalidations, 2);
+    assert_eq!(again.uncached(), Some(Uncached::Invalidated));
+    assert_eq!(cache.stats().entries, 1);
+    drop(get(&cache, &registrar, ExportId::new(8, 1), 0, 1, RW));
+    assert_eq!(cache.stats().hits, hits + 2);
+    // Only the handles still held keep their registrations.
+    drop(again);
+    assert!(registrar.is_live(held.mr().id));
+    drop(held);
+    assert_eq!(registrar.live().len(), 1);
 }

@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! `PEERDIRECT_IOC_P2P`: whether a PCI device (a NIC, another accelerator) can reach this HBM
+//! peer-to-peer, as the kernel decides it, with the facts about the path that explain it.
+//!
+//! The verdict is the kernel's own (`pci_p2pdma_distance_many`, the rule the exporter's attach
+//! enforces). The facts are read the way the p2pdma core walks the tree: the first bridge
+//! both devices sit below, the bridges between them with ACS redirect enabled, whether they
+//! share a host bridge, and that host bridge's IDs (what the kernel's allowlist is keyed by).
+
+use crate::ffi::{PciDev, PciDevRef};
+use kernel::{pci, prelude::*};
+
+/// What `PEERDIRECT_IOC_P2P` reports about one peer.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct P2pPath {
+    /// Hops between the devices; `None` when the kernel's P2P rules give no path.
+    pub(crate) distance: Option<u32>,
+    /// `bus << 8 | devfn` of the bridge where the two paths meet below the host bridge.
+    pub(crate) common_bridge: Option<u16>,
+    /// `bus << 8 | devfn` of the first bridge on that path that redirects P2P upstream.
+    pub(crate) acs_bridge: Option<u16>,
+    /// How many bridges on that path redirect.
+    pub(crate) acs_bridges: u16,
+    pub(crate) same_host_bridge: bool,
+    /// Vendor and device ID of the HBM device's host bridge function.
+    pub(crate) host_bridge: Option<(u16, u16)>,
+    pub(crate) peer_iommu: bool,
+}
+
+/// The devices from `dev` up to, not including, `stop` (all of them when `stop` is `None`).
+fn path_up<'a>(dev: PciDev<'a>, stop: Option<PciDev<'a>>) -> impl Iterator<Item = PciDev<'a>> {
+    core::iter::successors(Some(dev), |d| d.upstream_bridge())
+        .take_while(move |d| !matches!(stop, Some(s) if d.is(s)))
+}
+
+/// The lowest device that is `a` or above it and also `b` or above it.
+fn common_upstream<'a>(a: PciDev<'a>, b: PciDev<'a>) -> Option<PciDev<'a>> {
+    path_up(a, None).find(|x| path_up(b, None).any(|y| x.is(y)))
+}
+
+/// The path from `hbm` to the device at `domain`:`bus`:`devfn`; `ENXIO` if there is none.
+pub(crate) fn query(hbm: &pci::Device, domain: u32, bus: u8, devfn: u8) -> Result<P2pPath> {
+    let peer_ref = PciDevRef::get(domain, bus, devfn).ok_or(ENXIO)?;
+    let peer = peer_ref.as_dev();
+    let hbm_dev = PciDev::of(hbm);
+    let mut path = P2pPath {
+        distance: peer.p2p_distance_from(hbm),
+        same_host_bridge: hbm_dev.same_host_bridge(peer),
+        host_bridge: hbm_dev.host_bridge_ids(),
+        peer_iommu: peer.iommu_mapped(),
+        ..P2pPath::default()
+    };
+    if let Some(common) = common_upstream(hbm_dev, peer) {
+        path.common_bridge = Some(common.id());
+        // As the p2pdma core counts them: the devices and bridges below the meeting point on
+        // both sides, and the meeting point itself.
+        // (`Iterator::chain` spelled out: `pin_init::Init` has a `chain` too.)
+        let below = Iterator::chain(path_up(hbm_dev, Some(common)), path_up(peer, Some(common)));
+        let mut redirecting =
+            Iterator::chain(below, core::iter::once(common)).filter(|d| d.acs_redirects());
+        if let Some(first) = redirecting.next() {
+            path.acs_bridge = Some(first.id());
+            path.acs_bridges = 1 + u16::try_from(redirecting.count()).unwrap_or(u16::MAX - 1);
+        }
+    }
+    Ok(path)
+}

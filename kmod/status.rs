@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The status page of an HBM device: one page that userspace maps read-only from
+//! `/dev/peerdirectN` (`PEERDIRECT_STATUS_OFFSET`) and reads without a system call. The module
+//! sets `PEERDIRECT_STATUS_REVOKED` in it before it revokes the device's exports, so that a
+//! registration cache can stop handing out registrations of them (userspace/peerdirect's
+//! `RegCache` checks it on every hit).
+
+use crate::{
+    ffi,
+    uapi::{peerdirect_status, PEERDIRECT_STATUS_OFFSET, PEERDIRECT_STATUS_VERSION},
+};
+use core::mem::offset_of;
+use kernel::{
+    mm::virt::VmaNew,
+    page::{Page, PAGE_SIZE},
+    prelude::*,
+};
+
+/// One device's status page; mapped pages hold their own reference, so a mapping outlives
+/// the device (and shows it revoked).
+pub(crate) struct StatusPage(Page);
+
+impl StatusPage {
+    pub(crate) fn new() -> Result<Self> {
+        let page = Page::alloc_page(GFP_KERNEL | __GFP_ZERO)?;
+        ffi::page_set_bits(
+            &page,
+            offset_of!(peerdirect_status, version),
+            PEERDIRECT_STATUS_VERSION,
+        )?;
+        Ok(Self(page))
+    }
+
+    /// Sets `bits` (`PEERDIRECT_STATUS_*`) in the state word; callers are serialized (only
+    /// the device's removal sets any).
+    pub(crate) fn set(&self, bits: u32) {
+        // The offset is a constant, aligned field of a struct much smaller than a page.
+        let _ = ffi::page_set_bits(&self.0, offset_of!(peerdirect_status, state), bits);
+    }
+
+    /// Maps the page into `vma`, which must be read-only, one page long, at
+    /// `PEERDIRECT_STATUS_OFFSET`.
+    pub(crate) fn map(&self, vma: &VmaNew) -> Result {
+        if ffi::vma_pgoff(vma) != PEERDIRECT_STATUS_OFFSET as usize
+            || vma.end() - vma.start() != PAGE_SIZE
+        {
+            return Err(EINVAL);
+        }
+        if vma.writable() {
+            return Err(EPERM);
+        }
+        vma.try_clear_maywrite()?;
+        vma.set_dontexpand();
+        vma.set_mixedmap().vm_insert_page(vma.start(), &self.0)
+    }
+}

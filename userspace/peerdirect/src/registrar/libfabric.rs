@@ -536,6 +536,8 @@ pub struct FabricMr {
     hbm: Arc<sys::Memory>,
     /// Held by a transfer that uses the staging buffer (host bounce).
     staging: Mutex<()>,
+    /// Chunks copied through the staging buffer (host bounce).
+    staged_chunks: AtomicU64,
 }
 
 impl std::fmt::Debug for FabricMr {
@@ -576,6 +578,12 @@ impl FabricMr {
         } else {
             self.mr.memory().len()
         }
+    }
+
+    /// Chunks that transfers have passed through the staging buffer: sent from it after a copy
+    /// from HBM, or received into it and copied to HBM (0 when direct).
+    pub fn staged_chunks(&self) -> u64 {
+        self.staged_chunks.load(Relaxed)
     }
 }
 
@@ -640,6 +648,7 @@ impl Registrar for LibfabricRegistrar {
             range,
             hbm: Arc::clone(&source.memory),
             staging: Mutex::new(()),
+            staged_chunks: AtomicU64::new(0),
         })
     }
 
@@ -745,16 +754,20 @@ impl Endpoint {
         let (mut next, mut finished) = (0usize, 0usize);
         let mut done = Vec::new();
         let mut last_progress = Instant::now();
+        // The piece and the slot it was last copied into: a send refused with FI_EAGAIN is
+        // retried without copying again, unless completions have freed another slot since.
+        let mut staged = None;
         while finished < pieces.len() {
             while next < pieces.len() {
                 let Some(&slot) = free.last() else { break };
                 let (chunk_offset, len) = pieces[next];
                 let hbm_offset = hbm_base + chunk_offset as usize;
                 let region_offset = if bounce {
-                    if send {
+                    if send && staged != Some((next, slot)) {
                         mr.mr
                             .memory()
                             .copy_from(slot * CHUNK, &mr.hbm, hbm_offset, len);
+                        staged = Some((next, slot));
                     }
                     slot * CHUNK
                 } else {
@@ -771,6 +784,9 @@ impl Endpoint {
                 };
                 match self.ep.post(&mr.mr, &op) {
                     Ok(()) => {
+                        if bounce && send {
+                            mr.staged_chunks.fetch_add(1, Relaxed);
+                        }
                         free.pop();
                         slot_of.insert(id, slot);
                         next += 1;
@@ -795,6 +811,7 @@ impl Endpoint {
                         slot * CHUNK,
                         len,
                     );
+                    mr.staged_chunks.fetch_add(1, Relaxed);
                 }
                 free.push(slot);
                 finished += 1;

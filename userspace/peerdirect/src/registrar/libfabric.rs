@@ -26,6 +26,11 @@
 //! then copy through the dma-buf's mapping in [`CHUNK`]-sized pieces, two in flight, and the
 //! registration says so: [`RegPath::HostBounce`] with the provider's reason.
 //!
+//! Unless `FI_UNIVERSE_SIZE` is set, [`Fabric::open`] sets it to [`UNIVERSE_SIZE`] (64) before
+//! libfabric initializes: with libfabric's default (1024) an `ofi_rxm` endpoint asks its verbs
+//! device for a completion queue of 262144 entries, which soft-RoCE refuses (`fi_enable`:
+//! -EINVAL). A borrowed domain ([`Fabric::from_raw_domain`]) leaves the environment alone.
+//!
 //! # A domain the caller opened
 //!
 //! A program that runs libfabric itself registers HBM in its own domain through
@@ -97,6 +102,12 @@ const DIRECT_WINDOW: usize = 8;
 const STALL: Duration = Duration::from_secs(60);
 /// The API version asked for: the first with `FI_MR_DMABUF`.
 const API_VERSION: u32 = 1 << 16 | 20;
+/// libfabric's universe size (`FI_UNIVERSE_SIZE`: the peers an endpoint expects) unless the
+/// environment sets one. ofi_rxm gives each endpoint one core completion queue of
+/// (tx + rx) x universe entries, (128 + 128) x 1024 with libfabric's defaults: soft-RoCE's
+/// `max_cqe` is 32767, so `ibv_create_cq` and with it `fi_enable` fail with -EINVAL for any
+/// universe over 127. 64 peers need 16384 entries.
+pub const UNIVERSE_SIZE: &str = "64";
 
 /// Errors of the libfabric registrar.
 #[derive(Debug, thiserror::Error)]
@@ -149,6 +160,25 @@ pub enum LibfabricError {
         /// What was asked for.
         what: &'static str,
     },
+    /// An ofi_rxm endpoint could not be made: most likely its core completion queue is larger
+    /// than the device allows ([`UNIVERSE_SIZE`] says why).
+    #[error(
+        "{provider}: fi_endpoint/fi_enable: {text} (-{errno}): ofi_rxm asks the device for a \
+         completion queue of (tx + rx) x FI_UNIVERSE_SIZE entries, (128 + 128) x {universe} \
+         with rxm's default queue sizes: more than small devices take (soft-RoCE: 32767, \
+         so FI_UNIVERSE_SIZE <= 127); set FI_UNIVERSE_SIZE lower, before libfabric \
+         initializes"
+    )]
+    RxmEndpoint {
+        /// The provider.
+        provider: String,
+        /// The positive libfabric error number.
+        errno: i32,
+        /// `fi_strerror(errno)`.
+        text: String,
+        /// `FI_UNIVERSE_SIZE` as this process sees it (libfabric's default 1024 if unset).
+        universe: String,
+    },
     /// A transfer saw no completion for too long.
     #[error("{provider}: no completion for {secs} s during a transfer")]
     Stalled {
@@ -192,6 +222,15 @@ fn library() -> Result<&'static sys::Lib, LibfabricError> {
     let lib = sys::Lib::get().map_err(load_error)?;
     check_version(lib.version())?;
     Ok(lib)
+}
+
+/// Sets `FI_UNIVERSE_SIZE` to [`UNIVERSE_SIZE`] unless it is set, before [`Fabric::open`]'s
+/// `fi_getinfo`: libfabric reads it once, when that first call initializes it. (A libfabric
+/// that the program initialized earlier keeps its own value.)
+fn default_universe_size() {
+    if std::env::var_os("FI_UNIVERSE_SIZE").is_none() {
+        std::env::set_var("FI_UNIVERSE_SIZE", UNIVERSE_SIZE);
+    }
 }
 
 fn load_error(e: sys::LoadError) -> LibfabricError {
@@ -252,6 +291,7 @@ impl Fabric {
     /// Opens the first domain of `provider` (`fi_getinfo` with `prov_name`, e.g. `tcp` or
     /// `verbs;ofi_rxm`), its endpoints bound to `node` if given (`FI_SOURCE`).
     pub fn open(provider: &str, node: Option<&str>) -> Result<Self, LibfabricError> {
+        default_universe_size();
         let lib = library()?;
         let name =
             sys::c_string(provider).ok_or_else(|| LibfabricError::BadName(provider.into()))?;
@@ -351,8 +391,20 @@ impl Fabric {
             provider: self.caps.provider.clone(),
             what: "an endpoint",
         })?;
-        let ep = sys::Endpoint::open(&self.domain, info)
-            .map_err(|e| call_error(self.lib, &self.caps.provider, "fi_endpoint/fi_enable", e))?;
+        let provider = &self.caps.provider;
+        let ep = sys::Endpoint::open(&self.domain, info).map_err(|e| {
+            const EINVAL: i32 = 22;
+            if e.0 == EINVAL && provider.contains("ofi_rxm") {
+                LibfabricError::RxmEndpoint {
+                    provider: provider.clone(),
+                    errno: e.0,
+                    text: self.lib.strerror(e),
+                    universe: std::env::var("FI_UNIVERSE_SIZE").unwrap_or_else(|_| "1024".into()),
+                }
+            } else {
+                call_error(self.lib, provider, "fi_endpoint/fi_enable", e)
+            }
+        })?;
         Ok(Endpoint {
             lib: self.lib,
             provider: self.caps.provider.clone(),
@@ -484,6 +536,8 @@ pub struct FabricMr {
     hbm: Arc<sys::Memory>,
     /// Held by a transfer that uses the staging buffer (host bounce).
     staging: Mutex<()>,
+    /// Chunks copied through the staging buffer (host bounce).
+    staged_chunks: AtomicU64,
 }
 
 impl std::fmt::Debug for FabricMr {
@@ -524,6 +578,12 @@ impl FabricMr {
         } else {
             self.mr.memory().len()
         }
+    }
+
+    /// Chunks that transfers have passed through the staging buffer: sent from it after a copy
+    /// from HBM, or received into it and copied to HBM (0 when direct).
+    pub fn staged_chunks(&self) -> u64 {
+        self.staged_chunks.load(Relaxed)
     }
 }
 
@@ -588,6 +648,7 @@ impl Registrar for LibfabricRegistrar {
             range,
             hbm: Arc::clone(&source.memory),
             staging: Mutex::new(()),
+            staged_chunks: AtomicU64::new(0),
         })
     }
 
@@ -693,16 +754,20 @@ impl Endpoint {
         let (mut next, mut finished) = (0usize, 0usize);
         let mut done = Vec::new();
         let mut last_progress = Instant::now();
+        // The piece and the slot it was last copied into: a send refused with FI_EAGAIN is
+        // retried without copying again, unless completions have freed another slot since.
+        let mut staged = None;
         while finished < pieces.len() {
             while next < pieces.len() {
                 let Some(&slot) = free.last() else { break };
                 let (chunk_offset, len) = pieces[next];
                 let hbm_offset = hbm_base + chunk_offset as usize;
                 let region_offset = if bounce {
-                    if send {
+                    if send && staged != Some((next, slot)) {
                         mr.mr
                             .memory()
                             .copy_from(slot * CHUNK, &mr.hbm, hbm_offset, len);
+                        staged = Some((next, slot));
                     }
                     slot * CHUNK
                 } else {
@@ -719,6 +784,9 @@ impl Endpoint {
                 };
                 match self.ep.post(&mr.mr, &op) {
                     Ok(()) => {
+                        if bounce && send {
+                            mr.staged_chunks.fetch_add(1, Relaxed);
+                        }
                         free.pop();
                         slot_of.insert(id, slot);
                         next += 1;
@@ -743,6 +811,7 @@ impl Endpoint {
                         slot * CHUNK,
                         len,
                     );
+                    mr.staged_chunks.fetch_add(1, Relaxed);
                 }
                 free.push(slot);
                 finished += 1;
@@ -858,6 +927,27 @@ mod tests {
             (1 << 11) | (1 << 10) | (1 << 12) | (1 << 13)
         );
         assert_eq!(bindings::FI_MR_DMABUF, 1 << 40);
+    }
+
+    #[test]
+    fn the_default_universe_fits_soft_roce_completion_queues() {
+        // ofi_rxm's core CQ: (tx 128 + rx 128) x universe entries; rxe's max_cqe is 32767.
+        let universe: usize = UNIVERSE_SIZE.parse().unwrap();
+        assert!((128 + 128) * universe <= 32767);
+        let err = LibfabricError::RxmEndpoint {
+            provider: "verbs;ofi_rxm".into(),
+            errno: 22,
+            text: "Invalid argument".into(),
+            universe: "1024".into(),
+        };
+        assert_eq!(
+            err.to_string(),
+            "verbs;ofi_rxm: fi_endpoint/fi_enable: Invalid argument (-22): ofi_rxm asks the \
+             device for a completion queue of (tx + rx) x FI_UNIVERSE_SIZE entries, \
+             (128 + 128) x 1024 with rxm's default queue sizes: more than small devices take \
+             (soft-RoCE: 32767, so FI_UNIVERSE_SIZE <= 127); set FI_UNIVERSE_SIZE lower, \
+             before libfabric initializes"
+        );
     }
 
     #[test]

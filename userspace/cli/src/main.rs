@@ -53,6 +53,8 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any thread exists: soft-RoCE needs a smaller ofi_rxm universe than libfabric's.
+    peerdirect::registrar::libfabric::default_universe_size();
     let result = match cli.command {
         Command::Devices(args) => devices::run(&args),
         Command::Alloc(args) => alloc::run(&args),

@@ -357,6 +357,8 @@ fn fields(info: &peerdirect_info) -> String {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // Before any thread exists: soft-RoCE needs a smaller ofi_rxm universe than libfabric's.
+    peerdirect::registrar::libfabric::default_universe_size();
     if args.lifecycle {
         return run_lifecycle();
     }

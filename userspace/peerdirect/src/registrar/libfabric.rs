@@ -26,10 +26,12 @@
 //! then copy through the dma-buf's mapping in [`CHUNK`]-sized pieces, two in flight, and the
 //! registration says so: [`RegPath::HostBounce`] with the provider's reason.
 //!
-//! Unless `FI_UNIVERSE_SIZE` is set, [`Fabric::open`] sets it to [`UNIVERSE_SIZE`] (64) before
-//! libfabric initializes: with libfabric's default (1024) an `ofi_rxm` endpoint asks its verbs
+//! With libfabric's default `FI_UNIVERSE_SIZE` (1024) an `ofi_rxm` endpoint asks its verbs
 //! device for a completion queue of 262144 entries, which soft-RoCE refuses (`fi_enable`:
-//! -EINVAL). A borrowed domain ([`Fabric::from_raw_domain`]) leaves the environment alone.
+//! -EINVAL). libfabric reads the universe size only from the environment, and a library
+//! must not change the environment of a process whose other threads may be reading it: a
+//! program calls [`default_universe_size`] at the start of `main` (the `peerdirect` CLI
+//! does), and [`Fabric::endpoint`] names the knob when rxm fails this way.
 //!
 //! # A domain the caller opened
 //!
@@ -224,10 +226,13 @@ fn library() -> Result<&'static sys::Lib, LibfabricError> {
     Ok(lib)
 }
 
-/// Sets `FI_UNIVERSE_SIZE` to [`UNIVERSE_SIZE`] unless it is set, before [`Fabric::open`]'s
-/// `fi_getinfo`: libfabric reads it once, when that first call initializes it. (A libfabric
-/// that the program initialized earlier keeps its own value.)
-fn default_universe_size() {
+/// Sets `FI_UNIVERSE_SIZE` to [`UNIVERSE_SIZE`] unless it is set. libfabric reads it once,
+/// when the process's first `fi_getinfo` initializes it.
+///
+/// Call it at the start of `main`, before the program starts threads or libfabric:
+/// `setenv` races with every other thread's `getenv`, which is why the crate never calls it
+/// on its own.
+pub fn default_universe_size() {
     if std::env::var_os("FI_UNIVERSE_SIZE").is_none() {
         std::env::set_var("FI_UNIVERSE_SIZE", UNIVERSE_SIZE);
     }
@@ -291,7 +296,6 @@ impl Fabric {
     /// Opens the first domain of `provider` (`fi_getinfo` with `prov_name`, e.g. `tcp` or
     /// `verbs;ofi_rxm`), its endpoints bound to `node` if given (`FI_SOURCE`).
     pub fn open(provider: &str, node: Option<&str>) -> Result<Self, LibfabricError> {
-        default_universe_size();
         let lib = library()?;
         let name =
             sys::c_string(provider).ok_or_else(|| LibfabricError::BadName(provider.into()))?;

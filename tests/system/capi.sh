@@ -6,8 +6,9 @@
 # /dev/peerdirect0; the pattern it writes is then checked on the host in the HBM backing file.
 # Then userspace/capi/examples/fabric_register.c, built the same way against peerdirect and
 # libfabric (`pkg-config --cflags --libs peerdirect libfabric`): it opens libfabric's tcp
-# domain itself, registers HBM through the cache twice (a miss, then a hit) and frees the
-# allocation, which must invalidate the cached registration before the domain is closed.
+# domain itself, registers HBM through the cache twice (a miss, then a hit), checks the RMA
+# address and key a peer would use (pd_mr_remote), and frees the allocation, which must
+# invalidate the cached registration before the domain is closed.
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -107,10 +108,11 @@ else
 	fail "$desc" "$(show fbuild)"
 fi
 
-desc="fabric_register in the guest: tcp domain opened by the program, HBM registered through pd_register (path dmabuf), second request a cache hit, pd_allocation_free invalidates the entry, domain closed"
+desc="fabric_register in the guest: tcp domain opened by the program, HBM registered through pd_register (path dmabuf), second request a cache hit, pd_mr_remote gives the RMA address and key, pd_allocation_free invalidates the entry, domain closed"
 if [ "$(cat fabric.rc 2>/dev/null)" = 0 ] &&
 	grep -q '^registered 4194304 bytes: path dmabuf, key ' fabric.out &&
 	grep -q '^registered 4096 bytes at 1 MiB: path dmabuf, key .*offset in mr 1048576$' fabric.out &&
+	grep -Eq '^rma: FI_MR_VIRT_ADDR [01], whole at (0|0x[0-9a-f]+), the part at 0x[0-9a-f]+ \(\+1048576\), key ' fabric.out &&
 	grep -q '^cache after registering: hits 1, misses 1, registrations 1, deregistrations 0, invalidations 0, entries 1$' fabric.out &&
 	grep -q '^cache after freeing: hits 1, misses 1, registrations 1, deregistrations 1, invalidations 1, entries 0$' fabric.out &&
 	grep -q '^closed: the domain after every registration in it$' fabric.out; then

@@ -60,6 +60,13 @@ receiver_hbm() {
 	fi
 }
 receiver_hbm tcp "$hbm"
+# And the HBM that tcp's fi_read filled (its "# rma-hbm" line).
+read -r offset length seed < <(sed -n 's/^# rma-hbm offset=\(0x[0-9a-f]*\) length=\(0x[0-9a-f]*\) seed=\(0x[0-9a-f]*\)$/\1 \2 \3/p' "$work/tap.out")
+if [ -n "$offset" ] && "$ROOT/tests/hbm-pattern" check "$hbm" "$offset" "$length" "$seed"; then
+	ok "host: the HBM that tcp's fi_read filled (backing file at $offset, $((length >> 20)) MiB) holds the peer's bytes"
+else
+	fail "host: the HBM that tcp's fi_read filled holds the peer's bytes" "offset '$offset' length '$length'"
+fi
 
 rm -f "$work"/*.out "$work"/*.rc
 cat >"$work/rxe.sh" <<'EOS'

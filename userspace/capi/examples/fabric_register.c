@@ -3,13 +3,14 @@
  * the registration cache. Opens the tcp provider's fabric and domain (fi_getinfo, fi_fabric,
  * fi_domain), allocates 4 MiB of HBM on /dev/peerdirect0, registers it twice with
  * pd_register (the second request, a part of the first, is a cache hit), prints the path
- * and key, frees the allocation (which drops the cache entry first: the cache's
+ * and key and what a peer's fi_read would use (pd_mr_remote), frees the allocation (which drops the cache entry first: the cache's
  * invalidations count it), releases everything and closes the domain. Exit status 0 iff all
  * of it worked.
  *
  *   cc -o fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric)
  */
 #define _POSIX_C_SOURCE 200809L /* strdup */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +72,8 @@ int main(void)
 	struct fid_fabric *fabric = NULL;
 	struct fid_domain *domain = NULL;
 	struct pd_regcache_stats stats;
+	uint64_t whole_addr, whole_key, part_addr, part_key;
+	int virt_addr;
 	pd_device *dev = NULL;
 	pd_allocation *alloc = NULL;
 	pd_regcache *cache = NULL;
@@ -138,6 +141,25 @@ int main(void)
 	print_mr("registered 4096 bytes at 1 MiB", part);
 	if (pd_mr_key(part) != pd_mr_key(whole) || pd_mr_offset(part) != 1u << 20) {
 		fprintf(stderr, "fabric_register: the second registration is not the first one\n");
+		goto out;
+	}
+	/* What a peer puts in fi_read/fi_write: addresses are virtual under FI_MR_VIRT_ADDR. */
+	virt_addr = (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
+	if ((err = pd_mr_remote(whole, virt_addr, &whole_addr, &whole_key)) ||
+	    (err = pd_mr_remote(part, virt_addr, &part_addr, &part_key))) {
+		pd_fail("pd_mr_remote", err);
+		goto out;
+	}
+	printf("rma: FI_MR_VIRT_ADDR %d, whole at %#" PRIx64 ", the part at %#" PRIx64
+	       " (+%" PRIu64 "), key %#" PRIx64 "\n",
+	       virt_addr, whole_addr, part_addr, part_addr - whole_addr, part_key);
+	if (part_key != pd_mr_key(part) || whole_key != part_key ||
+	    part_addr - whole_addr != 1u << 20 || (!virt_addr && whole_addr != 0)) {
+		fprintf(stderr, "fabric_register: pd_mr_remote gave the wrong address or key\n");
+		goto out;
+	}
+	if (pd_mr_remote(part, virt_addr, NULL, &part_key) != -EINVAL) {
+		fprintf(stderr, "fabric_register: pd_mr_remote with a NULL addr did not fail\n");
 		goto out;
 	}
 	pd_mr_release(whole);

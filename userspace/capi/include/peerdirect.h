@@ -177,9 +177,9 @@ void pd_regcache_free(pd_regcache *cache);
  * Registers bytes [offset, offset + length) of alloc (length 0: up to the end) in domain
  * with access (PD_ACCESS_*), or hands out a cached registration that contains them. Stores
  * an owning handle in *out: read it with pd_mr_key(), pd_mr_desc(), pd_mr_offset(),
- * pd_mr_path(), pd_mr_reason(); release it with pd_mr_release(). The first call on an
- * allocation exports all of it read-write and maps it; that dma-buf is closed when the
- * allocation is freed. -ENOSYS: libfabric.so.1 (>= 1.20) cannot be loaded; other errors are
+ * pd_mr_path(), pd_mr_reason(), pd_mr_remote(); release it with pd_mr_release(). The first
+ * call on an allocation exports all of it read-write and maps it; that dma-buf is closed when
+ * the allocation is freed. -ENOSYS: libfabric.so.1 (>= 1.20) cannot be loaded; other errors are
  * the provider's (pd_last_error() names the call).
  *
  * The domain is borrowed, never closed by this library. Lifetime rules: keep it open until
@@ -214,6 +214,14 @@ void *pd_mr_desc(const pd_mr *mr);
 uint64_t pd_mr_offset(const pd_mr *mr);
 /* PD_PATH_* (0 for NULL). */
 uint32_t pd_mr_path(const pd_mr *mr);
+/*
+ * What a peer needs to reach the requested range with RMA (fi_read, fi_write): *addr is the
+ * address of its first byte, a virtual address when the caller's domain uses FI_MR_VIRT_ADDR
+ * (virt_addr != 0; see fi_info->domain_attr->mr_mode) else the offset from the registration's
+ * start, and *key its key. -EOPNOTSUPP for a PD_PATH_HOST_BOUNCE registration: RMA would
+ * reach the staging buffer, not HBM.
+ */
+int pd_mr_remote(const pd_mr *mr, int virt_addr, uint64_t *addr, uint64_t *key);
 /* Why the registration is PD_PATH_HOST_BOUNCE (the provider's refusal); NULL when direct.
  * Valid until the handle is released. */
 const char *pd_mr_reason(const pd_mr *mr);

@@ -400,6 +400,43 @@ pub unsafe extern "C" fn pd_mr_reason(mr: *const PdMr) -> *const std::ffi::c_cha
     }
 }
 
+/// `int pd_mr_remote(const pd_mr *mr, int virt_addr, uint64_t *addr, uint64_t *key)`: what a
+/// peer needs to reach the requested range with RMA (`fi_read`, `fi_write`): the address of
+/// its first byte, virtual when the caller's domain uses `FI_MR_VIRT_ADDR` (`virt_addr`) else
+/// the offset from the registration's start, and the key. `-EOPNOTSUPP` for host bounce (RMA
+/// would reach the staging buffer, not HBM).
+///
+/// # Safety
+///
+/// `mr` is NULL or a live handle; `addr` and `key` are NULL or valid for writing a `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pd_mr_remote(
+    mr: *const PdMr,
+    virt_addr: c_int,
+    addr: *mut u64,
+    key: *mut u64,
+) -> c_int {
+    const F: &str = "pd_mr_remote";
+    guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let mr = unsafe { arg(F, "mr", mr) }?;
+        let registration = &mr.registration;
+        let remote = registration
+            .mr()
+            .remote(registration.offset_in_mr(), virt_addr != 0)
+            .ok_or_else(|| {
+                Failure::new(
+                    Errno::OPNOTSUPP,
+                    "pd_mr_remote: the registration is a host bounce (see pd_mr_reason): a peer's RMA would reach the staging buffer, not HBM; use tagged messages, or a provider that takes FI_MR_DMABUF",
+                )
+            })?;
+        // SAFETY: the caller promises each is NULL (refused) or valid for writing.
+        unsafe { put(F, "addr", addr, remote.addr) }?;
+        // SAFETY: as above.
+        unsafe { put(F, "key", key, remote.key) }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

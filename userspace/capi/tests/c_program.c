@@ -31,6 +31,7 @@ static int contains(const char *haystack, const char *needle)
 int main(int argc, char **argv)
 {
 	int err = 12345;
+	uint64_t u64 = 0;
 	pd_device *dev;
 	pd_allocation *alloc = (pd_allocation *)&err; /* must be left alone on failure */
 	struct pd_device_info info;
@@ -118,6 +119,7 @@ int main(int argc, char **argv)
 		CHECK(pd_mr_offset(NULL) == 0);
 		CHECK(pd_mr_path(NULL) == 0);
 		CHECK(pd_mr_reason(NULL) == NULL);
+		CHECK(pd_mr_remote(NULL, 1, &u64, &u64) == -EINVAL);
 		pd_mr_release(NULL);
 		pd_regcache_free(cache);
 		pd_regcache_free(NULL);

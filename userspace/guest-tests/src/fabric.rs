@@ -12,6 +12,7 @@
 //!   large enough.
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -178,6 +179,89 @@ fn exchange_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome
     ))
 }
 
+/// One-sided: an endpoint reads 4 MiB of another endpoint's registered memory with `fi_read`
+/// straight into its HBM, through the HBM registration's descriptor, at the address and key
+/// the owner's registration gives. The owner's memory is host memory: libfabric 2.1's tcp
+/// cannot be the target of RMA on `FI_MR_DMABUF` registrations (Documentation/rdma.md). A
+/// host-bounce HBM registration must offer no RMA address (a peer would reach staging).
+fn rma_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
+    const LEN: u64 = 4 << 20;
+    let registrar = registrar(provider, node)?;
+    let caps = registrar.fabric().caps().clone();
+    let (dst_alloc, dst, dst_export) = mapped(device, LEN)?;
+    dst.write(0, &vec![0u8; LEN as usize]);
+    let cache = RegCache::new(CacheLimits::default());
+    let dst_mr = cache
+        .get(
+            &registrar,
+            &dst,
+            dst_export,
+            ByteRange::new(0, LEN).map_err(|e| e.to_string())?,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        )
+        .map_err(|e| format!("register the destination: {e}"))?;
+    if !dst_mr.mr().path().is_direct() {
+        return match dst_mr.mr().remote(0, caps.mr_virt_addr) {
+            None => Ok(format!(
+                "{provider}: a host-bounce registration offers no RMA address (a peer's fi_read would reach the staging buffer, not HBM)"
+            )),
+            Some(r) => Err(format!("a host-bounce registration offered RMA at {r:?}")),
+        };
+    }
+    if !caps.rma {
+        return Err(format!("{provider} does not advertise FI_RMA with FI_READ"));
+    }
+    let src = registrar
+        .register_host(LEN as usize, Access::REMOTE_READ)
+        .map_err(|e| e.to_string())?;
+    let mut data = vec![0u8; LEN as usize];
+    pattern::fill(SEED ^ 1, 0, &mut data);
+    src.write(0, &data);
+    let remote = src.remote(0, caps.mr_virt_addr);
+    let fabric = registrar.fabric();
+    let owner = fabric.endpoint().map_err(|e| e.to_string())?;
+    let reader = fabric.endpoint().map_err(|e| e.to_string())?;
+    let to_owner = reader
+        .insert_peer(&owner.address().map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    // The owner posts nothing, but a provider with manual progress needs its CQ read.
+    let done = AtomicBool::new(false);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Acquire) {
+                let _ = owner.progress();
+                std::thread::yield_now();
+            }
+        });
+        let read = reader.read(dst_mr.mr(), 0, LEN, to_owner, remote);
+        done.store(true, Ordering::Release);
+        read.map_err(|e| format!("fi_read: {e}"))
+    })?;
+    let elapsed = start.elapsed();
+    let mut got = vec![0u8; LEN as usize];
+    dst.read(0, &mut got);
+    if let Some(m) = pattern::first_mismatch(SEED ^ 1, 0, &got) {
+        return Err(format!(
+            "the reader's HBM differs at byte {:#x}: expected {:#04x}, found {:#04x}",
+            m.offset, m.expected, m.found
+        ));
+    }
+    println!(
+        "# rma-hbm offset={:#x} length={LEN:#x} seed={:#x}",
+        dst_alloc.hbm_offset(),
+        SEED ^ 1
+    );
+    let _ = dst_alloc.into_handle();
+    Ok(format!(
+        "{provider}: fi_read of {} MiB from a peer's registration (key {:#x}, FI_MR_VIRT_ADDR {}) straight into HBM through its FI_MR_DMABUF registration's descriptor, in {:.3} s: the bytes are the peer's",
+        LEN >> 20,
+        remote.key,
+        caps.mr_virt_addr,
+        elapsed.as_secs_f64()
+    ))
+}
+
 fn fd_count() -> Result<usize, String> {
     std::fs::read_dir("/proc/self/fd")
         .map(|d| d.count())
@@ -303,6 +387,10 @@ pub fn run(provider: &str) -> ExitCode {
         (
             "tagged exchange HBM to HBM",
             Box::new(|| exchange_case(&device, provider, node)),
+        ),
+        (
+            "RMA read HBM to HBM",
+            Box::new(|| rma_case(&device, provider, node)),
         ),
     ];
     if tcp {

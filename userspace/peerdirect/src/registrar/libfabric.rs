@@ -211,6 +211,8 @@ pub struct ProviderCaps {
     pub mr_endpoint: bool,
     /// Largest message.
     pub max_msg_size: u64,
+    /// `FI_RMA` with `FI_READ` and `FI_REMOTE_READ`: [`Endpoint::read`] works.
+    pub rma: bool,
 }
 
 /// A domain id no other registrar has, for the life of the process.
@@ -304,10 +306,12 @@ impl Fabric {
             None => None,
         };
         use bindings as b;
-        let hints = sys::Hints {
+        let tagged = u64::from(b::FI_TAGGED | b::FI_MSG);
+        let rma = u64::from(b::FI_RMA | b::FI_READ | b::FI_REMOTE_READ);
+        let hints = |caps| sys::Hints {
             provider: &name,
             ep_type: b::FI_EP_RDM,
-            caps: u64::from(b::FI_TAGGED | b::FI_MSG),
+            caps,
             mode: b::FI_CONTEXT | b::FI_CONTEXT2,
             // What this crate handles: descriptors on every post, virtual addresses, keys from
             // the provider, registered (allocated) memory. Not FI_MR_ENDPOINT.
@@ -316,7 +320,15 @@ impl Fabric {
             node: node.as_deref(),
         };
         let err = |call, e| call_error(lib, provider, call, e);
-        let info = sys::Info::get(lib, API_VERSION, &hints).map_err(|e| err("fi_getinfo", e))?;
+        // With RMA reads if the provider has them; tagged messages are what it must have.
+        let info = match sys::Info::get(lib, API_VERSION, &hints(tagged | rma)) {
+            Ok(info) => info,
+            Err(e) if e.0 == b::FI_ENODATA as i32 => {
+                sys::Info::get(lib, API_VERSION, &hints(tagged))
+                    .map_err(|e| err("fi_getinfo", e))?
+            }
+            Err(e) => return Err(err("fi_getinfo", e)),
+        };
         let fields = info.fields();
         let mr_mode = fields.mr_mode as u32;
         let caps = ProviderCaps {
@@ -328,6 +340,7 @@ impl Fabric {
             mr_prov_key: mr_mode & b::FI_MR_PROV_KEY != 0,
             mr_endpoint: mr_mode & b::FI_MR_ENDPOINT != 0,
             max_msg_size: fields.max_msg_size as u64,
+            rma: fields.caps & rma == rma,
         };
         let fabric = sys::Fabric::open(&info).map_err(|e| err("fi_fabric", e))?;
         let domain = sys::Domain::open(&fabric, &info).map_err(|e| err("fi_domain", e))?;
@@ -372,6 +385,7 @@ impl Fabric {
                 mr_prov_key: false,
                 mr_endpoint: false,
                 max_msg_size: 0,
+                rma: false,
             },
             domain,
             id: next_domain_id(),
@@ -512,16 +526,28 @@ impl LibfabricRegistrar {
             .expect("no panics under this lock")
             .clone()
     }
+
+    /// Registers `len` bytes of new, zeroed host memory with `access` (not cached, not
+    /// counted in [`LibfabricRegistrar::path_stats`]).
+    pub fn register_host(&self, len: usize, access: Access) -> Result<HostMr, LibfabricError> {
+        let key = self.next_key.fetch_add(1, Relaxed);
+        self.fabric
+            .domain
+            .register_host(fi_access(access), key, sys::Memory::host(len))
+            .map(|mr| HostMr { mr })
+            .map_err(|e| self.fabric.error("fi_mr_regattr(host)", e))
+    }
 }
 
-/// The `FI_*` access bits for `access`.
+/// The `FI_*` access bits for `access`: local reads are send and RMA-write sources
+/// (`FI_SEND | FI_WRITE`), local writes receive and RMA-read targets (`FI_RECV | FI_READ`).
 pub fn fi_access(access: Access) -> u64 {
     let mut bits = 0;
     if access.contains(Access::LOCAL_READ) {
-        bits |= u64::from(bindings::FI_SEND);
+        bits |= u64::from(bindings::FI_SEND | bindings::FI_WRITE);
     }
     if access.contains(Access::LOCAL_WRITE) {
-        bits |= u64::from(bindings::FI_RECV);
+        bits |= u64::from(bindings::FI_RECV | bindings::FI_READ);
     }
     if access.contains(Access::REMOTE_READ) {
         bits |= u64::from(bindings::FI_REMOTE_READ);
@@ -582,6 +608,27 @@ impl FabricMr {
         } else {
             self.mr.memory().len()
         }
+    }
+
+    /// What a peer needs to read bytes from `offset` (relative to the registration's range) on
+    /// with [`Endpoint::read`]: the address, virtual when the domain uses `FI_MR_VIRT_ADDR`
+    /// (`virt_addr`, [`ProviderCaps::mr_virt_addr`]) else the offset from the registration's
+    /// start, and the key. `None` for host bounce: a peer's RMA would reach the staging buffer,
+    /// not HBM.
+    pub fn remote(&self, offset: u64, virt_addr: bool) -> Option<RemoteMr> {
+        if !self.path.is_direct() || offset > self.range.length() {
+            return None;
+        }
+        let addr = if virt_addr {
+            // The registration's base_addr is the dma-buf mapping; the range starts inside it.
+            self.hbm.ptr.as_ptr() as u64 + self.range.offset() + offset
+        } else {
+            offset
+        };
+        Some(RemoteMr {
+            addr,
+            key: self.key(),
+        })
     }
 
     /// Chunks that transfers have passed through the staging buffer: sent from it after a copy
@@ -661,6 +708,65 @@ impl Registrar for LibfabricRegistrar {
     }
 }
 
+/// Host memory registered in a fabric's domain ([`LibfabricRegistrar::register_host`]): the
+/// other end of RMA when the HBM registration cannot be an RMA target (host bounce, or a
+/// provider that mishandles `FI_MR_DMABUF` targets; Documentation/rdma.md).
+pub struct HostMr {
+    mr: sys::Mr,
+}
+
+impl std::fmt::Debug for HostMr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostMr")
+            .field("len", &self.len())
+            .field("key", &self.mr.key())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostMr {
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.mr.memory().len()
+    }
+
+    /// Whether it is empty (never: registrations have at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies `data` into it at `offset`. Panics outside it.
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        self.mr.memory().write(offset, data);
+    }
+
+    /// Copies bytes at `offset` into `buf`. Panics outside it.
+    pub fn read(&self, offset: usize, buf: &mut [u8]) {
+        self.mr.memory().read(offset, buf);
+    }
+
+    /// What a peer needs to reach bytes from `offset` on with RMA (see [`FabricMr::remote`]).
+    pub fn remote(&self, offset: u64, virt_addr: bool) -> RemoteMr {
+        RemoteMr {
+            addr: if virt_addr {
+                self.mr.memory().ptr.as_ptr() as u64 + offset
+            } else {
+                offset
+            },
+            key: self.mr.key(),
+        }
+    }
+}
+
+/// A peer's registered memory as RMA names it: address and key ([`FabricMr::remote`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteMr {
+    /// The address of the first byte to read: virtual, or an offset (see [`FabricMr::remote`]).
+    pub addr: u64,
+    /// The registration's key.
+    pub key: u64,
+}
+
 /// A peer in an endpoint's address vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer(u64);
@@ -713,7 +819,7 @@ impl Endpoint {
         peer: Peer,
         tag: u64,
     ) -> Result<(), LibfabricError> {
-        self.transfer(true, mr, offset, length, peer.0, tag)
+        self.transfer(sys::Kind::Send, mr, offset, length, peer.0, tag)
     }
 
     /// Receives what [`Endpoint::send`] sends with `tag` into bytes `offset..offset + length`
@@ -725,12 +831,40 @@ impl Endpoint {
         length: u64,
         tag: u64,
     ) -> Result<(), LibfabricError> {
-        self.transfer(false, mr, offset, length, u64::MAX, tag)
+        self.transfer(sys::Kind::Recv, mr, offset, length, u64::MAX, tag)
+    }
+
+    /// Reads this endpoint's completion queue once, which drives progress for providers with
+    /// manual progress: an endpoint that is only the target of RMA calls it while peers read.
+    pub fn progress(&self) -> Result<(), LibfabricError> {
+        let mut done = Vec::new();
+        self.ep
+            .completions(&mut done)
+            .map_err(|(e, _)| self.error("fi_cq_read", e))
+    }
+
+    /// Reads `length` bytes of `peer`'s registered memory at `remote` with RMA (`fi_read`, in
+    /// [`CHUNK`]s) into bytes `offset..offset + length` of `mr`, returning once all completed.
+    /// The peer posts nothing. Host bounce reads into the staging buffer and copies each chunk
+    /// to HBM on arrival. Needs [`ProviderCaps::rma`].
+    pub fn read(
+        &self,
+        mr: &FabricMr,
+        offset: u64,
+        length: u64,
+        peer: Peer,
+        remote: RemoteMr,
+    ) -> Result<(), LibfabricError> {
+        let kind = sys::Kind::Read {
+            addr: remote.addr,
+            key: remote.key,
+        };
+        self.transfer(kind, mr, offset, length, peer.0, 0)
     }
 
     fn transfer(
         &self,
-        send: bool,
+        kind: sys::Kind,
         mr: &FabricMr,
         offset: u64,
         length: u64,
@@ -746,6 +880,7 @@ impl Endpoint {
         );
         let _staging = mr.staging.lock().expect("no panics under this lock");
         let bounce = !mr.path.is_direct();
+        let send = kind == sys::Kind::Send;
         let hbm_base = usize::try_from(mr.range.offset() + offset).expect("mapped, so it fits");
         let pieces: Vec<(u64, usize)> = chunks(length).collect();
         let window = if bounce {
@@ -779,7 +914,13 @@ impl Endpoint {
                 };
                 let id = next as u64;
                 let op = sys::Op {
-                    send,
+                    kind: match kind {
+                        sys::Kind::Read { addr, key } => sys::Kind::Read {
+                            addr: addr + chunk_offset,
+                            key,
+                        },
+                        other => other,
+                    },
                     offset: region_offset,
                     len,
                     peer,
@@ -796,7 +937,14 @@ impl Endpoint {
                         next += 1;
                     }
                     Err(e) if e.0 == bindings::FI_EAGAIN as i32 => break,
-                    Err(e) => return Err(self.error(if send { "fi_tsend" } else { "fi_trecv" }, e)),
+                    Err(e) => {
+                        let call = match kind {
+                            sys::Kind::Send => "fi_tsend",
+                            sys::Kind::Recv => "fi_trecv",
+                            sys::Kind::Read { .. } => "fi_read",
+                        };
+                        return Err(self.error(call, e));
+                    }
                 }
             }
             done.clear();
@@ -924,12 +1072,12 @@ mod tests {
 
     #[test]
     fn access_maps_to_fi_bits() {
-        assert_eq!(fi_access(Access::LOCAL_READ), 1 << 11);
-        assert_eq!(fi_access(Access::LOCAL_WRITE), 1 << 10);
-        assert_eq!(
-            fi_access(Access::all()),
-            (1 << 11) | (1 << 10) | (1 << 12) | (1 << 13)
-        );
+        // FI_SEND 1 << 11, FI_WRITE 1 << 9, FI_RECV 1 << 10, FI_READ 1 << 8, FI_REMOTE_READ
+        // 1 << 12, FI_REMOTE_WRITE 1 << 13 (rdma/fabric.h).
+        assert_eq!(fi_access(Access::LOCAL_READ), (1 << 11) | (1 << 9));
+        assert_eq!(fi_access(Access::LOCAL_WRITE), (1 << 10) | (1 << 8));
+        assert_eq!(fi_access(Access::REMOTE_READ), 1 << 12);
+        assert_eq!(fi_access(Access::all()), 0b11_1111 << 8);
         assert_eq!(bindings::FI_MR_DMABUF, 1 << 40);
     }
 

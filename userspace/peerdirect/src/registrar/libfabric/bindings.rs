@@ -9,6 +9,7 @@ pub const FI_EOPNOTSUPP: u32 = 95;
 pub const FI_MAJOR_VERSION: u32 = 2;
 pub const FI_MINOR_VERSION: u32 = 1;
 pub const FI_MSG: u32 = 2;
+pub const FI_RMA: u32 = 4;
 pub const FI_TAGGED: u32 = 8;
 pub const FI_READ: u32 = 256;
 pub const FI_WRITE: u32 = 512;
@@ -1920,11 +1921,6 @@ const _: () = {
 };
 #[repr(C)]
 #[derive(Debug)]
-pub struct fi_ops_rma {
-    _unused: [u8; 0],
-}
-#[repr(C)]
-#[derive(Debug)]
 pub struct fi_ops_atomic {
     _unused: [u8; 0],
 }
@@ -2127,6 +2123,162 @@ const _: () = {
         [::core::mem::offset_of!(fi_ops_tagged, senddata) - 64usize];
     ["Offset of field: fi_ops_tagged::injectdata"]
         [::core::mem::offset_of!(fi_ops_tagged, injectdata) - 72usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct fi_rma_iov {
+    pub addr: u64,
+    pub len: usize,
+    pub key: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of fi_rma_iov"][::core::mem::size_of::<fi_rma_iov>() - 24usize];
+    ["Alignment of fi_rma_iov"][::core::mem::align_of::<fi_rma_iov>() - 8usize];
+    ["Offset of field: fi_rma_iov::addr"][::core::mem::offset_of!(fi_rma_iov, addr) - 0usize];
+    ["Offset of field: fi_rma_iov::len"][::core::mem::offset_of!(fi_rma_iov, len) - 8usize];
+    ["Offset of field: fi_rma_iov::key"][::core::mem::offset_of!(fi_rma_iov, key) - 16usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct fi_msg_rma {
+    pub msg_iov: *const iovec,
+    pub desc: *mut *mut core::ffi::c_void,
+    pub iov_count: usize,
+    pub addr: fi_addr_t,
+    pub rma_iov: *const fi_rma_iov,
+    pub rma_iov_count: usize,
+    pub context: *mut core::ffi::c_void,
+    pub data: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of fi_msg_rma"][::core::mem::size_of::<fi_msg_rma>() - 64usize];
+    ["Alignment of fi_msg_rma"][::core::mem::align_of::<fi_msg_rma>() - 8usize];
+    ["Offset of field: fi_msg_rma::msg_iov"][::core::mem::offset_of!(fi_msg_rma, msg_iov) - 0usize];
+    ["Offset of field: fi_msg_rma::desc"][::core::mem::offset_of!(fi_msg_rma, desc) - 8usize];
+    ["Offset of field: fi_msg_rma::iov_count"]
+        [::core::mem::offset_of!(fi_msg_rma, iov_count) - 16usize];
+    ["Offset of field: fi_msg_rma::addr"][::core::mem::offset_of!(fi_msg_rma, addr) - 24usize];
+    ["Offset of field: fi_msg_rma::rma_iov"]
+        [::core::mem::offset_of!(fi_msg_rma, rma_iov) - 32usize];
+    ["Offset of field: fi_msg_rma::rma_iov_count"]
+        [::core::mem::offset_of!(fi_msg_rma, rma_iov_count) - 40usize];
+    ["Offset of field: fi_msg_rma::context"]
+        [::core::mem::offset_of!(fi_msg_rma, context) - 48usize];
+    ["Offset of field: fi_msg_rma::data"][::core::mem::offset_of!(fi_msg_rma, data) - 56usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct fi_ops_rma {
+    pub size: usize,
+    pub read: ::core::option::Option<
+        unsafe extern "C" fn(
+            ep: *mut fid_ep,
+            buf: *mut core::ffi::c_void,
+            len: usize,
+            desc: *mut core::ffi::c_void,
+            src_addr: fi_addr_t,
+            addr: u64,
+            key: u64,
+            context: *mut core::ffi::c_void,
+        ) -> isize,
+    >,
+    pub readv: ::core::option::Option<
+        unsafe extern "C" fn(
+            ep: *mut fid_ep,
+            iov: *const iovec,
+            desc: *mut *mut core::ffi::c_void,
+            count: usize,
+            src_addr: fi_addr_t,
+            addr: u64,
+            key: u64,
+            context: *mut core::ffi::c_void,
+        ) -> isize,
+    >,
+    pub readmsg: ::core::option::Option<
+        unsafe extern "C" fn(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u64) -> isize,
+    >,
+    pub write: ::core::option::Option<
+        unsafe extern "C" fn(
+            ep: *mut fid_ep,
+            buf: *const core::ffi::c_void,
+            len: usize,
+            desc: *mut core::ffi::c_void,
+            dest_addr: fi_addr_t,
+            addr: u64,
+            key: u64,
+            context: *mut core::ffi::c_void,
+        ) -> isize,
+    >,
+    pub writev: ::core::option::Option<
+        unsafe extern "C" fn(
+            ep: *mut fid_ep,
+            iov: *const iovec,
+            desc: *mut *mut core::ffi::c_void,
+            count: usize,
+            dest_addr: fi_addr_t,
+            addr: u64,
+            key: u64,
+            context: *mut core::ffi::c_void,
+        ) -> isize,
+    >,
+    pub writemsg: ::core::option::Option<
+        unsafe extern "C" fn(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u64) -> isize,
+    >,
+    pub inject: ::core::option::Option<
+        unsafe extern "C" fn(
+            ep: *mut fid_ep,
+            buf: *const core::ffi::c_void,
+            len: usize,
+            dest_addr: fi_addr_t,
+            addr: u64,
+            key: u64,
+        ) -> isize,
+    >,
+    pub writedata: ::core::option::Option<
+        unsafe extern "C" fn(
+            ep: *mut fid_ep,
+            buf: *const core::ffi::c_void,
+            len: usize,
+            desc: *mut core::ffi::c_void,
+            data: u64,
+            dest_addr: fi_addr_t,
+            addr: u64,
+            key: u64,
+            context: *mut core::ffi::c_void,
+        ) -> isize,
+    >,
+    pub injectdata: ::core::option::Option<
+        unsafe extern "C" fn(
+            ep: *mut fid_ep,
+            buf: *const core::ffi::c_void,
+            len: usize,
+            data: u64,
+            dest_addr: fi_addr_t,
+            addr: u64,
+            key: u64,
+        ) -> isize,
+    >,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of fi_ops_rma"][::core::mem::size_of::<fi_ops_rma>() - 80usize];
+    ["Alignment of fi_ops_rma"][::core::mem::align_of::<fi_ops_rma>() - 8usize];
+    ["Offset of field: fi_ops_rma::size"][::core::mem::offset_of!(fi_ops_rma, size) - 0usize];
+    ["Offset of field: fi_ops_rma::read"][::core::mem::offset_of!(fi_ops_rma, read) - 8usize];
+    ["Offset of field: fi_ops_rma::readv"][::core::mem::offset_of!(fi_ops_rma, readv) - 16usize];
+    ["Offset of field: fi_ops_rma::readmsg"]
+        [::core::mem::offset_of!(fi_ops_rma, readmsg) - 24usize];
+    ["Offset of field: fi_ops_rma::write"][::core::mem::offset_of!(fi_ops_rma, write) - 32usize];
+    ["Offset of field: fi_ops_rma::writev"][::core::mem::offset_of!(fi_ops_rma, writev) - 40usize];
+    ["Offset of field: fi_ops_rma::writemsg"]
+        [::core::mem::offset_of!(fi_ops_rma, writemsg) - 48usize];
+    ["Offset of field: fi_ops_rma::inject"][::core::mem::offset_of!(fi_ops_rma, inject) - 56usize];
+    ["Offset of field: fi_ops_rma::writedata"]
+        [::core::mem::offset_of!(fi_ops_rma, writedata) - 64usize];
+    ["Offset of field: fi_ops_rma::injectdata"]
+        [::core::mem::offset_of!(fi_ops_rma, injectdata) - 72usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

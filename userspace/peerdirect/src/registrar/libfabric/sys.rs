@@ -350,12 +350,15 @@ impl Domain {
         assert!(offset
             .checked_add(len)
             .is_some_and(|end| end <= memory.len as u64));
-        let dmabuf = b::fi_mr_dmabuf {
-            fd: fd.as_raw_fd(),
-            offset,
-            len: len as usize,
-            base_addr: memory.ptr.as_ptr().cast(),
-        };
+        // Zeroed first so that the padding after `fd` is defined too: libfabric 2.1's
+        // offset-mode MR map reads this struct through the iovec side of the attr's union
+        // (Documentation/rdma.md).
+        // SAFETY: fi_mr_dmabuf is plain data (an int, integers, a pointer): zero is valid.
+        let mut dmabuf: b::fi_mr_dmabuf = unsafe { core::mem::zeroed() };
+        dmabuf.fd = fd.as_raw_fd();
+        dmabuf.offset = offset;
+        dmabuf.len = len as usize;
+        dmabuf.base_addr = memory.ptr.as_ptr().cast();
         // SAFETY: fi_mr_attr is plain data (integers, pointers, unions of them): all zeroes is
         // a valid, empty value.
         let mut attr: b::fi_mr_attr = unsafe { core::mem::zeroed() };
@@ -432,7 +435,7 @@ impl Drop for Domain {
 /// buffer. Never lent out as a Rust slice (a NIC and peers write it behind Rust's back); data
 /// moves in and out by copies.
 pub(super) struct Memory {
-    ptr: NonNull<u8>,
+    pub(super) ptr: NonNull<u8>,
     len: usize,
     kind: MemoryKind,
 }
@@ -605,11 +608,22 @@ unsafe impl Send for Endpoint {}
 // SAFETY: as above.
 unsafe impl Sync for Endpoint {}
 
-/// A tagged send or receive to post.
+/// What an [`Op`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// A tagged send (`fi_tsend`).
+    Send,
+    /// A tagged receive (`fi_trecv`).
+    Recv,
+    /// An RMA read (`fi_read`) of the peer's memory at `addr` (an address or an offset, as
+    /// the peer's domain's `FI_MR_VIRT_ADDR` says) in its MR `key`.
+    Read { addr: u64, key: u64 },
+}
+
+/// A tagged send or receive, or an RMA read, to post.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Op {
-    /// A send (`fi_tsend`), else a receive (`fi_trecv`).
-    pub(super) send: bool,
+    pub(super) kind: Kind,
     /// Where in the MR's memory.
     pub(super) offset: usize,
     pub(super) len: usize,
@@ -742,11 +756,11 @@ impl Endpoint {
     }
 
     /// Posts a tagged send (`fi_tsend`) or receive (`fi_trecv`) of `len` bytes of `mr`'s
-    /// memory at `offset`, identified by `id` in its completion. `Err(FI_EAGAIN)` means:
-    /// read completions, then retry.
+    /// memory at `offset`, or an RMA read (`fi_read`) into them, identified by `id` in its
+    /// completion. `Err(FI_EAGAIN)` means: read completions, then retry.
     pub(super) fn post(&self, mr: &Mr, op: &Op) -> Result<()> {
         let Op {
-            send,
+            kind,
             offset,
             len,
             peer,
@@ -761,15 +775,31 @@ impl Endpoint {
         });
         let ctx: *mut Context = &mut *context;
         let mut inflight = self.inflight.lock().expect("no panics under this lock");
-        // SAFETY: fi_tsend/fi_trecv: ep->tagged->send/recv. The buffer is inside `mr`'s memory
-        // (checked) and `desc` is `mr`'s; the memory and the context box are kept in
-        // `inflight` until the completion naming `ctx` is read or the endpoint is closed, so
-        // libfabric never touches freed memory.
+        // SAFETY: fi_tsend/fi_trecv: ep->tagged->send/recv; fi_read: ep->rma->read. The buffer
+        // is inside `mr`'s memory (checked) and `desc` is `mr`'s; the memory and the context
+        // box are kept in `inflight` until the completion naming `ctx` is read or the endpoint
+        // is closed, so libfabric never touches freed memory. A read only writes our buffer;
+        // the remote address and key are the peer's to check.
         let ret = unsafe {
             let tagged = (*self.ep.as_ptr()).tagged;
             let buf = mr.memory.ptr.as_ptr().add(offset).cast::<c_void>();
             let desc = (*mr.mr.as_ptr()).mem_desc;
-            if send {
+            if let Kind::Read { addr, key } = kind {
+                let rma = (*self.ep.as_ptr()).rma;
+                if rma.is_null() {
+                    return Err(FiErrno(b::FI_ENOSYS as i32));
+                }
+                (*rma).read.ok_or(FiErrno(b::FI_ENOSYS as i32))?(
+                    self.ep.as_ptr(),
+                    buf,
+                    len,
+                    desc,
+                    peer,
+                    addr,
+                    key,
+                    ctx.cast(),
+                )
+            } else if kind == Kind::Send {
                 (*tagged).send.ok_or(FiErrno(b::FI_ENOSYS as i32))?(
                     self.ep.as_ptr(),
                     buf,

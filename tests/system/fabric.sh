@@ -5,7 +5,9 @@
 # and off, a registration over 4 GiB with --hbm 8G), `peerdirect register --provider tcp
 # --json`; then under --rxe, `--fabric 'verbs;ofi_rxm'`: both registrations take host_bounce
 # with the provider's reason and the same exchange runs through the staging buffers. After
-# each exchange the receiver's HBM is checked on the host in the --hbm-backing file.
+# each exchange the receiver's HBM is checked on the host in the --hbm-backing file. Last,
+# `peerdirect doctor` on the rxe host: passing, warning (no RDMAV_FORK_SAFE) and failing
+# (device unbound).
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 hbm=/dev/shm/peerdirect-fabric-$$
@@ -75,6 +77,14 @@ peerdirect-guest-tests --fabric 'verbs;ofi_rxm' >tap.out 2>&1
 echo $? >tap.rc
 peerdirect register --provider 'verbs;ofi_rxm' --json >register.json 2>register.err
 echo $? >register.rc
+RDMAV_FORK_SAFE=1 peerdirect doctor --json >doctor-ok.json 2>doctor-ok.err
+echo $? >doctor-ok.rc
+env -u RDMAV_FORK_SAFE peerdirect doctor >doctor-warn.txt 2>&1
+echo $? >doctor-warn.rc
+# Last: with the HBM device unbound, the devices check fails and so does doctor.
+for d in /sys/bus/pci/drivers/peerdirect/0000:*; do echo "${d##*/}" >/sys/bus/pci/drivers/peerdirect/unbind; done
+RDMAV_FORK_SAFE=1 peerdirect doctor --json >doctor-fail.json 2>doctor-fail.err
+echo $? >doctor-fail.rc
 EOS
 out=$(guest --rxe --hbm-backing "$hbm_rxe" --share "$work" -- sh /mnt/host/rxe.sh 2>&1)
 rc=$?
@@ -89,6 +99,33 @@ if [ "$(cat "$work/register.rc" 2>/dev/null)" = 0 ] &&
 	ok "peerdirect register --provider 'verbs;ofi_rxm' --json: $(jq -c .registration.path "$work/register.json")"
 else
 	fail "peerdirect register --provider 'verbs;ofi_rxm' --json reports host_bounce with a reason" "$(cat "$work/register.json" "$work/register.err" 2>/dev/null)"
+fi
+desc="peerdirect doctor --json on rxe with RDMAV_FORK_SAFE=1: module, devices, p2p (rxe0's NIC below the switch), libfabric 2.1, fork_safe ok; memlock checked; no EFA, so its check is skipped"
+if [ "$(cat "$work/doctor-ok.rc" 2>/dev/null)" = 0 ] &&
+	jq -e 'def s(n): map(select(.name == n))[0];
+		(s("module").status == "ok") and (s("devices").status == "ok")
+		and (s("p2p").status == "ok") and (s("p2p").detail | test("rxe0"))
+		and (s("libfabric").status == "ok") and (s("libfabric").detail | test("^libfabric 2\\."))
+		and (s("fork_safe").status == "ok") and (s("memlock").status | test("^(ok|warn)$"))
+		and (s("efa_device_rdma").status == "skip")' "$work/doctor-ok.json" >/dev/null 2>&1; then
+	ok "$desc: $(jq -r 'map(select(.name == "p2p"))[0].detail' "$work/doctor-ok.json")"
+else
+	fail "$desc" "$(cat "$work/doctor-ok.json" "$work/doctor-ok.err" 2>/dev/null)"
+fi
+desc="peerdirect doctor without RDMAV_FORK_SAFE: fork_safe is a warning with its fix, and doctor still exits 0"
+if [ "$(cat "$work/doctor-warn.rc" 2>/dev/null)" = 0 ] &&
+	grep -q '^WARN  fork_safe .*RDMAV_FORK_SAFE is unset' "$work/doctor-warn.txt" &&
+	grep -q 'fix: export RDMAV_FORK_SAFE=1' "$work/doctor-warn.txt"; then
+	ok "$desc"
+else
+	fail "$desc" "$(cat "$work/doctor-warn.txt" 2>/dev/null)"
+fi
+desc="peerdirect doctor after the HBM device is unbound: the devices check fails with the binding recipe, exit status 1"
+if [ "$(cat "$work/doctor-fail.rc" 2>/dev/null)" = 1 ] &&
+	jq -e 'map(select(.name == "devices"))[0] | .status == "fail" and (.fix | test("driver_override"))' "$work/doctor-fail.json" >/dev/null 2>&1; then
+	ok "$desc"
+else
+	fail "$desc" "$(cat "$work/doctor-fail.json" "$work/doctor-fail.err" 2>/dev/null)"
 fi
 echo "1..$tap_n"
 exit $failed

@@ -2,6 +2,7 @@
 
 mod alloc;
 mod devices;
+mod doctor;
 mod export;
 mod register;
 mod size;
@@ -49,6 +50,10 @@ enum Command {
     /// Show which PCI devices (RDMA NICs, network devices, accelerators) can reach each HBM
     /// device peer-to-peer, as the kernel decides it when their drivers attach, and why not.
     Topo(topo::Args),
+    /// Check what this host needs for HBM-to-NIC transfers (module, devices, a NIC that reaches
+    /// the HBM peer-to-peer, libfabric, locked memory, RDMAV_FORK_SAFE, EFA settings), each
+    /// with what to do. Exits 1 if a check fails.
+    Doctor(doctor::Args),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +67,7 @@ fn main() -> ExitCode {
         Command::Stats(args) => stats::run(&args),
         Command::Register(args) => register::run(&args),
         Command::Topo(args) => topo::run(&args),
+        Command::Doctor(args) => doctor::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -306,5 +312,16 @@ mod tests {
         assert!(err.to_string().contains("is not a PCI address"), "{err}");
         let err = topo(&["--all", "--peer", "0000:03:00.0"]).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn doctor_takes_json() {
+        let Command::Doctor(args) = parse(&["doctor", "--json"]).unwrap().command else {
+            panic!("not doctor");
+        };
+        assert!(args.json);
+        assert!(!parse(&["doctor"])
+            .map(|c| matches!(c.command, Command::Doctor(ref a) if a.json))
+            .unwrap());
     }
 }

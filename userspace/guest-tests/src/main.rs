@@ -128,12 +128,7 @@ fn tests(args: &Args) -> Vec<Test> {
             format!("INFO pci_address and IDs name a device bound in {SYSFS_DRIVER}"),
             |device| {
                 let info = info_ok(device, &mut RawInfo::<0>::new())?;
-                let pci_address = PciAddress {
-                    domain: info.pci_domain,
-                    bus: info.pci_bus,
-                    slot: info.pci_slot,
-                    func: info.pci_func,
-                };
+                let pci_address = pci_address(&info);
                 let bound = format!("{SYSFS_DRIVER}/{pci_address}");
                 let read_id = |file: &str| {
                     let path = format!("{bound}/{file}");
@@ -213,13 +208,7 @@ fn tests(args: &Args) -> Vec<Test> {
         test(
             "P2P about the HBM device itself: distance 0, the same host bridge",
             |device| {
-                let hbm = info_ok(device, &mut RawInfo::<0>::new())?;
-                let hbm = PciAddress {
-                    domain: hbm.pci_domain,
-                    bus: hbm.pci_bus,
-                    slot: hbm.pci_slot,
-                    func: hbm.pci_func,
-                };
+                let hbm = pci_address(&info_ok(device, &mut RawInfo::<0>::new())?);
                 let path = device
                     .p2p(hbm)
                     .map_err(|err| format!("expected P2P about {hbm} to succeed, got {err}"))?;
@@ -348,6 +337,16 @@ fn info_ok<const TAIL: usize>(
         .info_raw(raw)
         .map_err(|err| format!("expected INFO with size {size} to succeed, got {err}"))?;
     Ok(raw.info)
+}
+
+/// The PCI address INFO reported.
+fn pci_address(info: &peerdirect_info) -> PciAddress {
+    PciAddress {
+        domain: info.pci_domain,
+        bus: info.pci_bus,
+        slot: info.pci_slot,
+        func: info.pci_func,
+    }
 }
 
 /// Every field but `size`, which the kernel may or may not rewrite.

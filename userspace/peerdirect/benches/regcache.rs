@@ -53,6 +53,35 @@ impl Registrar for FakeNic {
     }
 }
 
+/// A `Device` on a regular file named `peerdirect0` that holds a status page saying "live":
+/// the cache's revocation check on every request reads it, as it reads a real device's.
+struct StandInDevice {
+    dir: std::path::PathBuf,
+    device: peerdirect::Device,
+}
+
+impl StandInDevice {
+    fn new() -> Result<Self, String> {
+        let dir = std::env::temp_dir().join(format!("peerdirect-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = dir.join("peerdirect0");
+        let mut page = vec![0u8; 4096];
+        page[..4].copy_from_slice(&peerdirect::uapi::PEERDIRECT_STATUS_VERSION.to_ne_bytes());
+        std::fs::write(&path, &page).map_err(|e| format!("{}: {e}", path.display()))?;
+        let device = peerdirect::Device::open(&path).map_err(|e| e.to_string())?;
+        if device.status().is_none() {
+            return Err("the stand-in device's status page did not map".into());
+        }
+        Ok(Self { dir, device })
+    }
+}
+
+impl Drop for StandInDevice {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// Something that hands out registrations.
 trait Cache: Sync {
     /// A handle to a registration, dropped by the caller after timing the call.
@@ -331,6 +360,9 @@ fn main() -> ExitCode {
     );
     println!("  baseline: exact keys only, never evicts; both register outside their lock");
     println!(
+        "  RegCache is attached to a device (a stand-in file with a status page), so each request also checks that the device is not being revoked"
+    );
+    println!(
         "  fake registrar: register busy-waits {} us (a typical MR registration), deregister is free",
         options.register.as_micros()
     );
@@ -358,8 +390,18 @@ fn main() -> ExitCode {
         max_count: (EXPORTS * CHUNKS) as usize,
         ..CacheLimits::default()
     };
+    let device = match StandInDevice::new() {
+        Ok(device) => device,
+        Err(problem) => {
+            eprintln!("regcache bench: {problem}");
+            return ExitCode::FAILURE;
+        }
+    };
     let filled = |nic: &Arc<FakeNic>| {
-        let (ours, baseline) = (RegCache::new(full), MapCache::default());
+        let (ours, baseline) = (Arc::new(RegCache::new(full)), MapCache::default());
+        // As a runtime's cache is: attached to the device, so every request also checks the
+        // device's status page.
+        ours.attach(&device.device);
         for chunk in chunks() {
             ours.fetch(nic, &chunk);
             baseline.fetch(nic, &chunk);
@@ -381,16 +423,17 @@ fn main() -> ExitCode {
             }
         };
         // Warm up.
-        run(&ours, &nic, hits(false)(ROUNDS));
+        let ours = &*ours;
+        run(ours, &nic, hits(false)(ROUNDS));
         run(&baseline, &nic, hits(false)(ROUNDS));
-        let (reg_cache, baseline_hits) = compare(&ours, Some(&baseline), &nic, hits(false));
+        let (reg_cache, baseline_hits) = compare(ours, Some(&baseline), &nic, hits(false));
         rows.push(Row {
             case: "hit, whole cached range".into(),
             threads,
             reg_cache,
             baseline: baseline_hits,
         });
-        let (reg_cache, _) = compare(&ours, None::<&MapCache>, &nic, hits(true));
+        let (reg_cache, _) = compare(ours, None::<&MapCache>, &nic, hits(true));
         rows.push(Row {
             case: "hit, 4-64 KiB inside a cached range".into(),
             threads,

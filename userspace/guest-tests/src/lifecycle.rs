@@ -355,9 +355,12 @@ mod tests {
     }
 
     fn state() -> State {
+        // Tests run in parallel threads: each call gets its own file.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let path = std::env::temp_dir().join(format!(
-            "peerdirect-guest-tests-lifecycle-{}",
-            std::process::id()
+            "peerdirect-guest-tests-lifecycle-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         fs::write(&path, b"").unwrap();
         let a = Device::open(&path).unwrap();

@@ -54,14 +54,14 @@
 #include <linux/slab.h>
 #include <linux/string.h>
 #include <linux/uaccess.h>
+
+#include "cmdfile.h"
 #include <rdma/ib_umem.h>
 #include <rdma/ib_verbs.h>
 #include <rdma/iter.h>
 
 MODULE_IMPORT_NS("DMA_BUF");
 
-#define PIB_CMD_MAX 256
-#define PIB_OUT_MAX 4096
 /* EFA-like: every power of two from 4 KiB to 2 GiB. */
 #define PIB_PGSZ_BITMAP GENMASK(31, 12)
 
@@ -148,13 +148,6 @@ static const struct dma_buf_attach_ops pib_dynamic_ops = {
 	.invalidate_mappings = pib_invalidate_dynamic,
 };
 
-struct pib_file {
-	struct mutex lock;
-	loff_t read_pos;
-	struct seq_buf out;
-	char buf[PIB_OUT_MAX];
-};
-
 struct pib_cmd {
 	const char *verb;
 	int fd;
@@ -165,17 +158,6 @@ struct pib_cmd {
 	u64 offset, size, iova;
 	u32 id;
 };
-
-static int pib_parse_bdf(const char *s, unsigned int *bdf)
-{
-	char tail;
-
-	if (sscanf(s, "%x:%x:%x.%x%c", &bdf[0], &bdf[1], &bdf[2], &bdf[3], &tail) != 4)
-		return -EINVAL;
-	if (bdf[0] > 0xffff || bdf[1] > 0xff || bdf[2] > 0x1f || bdf[3] > 7)
-		return -EINVAL;
-	return 0;
-}
 
 static int pib_parse(char *line, struct pib_cmd *cmd, struct seq_buf *out)
 {
@@ -212,7 +194,7 @@ static int pib_parse(char *line, struct pib_cmd *cmd, struct seq_buf *out)
 			ret = kstrtoint(val, 10, &cmd->fd);
 			cmd->has_fd = true;
 		} else if (!strcmp(tok, "nic")) {
-			ret = pib_parse_bdf(val, cmd->nic);
+			ret = cmdfile_parse_bdf(val, cmd->nic);
 			cmd->has_nic = true;
 		} else if (!strcmp(tok, "mode")) {
 			ret = match_string(pib_mode_names, ARRAY_SIZE(pib_mode_names), val);
@@ -538,77 +520,24 @@ static void pib_info(struct seq_buf *out)
 	seq_buf_printf(out, "pgsz_bitmap=0x%lx\n", (unsigned long)PIB_PGSZ_BITMAP);
 }
 
-static int pib_open(struct inode *inode, struct file *file)
+/* One command line: "run ...", "info", or a command on a held import. */
+static int pib_handle(char *line, struct seq_buf *out)
 {
-	struct pib_file *f = kzalloc_obj(*f);
-
-	if (!f)
-		return -ENOMEM;
-	mutex_init(&f->lock);
-	seq_buf_init(&f->out, f->buf, sizeof(f->buf));
-	file->private_data = f;
-	return nonseekable_open(inode, file);
-}
-
-static int pib_release(struct inode *inode, struct file *file)
-{
-	struct pib_file *f = file->private_data;
-
-	mutex_destroy(&f->lock);
-	kfree(f);
-	return 0;
-}
-
-static ssize_t pib_write(struct file *file, const char __user *ubuf, size_t count,
-			 loff_t *ppos)
-{
-	struct pib_file *f = file->private_data;
-	char line[PIB_CMD_MAX];
 	struct pib_cmd cmd;
-	int ret;
+	int ret = pib_parse(line, &cmd, out);
 
-	if (count >= sizeof(line))
-		return -E2BIG;
-	if (copy_from_user(line, ubuf, count))
-		return -EFAULT;
-	line[count] = '\0';
-
-	mutex_lock(&f->lock);
-	seq_buf_clear(&f->out);
-	ret = pib_parse(line, &cmd, &f->out);
-	if (!ret) {
-		if (!strcmp(cmd.verb, "run"))
-			ret = pib_run(&cmd, &f->out);
-		else if (!strcmp(cmd.verb, "info"))
-			pib_info(&f->out);
-		else
-			ret = pib_held_cmd(&cmd, &f->out);
+	if (ret)
+		return ret;
+	if (!strcmp(cmd.verb, "run"))
+		return pib_run(&cmd, out);
+	if (!strcmp(cmd.verb, "info")) {
+		pib_info(out);
+		return 0;
 	}
-	if (seq_buf_has_overflowed(&f->out))
-		ret = -EOVERFLOW;
-	f->read_pos = 0;
-	mutex_unlock(&f->lock);
-	return ret ?: count;
+	return pib_held_cmd(&cmd, out);
 }
 
-static ssize_t pib_read(struct file *file, char __user *ubuf, size_t count, loff_t *ppos)
-{
-	struct pib_file *f = file->private_data;
-	ssize_t ret;
-
-	mutex_lock(&f->lock);
-	ret = simple_read_from_buffer(ubuf, count, &f->read_pos, f->buf, seq_buf_used(&f->out));
-	mutex_unlock(&f->lock);
-	return ret;
-}
-
-static const struct file_operations pib_fops = {
-	.owner = THIS_MODULE,
-	.open = pib_open,
-	.release = pib_release,
-	.read = pib_read,
-	.write = pib_write,
-};
+CMDFILE_FOPS(pib_fops, pib_handle);
 
 static int __init pib_init(void)
 {

@@ -43,10 +43,10 @@
 #include <linux/string.h>
 #include <linux/uaccess.h>
 
+#include "cmdfile.h"
+
 MODULE_IMPORT_NS("DMA_BUF");
 
-#define PDI_CMD_MAX 256
-#define PDI_OUT_MAX 4096
 /* sg entries listed one by one in a result (the rest are only counted). */
 #define PDI_SG_LISTED 8
 
@@ -134,13 +134,6 @@ static const struct dma_buf_attach_ops pdi_ops[3][2] = {
 	},
 };
 
-struct pdi_file {
-	struct mutex lock;
-	loff_t read_pos; /* into the result; every write, failed or not, starts it over */
-	struct seq_buf out;
-	char buf[PDI_OUT_MAX];
-};
-
 struct pdi_cmd {
 	const char *verb;
 	int fd;
@@ -152,17 +145,6 @@ struct pdi_cmd {
 	bool p2p, hold;
 	u32 id;
 };
-
-static int pdi_parse_bdf(const char *s, unsigned int *bdf)
-{
-	char tail;
-
-	if (sscanf(s, "%x:%x:%x.%x%c", &bdf[0], &bdf[1], &bdf[2], &bdf[3], &tail) != 4)
-		return -EINVAL;
-	if (bdf[0] > 0xffff || bdf[1] > 0xff || bdf[2] > 0x1f || bdf[3] > 7)
-		return -EINVAL;
-	return 0;
-}
 
 static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 {
@@ -199,10 +181,10 @@ static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 			ret = kstrtoint(val, 10, &cmd->fd);
 			cmd->has_fd = true;
 		} else if (!strcmp(tok, "dev")) {
-			ret = pdi_parse_bdf(val, cmd->dev);
+			ret = cmdfile_parse_bdf(val, cmd->dev);
 			cmd->has_dev = true;
 		} else if (!strcmp(tok, "hbm")) {
-			ret = pdi_parse_bdf(val, cmd->hbm);
+			ret = cmdfile_parse_bdf(val, cmd->hbm);
 			cmd->has_hbm = true;
 		} else if (!strcmp(tok, "id")) {
 			ret = kstrtou32(val, 10, &cmd->id);
@@ -548,75 +530,20 @@ out:
 	return ret;
 }
 
-static int pdi_open(struct inode *inode, struct file *file)
+/* One command line: "run ..." or a command on a held attachment. */
+static int pdi_handle(char *line, struct seq_buf *out)
 {
-	struct pdi_file *f = kzalloc_obj(*f);
-
-	if (!f)
-		return -ENOMEM;
-	mutex_init(&f->lock);
-	seq_buf_init(&f->out, f->buf, sizeof(f->buf));
-	file->private_data = f;
-	return nonseekable_open(inode, file);
-}
-
-static int pdi_release(struct inode *inode, struct file *file)
-{
-	struct pdi_file *f = file->private_data;
-
-	mutex_destroy(&f->lock);
-	kfree(f);
-	return 0;
-}
-
-static ssize_t pdi_write(struct file *file, const char __user *ubuf, size_t count,
-			 loff_t *ppos)
-{
-	struct pdi_file *f = file->private_data;
-	char line[PDI_CMD_MAX];
 	struct pdi_cmd cmd;
-	int ret;
+	int ret = pdi_parse(line, &cmd, out);
 
-	if (count >= sizeof(line))
-		return -E2BIG;
-	if (copy_from_user(line, ubuf, count))
-		return -EFAULT;
-	line[count] = '\0';
-
-	mutex_lock(&f->lock);
-	seq_buf_clear(&f->out);
-	ret = pdi_parse(line, &cmd, &f->out);
-	if (!ret) {
-		if (!strcmp(cmd.verb, "run"))
-			ret = pdi_run(&cmd, &f->out);
-		else
-			ret = pdi_held_cmd(&cmd, &f->out);
-	}
-	if (seq_buf_has_overflowed(&f->out))
-		ret = -EOVERFLOW;
-	f->read_pos = 0;
-	mutex_unlock(&f->lock);
-	return ret ?: count;
+	if (ret)
+		return ret;
+	if (!strcmp(cmd.verb, "run"))
+		return pdi_run(&cmd, out);
+	return pdi_held_cmd(&cmd, out);
 }
 
-static ssize_t pdi_read(struct file *file, char __user *ubuf, size_t count, loff_t *ppos)
-{
-	struct pdi_file *f = file->private_data;
-	ssize_t ret;
-
-	mutex_lock(&f->lock);
-	ret = simple_read_from_buffer(ubuf, count, &f->read_pos, f->buf, seq_buf_used(&f->out));
-	mutex_unlock(&f->lock);
-	return ret;
-}
-
-static const struct file_operations pdi_fops = {
-	.owner = THIS_MODULE,
-	.open = pdi_open,
-	.release = pdi_release,
-	.read = pdi_read,
-	.write = pdi_write,
-};
+CMDFILE_FOPS(pdi_fops, pdi_handle);
 
 static int __init pdi_init(void)
 {

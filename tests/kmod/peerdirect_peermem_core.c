@@ -41,10 +41,10 @@
 #include <linux/string.h>
 #include <linux/uaccess.h>
 
+#include "cmdfile.h"
+
 #include "../../kmod/peer_mem.h"
 
-#define PDPC_CMD_MAX 256
-#define PDPC_OUT_MAX 4096
 
 /* One registration, as a memory region of the core would hold it. */
 struct pdpc_reg {
@@ -184,17 +184,6 @@ struct pdpc_cmd {
 	u32 id;
 };
 
-static int pdpc_parse_bdf(const char *s, unsigned int *bdf)
-{
-	char tail;
-
-	if (sscanf(s, "%x:%x:%x.%x%c", &bdf[0], &bdf[1], &bdf[2], &bdf[3], &tail) != 4)
-		return -EINVAL;
-	if (bdf[0] > 0xffff || bdf[1] > 0xff || bdf[2] > 0x1f || bdf[3] > 7)
-		return -EINVAL;
-	return 0;
-}
-
 static int pdpc_parse(char *line, struct pdpc_cmd *cmd, struct seq_buf *out)
 {
 	bool first = true;
@@ -236,7 +225,7 @@ static int pdpc_parse(char *line, struct pdpc_cmd *cmd, struct seq_buf *out)
 			cmd->size = size;
 			cmd->has_size = true;
 		} else if (!strcmp(tok, "dev")) {
-			ret = pdpc_parse_bdf(val, cmd->dev);
+			ret = cmdfile_parse_bdf(val, cmd->dev);
 			cmd->has_dev = true;
 		} else if (!strcmp(tok, "id")) {
 			ret = kstrtou32(val, 10, &cmd->id);
@@ -414,82 +403,20 @@ static int pdpc_id_cmd(const struct pdpc_cmd *cmd, struct seq_buf *out)
 	return 0;
 }
 
-struct pdpc_file {
-	struct mutex lock;
-	loff_t read_pos;
-	struct seq_buf out;
-	char buf[PDPC_OUT_MAX];
-};
-
-static int pdpc_open(struct inode *inode, struct file *file)
+/* One command line: "register ..." or a command on a registration. */
+static int pdpc_command(char *line, struct seq_buf *out)
 {
-	struct pdpc_file *f = kzalloc_obj(*f);
-
-	if (!f)
-		return -ENOMEM;
-	mutex_init(&f->lock);
-	seq_buf_init(&f->out, f->buf, sizeof(f->buf));
-	file->private_data = f;
-	return nonseekable_open(inode, file);
-}
-
-static int pdpc_release(struct inode *inode, struct file *file)
-{
-	struct pdpc_file *f = file->private_data;
-
-	mutex_destroy(&f->lock);
-	kfree(f);
-	return 0;
-}
-
-static ssize_t pdpc_write(struct file *file, const char __user *ubuf, size_t count,
-			  loff_t *ppos)
-{
-	struct pdpc_file *f = file->private_data;
-	char line[PDPC_CMD_MAX];
 	struct pdpc_cmd cmd;
-	int ret;
+	int ret = pdpc_parse(line, &cmd, out);
 
-	if (count >= sizeof(line))
-		return -E2BIG;
-	if (copy_from_user(line, ubuf, count))
-		return -EFAULT;
-	line[count] = '\0';
-
-	mutex_lock(&f->lock);
-	seq_buf_clear(&f->out);
-	ret = pdpc_parse(line, &cmd, &f->out);
-	if (!ret) {
-		if (!strcmp(cmd.verb, "register"))
-			ret = pdpc_register(&cmd, &f->out);
-		else
-			ret = pdpc_id_cmd(&cmd, &f->out);
-	}
-	if (seq_buf_has_overflowed(&f->out))
-		ret = -EOVERFLOW;
-	f->read_pos = 0;
-	mutex_unlock(&f->lock);
-	return ret ?: count;
+	if (ret)
+		return ret;
+	if (!strcmp(cmd.verb, "register"))
+		return pdpc_register(&cmd, out);
+	return pdpc_id_cmd(&cmd, out);
 }
 
-static ssize_t pdpc_read(struct file *file, char __user *ubuf, size_t count, loff_t *ppos)
-{
-	struct pdpc_file *f = file->private_data;
-	ssize_t ret;
-
-	mutex_lock(&f->lock);
-	ret = simple_read_from_buffer(ubuf, count, &f->read_pos, f->buf, seq_buf_used(&f->out));
-	mutex_unlock(&f->lock);
-	return ret;
-}
-
-static const struct file_operations pdpc_fops = {
-	.owner = THIS_MODULE,
-	.open = pdpc_open,
-	.release = pdpc_release,
-	.read = pdpc_read,
-	.write = pdpc_write,
-};
+CMDFILE_FOPS(pdpc_fops, pdpc_command);
 
 static int __init pdpc_init(void)
 {

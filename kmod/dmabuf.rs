@@ -102,11 +102,11 @@ impl Attachment<'_> {
         seg: u64,
         dir: DataDirection,
     ) -> Result<SgTable> {
-        // SAFETY: `raw` is the attachment being mapped, with the reservation lock held by the
-        // core (map_dma_buf's contract); `provider` is live (caller holds the device's
-        // `P2pProvider`); `seg` is non-zero.
-        let sgt =
-            unsafe { ffi::map_phys(self.raw.as_ptr(), provider.as_raw(), paddr, len, seg, dir) };
+        let (attach, provider) = (self.raw.as_ptr(), provider.as_raw());
+        // The core holds the reservation lock while it maps (map_dma_buf's contract), and the
+        // caller holds the device's `P2pProvider`.
+        // SAFETY: `attach` is being mapped under its lock, `provider` is live, `seg` non-zero.
+        let sgt = unsafe { ffi::map_phys(attach, provider, paddr, len, seg, dir) };
         let sgt = from_err_ptr(sgt)?;
         NonNull::new(sgt).map(SgTable).ok_or(ENOMEM)
     }
@@ -228,9 +228,8 @@ impl DmaBuf {
         // SAFETY: `raw` is live (we hold a reference) and its `file` is set by `dma_buf_export`.
         let file = unsafe { (*self.raw.as_ptr()).file };
         core::mem::forget(self);
-        // SAFETY: a dma-buf's reference is a reference on its file (`dma_buf_put` is `fput`);
-        // ownership of ours moves into the `ARef`, and `File` is a transparent wrapper of
-        // `struct file`.
+        // A dma-buf's reference is a reference on its file (`dma_buf_put` is `fput`).
+        // SAFETY: ours moves into the `ARef`; `File` transparently wraps a non-NULL `file`.
         unsafe { ARef::from_raw(NonNull::new_unchecked(file.cast::<File>())) }
     }
 }
@@ -365,9 +364,8 @@ impl<T: Exporter> Ops<T> {
         sgt: *mut bindings::sg_table,
         dir: DataDirection,
     ) {
-        // SAFETY: the core calls `unmap_dma_buf` with an attachment to our dma-buf and a table
-        // `map` returned for it.
         let (exporter, attachment) =
+            // SAFETY: the core unmaps an attachment to our dma-buf, with a table `map` made.
             unsafe { (Self::of_attachment(attach), Attachment::from_raw(attach)) };
         if let (Some(attachment), Some(sgt)) = (attachment, NonNull::new(sgt)) {
             exporter.unmap(&attachment, SgTable(sgt), dir);

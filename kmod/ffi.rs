@@ -143,9 +143,8 @@ pub(crate) fn numa_node(pdev: &pci::Device) -> Option<u32> {
 
 /// Claims `bar` for this driver until it unbinds (`pcim_request_region`, device-managed).
 pub(crate) fn request_bar(pdev: &pci::Device<kernel::device::Core<'_>>, bar: BarIndex) -> Result {
-    // SAFETY: `raw_pci_dev` is a valid `struct pci_dev` while `pdev` is borrowed; the `Core`
-    // context means we are in probe, where device-managed resources may be added. The name is
-    // a static C string.
+    // The `Core` context means we are in probe, where device-managed resources may be added.
+    // SAFETY: `raw_pci_dev` is valid while `pdev` is borrowed; the name is a static C string.
     kernel::error::to_result(unsafe {
         bindings::pcim_request_region(
             raw_pci_dev(pdev),
@@ -318,10 +317,9 @@ pub(crate) fn page_set_bits(page: &Page, offset: usize, bits: u32) -> Result {
     if offset % 4 != 0 || offset + 4 > kernel::page::PAGE_SIZE {
         return Err(EINVAL);
     }
-    // SAFETY: `page` is a live page we own (borrowed), always mapped in the kernel (order 0,
-    // no highmem on the architectures peerdirect supports); `offset` is an aligned `u32`
-    // inside it (checked above). Userspace only reads it; the kernel's writers are serialized
-    // by the caller.
+    // The page is order 0 and always mapped in the kernel (no highmem where peerdirect runs);
+    // userspace only reads it, and the caller serializes the kernel's writers.
+    // SAFETY: `page` is live while borrowed; `offset` is an aligned `u32` inside it (checked).
     unsafe { raw::peerdirect_page_set_bits(page.as_ptr(), offset, bits) };
     Ok(())
 }

@@ -89,9 +89,9 @@ impl HbmDevice {
     /// created nowhere else.
     pub(crate) fn of_registration(misc: &MiscDeviceRegistration<HbmFile>) -> &Self {
         let misc = core::ptr::from_ref(misc);
-        // SAFETY: by the above, `misc` points to the `misc` field of a live, pinned
-        // `HbmDevice`; the returned reference borrows from `misc`, which the caller holds, so
-        // the containing struct outlives it.
+        // The returned reference borrows from `misc`, which the caller holds, so the
+        // containing struct outlives it.
+        // SAFETY: by the above, `misc` is the `misc` field of a live, pinned `HbmDevice`.
         unsafe { &*container_of!(misc, Self, misc) }
     }
 

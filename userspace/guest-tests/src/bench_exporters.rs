@@ -695,9 +695,9 @@ mod sys {
             opcode: UDMABUF_CREATE,
             arg: core::ptr::from_mut(&mut create).cast(),
         };
-        // SAFETY: UDMABUF_CREATE takes a `const struct udmabuf_create *` (its `_IOW` size is
-        // that of `UdmabufCreate`, the same `repr(C)` layout) and only reads it; `create` lives
-        // until the call returns.
+        // UDMABUF_CREATE takes a `const struct udmabuf_create *`; its `_IOW` size is that of
+        // `UdmabufCreate`, the same `repr(C)` layout.
+        // SAFETY: the kernel only reads `create`, which lives until the call returns.
         let fd = unsafe { ioctl(udmabuf, request) }?;
         // SAFETY: on success UDMABUF_CREATE returns a new dma-buf fd (dma_buf_fd) that only
         // this call has seen.
@@ -749,10 +749,9 @@ mod sys {
             opcode: VFIO_GROUP_GET_STATUS,
             arg: core::ptr::from_mut(&mut status).cast(),
         };
-        // SAFETY: VFIO_GROUP_GET_STATUS takes a `struct vfio_group_status *` (`VfioGroupStatus`
-        // has its `repr(C)` layout), reads `argsz` and writes back at most `argsz` bytes, all of
-        // them inside `status`, which lives until the call returns and which nothing else
-        // borrows; any bits are valid for `u32`s.
+        // VFIO_GROUP_GET_STATUS takes a `struct vfio_group_status *` (`VfioGroupStatus` has
+        // its `repr(C)` layout), reads `argsz` and writes back at most `argsz` bytes.
+        // SAFETY: all of them are inside `status`, live and unborrowed; any bits are valid u32s.
         unsafe { ioctl(group, request) }?;
         Ok(status.flags)
     }
@@ -807,12 +806,11 @@ mod sys {
             opcode: VFIO_DEVICE_FEATURE,
             arg: core::ptr::from_mut(&mut feature).cast(),
         };
-        // SAFETY: VFIO_DEVICE_FEATURE takes a `struct vfio_device_feature *` followed by the
-        // feature's data; for GET of DMA_BUF that is a `struct vfio_device_feature_dma_buf`
-        // and `nr_ranges` (1) `struct vfio_region_dma_range`s, which is `VfioFeatureDmaBuf`'s
-        // `repr(C)` layout (checked above). The kernel reads `argsz` bytes and the one range,
-        // all inside `feature`, which lives until the call returns; this feature writes no
-        // data back.
+        // VFIO_DEVICE_FEATURE takes a `struct vfio_device_feature *` followed by the feature's
+        // data; for GET of DMA_BUF that is a `struct vfio_device_feature_dma_buf` and
+        // `nr_ranges` (1) `struct vfio_region_dma_range`s: `VfioFeatureDmaBuf`'s `repr(C)`
+        // layout (checked above). This feature writes no data back.
+        // SAFETY: the kernel reads `argsz` bytes, all inside `feature`, live during the call.
         let fd = unsafe { ioctl(device, request) }?;
         // SAFETY: on success the kernel returns a new dma-buf fd (dma_buf_fd) that only this
         // call has seen.

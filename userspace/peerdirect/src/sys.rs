@@ -141,13 +141,13 @@ raw_request!(
 /// [`crate::Device`]'s `*_raw` methods refuse such requests before getting here.
 pub(crate) fn send<R: RawRequest>(fd: BorrowedFd<'_>, raw: &mut R) -> Result<()> {
     assert!(raw.size() as usize <= R::CAPACITY);
-    // SAFETY: every peerdirect command takes a pointer to its struct, possibly followed by the
-    // fields of newer versions: the kernel reads `size` first, refuses sizes below the first
+    // Every peerdirect command takes a pointer to its struct, possibly followed by the fields
+    // of newer versions: the kernel reads `size` first, refuses sizes below the first
     // version, then reads `size` bytes and writes back at most min(`size`, its sizeof) bytes.
     // `R` is that struct followed by bytes (the `RawRequest` contract), and `size` does not
-    // reach past the struct and those bytes (asserted above), so every access stays inside `raw`, which `Request`
-    // borrows mutably for the call: the write-back aliases nothing, and any bytes the kernel
-    // writes are valid for plain integers.
+    // reach past them (asserted above). `Request` borrows `raw` mutably for the call.
+    // SAFETY: so every access stays inside `raw`, the write-back aliases nothing, and any
+    // bytes the kernel writes are valid for plain integers.
     unsafe { ioctl(fd, Request(raw)) }
 }
 
@@ -162,9 +162,9 @@ pub(crate) fn export<const TAIL: usize>(
     if new_fd < 0 {
         return Ok(None);
     }
-    // SAFETY: the export succeeded, so the kernel installed a new file descriptor in this
-    // process's table and reported its number in `fd` (every accepted `size` covers `fd`).
-    // Nothing else in the process has seen that number, so this `OwnedFd` is its only owner.
+    // The export succeeded, so the kernel installed a new file descriptor in this process's
+    // table and reported its number in `fd` (every accepted `size` covers `fd`).
+    // SAFETY: nothing else in the process has seen that number: this is its only owner.
     Ok(Some(unsafe { OwnedFd::from_raw_fd(new_fd) }))
 }
 
@@ -193,9 +193,9 @@ unsafe impl<R: RawRequest> Ioctl for Request<'_, R> {
 
 /// `_IO(PEERDIRECT_IOCTL_TYPE, nr)` with a null argument.
 pub(crate) fn command(fd: BorrowedFd<'_>, nr: u8) -> Result<()> {
-    // SAFETY: the argument is a null pointer, so whatever the module makes of command `nr`,
-    // it cannot read or write this process's memory: a user access to address 0 fails with
-    // EFAULT (the zero page is never mapped, vm.mmap_min_addr).
+    // A user access to address 0 fails with EFAULT (vm.mmap_min_addr: it is never mapped).
+    // SAFETY: with a null argument, whatever the module makes of command `nr`, it cannot
+    // read or write this process's memory.
     unsafe { ioctl(fd, NullArgCommand(uapi::command(nr))) }
 }
 

@@ -386,9 +386,9 @@ mod ffi {
 
     impl Verbs {
         pub(super) fn open(library: &str, device: &str) -> Result<Self, IbverbsError> {
-            // SAFETY: loading libibverbs runs its constructors, which only initialise its own
-            // state (no thread-unsafe global changes beyond what dlopen does).
             let lib =
+                // SAFETY: loading libibverbs runs its constructors, which only initialise its
+                // own state (no thread-unsafe global changes beyond what dlopen does).
                 unsafe { Library::new(library) }.map_err(|err| IbverbsError::LibraryNotLoaded {
                     library: library.to_owned(),
                     reason: err.to_string(),

@@ -1053,11 +1053,10 @@ mod tests {
     fn borrowing_a_domain_without_the_library_fails_clearly() {
         if sys::Lib::load(LIBRARY).is_err() {
             let mut not_a_domain = 0u64;
+            let not_a_domain = NonNull::from(&mut not_a_domain).cast();
             // SAFETY: the library is missing, so `from_raw_domain` returns before it looks at
-            // the pointer (which points to a live u64, never used as a domain).
-            let err =
-                unsafe { Fabric::from_raw_domain(NonNull::from(&mut not_a_domain).cast(), "tcp") }
-                    .unwrap_err();
+            // the pointer (a live u64, never used as a domain).
+            let err = unsafe { Fabric::from_raw_domain(not_a_domain, "tcp") }.unwrap_err();
             assert!(matches!(err, LibfabricError::NotFound(_)), "{err}");
         }
         let err = LibfabricError::Borrowed {

@@ -15,10 +15,10 @@ use crate::uapi::{dma_buf_sync, DMA_BUF_IOCTL_SYNC, DMA_BUF_SET_NAME};
 
 /// `DMA_BUF_IOCTL_SYNC` with `flags` (`DMA_BUF_SYNC_*`, passed through unchecked).
 pub(crate) fn sync(fd: BorrowedFd<'_>, flags: u64) -> Result<()> {
+    let sync = dma_buf_sync { flags };
     // SAFETY: DMA_BUF_IOCTL_SYNC takes a `*const struct dma_buf_sync`, which `Setter` passes
     // (a pointer to its own copy of the struct); the kernel only reads it.
-    let request =
-        unsafe { Setter::<DMA_BUF_IOCTL_SYNC, dma_buf_sync>::new(dma_buf_sync { flags }) };
+    let request = unsafe { Setter::<DMA_BUF_IOCTL_SYNC, dma_buf_sync>::new(sync) };
     // SAFETY: the opcode and the argument agree (above).
     unsafe { ioctl(fd, request) }
 }
@@ -76,9 +76,9 @@ impl Mapping {
     /// If the range is not inside the mapping.
     pub(crate) fn read(&self, offset: usize, buf: &mut [u8]) {
         self.check_range(offset, buf.len());
-        // SAFETY: the range is inside the mapping (checked above), which stays mapped and
-        // readable until `self` is dropped. `buf` is memory Rust owns, and no reference into
-        // the mapping exists, so the two do not overlap.
+        // The mapping stays mapped and readable until `self` is dropped, and no reference into
+        // it exists.
+        // SAFETY: the range is inside it (checked above); `buf` is Rust's, so no overlap.
         unsafe {
             ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), buf.as_mut_ptr(), buf.len())
         }
@@ -92,10 +92,9 @@ impl Mapping {
     pub(crate) fn write(&mut self, offset: usize, data: &[u8]) {
         assert!(self.writable, "write to a read-only dma-buf mapping");
         self.check_range(offset, data.len());
-        // SAFETY: the range is inside the mapping (checked above), which stays mapped and
-        // writable (asserted above) until `self` is dropped. `data` is memory Rust owns, and no
-        // reference into the mapping exists, so the two do not overlap; `&mut self` keeps other
-        // copies through this mapping out while this one runs.
+        // The mapping stays mapped and writable (asserted above) until `self` is dropped, no
+        // reference into it exists, and `&mut self` keeps other copies through it out.
+        // SAFETY: the range is inside it (checked above); `data` is Rust's, so no overlap.
         unsafe {
             ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
         }
@@ -112,9 +111,8 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: `ptr` and `len` are those of a mapping `new` made, which nothing else unmaps,
-        // and no reference into it exists. An error (impossible for a range we mapped) leaves
-        // the mapping in place, which is safe.
+        // An error (impossible for a range we mapped) leaves the mapping in place: safe.
+        // SAFETY: `ptr` and `len` are a mapping `new` made, unmapped nowhere else, unreferenced.
         let _ = unsafe { mm::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }

@@ -62,10 +62,9 @@ impl StatusPage {
 
     fn word(&self, offset: usize) -> u32 {
         const { assert!(size_of::<peerdirect_status>() <= 4096) };
-        // SAFETY: `offset` is that of a `__u32` field of the struct at the start of the page,
-        // so it is 4-byte aligned (the page is) and inside the mapping, which stays mapped and
-        // readable until `self` is dropped. The kernel writes it only with atomic stores (and
-        // userspace cannot write it), so an atomic view of it is sound.
+        // `offset` is that of a `__u32` field of the struct at the start of the page: 4-byte
+        // aligned and inside the mapping, which stays mapped until `self` is dropped.
+        // SAFETY: so the word is valid; only the kernel writes it, atomically: an atomic view.
         let word = unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(offset).cast::<u32>()) };
         word.load(Acquire)
     }
@@ -116,9 +115,8 @@ pub(crate) fn probe_map(
 
 impl Drop for StatusPage {
     fn drop(&mut self) {
-        // SAFETY: `ptr` and `len` are those of a mapping `map` made, which nothing else unmaps,
-        // and no reference into it outlives a call of `word`. An error (impossible for a range
-        // we mapped) leaves the mapping in place, which is safe.
+        // An error (impossible for a range we mapped) leaves the mapping in place: safe.
+        // SAFETY: `ptr` and `len` are a mapping `map` made, unmapped nowhere else, unreferenced.
         let _ = unsafe { mm::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }

@@ -77,15 +77,15 @@ impl Lib {
 
     /// Loads `name` with `dlopen`, as libfabric.
     pub(super) fn load(name: &str) -> core::result::Result<Lib, LoadError> {
-        // SAFETY: loading a library runs its initializers; libfabric's (and those of the
-        // system libraries `libfabric.so.1` could be) only set up the library's own state.
         let library =
+            // SAFETY: loading a library runs its initializers; libfabric's (and those of the
+            // system libraries it loads) only set up the library's own state.
             unsafe { Library::new(name) }.map_err(|e| LoadError::NotFound(e.to_string()))?;
         macro_rules! function {
             ($name:literal) => {
-                // SAFETY: the symbol is the libfabric function of this name, whose C signature
-                // (fabric.h) is the type of the field it is stored in; the pointer stays valid
-                // because `_library` is kept with it and never unloaded.
+                // The pointer stays valid: `_library` is kept with it and never unloaded.
+                // SAFETY: the symbol is the libfabric function of this name, whose C
+                // signature (fabric.h) is the type of the field it is stored in.
                 *unsafe { library.get(concat!($name, "\0").as_bytes()) }
                     .map_err(|_| LoadError::MissingSymbol($name))?
             };
@@ -172,9 +172,9 @@ impl Info {
         // the inline fi_allocinfo does), or returns NULL.
         let raw = NonNull::new(unsafe { (lib.dupinfo)(ptr::null()) }).ok_or(FiErrno(12))?;
         let h = raw.as_ptr();
-        // SAFETY: `h` and its attribute structs were just allocated by fi_dupinfo and are
-        // ours. `prov_name` borrows `hints.provider` only until it is reset to NULL below,
-        // before fi_freeinfo (which would free() it) runs.
+        // `prov_name` borrows `hints.provider` only until it is reset to NULL below, before
+        // fi_freeinfo (which would free() it) runs.
+        // SAFETY: `h` and its attribute structs were just allocated by fi_dupinfo: ours.
         unsafe {
             (*h).caps = hints.caps;
             (*h).mode = hints.mode;
@@ -398,10 +398,9 @@ impl Domain {
         memory: Arc<Memory>,
     ) -> Result<Mr> {
         let mut mr = ptr::null_mut();
-        // SAFETY: domain->mr->regattr(&domain->fid, attr, flags, &mr), what fi_mr_regattr
-        // does. `attr` and what it points to (the iovec or fi_mr_dmabuf on the caller's
-        // stack) outlive the call; the registered memory lives in `memory`, which the Mr
-        // keeps until it has closed the MR.
+        // domain->mr->regattr(&domain->fid, attr, flags, &mr) is what fi_mr_regattr does. The
+        // registered memory lives in `memory`, which the Mr keeps until it has closed the MR.
+        // SAFETY: `attr` and what it points to (iovec or fi_mr_dmabuf) outlive the call.
         let ret = unsafe {
             let d = self.domain.as_ptr();
             let ops = (*d).mr;
@@ -584,9 +583,8 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        // SAFETY: posted operations hold an Arc to the MR's memory and the endpoint keeps it
-        // until their completion; closing the MR first, then releasing `memory`, is the order
-        // libfabric asks for.
+        // Posted operations hold an Arc to the MR's memory until their completion.
+        // SAFETY: the MR is open and closed once, before `memory` goes, as libfabric asks.
         unsafe { close(ptr::addr_of_mut!((*self.mr.as_ptr()).fid)) }
     }
 }
@@ -653,9 +651,9 @@ impl Endpoint {
         av_attr.type_ = b::FI_AV_TABLE;
         let (mut cq, mut av, mut ep) = (ptr::null_mut(), ptr::null_mut(), ptr::null_mut());
         let enosys = FiErrno(b::FI_ENOSYS as i32);
-        // SAFETY: fi_cq_open / fi_av_open / fi_endpoint on an open domain with attrs that
-        // outlive the calls; the out pointers receive new fids, closed on the error paths and
-        // by Drop otherwise (endpoint first).
+        // The out pointers receive new fids, closed on the error paths and by Drop otherwise
+        // (endpoint first).
+        // SAFETY: fi_cq_open/fi_av_open/fi_endpoint on an open domain; attrs outlive the calls.
         unsafe {
             let ops = (*d).ops;
             check(
@@ -775,11 +773,11 @@ impl Endpoint {
         });
         let ctx: *mut Context = &mut *context;
         let mut inflight = self.inflight.lock().expect("no panics under this lock");
-        // SAFETY: fi_tsend/fi_trecv: ep->tagged->send/recv; fi_read: ep->rma->read. The buffer
-        // is inside `mr`'s memory (checked) and `desc` is `mr`'s; the memory and the context
-        // box are kept in `inflight` until the completion naming `ctx` is read or the endpoint
-        // is closed, so libfabric never touches freed memory. A read only writes our buffer;
-        // the remote address and key are the peer's to check.
+        // fi_tsend/fi_trecv: ep->tagged->send/recv; fi_read: ep->rma->read. The memory and the
+        // context box stay in `inflight` until the completion naming `ctx` is read or the
+        // endpoint is closed. A read only writes our buffer; remote address and key are the
+        // peer's to check.
+        // SAFETY: the buffer is inside `mr`'s memory (checked), `desc` is `mr`'s, both outlive it.
         let ret = unsafe {
             let tagged = (*self.ep.as_ptr()).tagged;
             let buf = mr.memory.ptr.as_ptr().add(offset).cast::<c_void>();
@@ -884,9 +882,9 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        // SAFETY: closing the endpoint first ends its operations; then its CQ and AV, which
-        // only it uses. `inflight` (memory of operations that never completed) is dropped
-        // after, with the fields.
+        // `inflight` (memory of operations that never completed) is dropped after, with the
+        // fields.
+        // SAFETY: closing the endpoint ends its operations; then its CQ and AV, only it uses.
         unsafe {
             close(self.ep_fid());
             close(ptr::addr_of_mut!((*self.av.as_ptr()).fid));

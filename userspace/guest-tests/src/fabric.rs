@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId, RegCache};
-use peerdirect::registrar::libfabric::{Fabric, FabricMr, LibfabricRegistrar, MappedDmaBuf, CHUNK};
+use peerdirect::registrar::libfabric::{
+    Endpoint, Fabric, FabricMr, LibfabricRegistrar, MappedDmaBuf, Peer, CHUNK,
+};
 use peerdirect::{pattern, Device, ExportFlags, RegPath, Stats};
 
 const SEED: u64 = 0x5eed_fab1;
@@ -46,6 +48,16 @@ fn registrar(provider: &str, node: Option<&str>) -> Result<Arc<LibfabricRegistra
     Fabric::open(provider, node)
         .map(|f| Arc::new(LibfabricRegistrar::new(f)))
         .map_err(|e| format!("opening {provider}: {e}"))
+}
+
+/// Two endpoints of `fabric`; the first has the second in its address vector, as `Peer`.
+fn endpoint_pair(fabric: &Fabric) -> Result<(Endpoint, Endpoint, Peer), String> {
+    let first = fabric.endpoint().map_err(|e| e.to_string())?;
+    let second = fabric.endpoint().map_err(|e| e.to_string())?;
+    let peer = first
+        .insert_peer(&second.address().map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    Ok((first, second, peer))
 }
 
 fn path_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
@@ -127,11 +139,7 @@ fn exchange_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome
         .get(&registrar, &dst, dst_export, whole, Access::LOCAL_WRITE)
         .map_err(|e| format!("register destination: {e}"))?;
     let fabric = registrar.fabric();
-    let sender = fabric.endpoint().map_err(|e| e.to_string())?;
-    let receiver = fabric.endpoint().map_err(|e| e.to_string())?;
-    let to_receiver = sender
-        .insert_peer(&receiver.address().map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
+    let (sender, receiver, to_receiver) = endpoint_pair(fabric)?;
     receiver
         .insert_peer(&sender.address().map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;
@@ -219,11 +227,7 @@ fn rma_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
     src.write(0, &data);
     let remote = src.remote(0, caps.mr_virt_addr);
     let fabric = registrar.fabric();
-    let owner = fabric.endpoint().map_err(|e| e.to_string())?;
-    let reader = fabric.endpoint().map_err(|e| e.to_string())?;
-    let to_owner = reader
-        .insert_peer(&owner.address().map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
+    let (reader, owner, to_owner) = endpoint_pair(fabric)?;
     // The owner posts nothing, but a provider with manual progress needs its CQ read.
     let done = AtomicBool::new(false);
     let start = Instant::now();
@@ -348,11 +352,7 @@ fn large_case(device: &Device) -> Outcome {
         ));
     }
     // Through the fabric too: a 1 MiB message from past 4 GiB to the start of the region.
-    let sender = registrar.fabric().endpoint().map_err(|e| e.to_string())?;
-    let receiver = registrar.fabric().endpoint().map_err(|e| e.to_string())?;
-    let peer = sender
-        .insert_peer(&receiver.address().map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
+    let (sender, receiver, peer) = endpoint_pair(registrar.fabric())?;
     let from = len - (1 << 20);
     std::thread::scope(|s| {
         let r = s.spawn(|| receiver.recv(mr.mr(), 0, 1 << 20, 9));

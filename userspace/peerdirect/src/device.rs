@@ -73,7 +73,7 @@ impl WeakDeviceStatus {
     pub(crate) fn revoked(&self) -> bool {
         self.0
             .upgrade()
-            .is_some_and(|page| page.state() & uapi::PEERDIRECT_STATUS_REVOKED != 0)
+            .is_some_and(|page| DeviceStatus(page).revoked())
     }
 
     /// Whether the device file was closed.

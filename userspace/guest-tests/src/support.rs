@@ -132,7 +132,7 @@ pub(crate) fn expect_eq<T: PartialEq + std::fmt::Debug>(
     }
 }
 
-pub(crate) fn expect_errno(result: Result<(), Error>, expected: Errno) -> Outcome {
+pub(crate) fn expect_errno<T>(result: Result<T, Error>, expected: Errno) -> Outcome {
     match result {
         Err(err) if err.errno() == Some(expected) => Ok(()),
         Err(err) => Err(format!(
@@ -140,24 +140,13 @@ pub(crate) fn expect_errno(result: Result<(), Error>, expected: Errno) -> Outcom
             errno_name(expected),
             err.errno().map_or("no errno", errno_name)
         )),
-        Ok(()) => Err(format!("expected {}, got success", errno_name(expected))),
+        Ok(_) => Err(format!("expected {}, got success", errno_name(expected))),
     }
 }
 
-/// [`expect_errno`] for any result, its diagnostic prefixed with `what`.
+/// [`expect_errno`], its diagnostic prefixed with `what`.
 pub(crate) fn expect_errno_of<T>(what: &str, result: Result<T, Error>, expected: Errno) -> Outcome {
-    match result {
-        Err(err) if err.errno() == Some(expected) => Ok(()),
-        Err(err) => Err(format!(
-            "{what}: expected {}, got {} ({err})",
-            errno_name(expected),
-            err.errno().map_or("no errno", errno_name)
-        )),
-        Ok(_) => Err(format!(
-            "{what}: expected {}, got success",
-            errno_name(expected)
-        )),
-    }
+    expect_errno(result, expected).map_err(|diagnostic| format!("{what}: {diagnostic}"))
 }
 
 pub(crate) fn errno_name(errno: Errno) -> &'static str {

@@ -15,10 +15,9 @@ pub(crate) struct Allocation {
 
 impl Allocation {
     /// Allocates `len` bytes aligned to `align` (both validated by the caller) for the current
-    /// process.
-    pub(crate) fn new(hbm: &Arc<Hbm>, len: u64, align: u64) -> Result<Arc<Self>> {
+    /// process, under `handle` (from [`Hbm::handles`]).
+    pub(crate) fn new(hbm: &Arc<Hbm>, handle: u32, len: u64, align: u64) -> Result<Arc<Self>> {
         let record = RBTreeNodeReservation::new(GFP_KERNEL)?;
-        let handle = hbm.new_handle();
         let pid = crate::ffi::current_tgid();
         let range = {
             let mut state = hbm.memory.heap.lock();

@@ -7,10 +7,10 @@
 
 use crate::{
     allocation::Allocation,
+    driver::HbmDevice,
     export,
     hbm::Hbm,
     p2p,
-    provider::HbmDevice,
     uapi::{
         peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info, peerdirect_p2p,
         Request, PEERDIRECT_ALLOC_ALIGN_DEFAULT, PEERDIRECT_EXPORT_CLOEXEC, PEERDIRECT_EXPORT_RDWR,
@@ -149,14 +149,16 @@ impl HbmFile {
         let align = alloc_align(req.value.align)?;
 
         let node = RBTreeNodeReservation::new(GFP_KERNEL)?;
-        let alloc = Allocation::new(&self.hbm, length, align)?;
-        let handle = alloc.handle();
+        // Held from choosing the handle to inserting it: a handle this file still uses (after
+        // the count wrapped) is never chosen, so the insert never replaces an allocation.
+        let mut allocations = self.allocations.lock();
+        let handle = self.hbm.handles.next(|h| allocations.get(&h).is_some());
+        let alloc = Allocation::new(&self.hbm, handle, length, align)?;
         req.value.length = length;
         req.value.handle = handle;
         req.value.hbm_offset = alloc.offset();
-        self.allocations
-            .lock()
-            .insert(node.into_node(handle, alloc));
+        allocations.insert(node.into_node(handle, alloc));
+        drop(allocations);
         // A caller that cannot read the answer cannot name the allocation: undo it.
         req.answer().inspect_err(|_| {
             drop(self.allocations.lock().remove(&handle));

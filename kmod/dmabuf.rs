@@ -16,6 +16,7 @@ use kernel::{
     fs::File,
     prelude::*,
     sync::aref::ARef,
+    types::Opaque,
 };
 
 /// The direction of a DMA mapping, as the importer asked for it.
@@ -131,19 +132,22 @@ impl SgTable {
     }
 }
 
-/// A user mapping being set up by `mmap` on a dma-buf.
-pub(crate) struct Vma<'a> {
-    raw: NonNull<bindings::vm_area_struct>,
-    _callback: PhantomData<&'a bindings::vm_area_struct>,
+/// The head of every dma-buf's private data, mirrored by `struct peerdirect_cpu_window` in
+/// `helpers.h`: the CPU physical range user mappings reach, filled at fault time by the C
+/// fault handler and closed by [`revoke`].
+#[repr(C)]
+struct CpuWindow {
+    phys: u64,
+    len: u64,
+    /// Written and read by C only, under the buffer's reservation lock.
+    revoked: Opaque<bool>,
 }
 
-impl Vma<'_> {
-    /// Maps `len` bytes of the BAR at CPU physical address `base` (from the VMA's page
-    /// offset) write-combined; `EINVAL` if the VMA reaches past `len`.
-    pub(crate) fn map_phys(&self, base: u64, len: u64) -> Result {
-        // SAFETY: `raw` is the VMA the core passed to `mmap`, being set up under the mmap lock.
-        kernel::error::to_result(unsafe { ffi::mmap_phys(self.raw.as_ptr(), base, len) })
-    }
+/// A dma-buf's private data: the window C reads first, then the exporter.
+#[repr(C)]
+struct Exported<T> {
+    window: CpuWindow,
+    exporter: KBox<T>,
 }
 
 /// What a dma-buf exporter does; [`DmaBuf::export`] builds the `dma_buf_ops` from it.
@@ -162,8 +166,9 @@ pub(crate) trait Exporter: Send + Sync + Sized {
     fn map(&self, attach: &Attachment<'_>, dir: DataDirection) -> Result<SgTable>;
     /// Undo [`Exporter::map`] (reservation lock held).
     fn unmap(&self, attach: &Attachment<'_>, sgt: SgTable, dir: DataDirection);
-    /// Map for the CPU into a user VMA.
-    fn mmap(&self, vma: &Vma<'_>) -> Result;
+    /// May the buffer be mapped for the CPU now? Its window is mapped at fault time, and
+    /// [`revoke`] closes it.
+    fn mmap(&self) -> Result;
     /// The CPU is about to access the buffer (`DMA_BUF_IOCTL_SYNC` start).
     fn begin_cpu_access(&self) -> Result;
 }
@@ -174,13 +179,26 @@ pub(crate) struct DmaBuf {
 }
 
 impl DmaBuf {
-    /// Exports `exporter` as a dma-buf of `size` bytes, writable through mmap if `writable`.
+    /// Exports `exporter` as a dma-buf of `size` bytes, backed for the CPU by the physical
+    /// range from `cpu_phys`, writable through mmap if `writable`.
     pub(crate) fn export<T: Exporter>(
         exporter: KBox<T>,
         size: u64,
+        cpu_phys: u64,
         writable: bool,
     ) -> Result<Self> {
-        let priv_ = KBox::into_raw(exporter);
+        let exported = KBox::new(
+            Exported {
+                window: CpuWindow {
+                    phys: cpu_phys,
+                    len: size,
+                    revoked: Opaque::new(false),
+                },
+                exporter,
+            },
+            GFP_KERNEL,
+        )?;
+        let priv_ = KBox::into_raw(exported);
         let info = bindings::dma_buf_export_info {
             exp_name: c"peerdirect".as_char_ptr(),
             owner: kernel::module::this_module::<crate::LocalModule>().as_ptr(),
@@ -262,9 +280,9 @@ impl<T: Exporter> Ops<T> {
     ///
     /// `dmabuf` is one of ours (made by [`DmaBuf::export`] with these ops) and not released.
     unsafe fn exporter<'a>(dmabuf: *mut bindings::dma_buf) -> &'a T {
-        // SAFETY: by the function's contract, `priv_` is the `KBox<T>` we leaked at export,
-        // freed only in `release`.
-        unsafe { &*(*dmabuf).priv_.cast::<T>() }
+        // SAFETY: by the function's contract, `priv_` is the `KBox<Exported<T>>` we leaked at
+        // export, freed only in `release`.
+        unsafe { &(*(*dmabuf).priv_.cast::<Exported<T>>()).exporter }
     }
 
     /// # Safety
@@ -377,9 +395,9 @@ impl<T: Exporter> Ops<T> {
     /// Only called by the dma-buf core as `dma_buf_ops.release`: the core passes one of our dma-bufs after its last reference is
     /// gone; no other callback runs for it afterwards.
     unsafe extern "C" fn release(dmabuf: *mut bindings::dma_buf) {
-        // SAFETY: `release` is the last callback for our dma-buf: its `priv_` is the `KBox<T>`
-        // leaked at export, and nothing uses it after this.
-        drop(unsafe { KBox::from_raw((*dmabuf).priv_.cast::<T>()) });
+        // SAFETY: `release` is the last callback for our dma-buf: its `priv_` is the
+        // `KBox<Exported<T>>` leaked at export, and nothing uses it after this.
+        drop(unsafe { KBox::from_raw((*dmabuf).priv_.cast::<Exported<T>>()) });
     }
 
     /// # Safety
@@ -414,14 +432,13 @@ impl<T: Exporter> Ops<T> {
     ) -> c_int {
         // SAFETY: the core calls this on our live dma-buf with the VMA being set up.
         let exporter = unsafe { Self::exporter(dmabuf) };
-        let Some(raw) = NonNull::new(vma) else {
-            return EINVAL.to_errno();
-        };
-        let vma = Vma {
-            raw,
-            _callback: PhantomData,
-        };
-        from_result(|| exporter.mmap(&vma).map(|()| 0))
+        from_result(|| {
+            exporter.mmap()?;
+            // SAFETY: `dmabuf` is ours (its `priv_` starts with a `CpuWindow`) and `vma` is
+            // being set up under the mmap lock for it.
+            kernel::error::to_result(unsafe { ffi::dmabuf_mmap(dmabuf, vma) })?;
+            Ok(0)
+        })
     }
 }
 
@@ -429,14 +446,15 @@ impl<T: Exporter> Ops<T> {
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct DmaBufId(usize);
 
-/// Invalidates every importer mapping of the buffer `id` and zaps its CPU mappings; callers
-/// first make later maps fail.
+/// Closes the CPU window of the buffer `id`, invalidates every importer mapping of it and zaps
+/// its CPU mappings; callers first make later maps fail. A buffer whose release is under way is
+/// left alone (nothing holds it any more).
 ///
 /// # Safety
 ///
 /// `id` names a dma-buf we exported whose release has not completed: the caller holds the
 /// lock under which the buffer's release unregisters it, so its memory stays valid (even if
-/// its file is already being released, in which case no importer or VMA is left to revoke).
+/// its file is already being released).
 /// The caller does not hold the buffer's reservation lock.
 pub(crate) unsafe fn revoke(id: DmaBufId) {
     // SAFETY: forwarded from the caller.

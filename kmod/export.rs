@@ -10,13 +10,14 @@
 //!   importer's max segment size, never one per page;
 //! - the range never moves, so pinning costs nothing (EFA's pinned import works); pins are
 //!   only recorded for debugfs;
-//! - mmap maps the range write-combined for the CPU;
+//! - mmap maps the range write-combined for the CPU, filled at fault time (2 MiB and 1 GiB
+//!   entries where aligned), so that revocation can close it without a race;
 //! - release drops the allocation reference: the memory is reused only after the last dma-buf;
 //! - on removal of the device every export is revoked (`Hbm::remove`).
 
 use crate::{
     allocation::Allocation,
-    dmabuf::{Attachment, DataDirection, DmaBuf, Exporter, SgTable, Vma},
+    dmabuf::{Attachment, DataDirection, DmaBuf, Exporter, SgTable},
     hbm::{AttachRecord, ExportRecord, Hbm},
 };
 use kernel::{
@@ -111,9 +112,8 @@ impl Exporter for Export {
         self.hbm().update_attachment(attach.id(), |r| r.entries = 0);
     }
 
-    fn mmap(&self, vma: &Vma<'_>) -> Result {
-        self.hbm().info()?;
-        vma.map_phys(self.phys_addr(), self.len)
+    fn mmap(&self) -> Result {
+        self.hbm().info().map(|_| ())
     }
 
     fn begin_cpu_access(&self) -> Result {
@@ -157,7 +157,8 @@ pub(crate) fn export(
         }
     };
     let key = core::ptr::from_ref::<Export>(&export) as usize;
-    let dmabuf = DmaBuf::export(export, len, writable)?;
+    let cpu_phys = export.phys_addr();
+    let dmabuf = DmaBuf::export(export, len, cpu_phys, writable)?;
     dmabuf.set_name(index, alloc.handle(), alloc.offset() + offset, len)?;
     // Recorded for revocation; fails if the device went away meanwhile.
     let record = ExportRecord {

@@ -53,10 +53,9 @@ mod raw {
             sgt: *mut bindings::sg_table,
             dir: bindings::dma_data_direction,
         );
-        pub(super) fn peerdirect_mmap_phys(
+        pub(super) fn peerdirect_dmabuf_mmap(
+            dmabuf: *mut bindings::dma_buf,
             vma: *mut bindings::vm_area_struct,
-            base: bindings::phys_addr_t,
-            len: u64,
         ) -> c_int;
         pub(super) fn peerdirect_dmabuf_set_name(
             dmabuf: *mut bindings::dma_buf,
@@ -387,15 +386,18 @@ pub(crate) unsafe fn unmap_phys(
     unsafe { raw::peerdirect_unmap_phys(attach, sgt, dir) }
 }
 
-/// Maps the BAR range at `base` of `len` bytes into `vma`, write-combined.
+/// Sets up a user mapping of `dmabuf`'s CPU window, to be filled at fault time.
 ///
 /// # Safety
 ///
-/// `vma` is being set up by a dma-buf `mmap` callback, and `[base, base + len)` lies within a
-/// BAR this driver owns.
-pub(crate) unsafe fn mmap_phys(vma: *mut bindings::vm_area_struct, base: u64, len: u64) -> c_int {
+/// `dmabuf` is one of ours (its `priv` starts with a `struct peerdirect_cpu_window`) and `vma`
+/// is being set up by its `mmap` callback.
+pub(crate) unsafe fn dmabuf_mmap(
+    dmabuf: *mut bindings::dma_buf,
+    vma: *mut bindings::vm_area_struct,
+) -> c_int {
     // SAFETY: forwarded from the caller.
-    unsafe { raw::peerdirect_mmap_phys(vma, base, len) }
+    unsafe { raw::peerdirect_dmabuf_mmap(dmabuf, vma) }
 }
 
 /// Names a dma-buf.

@@ -100,6 +100,28 @@ pub(crate) struct Mappings {
     pub(crate) revocable: u64,
 }
 
+/// Allocation handles of a device: counted up, never 0, and never one the caller still uses.
+/// After 2^32 allocations the count wraps; a handle still held then is skipped instead of
+/// being handed out twice.
+pub(crate) struct Handles(Atomic<u32>);
+
+impl Handles {
+    pub(crate) const fn new(first: u32) -> Self {
+        Self(Atomic::new(first))
+    }
+
+    /// The next handle for which `taken` is false. `taken` must be false for some handle (a
+    /// file holds far fewer than 2^32 allocations: each needs memory).
+    pub(crate) fn next(&self, taken: impl Fn(u32) -> bool) -> u32 {
+        loop {
+            let handle = self.0.fetch_add(1, Relaxed);
+            if handle != 0 && !taken(handle) {
+                return handle;
+            }
+        }
+    }
+}
+
 /// A bound (or formerly bound) HBM device.
 #[pin_data]
 pub(crate) struct Hbm {
@@ -110,7 +132,7 @@ pub(crate) struct Hbm {
     /// What userspace maps from the device file to see the device go.
     pub(crate) status: StatusPage,
     pub(crate) memory: Arc<HbmMemory>,
-    next_handle: Atomic<u32>,
+    pub(crate) handles: Handles,
     /// Live dma-bufs exported from this device.
     pub(crate) exports: Atomic<u64>,
     /// The live exports, by the address of their exporter state, to revoke on removal.
@@ -141,7 +163,7 @@ impl Hbm {
                 pdev,
                 provider,
                 status: StatusPage::new()?,
-                next_handle: Atomic::new(1),
+                handles: Handles::new(1),
                 exports: Atomic::new(0),
                 exported <- new_mutex!(RBTree::new()),
                 attachments <- new_mutex!(RBTree::new()),
@@ -178,16 +200,6 @@ impl Hbm {
 
     pub(crate) fn is_present(&self) -> bool {
         self.present.load(Acquire)
-    }
-
-    /// A new allocation handle: unique on this device, never 0.
-    pub(crate) fn new_handle(&self) -> u32 {
-        loop {
-            let handle = self.next_handle.fetch_add(1, Relaxed);
-            if handle != 0 {
-                return handle;
-            }
-        }
     }
 
     /// Records a new export, unless the device is gone (`ENODEV`): a removal revokes every
@@ -284,5 +296,20 @@ impl Hbm {
                 pinned
             );
         }
+    }
+}
+
+#[cfg(peerdirect_kunit)]
+#[kunit_tests(peerdirect_handles)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_skip_zero_and_taken_after_wrapping() {
+        let handles = Handles::new(u32::MAX - 1);
+        assert_eq!(handles.next(|_| false), u32::MAX - 1);
+        // u32::MAX is still held, 0 is never a handle, 1 is still held.
+        assert_eq!(handles.next(|h| h == u32::MAX || h == 1), 2);
+        assert_eq!(handles.next(|_| false), 3);
     }
 }

@@ -6,6 +6,9 @@
 #include <linux/dma-buf-mapping.h>
 #include <linux/dma-mapping.h>
 #include <linux/dma-resv.h>
+#include <linux/file.h>
+#include <linux/fs.h>
+#include <linux/huge_mm.h>
 #include <linux/mm.h>
 #include <linux/sched.h>
 #include <linux/slab.h>
@@ -150,25 +153,91 @@ void peerdirect_unmap_phys(struct dma_buf_attachment *attach, struct sg_table *s
 }
 
 /*
- * Marks user mappings of our dma-bufs (no callbacks: identity only), so that the PeerDirect
- * peer-memory client (peer_mem.c) recognises them: vma->vm_ops == &peerdirect_dmabuf_vm_ops.
- * Faults behave as with the core's default (empty) ops: SIGBUS once the PTEs are zapped.
+ * CPU mappings of our dma-bufs are filled at fault time, never in ->mmap: a fault runs only
+ * on a VMA already linked into the dma-buf file's mapping, and checks the buffer's CPU window
+ * under the reservation lock that revocation takes. So either the fault comes first and
+ * revocation's unmap_mapping_range() zaps what it inserted, or revocation comes first and the
+ * fault raises SIGBUS (vfio-pci's model, with its memory_lock). Where the range and the VMA
+ * are aligned, PMD and PUD entries map 2 MiB and 1 GiB at a time.
  */
-const struct vm_operations_struct peerdirect_dmabuf_vm_ops = {};
-
-/* Maps the dma-buf's BAR range write-combined into a user VMA (offset from vm_pgoff). */
-int peerdirect_mmap_phys(struct vm_area_struct *vma, phys_addr_t base, u64 len)
+static struct peerdirect_cpu_window *peerdirect_vma_window(struct vm_area_struct *vma)
 {
+	struct dma_buf *dmabuf = vma->vm_private_data;
+
+	return dmabuf->priv;
+}
+
+static vm_fault_t peerdirect_dmabuf_huge_fault(struct vm_fault *vmf, unsigned int order)
+{
+	struct vm_area_struct *vma = vmf->vma;
+	struct dma_buf *dmabuf = vma->vm_private_data;
+	struct peerdirect_cpu_window *window = peerdirect_vma_window(vma);
+	unsigned long addr = vmf->address & ~((PAGE_SIZE << order) - 1);
+	unsigned long pfn = (window->phys >> PAGE_SHIFT) + vma->vm_pgoff +
+			    ((addr - vma->vm_start) >> PAGE_SHIFT);
+	vm_fault_t ret = VM_FAULT_FALLBACK;
+
+	if (order && (addr < vma->vm_start || addr + (PAGE_SIZE << order) > vma->vm_end ||
+		      !IS_ALIGNED(pfn, 1UL << order)))
+		return VM_FAULT_FALLBACK;
+
+	dma_resv_lock(dmabuf->resv, NULL);
+	if (window->revoked)
+		ret = VM_FAULT_SIGBUS;
+	else if (!order)
+		ret = vmf_insert_pfn(vma, vmf->address, pfn);
+#ifdef CONFIG_ARCH_SUPPORTS_PMD_PFNMAP
+	else if (order == PMD_ORDER)
+		ret = vmf_insert_pfn_pmd(vmf, pfn, false);
+#endif
+#ifdef CONFIG_ARCH_SUPPORTS_PUD_PFNMAP
+	else if (order == PUD_ORDER)
+		ret = vmf_insert_pfn_pud(vmf, pfn, false);
+#endif
+	dma_resv_unlock(dmabuf->resv);
+	return ret;
+}
+
+static vm_fault_t peerdirect_dmabuf_fault(struct vm_fault *vmf)
+{
+	return peerdirect_dmabuf_huge_fault(vmf, 0);
+}
+
+/*
+ * Also how the PeerDirect peer-memory client (peer_mem.c) recognises user mappings of our
+ * dma-bufs: vma->vm_ops == &peerdirect_dmabuf_vm_ops.
+ */
+const struct vm_operations_struct peerdirect_dmabuf_vm_ops = {
+	.fault = peerdirect_dmabuf_fault,
+#ifdef CONFIG_ARCH_SUPPORTS_HUGE_PFNMAP
+	.huge_fault = peerdirect_dmabuf_huge_fault,
+#endif
+};
+
+/*
+ * Sets up a user mapping of @dmabuf's CPU window (offset from vm_pgoff), write-combined, to
+ * be filled at fault time. Only shared mappings (a private copy of device memory means
+ * nothing), never executable ones.
+ */
+int peerdirect_dmabuf_mmap(struct dma_buf *dmabuf, struct vm_area_struct *vma)
+{
+	struct peerdirect_cpu_window *window = dmabuf->priv;
 	u64 size = vma->vm_end - vma->vm_start;
 	u64 off = (u64)vma->vm_pgoff << PAGE_SHIFT;
 
-	if (off > len || size > len - off)
+	/* VM_MAYSHARE: a shared mapping of a read-only file has no VM_SHARED. */
+	if (!(vma->vm_flags & VM_MAYSHARE))
+		return -EINVAL;
+	if (vma->vm_flags & VM_EXEC)
+		return -EPERM;
+	if (off > window->len || size > window->len - off)
 		return -EINVAL;
 	vma->vm_ops = &peerdirect_dmabuf_vm_ops;
+	vma->vm_private_data = dmabuf;
 	vma->vm_page_prot = pgprot_writecombine(vma->vm_page_prot);
 	vm_flags_set(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
-	return io_remap_pfn_range(vma, vma->vm_start, (base + off) >> PAGE_SHIFT, size,
-				  vma->vm_page_prot);
+	vm_flags_clear(vma, VM_MAYEXEC);
+	return 0;
 }
 
 /* Names the dma-buf after its device, handle and range (shown in fdinfo and debugfs). */
@@ -188,17 +257,27 @@ int peerdirect_dmabuf_set_name(struct dma_buf *dmabuf, u32 index, u32 handle, u6
 }
 
 /*
- * Revokes @dmabuf after its memory is gone (the caller made later maps fail first): importers
- * are told to drop their mappings under the reservation lock, and CPU mappings are zapped so
- * that later accesses fault (SIGBUS) instead of reaching the vanished BAR.
+ * Revokes @dmabuf after its memory is gone (the caller made later maps fail first): its CPU
+ * window is closed and importers are told to drop their mappings, under the reservation lock,
+ * then CPU mappings are zapped so that later accesses fault (SIGBUS) instead of reaching the
+ * vanished BAR. A buffer whose last reference is already gone is skipped: its release is under
+ * way, and with no file reference left no importer or VMA holds it (its inode may already be
+ * freed, so its mapping must not be touched).
  */
 void peerdirect_dmabuf_revoke(struct dma_buf *dmabuf)
 {
+	struct peerdirect_cpu_window *window = dmabuf->priv;
+	struct file *file = get_file_active(&dmabuf->file);
+
+	if (!file)
+		return;
 	dma_resv_lock(dmabuf->resv, NULL);
+	window->revoked = true;
 	dma_buf_invalidate_mappings(dmabuf);
 	dma_resv_wait_timeout(dmabuf->resv, DMA_RESV_USAGE_BOOKKEEP, false, MAX_SCHEDULE_TIMEOUT);
 	dma_resv_unlock(dmabuf->resv);
-	unmap_mapping_range(dmabuf->file->f_mapping, 0, 0, 1);
+	unmap_mapping_range(file->f_mapping, 0, 0, 1);
+	fput(file);
 }
 
 void peerdirect_log_refused_attach(struct pci_dev *hbm, struct device *importer,

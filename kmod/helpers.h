@@ -38,8 +38,20 @@ struct sg_table *peerdirect_map_phys(struct dma_buf_attachment *attach,
 				     u64 len, u64 seg, enum dma_data_direction dir);
 void peerdirect_unmap_phys(struct dma_buf_attachment *attach, struct sg_table *sgt,
 			   enum dma_data_direction dir);
+
+/*
+ * The head of every dma-buf's private data (dmabuf->priv), mirrored by dmabuf.rs's
+ * `CpuWindow`: the CPU physical range a user mapping reaches, closed for good by revocation.
+ * @revoked is written and read only under the buffer's reservation lock.
+ */
+struct peerdirect_cpu_window {
+	u64 phys;
+	u64 len;
+	bool revoked;
+};
+
 extern const struct vm_operations_struct peerdirect_dmabuf_vm_ops;
-int peerdirect_mmap_phys(struct vm_area_struct *vma, phys_addr_t base, u64 len);
+int peerdirect_dmabuf_mmap(struct dma_buf *dmabuf, struct vm_area_struct *vma);
 int peerdirect_dmabuf_set_name(struct dma_buf *dmabuf, u32 index, u32 handle, u64 offset,
 			       u64 len);
 void peerdirect_dmabuf_revoke(struct dma_buf *dmabuf);

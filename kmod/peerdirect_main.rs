@@ -6,7 +6,7 @@
 //! through `driver_override`). Each bound device gets a misc device `/dev/peerdirectN` whose
 //! ioctls are defined by `include/uapi/peerdirect.h`.
 //!
-//! One file per concern: [`provider`] binds the PCI device, [`hbm`] is what the rest of the
+//! One file per concern: [`driver`] is the PCI driver that binds the device, [`hbm`] is what the rest of the
 //! module knows of it, [`memory`] and [`heap`] keep and allocate its BAR, [`allocation`] is one range owned by a file
 //! and its dma-bufs, [`export`] is the DMA-BUF exporter over the small exporter abstraction in
 //! [`dmabuf`], [`chardev`] is the misc device and its ioctls, [`uapi`] the ABI, [`debugfs`]
@@ -17,6 +17,7 @@ mod allocation;
 mod chardev;
 mod debugfs;
 mod dmabuf;
+mod driver;
 mod export;
 mod ffi;
 mod hbm;
@@ -24,11 +25,10 @@ mod heap;
 mod index;
 mod memory;
 mod p2p;
-mod provider;
 mod status;
 mod uapi;
 
-use kernel::{driver, pci, prelude::*};
+use kernel::{driver::Registration, pci, prelude::*};
 
 module! {
     type: Peerdirect,
@@ -39,33 +39,45 @@ module! {
     imports_ns: ["DMA_BUF"],
 }
 
-#[pin_data(PinnedDrop)]
+/// Fields drop in declaration order: the driver unregisters first (no probe can run after
+/// it, and every device is removed), then the peer-memory client, and only then the state
+/// devices share ([`Shared`]).
+#[pin_data]
 struct Peerdirect {
     #[pin]
-    driver: driver::Registration<pci::Adapter<provider::HbmDriver>>,
+    driver: Registration<pci::Adapter<driver::HbmDriver>>,
     /// Registered after the driver, unregistered after it. No registration outlives the
     /// module: each holds a dma-buf, and a dma-buf holds the module.
     _peer_mem: ffi::PeerMemClient,
+    _shared: Shared,
+}
+
+/// What every device uses: the debugfs root and the BARs' heaps. Made before the driver
+/// registers (probing devices use both) and released after it is gone, also when loading
+/// fails half-way.
+struct Shared;
+
+impl Shared {
+    fn new() -> Self {
+        debugfs::init_root();
+        memory::init();
+        Self
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        debugfs::release_root();
+        memory::release_all();
+    }
 }
 
 impl kernel::InPlaceModule for Peerdirect {
     fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
-        // Before the driver registers: probing devices use both.
-        debugfs::init_root();
-        memory::init();
         try_pin_init!(Self {
-            driver <- driver::Registration::new(c"peerdirect", module),
+            _shared: Shared::new(),
+            driver <- Registration::new(c"peerdirect", module),
             _peer_mem: ffi::PeerMemClient::register()?,
         })
-    }
-}
-
-#[pinned_drop]
-impl PinnedDrop for Peerdirect {
-    fn drop(self: Pin<&mut Self>) {
-        // The driver unregisters right after (field drop); device directories hold the root,
-        // bound devices their memory.
-        debugfs::release_root();
-        memory::release_all();
     }
 }

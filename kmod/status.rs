@@ -12,7 +12,7 @@ use crate::{
 };
 use core::mem::offset_of;
 use kernel::{
-    mm::virt::VmaNew,
+    mm::virt::{flags as vm_flags, VmaNew},
     page::{Page, PAGE_SIZE},
     prelude::*,
 };
@@ -39,18 +39,20 @@ impl StatusPage {
         let _ = ffi::page_set_bits(&self.0, offset_of!(peerdirect_status, state), bits);
     }
 
-    /// Maps the page into `vma`, which must be read-only, one page long, at
-    /// `PEERDIRECT_STATUS_OFFSET`.
+    /// Maps the page into `vma`, which must be shared, read-only, not executable, one page
+    /// long, at `PEERDIRECT_STATUS_OFFSET`.
     pub(crate) fn map(&self, vma: &VmaNew) -> Result {
         if ffi::vma_pgoff(vma) != PEERDIRECT_STATUS_OFFSET as usize
             || vma.end() - vma.start() != PAGE_SIZE
+            || vma.flags() & vm_flags::MAYSHARE == 0
         {
             return Err(EINVAL);
         }
-        if vma.writable() {
+        if vma.writable() || vma.executable() {
             return Err(EPERM);
         }
         vma.try_clear_maywrite()?;
+        vma.try_clear_mayexec()?;
         vma.set_dontexpand();
         vma.set_mixedmap().vm_insert_page(vma.start(), &self.0)
     }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The owned HBM provider: peerdirect is the PCI driver of a device whose BAR is HBM.
+//! The PCI driver of HBM devices (the owned provider: peerdirect drives a device whose BAR is
+//! HBM), and the order in which a device is taken down.
 //!
 //! Habana Gaudi devices are matched by ID. Stand-ins for HBM (QEMU's `ivshmem-plain`, whose
 //! BAR2 is host memory) are never bound by default: only when an administrator names this
@@ -72,14 +73,19 @@ fn override_hbm_bar(pdev: &pci::Device) -> Option<u32> {
 }
 
 /// Per-device data while peerdirect is bound to an HBM device.
-#[pin_data(PinnedDrop)]
+///
+/// Fields drop in declaration order, which is the removal protocol: first the misc device
+/// (`misc_deregister` waits for opens in progress, so none can reach a dying device), then
+/// the device is marked gone and its exports revoked, then the debugfs directory goes, and
+/// only then is the index (and with it the names `peerdirectN`) given back for another device.
+#[pin_data]
 pub(crate) struct HbmDevice {
-    hbm: Arc<Hbm>,
-    index: DeviceIndex,
-    #[pin]
-    debugfs: Scope<DeviceFiles>,
     #[pin]
     misc: MiscDeviceRegistration<HbmFile>,
+    bound: Bound,
+    #[pin]
+    debugfs: Scope<DeviceFiles>,
+    index: DeviceIndex,
 }
 
 impl HbmDevice {
@@ -95,21 +101,24 @@ impl HbmDevice {
         unsafe { &*container_of!(misc, Self, misc) }
     }
 
+    /// The device's HBM. Open runs only while `misc` is registered, so before [`Bound`]
+    /// drops: the `Arc` is always live here.
     pub(crate) fn hbm(&self) -> &Arc<Hbm> {
-        &self.hbm
+        &self.bound.0
     }
 }
 
-#[pinned_drop]
-impl PinnedDrop for HbmDevice {
-    fn drop(self: Pin<&mut Self>) {
-        // Open files keep `Hbm` alive; from here on they see ENODEV. The misc device is
-        // deregistered right after, when `misc` drops.
-        self.hbm.remove();
+/// The device as bound: dropping it removes the device (see [`HbmDevice`] for when).
+struct Bound(Arc<Hbm>);
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        // Open files keep `Hbm` alive; from here on they see ENODEV.
+        self.0.remove();
         pr_info!(
-            "{}: removed {}\n",
-            self.index.name().to_str().unwrap_or("peerdirect"),
-            self.hbm.recorded().address
+            "peerdirect{}: removed {}\n",
+            self.0.recorded().index,
+            self.0.recorded().address
         );
     }
 }
@@ -186,9 +195,10 @@ impl pci::Driver for HbmDriver {
             );
             let name = index.name();
 
+            // The misc device registers last: an open may come at once.
             Ok(try_pin_init!(HbmDevice {
                 debugfs <- debugfs::device_dir(name, hbm.clone()),
-                hbm,
+                bound: Bound(hbm),
                 index,
                 misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name }),
             }))

@@ -6,6 +6,9 @@
 #   make userspace                              build the crate and the `peerdirect` CLI
 #   make install KDIR=... [DESTDIR=] [PREFIX=/usr/local]
 #   make bench     benchmarks (not tests): ratios against baselines measured in the same run
+#   make guest     everything the test guests need, for both test kernels: the default one (gcc)
+#                  and the KASAN one (clang 19; `qemu/run --kernel kasan`); guest-default and
+#                  guest-kasan build one of them
 #
 # Expensive outputs (toolchain pieces, the test kernel, cargo's target dir) are cached in
 # $(PEERDIRECT_CACHE), ~/.cache/peerdirect by default, keyed by versions and config.
@@ -20,7 +23,8 @@ export PEERDIRECT_CACHE
 export CARGO_TARGET_DIR ?= $(PEERDIRECT_CACHE)/cargo-target
 BIN := $(CARGO_TARGET_DIR)/release
 
-.PHONY: all setup kernel module module-kunit test-modules userspace userland guest demo test bench install clean
+.PHONY: all setup kernel module module-kunit test-modules userspace userland guest guest-default \
+	kernel-kasan module-kasan test-modules-kasan guest-kasan demo test bench install clean
 
 all: module userspace
 
@@ -49,8 +53,24 @@ userspace:
 userland: setup
 	@scripts/build-userland trixie >/dev/null
 
-guest: kernel module module-kunit test-modules userspace userland
+guest: guest-default guest-kasan
+
+guest-default: kernel module module-kunit test-modules userspace userland
 	@scripts/mkinitramfs $(BUILD)/initramfs.cpio "$$(scripts/build-kernel)" $(BUILD) $(BIN)
+
+# The KASAN flavour of the test kernel (qemu/kernel-kasan.config, built with clang) and the
+# modules built against it (with its LLVM=, which scripts/build-module picks from its .config).
+kernel-kasan: setup
+	@scripts/build-kernel kasan >/dev/null
+
+module-kasan: kernel-kasan
+	@scripts/build-module $(ROOT) $(BUILD)/kmod-kasan "$$(scripts/build-kernel kasan)"
+
+test-modules-kasan: kernel-kasan
+	@scripts/build-module $(ROOT)/tests/kmod $(BUILD)/tests-kmod-kasan "$$(scripts/build-kernel kasan)"
+
+guest-kasan: kernel-kasan module-kasan test-modules-kasan userspace userland
+	@scripts/mkinitramfs $(BUILD)/initramfs-kasan.cpio "$$(scripts/build-kernel kasan)" $(BUILD) $(BIN) -kasan
 
 demo: guest
 	@PEERDIRECT_PREBUILT=1 scripts/demo

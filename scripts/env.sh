@@ -9,6 +9,9 @@ PEERDIRECT_CACHE=${PEERDIRECT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/peerdirect}
 LIBCLANG_WHEEL_VERSION=18.1.1
 BINDGEN_VERSION=0.73.2
 KERNEL_SERIES=7
+# clang/lld/llvm from bookworm for the KASAN flavour of the test kernel (Rust + KASAN needs the
+# C side built by clang; scripts/build-kernel kasan builds with LLVM=-$LLVM_VERSION).
+LLVM_VERSION=19
 
 TOOLS=$PEERDIRECT_CACHE/tools
 RUSTC_VERSION=$(rustc --version 2>/dev/null | awk '{print $2}')

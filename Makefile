@@ -6,6 +6,7 @@
 #   make userspace                              build the crate and the `peerdirect` CLI
 #   make install KDIR=... [DESTDIR=] [PREFIX=/usr/local]
 #   make bench     benchmarks (not tests): ratios against baselines measured in the same run
+#   make stress    the race suites (tests/system/race.sh) for 120 s each instead of 10
 #   make guest     everything the test guests need, for both test kernels: the default one (gcc)
 #                  and the KASAN one (clang 19; `qemu/run --kernel kasan`); guest-default and
 #                  guest-kasan build one of them
@@ -24,7 +25,7 @@ export CARGO_TARGET_DIR ?= $(PEERDIRECT_CACHE)/cargo-target
 BIN := $(CARGO_TARGET_DIR)/release
 
 .PHONY: all setup kernel module module-kunit test-modules userspace userland guest guest-default \
-	kernel-kasan module-kasan test-modules-kasan guest-kasan demo test bench install clean
+	kernel-kasan module-kasan test-modules-kasan guest-kasan demo test stress bench install clean
 
 all: module userspace
 
@@ -77,6 +78,9 @@ demo: guest
 
 test: guest
 	@PEERDIRECT_PREBUILT=1 tests/run
+
+stress: guest
+	@PEERDIRECT_PREBUILT=1 PEERDIRECT_RACE_SECONDS=$${PEERDIRECT_RACE_SECONDS:-120} tests/run -k race
 
 bench:
 	@scripts/bench

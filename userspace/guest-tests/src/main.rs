@@ -8,10 +8,12 @@
 mod alloc_export;
 mod bench_exporters;
 mod fabric;
+mod fuzz;
 mod ibimport;
 mod importer;
 mod lifecycle;
 mod peermem;
+mod race;
 mod revoke;
 mod support;
 mod testmod;
@@ -74,6 +76,20 @@ struct Args {
     /// --topology T`; loads and unloads the modules itself, see [`peermem`]).
     #[arg(long, value_enum, value_name = "TOPOLOGY", conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
     peermem: Option<peermem::Topology>,
+    /// Race the HBM device's removal against userspace instead, for `--seconds` (see
+    /// [`race`]; `mmap-unplug` needs `qemu/run --hotplug` and leaves the module unloaded).
+    #[arg(long, value_enum, value_name = "SUITE,...", value_delimiter = ',', conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
+    race: Vec<race::Suite>,
+    /// Run a randomized, seeded sequence of device operations from several threads instead
+    /// (see [`fuzz`]), for `--seconds`.
+    #[arg(long, value_name = "SEED", conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
+    fuzz: Option<u64>,
+    /// With `--fuzz`: unbind and rebind the device meanwhile, and try to unload the module.
+    #[arg(long, requires = "fuzz")]
+    fuzz_removal: bool,
+    /// How long each `--race` suite, or `--fuzz`, runs.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    seconds: u64,
     /// The PCIe topology the guest was booted with (`qemu/run --topology`).
     #[arg(long, value_enum, requires = "importer")]
     topology: Option<importer::Topology>,
@@ -379,6 +395,12 @@ fn main() -> ExitCode {
     if let Some(go) = &args.revoke_touch {
         return revoke::touch_child(go);
     }
+    if let Some(seed) = args.fuzz {
+        return fuzz::run(seed, args.seconds, args.fuzz_removal);
+    }
+    if !args.race.is_empty() {
+        return race::run(&args.race, args.seconds);
+    }
     if let Some(removal) = args.revoke {
         return revoke::run(removal);
     }
@@ -460,19 +482,11 @@ mod tests {
         let device = Device::open(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
 
-        let tests = tests(&Args {
-            expect_hbm_bytes: Some(1 << 30),
-            lifecycle: false,
-            importer: false,
-            alloc_export: false,
-            revoke: None,
-            revoke_touch: None,
-            bench_exporters: false,
-            fabric: None,
-            ibimport: false,
-            peermem: None,
-            topology: None,
-        });
+        let tests = tests(&Args::parse_from([
+            "peerdirect-guest-tests",
+            "--expect-hbm-bytes",
+            "1073741824",
+        ]));
         assert_eq!(tests.len(), 20);
         for test in &tests {
             let outcome = (test.run)(&device);

@@ -1,0 +1,760 @@
+//! `--race SUITE`: races between the HBM device going away and what userspace does with it
+//! (Documentation/lifecycle.md). Each suite runs for a bounded time (`--seconds`), counts how
+//! often the two sides met, and fails when the race was not run often enough to mean anything.
+//! Kernel reports (KASAN, refcount warnings, lockdep) fail the guest run itself (`qemu/run`);
+//! `make test` runs these suites on the KASAN kernel (`tests/system/race.sh`).
+//!
+//! - `open-unbind`: three threads open `/dev/peerdirect0`, ask INFO and close, while the device
+//!   is unbound and rebound in a loop.
+//! - `mmap-unbind`, `mmap-unplug`: two threads export small dma-bufs, map and write them, while
+//!   the device is unbound (then rebound, in rounds) or hot-unplugged once; afterwards every
+//!   mapping made, whenever it was made, must fault (SIGBUS) instead of reaching the BAR.
+//! - `close-unbind`: the last references of many dma-bufs are dropped by two threads while the
+//!   device is unbound, in rounds; nothing may be left exported afterwards.
+//! - `import-unbind`: two threads have the NIC attach, pin, map, unmap and detach dma-bufs
+//!   through the test importer module (dynamic, revocable and pinned importers in turn)
+//!   while the device is unbound and rebound in a loop.
+
+use std::fs;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use peerdirect::{Device, Errno, Error, ExportFlags};
+
+use crate::support::{errno_name, wait_for, write_sysfs, Outcome, Tap, SYSFS_PCI_DEVICES};
+use crate::testmod::{stats, TestModule};
+use crate::{INDEX, SYSFS_DRIVER};
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum Suite {
+    OpenUnbind,
+    MmapUnbind,
+    MmapUnplug,
+    CloseUnbind,
+    ImportUnbind,
+}
+
+const PAGE: usize = 4096;
+/// How long a device node or a sysfs entry gets to appear or go away.
+const SETTLE: Duration = Duration::from_secs(5);
+/// How long the host gets to hot-unplug the device (`qemu/run --hotplug`).
+const UNPLUG_WAIT: Duration = Duration::from_secs(30);
+/// Mappings one round of `mmap-*` keeps at most (each is a VMA and a dma-buf).
+const MAX_MAPPINGS: usize = 4000;
+/// Dma-bufs one round of `close-unbind` exports.
+const CLOSE_BUFS: usize = 512;
+
+/// Runs `suites` one after the other, each for `seconds`.
+pub(crate) fn run(suites: &[Suite], seconds: u64) -> ExitCode {
+    let budget = Duration::from_secs(seconds);
+    let mut tap = Tap::plan(
+        suites
+            .iter()
+            .map(|suite| match suite {
+                Suite::OpenUnbind | Suite::CloseUnbind | Suite::ImportUnbind => 2,
+                Suite::MmapUnbind | Suite::MmapUnplug => 3,
+            })
+            .sum(),
+    );
+    let bdf = match bound_device() {
+        Ok(bdf) => bdf,
+        Err(err) => {
+            tap.report("the HBM device is bound to peerdirect", &Err(err));
+            return tap.finish();
+        }
+    };
+    for suite in suites {
+        match suite {
+            Suite::OpenUnbind => open_unbind(&mut tap, &bdf, budget),
+            Suite::MmapUnbind => mmap_race(&mut tap, &bdf, budget, Removal::Unbind),
+            Suite::MmapUnplug => mmap_race(&mut tap, &bdf, budget, Removal::Unplug),
+            Suite::CloseUnbind => close_unbind(&mut tap, &bdf, budget),
+            Suite::ImportUnbind => import_unbind(&mut tap, &bdf, budget),
+        }
+    }
+    tap.finish()
+}
+
+/// The PCI address of the one device bound to peerdirect.
+pub(crate) fn bound_device() -> Result<String, String> {
+    let mut bound: Vec<String> = fs::read_dir(SYSFS_DRIVER)
+        .map_err(|err| format!("cannot list {SYSFS_DRIVER}: {err}"))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("0000:"))
+        .collect();
+    match bound.len() {
+        1 => Ok(bound.remove(0)),
+        n => Err(format!(
+            "expected one device in {SYSFS_DRIVER}, got {n}: {bound:?}"
+        )),
+    }
+}
+
+pub(crate) fn unbind(bdf: &str) -> Outcome {
+    write_sysfs(&format!("{SYSFS_DRIVER}/unbind"), bdf)
+}
+
+/// Binds `bdf` again and waits for its device node.
+pub(crate) fn rebind(bdf: &str) -> Outcome {
+    write_sysfs(&format!("{SYSFS_DRIVER}/bind"), bdf)?;
+    let node = peerdirect::device_path(INDEX);
+    wait_for(SETTLE, || node.exists()).map_err(|s| {
+        format!(
+            "{} did not come back within {s} s of rebinding",
+            node.display()
+        )
+    })
+}
+
+/// Whether `err` says the device is gone or going: the answers a racing caller may get.
+fn gone(err: &Error) -> bool {
+    matches!(err.errno(), Some(e) if e == Errno::NODEV || e == Errno::NOENT || e == Errno::NXIO)
+}
+
+/// Collects the first unexpected error of the racing threads.
+#[derive(Default)]
+struct Unexpected(Mutex<Option<String>>);
+
+impl Unexpected {
+    fn record(&self, what: &str, err: &Error) {
+        self.record_errno(what, &err.to_string(), err.errno());
+    }
+
+    fn record_errno(&self, what: &str, err: &str, errno: Option<Errno>) {
+        let mut first = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if first.is_none() {
+            *first = Some(format!(
+                "{what}: expected success or ENODEV/ENOENT/ENXIO while the device goes, got {err} ({})",
+                errno.map_or("no errno", errno_name)
+            ));
+        }
+    }
+
+    fn outcome(&self) -> Outcome {
+        match self.0.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Checks that the race ran: `met` times, at least `min`.
+pub(crate) fn expect_raced(what: &str, met: u64, min: u64) -> Outcome {
+    if met >= min {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what}: expected at least {min}, got {met}: the race was not run"
+        ))
+    }
+}
+
+/// Checks the device is back, with nothing allocated and nothing exported: in its own
+/// counters and in the dma-buf core's list.
+pub(crate) fn expect_idle() -> Outcome {
+    let device =
+        Device::open_index(INDEX).map_err(|err| format!("cannot open the device: {err}"))?;
+    device
+        .info()
+        .map_err(|err| format!("expected INFO to succeed, got {err}"))?;
+    drop(device);
+    let report = stats()?;
+    for key in [
+        "allocations",
+        "exports",
+        "mappings_revocable",
+        "mappings_pinned",
+    ] {
+        let value = report.uint(key)?;
+        if value != 0 {
+            return Err(format!(
+                "{key}: expected 0 once every file is closed, got {value}"
+            ));
+        }
+    }
+    let (hbm, free) = (report.uint("hbm_bytes")?, report.uint("free_bytes")?);
+    if hbm != free {
+        return Err(format!(
+            "free_bytes: expected all {hbm} bytes free, got {free}"
+        ));
+    }
+    // The dma-buf core's own list: no buffer of ours may be left (a leaked file reference).
+    let bufinfo =
+        fs::read_to_string(BUFINFO).map_err(|err| format!("cannot read {BUFINFO}: {err}"))?;
+    let ours: Vec<&str> = bufinfo
+        .lines()
+        .filter(|l| l.contains("peerdirect"))
+        .collect();
+    if !ours.is_empty() {
+        return Err(format!(
+            "{BUFINFO}: expected no peerdirect buffer, got {}:\n{}",
+            ours.len(),
+            ours[..ours.len().min(5)].join("\n")
+        ));
+    }
+    Ok(())
+}
+
+/// Every dma-buf of the system, as the dma-buf core lists them.
+const BUFINFO: &str = "/sys/kernel/debug/dma_buf/bufinfo";
+
+fn open_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicU64::new(0));
+    let unexpected = Arc::new(Unexpected::default());
+    let threads: Vec<_> = (0..3)
+        .map(|_| {
+            let (stop, opened, unexpected) = (stop.clone(), opened.clone(), unexpected.clone());
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match Device::open_index(INDEX) {
+                        Ok(device) => {
+                            opened.fetch_add(1, Ordering::Relaxed);
+                            if let Err(err) = device.info() {
+                                if !gone(&err) {
+                                    unexpected.record("INFO", &err);
+                                }
+                            }
+                        }
+                        Err(err) if gone(&err) => {}
+                        Err(err) => unexpected.record("open", &err),
+                    }
+                }
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    let mut cycles = 0;
+    let mut outcome = Ok(());
+    while start.elapsed() < budget {
+        if let Err(err) = unbind(bdf).and_then(|()| rebind(bdf)) {
+            outcome = Err(err);
+            break;
+        }
+        cycles += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    let opened = opened.load(Ordering::Relaxed);
+    let outcome = outcome
+        .and_then(|()| unexpected.outcome())
+        .and_then(|()| expect_raced("unbind/rebind cycles", cycles, 5))
+        .and_then(|()| expect_raced("opens", opened, 50));
+    tap.report(
+        &format!(
+            "3 threads open, INFO and close /dev/peerdirect0 while it is unbound and rebound ({cycles} cycles, {opened} opens in {} s)",
+            start.elapsed().as_secs()
+        ),
+        &outcome,
+    );
+    tap.report(
+        "afterwards the device works, with nothing allocated or exported and all HBM free",
+        &expect_idle(),
+    );
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Removal {
+    Unbind,
+    Unplug,
+}
+
+/// A CPU mapping of a dma-buf, by address (unmapped by [`Mapping::drop`]).
+pub(crate) struct Mapping {
+    addr: usize,
+    len: usize,
+}
+
+impl Mapping {
+    /// A shared, writable mapping of the whole dma-buf `fd` of `len` bytes.
+    fn new(fd: &OwnedFd, len: usize) -> Result<Self, Errno> {
+        Self::with(fd.as_fd(), len, true, false, rustix::mm::MapFlags::SHARED)
+    }
+
+    /// A mapping of `len` bytes of `fd`, readable, writable and executable as asked.
+    pub(crate) fn with(
+        fd: BorrowedFd<'_>,
+        len: usize,
+        write: bool,
+        exec: bool,
+        flags: rustix::mm::MapFlags,
+    ) -> Result<Self, Errno> {
+        let mut prot = rustix::mm::ProtFlags::READ;
+        if write {
+            prot |= rustix::mm::ProtFlags::WRITE;
+        }
+        if exec {
+            prot |= rustix::mm::ProtFlags::EXEC;
+        }
+        // SAFETY: a new mapping chosen by the kernel (no address hint): it overlaps nothing
+        // this process uses.
+        let addr = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0)? };
+        Ok(Self {
+            addr: addr as usize,
+            len,
+        })
+    }
+
+    /// Reads the first word; a revoked mapping faults, which only a [`sigbus::Trap`] survives.
+    pub(crate) fn read_first(&self) -> u64 {
+        // SAFETY: the mapping is ours, readable, at least a page long and page aligned.
+        unsafe { std::ptr::read_volatile(self.addr as *const u64) }
+    }
+
+    /// Writes `word` at the start of the mapping.
+    fn write(&self, word: u64) {
+        // SAFETY: the mapping is ours, writable, at least a page long and page aligned; a
+        // revoked one faults (SIGBUS), which a `sigbus::Trap` turns into a write to a page
+        // of zeroes.
+        unsafe { std::ptr::write_volatile(self.addr as *mut u64, word) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `addr..addr+len` is a mapping this value made and nothing else refers to.
+        let _ = unsafe { rustix::mm::munmap(self.addr as *mut _, self.len) };
+    }
+}
+
+fn mmap_race(tap: &mut Tap, bdf: &str, budget: Duration, removal: Removal) {
+    let start = Instant::now();
+    let (mut rounds, mut made, mut survived) = (0u64, 0u64, Vec::new());
+    let mut outcome = Ok(());
+    // Unplug removes the device for good: one round.
+    while outcome.is_ok()
+        && (rounds == 0 || (removal == Removal::Unbind && start.elapsed() < budget))
+    {
+        match mmap_round(bdf, removal, rounds) {
+            Ok(round) => {
+                made += round.made;
+                survived.extend(round.survived);
+            }
+            Err(err) => outcome = Err(err),
+        }
+        rounds += 1;
+    }
+    let how = match removal {
+        Removal::Unbind => "unbound",
+        Removal::Unplug => "hot-unplugged",
+    };
+    tap.report(
+        &format!(
+            "2 threads export, map and write 4 KiB dma-bufs while the device is {how} ({rounds} rounds, {made} mappings in {} s)",
+            start.elapsed().as_secs()
+        ),
+        &outcome.and_then(|()| expect_raced("mappings", made, 100 * rounds)),
+    );
+    tap.report(
+        &format!("after the device is {how}, every one of those mappings faults (SIGBUS) instead of reaching the BAR"),
+        &if survived.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} of {made} mappings still reach the BAR after removal returned, e.g. {:?}",
+                survived.len(),
+                &survived[..survived.len().min(5)]
+            ))
+        },
+    );
+    tap.report(
+        match removal {
+            Removal::Unbind => {
+                "afterwards the device works, with nothing allocated or exported and all HBM free"
+            }
+            Removal::Unplug => "afterwards /dev/peerdirect0 is gone and rmmod peerdirect succeeds",
+        },
+        &match removal {
+            Removal::Unbind => expect_idle(),
+            Removal::Unplug => expect_unplugged(),
+        },
+    );
+}
+
+struct Round {
+    made: u64,
+    /// Mappings that were still there after removal: (round, index, what was read).
+    survived: Vec<(u64, usize, u64)>,
+}
+
+fn mmap_round(bdf: &str, removal: Removal, round: u64) -> Result<Round, String> {
+    // A mapping made just before the removal and written just after it faults: survive that.
+    sigbus::forget();
+    let trap = sigbus::Trap::install()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mappings = Arc::new(Mutex::new(Vec::<Mapping>::new()));
+    let unexpected = Arc::new(Unexpected::default());
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, mappings, unexpected) = (stop.clone(), mappings.clone(), unexpected.clone());
+            thread::spawn(move || {
+                let Ok(device) = Device::open_index(INDEX) else {
+                    return;
+                };
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if mappings.lock().unwrap_or_else(|e| e.into_inner()).len() >= MAX_MAPPINGS {
+                        thread::yield_now();
+                        continue;
+                    }
+                    let made = device
+                        .alloc(PAGE as u64, Some(PAGE as u64))
+                        .and_then(|alloc| alloc.export(0, 0, ExportFlags::RDWR));
+                    let dmabuf = match made {
+                        Ok(dmabuf) => OwnedFd::from(dmabuf),
+                        Err(err) => {
+                            if !gone(&err) {
+                                unexpected.record("ALLOC/EXPORT", &err);
+                            }
+                            thread::yield_now();
+                            continue;
+                        }
+                    };
+                    match Mapping::new(&dmabuf, PAGE) {
+                        Ok(map) => {
+                            n += 1;
+                            // Touch it at once: a mapping made before removal is populated.
+                            map.write(n);
+                            mappings.lock().unwrap_or_else(|e| e.into_inner()).push(map);
+                        }
+                        Err(Errno::NODEV) => {}
+                        Err(errno) => {
+                            unexpected.record_errno("mmap", &errno.to_string(), Some(errno))
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    // Let the threads get going, then remove the device under them.
+    thread::sleep(Duration::from_millis(150 + 97 * (round % 5)));
+    let removed = match removal {
+        Removal::Unbind => unbind(bdf),
+        Removal::Unplug => unplug(bdf),
+    };
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    drop(trap);
+    removed?;
+    unexpected.outcome()?;
+    let mappings = std::mem::take(&mut *mappings.lock().unwrap_or_else(|e| e.into_inner()));
+    let survived = sigbus::probe_each(&mappings)?
+        .into_iter()
+        .map(|(i, word)| (round, i, word))
+        .collect();
+    let made = mappings.len() as u64;
+    drop(mappings);
+    if removal == Removal::Unbind {
+        rebind(bdf)?;
+    }
+    Ok(Round { made, survived })
+}
+
+/// Asks the host to hot-unplug the HBM device and waits until it is gone.
+fn unplug(bdf: &str) -> Outcome {
+    println!("@@peerdirect-unplug hbm0");
+    std::io::stdout()
+        .flush()
+        .map_err(|err| format!("cannot flush stdout: {err}"))?;
+    let dir = format!("{SYSFS_PCI_DEVICES}/{bdf}");
+    wait_for(UNPLUG_WAIT, || !std::path::Path::new(&dir).exists())
+        .map_err(|s| format!("{dir} still there {s} s after asking for a hot-unplug"))
+}
+
+fn expect_unplugged() -> Outcome {
+    let node = peerdirect::device_path(INDEX);
+    wait_for(SETTLE, || !node.exists())
+        .map_err(|s| format!("{} still there {s} s after the unplug", node.display()))?;
+    crate::support::run_command("rmmod", &["peerdirect"])
+}
+
+fn close_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
+    let start = Instant::now();
+    let (mut rounds, mut closed) = (0u64, 0u64);
+    let mut outcome = Ok(());
+    while start.elapsed() < budget {
+        match close_round(bdf, rounds) {
+            Ok(n) => closed += n,
+            Err(err) => {
+                outcome = Err(err);
+                break;
+            }
+        }
+        rounds += 1;
+    }
+    tap.report(
+        &format!(
+            "2 threads close the last references of {CLOSE_BUFS} dma-bufs while the device is unbound ({rounds} rounds, {closed} closed in {} s)",
+            start.elapsed().as_secs()
+        ),
+        &outcome.and_then(|()| expect_raced("rounds", rounds, 3)),
+    );
+    tap.report(
+        "afterwards the device works, with nothing allocated or exported and all HBM free",
+        &expect_idle(),
+    );
+}
+
+/// One round of `close-unbind`: `CLOSE_BUFS` dma-bufs, closed from two threads while the
+/// device is unbound; then rebinds. Returns how many were closed.
+fn close_round(bdf: &str, round: u64) -> Result<u64, String> {
+    let device =
+        Device::open_index(INDEX).map_err(|err| format!("cannot open the device: {err}"))?;
+    let alloc = device
+        .alloc((CLOSE_BUFS * PAGE) as u64, Some(PAGE as u64))
+        .map_err(|err| format!("ALLOC of {CLOSE_BUFS} pages failed: {err}"))?;
+    let mut bufs = Vec::with_capacity(CLOSE_BUFS);
+    for i in 0..CLOSE_BUFS {
+        let dmabuf = alloc
+            .export((i * PAGE) as u64, PAGE as u64, ExportFlags::empty())
+            .map_err(|err| format!("EXPORT {i} failed: {err}"))?;
+        bufs.push(OwnedFd::from(dmabuf));
+    }
+    drop(alloc);
+    drop(device);
+    let half = bufs.split_off(CLOSE_BUFS / 2);
+    let closed = Arc::new(AtomicUsize::new(0));
+    let go = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = [bufs, half]
+        .into_iter()
+        .map(|bufs| {
+            let (closed, go) = (closed.clone(), go.clone());
+            thread::spawn(move || {
+                while !go.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                for fd in bufs {
+                    drop(fd);
+                    closed.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    go.store(true, Ordering::Release);
+    // Start the unbind a little later each round, so it meets the closes at different points.
+    thread::sleep(Duration::from_micros(200 * (round % 8)));
+    let unbound = unbind(bdf);
+    for t in threads {
+        let _ = t.join();
+    }
+    unbound?;
+    rebind(bdf)?;
+    Ok(closed.load(Ordering::Relaxed) as u64)
+}
+
+fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
+    let nic = match crate::support::find_nic() {
+        Ok(nic) => nic,
+        Err(err) => {
+            tap.report("the NIC is found", &Err(err));
+            return;
+        }
+    };
+    // Loaded once here; the threads open its command file for themselves.
+    if let Err(err) = TestModule::load_importer() {
+        tap.report("the test importer module loads", &Err(err));
+        return;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let (imported, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let unexpected = Arc::new(Mutex::new(None::<String>));
+    let threads: Vec<_> = (0..2)
+        .map(|t| {
+            let (stop, imported, refused, unexpected, nic) = (
+                stop.clone(),
+                imported.clone(),
+                refused.clone(),
+                unexpected.clone(),
+                nic.clone(),
+            );
+            thread::spawn(move || {
+                let record = |err: String| {
+                    let mut first = unexpected.lock().unwrap_or_else(|e| e.into_inner());
+                    first.get_or_insert(err);
+                };
+                let mut importer = match TestModule::load_importer() {
+                    Ok(importer) => importer,
+                    Err(err) => return record(err),
+                };
+                let mut n = t;
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(device) = Device::open_index(INDEX) else {
+                        continue;
+                    };
+                    let made = device
+                        .alloc(16 * PAGE as u64, None)
+                        .and_then(|alloc| alloc.export(0, 0, ExportFlags::RDWR));
+                    let Ok(dmabuf) = made else {
+                        continue;
+                    };
+                    n += 1;
+                    let mode = ["dynamic", "revocable", "pinned"][n as usize % 3];
+                    let line = format!("fd={} dev={nic} mode={mode}", dmabuf.as_fd().as_raw_fd());
+                    let report = match importer.command(&line) {
+                        Ok(report) => report,
+                        Err(err) => return record(err),
+                    };
+                    // Gone at any point: ENODEV. Anything else is a bug.
+                    match (report.int("attach"), report.int("map")) {
+                        (Ok(0), Ok(0)) => imported.fetch_add(1, Ordering::Relaxed),
+                        (Ok(-19), _) | (Ok(0), Ok(-19)) => refused.fetch_add(1, Ordering::Relaxed),
+                        _ => return record(format!("{mode} import: {}", report.summary())),
+                    };
+                }
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    let (mut cycles, mut outcome) = (0u64, Ok(()));
+    while start.elapsed() < budget {
+        if let Err(err) = unbind(bdf).and_then(|()| rebind(bdf)) {
+            outcome = Err(err);
+            break;
+        }
+        cycles += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    let (imported, refused) = (
+        imported.load(Ordering::Relaxed),
+        refused.load(Ordering::Relaxed),
+    );
+    let first = unexpected.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let outcome = outcome
+        .and_then(|()| first.map_or(Ok(()), Err))
+        .and_then(|()| expect_raced("unbind/rebind cycles", cycles, 5))
+        .and_then(|()| expect_raced("imports", imported, 20));
+    tap.report(
+        &format!(
+            "2 threads have the NIC attach, pin, map, unmap and detach dma-bufs while the device is unbound and rebound ({cycles} cycles, {imported} imports, {refused} refused with ENODEV)"
+        ),
+        &outcome,
+    );
+    tap.report(
+        "afterwards the device works, with nothing allocated or exported and all HBM free",
+        &expect_idle(),
+    );
+}
+
+/// Reading a mapping that may fault, without dying of it.
+pub(crate) mod sigbus {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::Mapping;
+
+    /// The page the last SIGBUS hit, 0 if none since it was reset.
+    static FAULTED: AtomicUsize = AtomicUsize::new(0);
+    /// Every page a SIGBUS hit since [`forget`], up to [`TRAPPED_MAX`]: they are anonymous
+    /// memory now, and reading them again proves nothing.
+    static TRAPPED: [AtomicUsize; TRAPPED_MAX] = [const { AtomicUsize::new(0) }; TRAPPED_MAX];
+    static TRAPPED_N: AtomicUsize = AtomicUsize::new(0);
+    const TRAPPED_MAX: usize = 8192;
+
+    /// Forgets the pages trapped so far.
+    pub(crate) fn forget() {
+        TRAPPED_N.store(0, Ordering::SeqCst);
+    }
+
+    /// Replaces the page that faulted with anonymous memory and records it, so the faulting
+    /// read completes (reading 0) and the caller learns that it faulted.
+    extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+        let addr = unsafe { (*info).si_addr() } as usize & !(super::PAGE - 1);
+        // SAFETY: mmap is async-signal-safe; MAP_FIXED over the page of the faulting mapping,
+        // which `probe_each` owns and unmaps afterwards (the record tells it so).
+        let placed = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                super::PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if placed == libc::MAP_FAILED {
+            // SAFETY: _exit is async-signal-safe; without the page the read would fault forever.
+            unsafe { libc::_exit(86) };
+        }
+        FAULTED.store(addr, Ordering::SeqCst);
+        let n = TRAPPED_N.fetch_add(1, Ordering::SeqCst);
+        if n < TRAPPED_MAX {
+            TRAPPED[n].store(addr, Ordering::SeqCst);
+        }
+    }
+
+    /// While it exists, SIGBUS in this process replaces the faulting page with zeroes instead
+    /// of killing it (and records the page for [`probe_each`]).
+    pub(crate) struct Trap(libc::sigaction);
+
+    impl Trap {
+        pub(crate) fn install() -> Result<Self, String> {
+            let mut action = zeroed_action();
+            action.sa_sigaction = on_sigbus as *const () as usize;
+            action.sa_flags = libc::SA_SIGINFO;
+            let mut old = zeroed_action();
+            // SAFETY: both structs are valid for the call; the handler is async-signal-safe.
+            if unsafe { libc::sigaction(libc::SIGBUS, &action, &mut old) } != 0 {
+                return Err(format!(
+                    "cannot install a SIGBUS handler: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            Ok(Self(old))
+        }
+    }
+
+    impl Drop for Trap {
+        fn drop(&mut self) {
+            // SAFETY: restores the disposition saved by `install`.
+            unsafe { libc::sigaction(libc::SIGBUS, &self.0, std::ptr::null_mut()) };
+        }
+    }
+
+    /// Reads the first word of each mapping; returns those that did not fault, with the word
+    /// read. Called with no other thread touching the mappings.
+    pub(super) fn probe_each(mappings: &[Mapping]) -> Result<Vec<(usize, u64)>, String> {
+        let n = TRAPPED_N.load(Ordering::SeqCst);
+        if n > TRAPPED_MAX {
+            return Err(format!(
+                "{n} pages faulted while mapping, more than {TRAPPED_MAX} recorded"
+            ));
+        }
+        let trapped: std::collections::HashSet<usize> = TRAPPED[..n]
+            .iter()
+            .map(|a| a.load(Ordering::SeqCst))
+            .collect();
+        let _trap = Trap::install()?;
+        let mut survived = Vec::new();
+        // Pages that faulted already, when first written, were revoked.
+        for (i, map) in mappings
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| !trapped.contains(&m.addr))
+        {
+            FAULTED.store(0, Ordering::SeqCst);
+            let word = map.read_first();
+            if FAULTED.load(Ordering::SeqCst) != map.addr {
+                survived.push((i, word));
+            }
+        }
+        Ok(survived)
+    }
+
+    fn zeroed_action() -> libc::sigaction {
+        // SAFETY: a zeroed sigaction is a valid (default) disposition.
+        unsafe { std::mem::zeroed() }
+    }
+}

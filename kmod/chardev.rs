@@ -8,7 +8,7 @@
 use crate::{
     allocation::Allocation,
     driver::HbmDevice,
-    export,
+    export, ffi,
     hbm::Hbm,
     p2p,
     uapi::{
@@ -22,7 +22,7 @@ use crate::{
 use kernel::{
     bindings,
     fs::{file::FileDescriptorReservation, File},
-    miscdevice::{MiscDevice, MiscDeviceRegistration},
+    miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     mm::virt::VmaNew,
     new_mutex,
     page::PAGE_SIZE,
@@ -30,7 +30,7 @@ use kernel::{
     rbtree::{RBTree, RBTreeNodeReservation},
     seq_file::SeqFile,
     seq_print,
-    sync::{Arc, Mutex},
+    sync::{poll::PollTable, Arc, Mutex},
 };
 
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -255,19 +255,78 @@ impl HbmFile {
     }
 }
 
+/// `poll` answers of a device file: none while the device is there; once it starts going
+/// away, `POLLPRI` (act now: let go of its registrations) with `POLLHUP` (it will not come
+/// back on this file). uapi values, as `<poll.h>` has them.
+const POLLPRI: bindings::__poll_t = 0x0002;
+const POLLHUP: bindings::__poll_t = 0x0010;
+
+/// The misc device's file operations, plus `poll` (the Rust misc device abstraction of 7.3
+/// has none). Every other operation is the abstraction's own, so they see the file's private
+/// data as it set it up.
+static FILE_OPS: FileOps = FileOps(bindings::file_operations {
+    poll: Some(poll),
+    // SAFETY: `into_raw` builds the miscdevice the abstraction registers, whose `fops` points
+    // to its `'static` operations table; reading it at compile time copies that table.
+    ..unsafe {
+        *MiscDeviceOptions {
+            name: c"peerdirect",
+        }
+        .into_raw::<HbmFile>()
+        .fops
+    }
+});
+
+/// A `file_operations` table that is never written after compile time.
+struct FileOps(bindings::file_operations);
+
+// SAFETY: the table is immutable; its pointers (the owning module, functions) are only read,
+// from any thread, as the VFS reads every `file_operations`.
+unsafe impl Sync for FileOps {}
+
+/// `poll` on an open `/dev/peerdirectN`: see [`POLLPRI`].
+///
+/// # Safety
+///
+/// Only called by the VFS as `FILE_OPS.poll`, on a file `HbmFile::open` gave `FILE_OPS`
+/// and the misc device abstraction then gave an `HbmFile` as private data.
+unsafe extern "C" fn poll(
+    file: *mut bindings::file,
+    table: *mut bindings::poll_table_struct,
+) -> bindings::__poll_t {
+    // SAFETY: by the function's contract, `private_data` is the `HbmFile` the abstraction
+    // made (`Pin<KBox<HbmFile>>::into_foreign`), alive until release, which does not run
+    // while the file is being polled.
+    let me = unsafe { &*(*file).private_data.cast::<HbmFile>() };
+    // SAFETY: the VFS passes a valid file, with no fdget_pos region active on this thread.
+    let file = unsafe { File::from_raw_file(file) };
+    // SAFETY: the VFS passes a null or valid poll table, valid for this call.
+    let table = unsafe { PollTable::from_raw(table) };
+    table.register_wait(file, &me.hbm.events);
+    if me.hbm.is_present() {
+        0
+    } else {
+        POLLPRI | POLLHUP
+    }
+}
+
 #[vtable]
 impl MiscDevice for HbmFile {
     type Ptr = Pin<KBox<Self>>;
 
-    fn open(_file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
+    fn open(file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
         let hbm = HbmDevice::of_registration(misc).hbm().clone();
-        KBox::try_pin_init(
+        let me = KBox::try_pin_init(
             try_pin_init!(Self {
                 hbm,
                 allocations <- new_mutex!(RBTree::new()),
             }),
             GFP_KERNEL,
-        )
+        )?;
+        // SAFETY: `file` is being opened by our misc device, and `FILE_OPS` is its operations
+        // table plus `poll`, which reads the private data the abstraction sets after this.
+        unsafe { ffi::file_replace_fops(file, &FILE_OPS.0) };
+        Ok(me)
     }
 
     fn ioctl(me: Pin<&Self>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {

@@ -35,6 +35,10 @@ mod raw {
         ) -> bool;
         pub(super) fn peerdirect_pci_host_bridge_ids(pdev: *mut bindings::pci_dev) -> u32;
         pub(super) fn peerdirect_pci_iommu_mapped(pdev: *mut bindings::pci_dev) -> bool;
+        pub(super) fn peerdirect_file_replace_fops(
+            file: *mut bindings::file,
+            fops: *const bindings::file_operations,
+        );
         pub(super) fn peerdirect_current_tgid() -> bindings::pid_t;
         pub(super) fn peerdirect_page_set_bits(page: *mut bindings::page, offset: usize, bits: u32);
         pub(super) fn peerdirect_vma_pgoff(vma: *mut bindings::vm_area_struct) -> usize;
@@ -330,6 +334,21 @@ pub(crate) fn vma_pgoff(vma: &VmaNew) -> usize {
 }
 
 /// The calling process's id, as its PID namespace sees it.
+/// Gives `file`, being opened, the operations `fops` from now on.
+///
+/// # Safety
+///
+/// `file` is being opened by this module's misc device (its open callback runs), and `fops`
+/// belongs to this module and works on the file's private data as the misc device's own
+/// operations do.
+pub(crate) unsafe fn file_replace_fops(
+    file: &kernel::fs::File,
+    fops: &'static bindings::file_operations,
+) {
+    // SAFETY: forwarded from the caller; `file` is valid for the call.
+    unsafe { raw::peerdirect_file_replace_fops(file.as_ptr(), fops) }
+}
+
 pub(crate) fn current_tgid() -> i32 {
     // SAFETY: `task_tgid_vnr(current)` may be called from any process context.
     unsafe { raw::peerdirect_current_tgid() }

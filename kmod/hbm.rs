@@ -15,14 +15,16 @@ use crate::{
     uapi::PEERDIRECT_STATUS_REVOKED,
 };
 use kernel::{
-    new_condvar, new_mutex, pci,
+    new_condvar, new_mutex, new_poll_condvar, pci,
     prelude::*,
     rbtree::{RBTree, RBTreeNodeReservation},
     sync::{
         aref::ARef,
         atomic::{Acquire, Atomic, Relaxed, Release},
+        poll::PollCondVar,
         Arc, CondVar, Mutex,
     },
+    time::{delay::fsleep, Delta},
 };
 
 /// A PCI address, `domain:bus:slot.func`.
@@ -79,6 +81,8 @@ pub(crate) struct ExportRecord {
     /// Offset of the exported range in the BAR.
     pub(crate) offset: u64,
     pub(crate) len: u64,
+    /// The process that exported it, as its own PID namespace sees it.
+    pub(crate) pid: i32,
 }
 
 /// An importer's attachment as debugfs lists it.
@@ -93,11 +97,14 @@ pub(crate) struct AttachRecord {
     pub(crate) entries: u32,
 }
 
-/// Mappings handed to importers that unmap when told to (they provide `invalidate_mappings`),
-/// counted so that removal can wait for them. Pinned ones are counted in [`HbmMemory`].
+/// Mappings handed to importers, counted so that removal can wait for them: revocable ones
+/// (they provide `invalidate_mappings`) unmap when told to; the others (EFA's pinned memory
+/// registrations) only when their owner lets go. The latter are also counted per BAR, across
+/// bindings, in [`HbmMemory`].
 #[derive(Default)]
 pub(crate) struct Mappings {
     pub(crate) revocable: u64,
+    pub(crate) pinned: u64,
 }
 
 /// Allocation handles of a device: counted up, never 0, and never one the caller still uses.
@@ -147,6 +154,9 @@ pub(crate) struct Hbm {
     /// Signalled when a revocable mapping goes away.
     #[pin]
     unmapped: CondVar,
+    /// Wakes those polling the device's files when it starts going away.
+    #[pin]
+    pub(crate) events: PollCondVar,
 }
 
 impl Hbm {
@@ -169,6 +179,7 @@ impl Hbm {
                 attachments <- new_mutex!(RBTree::new()),
                 mappings <- new_mutex!(Mappings::default()),
                 unmapped <- new_condvar!(),
+                events <- new_poll_condvar!("Hbm::events"),
             }),
             GFP_KERNEL,
         )
@@ -240,23 +251,26 @@ impl Hbm {
 
     /// Counts a mapping made for an importer.
     pub(crate) fn mapped(&self, revocable: bool) {
+        let mut mappings = self.mappings.lock();
         if revocable {
-            self.mappings.lock().revocable += 1;
+            mappings.revocable += 1;
         } else {
+            mappings.pinned += 1;
             self.memory.pinned_mappings.fetch_add(1, Relaxed);
         }
     }
 
     /// Counts a mapping undone by an importer.
     pub(crate) fn unmapped(&self, revocable: bool) {
+        let mut mappings = self.mappings.lock();
         if revocable {
-            let mut mappings = self.mappings.lock();
             mappings.revocable -= 1;
-            if mappings.revocable == 0 {
-                self.unmapped.notify_all();
-            }
         } else {
+            mappings.pinned -= 1;
             self.memory.pinned_mappings.fetch_sub(1, Relaxed);
+        }
+        if mappings.revocable == 0 && mappings.pinned == 0 {
+            self.unmapped.notify_all();
         }
     }
 
@@ -267,12 +281,16 @@ impl Hbm {
 
     /// Marks the device gone (unbind, removal) and revokes its exports: later requests and
     /// maps fail with `ENODEV`, importers are told to drop their mappings, CPU mappings are
-    /// zapped. Pinned importers that cannot be revoked keep their (now dead) mappings until
-    /// they let go; the range is never handed out again meanwhile.
+    /// zapped, and pollers of the device's files are woken. Returns once no importer maps any
+    /// of the device's exports: revocable ones unmap when told; for those that cannot be
+    /// revoked (pinned memory registrations) it waits until their owners let go, saying every
+    /// few seconds who they are.
     pub(crate) fn remove(&self) {
         self.present.store(false, Release);
-        // Before any export is revoked: caches stop handing out registrations of them.
+        // Before any export is revoked: caches stop handing out registrations of them, and
+        // processes polling the device file learn that they must let go of them.
         self.status.set(PEERDIRECT_STATUS_REVOKED);
+        self.events.notify_all();
         // No export is recorded after this point (`register_export`), so this is all of them.
         {
             let exported = self.exported.lock();
@@ -288,16 +306,81 @@ impl Hbm {
         while mappings.revocable > 0 {
             self.unmapped.wait(&mut mappings);
         }
-        let pinned = self.memory.pinned_mappings.load(Relaxed);
-        if pinned > 0 {
-            dev_warn!(
+        // The others must be let go of by userspace; no peer may DMA into the BAR once
+        // removal returns (the BAR may be handed to another driver, or be gone).
+        let (mut waited, mut nag_at) = (Delta::ZERO, Delta::ZERO);
+        while mappings.pinned > 0 {
+            let pinned = mappings.pinned;
+            drop(mappings);
+            if waited >= nag_at {
+                self.log_pinned_holders(pinned, waited);
+                // Pollers that came after the first wake-up (a process that just opened the
+                // file to find out) learn it too.
+                self.events.notify_all();
+                nag_at = waited + NAG_INTERVAL;
+            }
+            // Short, uninterruptible sleeps: removal cannot fail, nor be cut short by a
+            // signal to the process that asked for it.
+            fsleep(PINNED_POLL);
+            waited += PINNED_POLL;
+            mappings = self.mappings.lock();
+        }
+        if waited > Delta::ZERO {
+            dev_info!(
                 self.pdev.as_ref(),
-                "{} pinned importer mapping(s) cannot be revoked and still reference HBM; their ranges stay reserved until released\n",
-                pinned
+                "every mapping that could not be revoked is released, after {} ms\n",
+                waited.as_millis()
             );
         }
     }
+
+    /// Says which exports are still mapped by importers that cannot be revoked, by whom, and
+    /// which processes exported them.
+    fn log_pinned_holders(&self, pinned: u64, waited: Delta) {
+        let index = self.info.index;
+        dev_warn!(
+            self.pdev.as_ref(),
+            "peerdirect{}: removal waits ({} s so far) for {} mapping(s) that cannot be revoked (pinned memory registrations); the processes below must deregister them or exit\n",
+            index,
+            waited.as_millis() / 1000,
+            pinned
+        );
+        // In this order: revocation takes a buffer's reservation lock under `exported`, and
+        // pinning updates `attachments` under it.
+        let exported = self.exported.lock();
+        let attachments = self.attachments.lock();
+        for a in attachments
+            .values()
+            .filter(|a| !a.revocable && a.entries > 0)
+        {
+            let end = a.importer.iter().position(|&b| b == 0).unwrap_or(32);
+            let importer = core::str::from_utf8(&a.importer[..end]).unwrap_or("?");
+            match exported.get(&a.export) {
+                Some(e) => dev_warn!(
+                    self.pdev.as_ref(),
+                    "peerdirect{}:   dma-buf h{} [{:#x}+{:#x}] exported by pid {}, mapped by {}\n",
+                    index,
+                    e.handle,
+                    e.offset,
+                    e.len,
+                    e.pid,
+                    importer
+                ),
+                None => dev_warn!(
+                    self.pdev.as_ref(),
+                    "peerdirect{}:   a released dma-buf, mapped by {}\n",
+                    index,
+                    importer
+                ),
+            }
+        }
+    }
 }
+
+/// How often removal checks whether pinned mappings are gone.
+const PINNED_POLL: Delta = Delta::from_millis(50);
+/// How often it says who it waits for.
+const NAG_INTERVAL: Delta = Delta::from_secs(5);
 
 #[cfg(peerdirect_kunit)]
 #[kunit_tests(peerdirect_handles)]

@@ -105,6 +105,16 @@ unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma)
 	return vma->vm_pgoff;
 }
 
+/*
+ * Gives an open @file the operations @fops instead of the misc core's (replace_fops, as
+ * misc_open itself does). Both belong to this module, whose reference the open holds, so
+ * fops_get() cannot fail.
+ */
+void peerdirect_file_replace_fops(struct file *file, const struct file_operations *fops)
+{
+	replace_fops(file, fops_get(fops));
+}
+
 /* The calling process's id as its own PID namespace sees it (for debugfs listings). */
 pid_t peerdirect_current_tgid(void)
 {

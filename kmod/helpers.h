@@ -28,6 +28,10 @@ struct vm_area_struct;
 
 struct page;
 
+struct file;
+struct file_operations;
+
+void peerdirect_file_replace_fops(struct file *file, const struct file_operations *fops);
 pid_t peerdirect_current_tgid(void);
 void peerdirect_page_set_bits(struct page *page, size_t offset, u32 bits);
 unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma);

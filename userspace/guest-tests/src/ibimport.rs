@@ -12,13 +12,15 @@
 use std::fs;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId, RegCache};
 use peerdirect::registrar::ibverbs::{IbverbsError, IbverbsRegistrar};
 use peerdirect::{Device, DeviceInfo, DmaBuf, Errno, ExportFlags};
 
+use crate::removal::{expect_going, expect_waits_log, Unbinding};
 use crate::support::{expect_eq, find_nic, run_command as run, Outcome, Tap};
 use crate::testmod::{stats, TestModule};
 use crate::{INDEX, SYSFS_DRIVER};
@@ -30,7 +32,6 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 /// The module's page-size bitmap: 4 KiB .. 2 GiB, as EFA's.
 const PGSZ_BITMAP: u64 = 0xffff_f000;
-const PINNED_LOG: &str = "pinned importer mapping(s) cannot be revoked";
 
 /// `ib_umem_find_best_pgsz` for one DMA-contiguous range at `dma` of `len` bytes, registered
 /// at `iova` (an independent implementation of the kernel's rule).
@@ -165,6 +166,8 @@ struct Ctx {
     device: Device,
     info: DeviceInfo,
     nic: String,
+    /// The unbind, while it waits for the pinned import.
+    unbinding: Option<Unbinding>,
 }
 
 /// Allocates and exports per `layout`; returns the dma-buf and its BAR offset.
@@ -312,16 +315,6 @@ fn hold(ctx: &mut Ctx) -> Result<Held, String> {
     })
 }
 
-fn pinned_log_lines() -> Result<usize, String> {
-    let out = Command::new("dmesg")
-        .output()
-        .map_err(|e| format!("cannot run dmesg: {e}"))?;
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.contains(PINNED_LOG))
-        .count())
-}
-
 type Step = (
     String,
     Box<dyn FnOnce(&mut Option<Ctx>, &mut Option<Held>) -> Outcome>,
@@ -395,11 +388,10 @@ fn steps() -> Vec<Step> {
         },
     ));
     steps.push(with_ctx(
-        format!("unbinding the HBM device ({SYSFS_DRIVER}/unbind) succeeds"),
+        format!("unbinding the HBM device ({SYSFS_DRIVER}/unbind, in a thread) starts its removal: the device file polls POLLPRI | POLLHUP"),
         |ctx, _| {
-            let bdf = ctx.info.pci_address.to_string();
-            fs::write(format!("{SYSFS_DRIVER}/unbind"), &bdf)
-                .map_err(|e| format!("unbind {bdf}: {e}"))
+            ctx.unbinding = Some(Unbinding::start(&ctx.info.pci_address.to_string()));
+            expect_going(&ctx.device, Duration::from_secs(5))
         },
     ));
     steps.push(with_ctx(
@@ -419,26 +411,28 @@ fn steps() -> Vec<Step> {
         },
     ));
     steps.push(with_ctx(
-        "non-revocable pinned import (EFA's path): keeps its mapping at the same DMA address (exporter.md), and peerdirect logs 1 pinned mapping it cannot revoke",
+        "non-revocable pinned import (EFA's path): keeps its mapping at the same DMA address, the unbind waits for it, and the kernel log names the NIC as the importer it waits for",
         |ctx, held| {
             let held = held.as_ref().ok_or("no held imports")?;
             let r = ctx.module.command(&format!("status id={}", held.pinned))?;
             r.expect(&[("mapped", 1), ("pinned", 1), ("revoked", 0), ("revoke_calls", 0)])?;
             expect_eq("dma_start", held.pinned_dma, r.uint("dma_start")?)?;
-            expect_eq("log lines", 1, pinned_log_lines()?)
+            ctx.unbinding.as_ref().ok_or("no unbind is running")?.expect_pending()?;
+            expect_waits_log(&[format!("mapped by {}", ctx.nic)])
         },
     ));
     steps.push(with_ctx(
-        "rebind: stats show mappings_pinned 1 (the pinned range stays reserved); releasing every import brings it to 0",
+        "releasing every import (released=3) lets the unbind return within 5 s; rebound, stats show mappings_pinned 0",
         |ctx, _| {
+            let r = ctx.module.command("release all")?;
+            expect_eq("released", 3, r.int("released")?)?;
+            let unbinding = ctx.unbinding.take().ok_or("no unbind is running")?;
+            let took = unbinding.finish(Duration::from_secs(5))?;
+            println!("# the unbind returned after {} ms", took.as_millis());
             let bdf = ctx.info.pci_address.to_string();
             fs::write(format!("{SYSFS_DRIVER}/bind"), &bdf).map_err(|e| format!("bind {bdf}: {e}"))?;
             let s = stats()?;
-            expect_eq("mappings_pinned after rebind", 1, s.int("mappings_pinned")?)?;
-            let r = ctx.module.command("release all")?;
-            expect_eq("released", 3, r.int("released")?)?;
-            let s = stats()?;
-            expect_eq("mappings_pinned after release", 0, s.int("mappings_pinned")?)
+            expect_eq("mappings_pinned after rebind", 0, s.int("mappings_pinned")?)
         },
     ));
     steps.push((
@@ -464,6 +458,7 @@ pub(crate) fn run_tests() -> ExitCode {
             device,
             info,
             nic,
+            unbinding: None,
         })
     })();
     tap.report(

@@ -13,7 +13,9 @@ mod ibimport;
 mod importer;
 mod lifecycle;
 mod peermem;
+mod pinned;
 mod race;
+mod removal;
 mod revoke;
 mod support;
 mod testmod;
@@ -80,6 +82,10 @@ struct Args {
     /// [`race`]; `mmap-unplug` needs `qemu/run --hotplug` and leaves the module unloaded).
     #[arg(long, value_enum, value_name = "SUITE,...", value_delimiter = ',', conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
     race: Vec<race::Suite>,
+    /// Test the removal protocol for importers that cannot be revoked instead (see
+    /// [`pinned`]; switch topology, needs the test importer module).
+    #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
+    pinned_removal: bool,
     /// Run a randomized, seeded sequence of device operations from several threads instead
     /// (see [`fuzz`]), for `--seconds`.
     #[arg(long, value_name = "SEED", conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
@@ -394,6 +400,9 @@ fn main() -> ExitCode {
     }
     if let Some(go) = &args.revoke_touch {
         return revoke::touch_child(go);
+    }
+    if args.pinned_removal {
+        return pinned::run();
     }
     if let Some(seed) = args.fuzz {
         return fuzz::run(seed, args.seconds, args.fuzz_removal);

@@ -162,8 +162,16 @@ impl Device {
     /// Subscribes `hook` to this file's frees and revocation (once, however often it is
     /// subscribed; it unsubscribes by being dropped). [`crate::RegCache::attach`] does this
     /// for a cache.
+    ///
+    /// The first subscription also starts a thread that waits for the module to say the
+    /// device is going (the file polls `POLLPRI`) and then tells the hooks at once
+    /// ([`Invalidate::device_gone`]): removal of the device waits for registrations that
+    /// cannot be revoked, so they must go without waiting for the caller's next command. If
+    /// the thread cannot be started (no memory, no threads left), hooks still learn it from
+    /// the status page and from `ENODEV`, later.
     pub fn subscribe(&self, hook: Weak<dyn Invalidate>) {
         self.hooks.subscribe(hook);
+        let _ = self.hooks.watch(self.fd.as_fd(), self.index);
     }
 
     /// Asks the module about the HBM device (`PEERDIRECT_IOC_INFO`).

@@ -16,11 +16,23 @@
 //!   reset: the module revoked its dma-bufs), every hook is told the device is gone
 //!   ([`Invalidate::device_gone`]).
 //!
+//! - when the module says the device is going (the device file polls `POLLPRI | POLLHUP` once
+//!   revocation starts), a thread the first subscription starts tells every hook at once
+//!   ([`Invalidate::device_gone`]), without waiting for a command: removal of the device waits
+//!   for importers that cannot be revoked (EFA's pinned memory registrations), so a cache must
+//!   let go of its registrations by itself for the removal to finish.
+//!
 //! Hooks are held weakly: a cache that is dropped unsubscribes by itself. They run on the
-//! thread that frees, outside this module's locks.
+//! thread that frees (or the watching thread), outside this module's locks.
 
 use std::collections::HashMap;
+use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::{self, JoinHandle};
+
+use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
+use rustix::io::Errno;
 
 use crate::cache::ExportId;
 
@@ -39,6 +51,12 @@ pub trait Invalidate: Send + Sync {
 /// A device file's exports per allocation handle and the hooks subscribed to it.
 #[derive(Default)]
 pub(crate) struct Hooks {
+    state: Arc<State>,
+    watcher: Mutex<Option<Watcher>>,
+}
+
+#[derive(Default)]
+struct State {
     subscribers: Mutex<Vec<Weak<dyn Invalidate>>>,
     exports: Mutex<HashMap<u32, Vec<ExportId>>>,
 }
@@ -46,15 +64,18 @@ pub(crate) struct Hooks {
 impl std::fmt::Debug for Hooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hooks")
-            .field("subscribers", &lock(&self.subscribers).len())
-            .field("exports", &*lock(&self.exports))
+            .field("subscribers", &lock(&self.state.subscribers).len())
+            .field("exports", &*lock(&self.state.exports))
+            .field("watching", &lock(&self.watcher).is_some())
             .finish()
     }
 }
 
 impl Drop for Hooks {
-    /// The device file is being closed (the `Device` is dropped): it frees what is left.
+    /// The device file is being closed (the `Device` is dropped): it frees what is left. The
+    /// watching thread is stopped first, so it never outlives the file.
     fn drop(&mut self) {
+        drop(lock(&self.watcher).take());
         self.before_close();
     }
 }
@@ -69,7 +90,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Hooks {
     /// Adds `hook`, unless it is subscribed already; forgets hooks that are gone.
     pub(crate) fn subscribe(&self, hook: Weak<dyn Invalidate>) {
-        let mut subscribers = lock(&self.subscribers);
+        let mut subscribers = lock(&self.state.subscribers);
         subscribers.retain(|s| s.strong_count() > 0);
         if !subscribers.iter().any(|s| Weak::ptr_eq(s, &hook)) {
             subscribers.push(hook);
@@ -79,7 +100,7 @@ impl Hooks {
     /// How many live hooks are subscribed.
     #[cfg(test)]
     pub(crate) fn subscribers(&self) -> usize {
-        lock(&self.subscribers)
+        lock(&self.state.subscribers)
             .iter()
             .filter(|s| s.strong_count() > 0)
             .count()
@@ -87,13 +108,18 @@ impl Hooks {
 
     /// Records that `export` was made from allocation `handle`.
     pub(crate) fn exported(&self, handle: u32, export: ExportId) {
-        lock(&self.exports).entry(handle).or_default().push(export);
+        lock(&self.state.exports)
+            .entry(handle)
+            .or_default()
+            .push(export);
     }
 
     /// Allocation `handle` is about to be freed: tells every hook its exports, and forgets
     /// them. Returns how many exports that was.
     pub(crate) fn before_free(&self, handle: u32) -> usize {
-        let exports = lock(&self.exports).remove(&handle).unwrap_or_default();
+        let exports = lock(&self.state.exports)
+            .remove(&handle)
+            .unwrap_or_default();
         self.notify_freed(&exports);
         exports.len()
     }
@@ -101,17 +127,27 @@ impl Hooks {
     /// The file is about to be closed, freeing every allocation left: like
     /// [`Hooks::before_free`] for each.
     pub(crate) fn before_close(&self) -> usize {
-        let exports: Vec<ExportId> = lock(&self.exports).drain().flat_map(|(_, e)| e).collect();
+        let exports: Vec<ExportId> = lock(&self.state.exports)
+            .drain()
+            .flat_map(|(_, e)| e)
+            .collect();
         self.notify_freed(&exports);
         exports.len()
     }
 
     /// Device `device` is gone: tells every hook, and forgets every export.
     pub(crate) fn device_gone(&self, device: u32) {
-        lock(&self.exports).clear();
-        for hook in self.live() {
-            hook.device_gone(device);
+        self.state.device_gone(device);
+    }
+
+    /// Starts the thread that tells the hooks as soon as the device file `fd` (device
+    /// `device`) says the device is going, unless it runs already.
+    pub(crate) fn watch(&self, fd: BorrowedFd<'_>, device: u32) -> io::Result<()> {
+        let mut watcher = lock(&self.watcher);
+        if watcher.is_none() {
+            *watcher = Some(Watcher::start(fd, device, self.state.clone())?);
         }
+        Ok(())
     }
 
     fn notify_freed(&self, exports: &[ExportId]) {
@@ -123,11 +159,90 @@ impl Hooks {
         }
     }
 
+    fn live(&self) -> Vec<Arc<dyn Invalidate>> {
+        self.state.live()
+    }
+}
+
+impl State {
+    fn device_gone(&self, device: u32) {
+        lock(&self.exports).clear();
+        for hook in self.live() {
+            hook.device_gone(device);
+        }
+    }
+
     /// The hooks still alive, so that they run without this module's locks held.
     fn live(&self) -> Vec<Arc<dyn Invalidate>> {
         let mut subscribers = lock(&self.subscribers);
         subscribers.retain(|s| s.strong_count() > 0);
         subscribers.iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+/// A thread that waits for the device file to poll `POLLPRI` (with `POLLHUP`): the module
+/// started revoking the device. A module without `poll` never answers so (the file then polls
+/// only `POLLIN | POLLOUT`, which the thread does not ask for), and the thread just waits to
+/// be stopped: the status page and `ENODEV` remain the ways to learn.
+struct Watcher {
+    /// Written to stop the thread.
+    stop: OwnedFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watcher {
+    fn start(fd: BorrowedFd<'_>, device: u32, state: Arc<State>) -> io::Result<Self> {
+        // The thread's own reference to the file; `Hooks::drop` stops the thread before the
+        // `Device` closes its own.
+        let fd = fd.try_clone_to_owned()?;
+        let stop = eventfd(0, EventfdFlags::CLOEXEC)?;
+        let stopped = stop.try_clone()?;
+        let thread = thread::Builder::new()
+            .name(format!("peerdirect{device}-watch"))
+            .spawn(move || {
+                if going(&fd, &stopped) {
+                    state.device_gone(device);
+                }
+            })?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// Waits until `fd` says the device is going (true) or `stop` is written (false).
+fn going(fd: &OwnedFd, stop: &OwnedFd) -> bool {
+    loop {
+        let mut fds = [
+            PollFd::new(fd, PollFlags::PRI),
+            PollFd::new(stop, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(Errno::INTR) => continue,
+            Err(_) => return false,
+        }
+        if !fds[1].revents().is_empty() {
+            return false;
+        }
+        if fds[0]
+            .revents()
+            .intersects(PollFlags::PRI | PollFlags::HUP | PollFlags::ERR)
+        {
+            return true;
+        }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        // An eventfd write of 1 cannot block or fail short of a broken fd, and then the
+        // thread's poll fails and it ends anyway.
+        let _ = rustix::io::write(&self.stop, &1u64.to_ne_bytes());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -194,5 +309,52 @@ mod tests {
         hooks.subscribe(weak(&b));
         hooks.device_gone(1);
         assert_eq!(*b.gone.lock().unwrap(), [1]);
+    }
+
+    /// Waits up to 5 s for `done`.
+    fn eventually(done: impl Fn() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !done() {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        true
+    }
+
+    #[test]
+    fn the_watcher_tells_hooks_once_the_file_says_so() {
+        use std::os::fd::AsFd;
+        let hooks = Hooks::default();
+        let a = Arc::new(Recorder::default());
+        hooks.subscribe(weak(&a));
+        // A pipe whose writer goes away polls POLLHUP, as a device file does once revoked.
+        let (reader, writer) = std::io::pipe().unwrap();
+        hooks.watch(reader.as_fd(), 7).unwrap();
+        hooks.watch(reader.as_fd(), 7).unwrap(); // one thread only
+        hooks.exported(1, ExportId::new(7, 10));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(a.gone.lock().unwrap().is_empty());
+        drop(writer);
+        assert!(eventually(|| *a.gone.lock().unwrap() == [7]));
+        // Told once, and the exports are forgotten: closing tells nobody of them again.
+        assert_eq!(hooks.before_close(), 0);
+    }
+
+    #[test]
+    fn dropping_the_hooks_stops_the_watcher() {
+        use std::os::fd::AsFd;
+        let hooks = Hooks::default();
+        let a = Arc::new(Recorder::default());
+        hooks.subscribe(weak(&a));
+        let (reader, writer) = std::io::pipe().unwrap();
+        hooks.watch(reader.as_fd(), 3).unwrap();
+        let start = std::time::Instant::now();
+        drop(hooks);
+        assert!(start.elapsed() < std::time::Duration::from_secs(2));
+        drop(writer);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(a.gone.lock().unwrap().is_empty());
     }
 }

@@ -1,0 +1,259 @@
+//! `--pinned-removal`: the removal protocol for importers that cannot be revoked
+//! (Documentation/lifecycle.md). The test importer module (tests/kmod/peerdirect_importer.c)
+//! stands in for EFA's memory registrations: a pinned attachment without an invalidate
+//! callback, mapped until released.
+//!
+//! 1. Held by hand: the unbind does not return while the pinned mapping exists; the device
+//!    file polls `POLLPRI | POLLHUP` and the kernel log names the range, the exporting
+//!    process and the importer; releasing the mapping lets the unbind return.
+//! 2. Held by a registration in a [`RegCache`] attached to the device, whose registrar pins
+//!    through the importer module and releases on deregistration: the unbind completes by
+//!    itself, because the cache's watching thread sees the device file poll `POLLPRI` and
+//!    deregisters the device's registrations. A watchdog releases everything after
+//!    [`WATCHDOG`] so that a broken protocol fails the test instead of hanging it.
+
+use std::os::fd::{AsFd, AsRawFd};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use peerdirect::cache::{Access, ByteRange, CacheLimits, DomainId, RegKey, Registrar};
+use peerdirect::{Device, DmaBuf, ExportFlags, RegCache};
+
+use crate::race::{bound_device, expect_idle, rebind};
+use crate::removal::{expect_going, expect_waits_log, Unbinding};
+use crate::support::{expect_eq, find_nic, Tap};
+use crate::testmod::{stats, TestModule};
+use crate::INDEX;
+
+const LEN: u64 = 2 << 20;
+/// How long the unbind is watched waiting before the mapping is released by hand.
+const HELD: Duration = Duration::from_secs(3);
+/// How long the unbind gets to return once nothing maps the device any more.
+const FINISH: Duration = Duration::from_secs(5);
+/// How long the cache gets to let go by itself.
+const BY_ITSELF: Duration = Duration::from_secs(10);
+/// When the watchdog releases everything.
+const WATCHDOG: Duration = Duration::from_secs(30);
+
+/// A registrar whose registrations are the importer module's pinned attachments, as EFA's
+/// memory registrations are `ib_umem_dmabuf_get_pinned` imports.
+struct PinnedImporter {
+    module: Mutex<TestModule>,
+    nic: String,
+    deregistered: AtomicU64,
+}
+
+impl Registrar for PinnedImporter {
+    type Source = DmaBuf;
+    type Mr = u64;
+    type Error = String;
+
+    fn domain(&self) -> DomainId {
+        DomainId(9)
+    }
+
+    fn register(&self, source: &DmaBuf, _: &RegKey) -> Result<u64, String> {
+        let line = format!(
+            "fd={} dev={} mode=pinned hold=1",
+            source.as_fd().as_raw_fd(),
+            self.nic
+        );
+        let report = lock(&self.module).command(&line)?;
+        report.expect(&[("attach", 0), ("pin", 0), ("map", 0)])?;
+        report.uint("id")
+    }
+
+    fn deregister(&self, id: u64) {
+        let _ = lock(&self.module).command(&format!("release id={id}"));
+        self.deregistered.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) fn run() -> ExitCode {
+    let mut tap = Tap::plan(9);
+    let setup =
+        (|| Ok::<_, String>((bound_device()?, find_nic()?, TestModule::load_importer()?)))();
+    let (bdf, nic, mut importer) = match setup {
+        Ok(setup) => setup,
+        Err(err) => {
+            tap.report(
+                "the device is bound, the NIC found, the importer loaded",
+                &Err(err),
+            );
+            return tap.finish();
+        }
+    };
+    by_hand(&mut tap, &bdf, &nic, &mut importer);
+    by_cache(&mut tap, &bdf, &nic, importer);
+    tap.finish()
+}
+
+/// A pinned mapping held and released by hand.
+fn by_hand(tap: &mut Tap, bdf: &str, nic: &str, importer: &mut TestModule) {
+    let held = (|| {
+        let device = Device::open_index(INDEX).map_err(|e| e.to_string())?;
+        let alloc = device.alloc(LEN, None).map_err(|e| e.to_string())?;
+        let offset = alloc.hbm_offset();
+        let dmabuf = alloc
+            .export(0, 0, ExportFlags::RDWR)
+            .map_err(|e| e.to_string())?;
+        let report = importer.command(&format!(
+            "fd={} dev={nic} mode=pinned hold=1",
+            dmabuf.as_fd().as_raw_fd()
+        ))?;
+        report.expect(&[("attach", 0), ("pin", 0), ("map", 0)])?;
+        // The file frees it when closed; the dma-buf holds its range until then anyway.
+        alloc.into_handle();
+        Ok::<_, String>((device, dmabuf, offset, report.uint("id")?))
+    })();
+    tap.report(
+        "a pinned importer without an invalidate callback (EFA-like) maps a 2 MiB export",
+        &held.as_ref().map(drop).map_err(Clone::clone),
+    );
+    let Ok((device, dmabuf, offset, id)) = held else {
+        return;
+    };
+    let unbinding = Unbinding::start(bdf);
+    tap.report(
+        "unbind starts the removal: the device file polls POLLPRI | POLLHUP within 5 s",
+        &expect_going(&device, Duration::from_secs(5)),
+    );
+    thread::sleep(HELD.saturating_sub(unbinding.elapsed()));
+    tap.report(
+        &format!(
+            "{} s later the unbind has not returned, and the kernel log names the range, this process as its exporter and the NIC as the importer it waits for",
+            HELD.as_secs()
+        ),
+        &unbinding.expect_pending().and_then(|()| {
+            expect_waits_log(&[
+                format!("[{offset:#x}+{LEN:#x}]"),
+                format!("exported by pid {}", std::process::id()),
+                format!("mapped by {nic}"),
+            ])
+        }),
+    );
+    // The answer describes the attachment as it was when released.
+    let released = importer.command(&format!("release id={id}")).map(drop);
+    let finished = released
+        .and_then(|()| unbinding.finish(FINISH))
+        .map(|took| {
+            println!(
+                "# the unbind returned {} ms after it started",
+                took.as_millis()
+            );
+        });
+    tap.report(
+        &format!(
+            "once the importer releases its mapping, the unbind returns within {} s",
+            FINISH.as_secs()
+        ),
+        &finished,
+    );
+    drop((dmabuf, device));
+    tap.report(
+        "rebound, the device has nothing allocated or exported and all HBM free",
+        &rebind(bdf).and_then(|()| expect_idle()),
+    );
+}
+
+/// A pinned mapping held by a cached registration; the cache lets go when told.
+fn by_cache(tap: &mut Tap, bdf: &str, nic: &str, importer: TestModule) {
+    let registrar = Arc::new(PinnedImporter {
+        module: Mutex::new(importer),
+        nic: nic.to_owned(),
+        deregistered: AtomicU64::new(0),
+    });
+    let cache = Arc::new(RegCache::<PinnedImporter>::new(CacheLimits::default()));
+    let held = (|| {
+        let device = Device::open_index(INDEX).map_err(|e| e.to_string())?;
+        cache.attach(&device);
+        let alloc = device.alloc(LEN, None).map_err(|e| e.to_string())?;
+        let dmabuf = alloc
+            .export(0, 0, ExportFlags::RDWR)
+            .map_err(|e| e.to_string())?;
+        let export = device.export_id(&dmabuf).map_err(|e| e.to_string())?;
+        let range = ByteRange::new(0, LEN).map_err(|e| e.to_string())?;
+        drop(cache.get(&registrar, &dmabuf, export, range, Access::all())?);
+        expect_eq("pinned mappings", 1, stats()?.uint("mappings_pinned")?)?;
+        alloc.into_handle();
+        Ok::<_, String>((device, dmabuf))
+    })();
+    tap.report(
+        "a registration cache attached to the device holds a registration whose MR is a pinned mapping",
+        &held.as_ref().map(drop).map_err(Clone::clone),
+    );
+    let Ok(held) = held else {
+        return;
+    };
+    // Releases everything if the cache never lets go, so that the unbind returns.
+    let (watchdog, fired) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    {
+        let (done, fired) = (watchdog.clone(), fired.clone());
+        thread::spawn(move || {
+            thread::sleep(WATCHDOG);
+            if !done.load(Ordering::SeqCst) {
+                fired.store(true, Ordering::SeqCst);
+                if let Ok(mut module) = TestModule::load_importer() {
+                    let _ = module.command("release all");
+                }
+            }
+        });
+    }
+    let unbinding = Unbinding::start(bdf);
+    let finished = unbinding.finish(WATCHDOG + FINISH);
+    watchdog.store(true, Ordering::SeqCst);
+    let outcome = match finished {
+        Ok(took) if !fired.load(Ordering::SeqCst) && took <= BY_ITSELF => {
+            println!(
+                "# the unbind returned by itself after {} ms",
+                took.as_millis()
+            );
+            Ok(())
+        }
+        Ok(took) => Err(format!(
+            "expected the unbind to return by itself within {} s, got it after {} ms{}",
+            BY_ITSELF.as_secs(),
+            took.as_millis(),
+            if fired.load(Ordering::SeqCst) {
+                ", once the watchdog released the mapping"
+            } else {
+                ""
+            }
+        )),
+        Err(err) => Err(err),
+    };
+    tap.report(
+        &format!(
+            "unbind completes by itself within {} s: the cache deregisters when the device file polls POLLPRI",
+            BY_ITSELF.as_secs()
+        ),
+        &outcome,
+    );
+    let stats = cache.stats();
+    tap.report(
+        "the cache invalidated that registration once, and the registrar deregistered it once",
+        &expect_eq("invalidations", 1, stats.invalidations).and_then(|()| {
+            expect_eq(
+                "deregistrations",
+                1,
+                registrar.deregistered.load(Ordering::SeqCst),
+            )
+        }),
+    );
+    drop(held);
+    drop(cache);
+    tap.report(
+        "rebound, the device has nothing allocated or exported and all HBM free",
+        &rebind(bdf).and_then(|()| expect_idle()),
+    );
+}

@@ -1,0 +1,133 @@
+//! Driving a removal that does not return at once: since removal waits for importers that
+//! cannot be revoked (Documentation/lifecycle.md), tests start it in the background, watch
+//! what the module says meanwhile (the device file polls `POLLPRI`, the kernel log names who
+//! holds what), let go, and then see it complete.
+
+use std::os::fd::AsFd;
+use std::process::Command;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+
+use crate::support::{write_sysfs, Outcome};
+use crate::SYSFS_DRIVER;
+
+/// The kernel's first line while removal waits for mappings that cannot be revoked
+/// (`Hbm::log_pinned_holders`).
+pub(crate) const WAITS_LOG: &str = "removal waits";
+
+/// An unbind running in a thread of its own.
+pub(crate) struct Unbinding {
+    done: Receiver<(Outcome, Duration)>,
+    started: Instant,
+}
+
+impl Unbinding {
+    /// Writes `bdf` to the driver's `unbind` in a new thread.
+    pub(crate) fn start(bdf: &str) -> Self {
+        let (tx, done) = mpsc::channel();
+        let bdf = bdf.to_owned();
+        let started = Instant::now();
+        thread::spawn(move || {
+            let outcome = write_sysfs(&format!("{SYSFS_DRIVER}/unbind"), &bdf);
+            let _ = tx.send((outcome, started.elapsed()));
+        });
+        Self { done, started }
+    }
+
+    /// How long ago it started.
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// `Err` if the unbind has returned already.
+    pub(crate) fn expect_pending(&self) -> Outcome {
+        match self.done.try_recv() {
+            Err(mpsc::TryRecvError::Empty) => Ok(()),
+            Ok((outcome, took)) => Err(format!(
+                "expected the unbind to wait, got it returned after {} ms ({outcome:?})",
+                took.as_millis()
+            )),
+            Err(mpsc::TryRecvError::Disconnected) => {
+                Err("the unbinding thread ended without a word".to_owned())
+            }
+        }
+    }
+
+    /// Waits up to `limit` for the unbind to return; its outcome and how long it took.
+    pub(crate) fn finish(self, limit: Duration) -> Result<Duration, String> {
+        match self.done.recv_timeout(limit) {
+            Ok((outcome, took)) => outcome.map(|()| took),
+            Err(RecvTimeoutError::Timeout) => Err(format!(
+                "expected the unbind to return within {} s, still waiting after {} s",
+                limit.as_secs(),
+                self.started.elapsed().as_secs()
+            )),
+            Err(RecvTimeoutError::Disconnected) => {
+                Err("the unbinding thread ended without a word".to_owned())
+            }
+        }
+    }
+}
+
+/// Waits up to `limit` for `file` (a `/dev/peerdirectN` file) to poll `POLLPRI` and
+/// `POLLHUP`: the module started removing the device.
+pub(crate) fn expect_going(file: &impl AsFd, limit: Duration) -> Outcome {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let timeout = Timespec {
+            tv_sec: left.as_secs() as _,
+            tv_nsec: left.subsec_nanos() as _,
+        };
+        let mut fds = [PollFd::new(file, PollFlags::PRI)];
+        match poll(&mut fds, Some(&timeout)) {
+            Ok(0) => {
+                return Err(format!(
+                    "expected the device file to poll POLLPRI within {} s, got nothing",
+                    limit.as_secs()
+                ))
+            }
+            Ok(_) => {}
+            Err(Errno::INTR) => continue,
+            Err(errno) => return Err(format!("poll of the device file failed: {errno}")),
+        }
+        let revents = fds[0].revents();
+        return if revents.contains(PollFlags::PRI | PollFlags::HUP) {
+            Ok(())
+        } else {
+            Err(format!(
+                "expected the device file to poll POLLPRI | POLLHUP, got {revents:?}"
+            ))
+        };
+    }
+}
+
+/// The kernel log's lines from the last "removal waits" report on: it must name each of
+/// `expected` (the holders: handles, pids, importers).
+pub(crate) fn expect_waits_log(expected: &[String]) -> Outcome {
+    let output = Command::new("dmesg")
+        .output()
+        .map_err(|err| format!("cannot run dmesg: {err}"))?;
+    let log = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = log.lines().collect();
+    let Some(first) = lines.iter().rposition(|l| l.contains(WAITS_LOG)) else {
+        let tail = &lines[lines.len().saturating_sub(10)..];
+        return Err(format!(
+            "expected a kernel line with '{WAITS_LOG}', got none; the log ends:\n{}",
+            tail.join("\n")
+        ));
+    };
+    let report = lines[first..].join("\n");
+    for word in expected {
+        if !report.contains(word.as_str()) {
+            return Err(format!(
+                "expected the removal's report to name {word:?}, got:\n{report}"
+            ));
+        }
+    }
+    Ok(())
+}

@@ -7,6 +7,7 @@
 
 mod alloc_export;
 mod bench_exporters;
+mod cpu_mapping;
 mod fabric;
 mod fuzz;
 mod ibimport;
@@ -82,6 +83,10 @@ struct Args {
     /// [`race`]; `mmap-unplug` needs `qemu/run --hotplug` and leaves the module unloaded).
     #[arg(long, value_enum, value_name = "SUITE,...", value_delimiter = ',', conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
     race: Vec<race::Suite>,
+    /// Count the page faults of touching dma-buf mappings at different alignments instead
+    /// (see [`cpu_mapping`]; needs `qemu/run --hbm 2G`).
+    #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
+    cpu_mapping: bool,
     /// Test the removal protocol for importers that cannot be revoked instead (see
     /// [`pinned`]; switch topology, needs the test importer module).
     #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
@@ -400,6 +405,9 @@ fn main() -> ExitCode {
     }
     if let Some(go) = &args.revoke_touch {
         return revoke::touch_child(go);
+    }
+    if args.cpu_mapping {
+        return cpu_mapping::run();
     }
     if args.pinned_removal {
         return pinned::run();

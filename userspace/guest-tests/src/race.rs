@@ -46,6 +46,8 @@ const SETTLE: Duration = Duration::from_secs(5);
 const UNPLUG_WAIT: Duration = Duration::from_secs(30);
 /// Mappings one round of `mmap-*` keeps at most (each is a VMA and a dma-buf).
 const MAX_MAPPINGS: usize = 4000;
+/// Mappings made before a round removes the device.
+const MIN_MAPPINGS: usize = 50;
 /// Dma-bufs one round of `close-unbind` exports.
 const CLOSE_BUFS: usize = 512;
 
@@ -351,7 +353,7 @@ fn mmap_race(tap: &mut Tap, bdf: &str, budget: Duration, removal: Removal) {
             "2 threads export, map and write 4 KiB dma-bufs while the device is {how} ({rounds} rounds, {made} mappings in {} s)",
             start.elapsed().as_secs()
         ),
-        &outcome.and_then(|()| expect_raced("mappings", made, 100 * rounds)),
+        &outcome.and_then(|()| expect_raced("mappings", made, MIN_MAPPINGS as u64 * rounds)),
     );
     tap.report(
         &format!("after the device is {how}, every one of those mappings faults (SIGBUS) instead of reaching the BAR"),
@@ -434,8 +436,12 @@ fn mmap_round(bdf: &str, removal: Removal, round: u64) -> Result<Round, String> 
             })
         })
         .collect();
-    // Let the threads get going, then remove the device under them.
-    thread::sleep(Duration::from_millis(150 + 97 * (round % 5)));
+    // Let the threads get going (some mappings made, the next ones on their way), then
+    // remove the device under them, a little later each round.
+    let _ = wait_for(Duration::from_secs(3), || {
+        mappings.lock().unwrap_or_else(|e| e.into_inner()).len() >= MIN_MAPPINGS
+    });
+    thread::sleep(Duration::from_millis(23 * (round % 5)));
     let removed = match removal {
         Removal::Unbind => unbind(bdf),
         Removal::Unplug => unplug(bdf),

@@ -195,8 +195,9 @@ impl HbmFile {
             ],
         )?;
         let devfn = devfn(pci_slot, pci_func)?;
-        self.hbm.info()?;
-        let path = p2p::query(self.hbm.pci_device(), pci_domain, pci_bus, devfn)?;
+        let live = self.hbm.live()?;
+        let path = p2p::query(live.pci_device(), pci_domain, pci_bus, devfn)?;
+        drop(live);
         let (host_bridge_vendor, host_bridge_device) = path.host_bridge.unwrap_or_default();
         let flag = |set: bool, bit: u32| if set { bit } else { 0 };
         req.value = peerdirect_p2p {

@@ -57,8 +57,8 @@ impl Exporter for Export {
         if !attach.peer2peer() {
             return Err(EOPNOTSUPP);
         }
-        self.hbm().info()?;
-        if attach.p2p_distance(self.hbm().pci_device()).is_none() {
+        let live = self.hbm().live()?;
+        if attach.p2p_distance(live.pci_device()).is_none() {
             attach.log_refused(
                 self.hbm().pci_device(),
                 c"no peer-to-peer path to the HBM device (kernel P2P verdict: not supported)",
@@ -95,10 +95,10 @@ impl Exporter for Export {
     }
 
     fn map(&self, attach: &Attachment<'_>, dir: DataDirection) -> Result<SgTable> {
-        let provider = self.hbm().provider()?;
+        let live = self.hbm().live()?;
         let page = PAGE_SIZE as u64;
         let seg = (attach.max_segment_size() & !(page - 1)).max(page);
-        let sgt = attach.map_range(provider, self.phys_addr(), self.len, seg, dir)?;
+        let sgt = attach.map_range(live.provider(), self.phys_addr(), self.len, seg, dir)?;
         self.hbm().mapped(attach.is_revocable());
         let entries = sgt.entries();
         self.hbm()

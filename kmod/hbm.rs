@@ -15,13 +15,14 @@ use crate::{
     uapi::PEERDIRECT_STATUS_REVOKED,
 };
 use kernel::{
-    new_condvar, new_mutex, new_poll_condvar, pci,
+    new_condvar, new_mutex, new_poll_condvar, new_srcu, pci,
     prelude::*,
     rbtree::{RBTree, RBTreeNodeReservation},
     sync::{
         aref::ARef,
         atomic::{Acquire, Atomic, Relaxed, Release},
         poll::PollCondVar,
+        srcu::{self, Srcu},
         Arc, CondVar, Mutex,
     },
     time::{delay::fsleep, Delta},
@@ -157,6 +158,25 @@ pub(crate) struct Hbm {
     /// Wakes those polling the device's files when it starts going away.
     #[pin]
     pub(crate) events: PollCondVar,
+    /// Read-held by [`Live`] guards; removal waits for them.
+    #[pin]
+    gate: Srcu,
+}
+
+/// The device while it is bound: see [`Hbm::live`].
+pub(crate) struct Live<'a> {
+    hbm: &'a Hbm,
+    _guard: srcu::Guard<'a>,
+}
+
+impl Live<'_> {
+    pub(crate) fn pci_device(&self) -> &pci::Device {
+        &self.hbm.pdev
+    }
+
+    pub(crate) fn provider(&self) -> &P2pProvider {
+        &self.hbm.provider
+    }
 }
 
 impl Hbm {
@@ -180,6 +200,7 @@ impl Hbm {
                 mappings <- new_mutex!(Mappings::default()),
                 unmapped <- new_condvar!(),
                 events <- new_poll_condvar!("Hbm::events"),
+                gate <- new_srcu!("Hbm::gate"),
             }),
             GFP_KERNEL,
         )
@@ -194,9 +215,18 @@ impl Hbm {
         }
     }
 
-    /// The BAR's P2P provider, or `ENODEV` once the device is gone.
-    pub(crate) fn provider(&self) -> Result<&P2pProvider> {
-        self.info().map(|_| &self.provider)
+    /// The device as bound, until the returned guard is dropped; `ENODEV` once it is gone.
+    /// Whatever uses what the driver's binding holds (the P2P provider, the p2pdma state the
+    /// kernel's P2P distance reads) does so through it: removal waits for every guard taken
+    /// before the device was marked gone, and the binding's managed resources are released
+    /// only after removal returns.
+    pub(crate) fn live(&self) -> Result<Live<'_>> {
+        let guard = self.gate.read_lock();
+        self.info()?;
+        Ok(Live {
+            hbm: self,
+            _guard: guard,
+        })
     }
 
     pub(crate) fn pci_device(&self) -> &pci::Device {
@@ -287,6 +317,9 @@ impl Hbm {
     /// few seconds who they are.
     pub(crate) fn remove(&self) {
         self.present.store(false, Release);
+        // Attaches, maps and P2P queries that saw the device present finish before anything
+        // goes; later ones see it gone.
+        self.gate.synchronize();
         // Before any export is revoked: caches stop handing out registrations of them, and
         // processes polling the device file learn that they must let go of them.
         self.status.set(PEERDIRECT_STATUS_REVOKED);

@@ -129,13 +129,17 @@ impl Unexpected {
     }
 
     fn record_errno(&self, what: &str, err: &str, errno: Option<Errno>) {
-        let mut first = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if first.is_none() {
-            *first = Some(format!(
-                "{what}: expected success or ENODEV/ENOENT/ENXIO while the device goes, got {err} ({})",
-                errno.map_or("no errno", errno_name)
-            ));
-        }
+        self.record_message(format!(
+            "{what}: expected success or ENODEV/ENOENT/ENXIO while the device goes, got {err} ({})",
+            errno.map_or("no errno", errno_name)
+        ));
+    }
+
+    fn record_message(&self, message: String) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(message);
     }
 
     fn outcome(&self) -> Outcome {
@@ -144,6 +148,30 @@ impl Unexpected {
             None => Ok(()),
         }
     }
+}
+
+/// Unbinds and rebinds `bdf` in a loop for `budget` while `threads` race it, then stops and
+/// joins them: the cycles done, and the first failure to unbind or rebind.
+fn cycle_against(
+    bdf: &str,
+    budget: Duration,
+    stop: &AtomicBool,
+    threads: Vec<thread::JoinHandle<()>>,
+) -> (u64, Outcome) {
+    let start = Instant::now();
+    let (mut cycles, mut outcome) = (0, Ok(()));
+    while start.elapsed() < budget {
+        if let Err(err) = unbind(bdf).and_then(|()| rebind(bdf)) {
+            outcome = Err(err);
+            break;
+        }
+        cycles += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    (cycles, outcome)
 }
 
 /// Checks that the race ran: `met` times, at least `min`.
@@ -232,19 +260,7 @@ fn open_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
         })
         .collect();
     let start = Instant::now();
-    let mut cycles = 0;
-    let mut outcome = Ok(());
-    while start.elapsed() < budget {
-        if let Err(err) = unbind(bdf).and_then(|()| rebind(bdf)) {
-            outcome = Err(err);
-            break;
-        }
-        cycles += 1;
-    }
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        let _ = t.join();
-    }
+    let (cycles, outcome) = cycle_against(bdf, budget, &stop, threads);
     let opened = opened.load(Ordering::Relaxed);
     let outcome = outcome
         .and_then(|()| unexpected.outcome())
@@ -573,7 +589,7 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let (imported, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let unexpected = Arc::new(Mutex::new(None::<String>));
+    let unexpected = Arc::new(Unexpected::default());
     let threads: Vec<_> = (0..2)
         .map(|t| {
             let (stop, imported, refused, unexpected, nic) = (
@@ -584,10 +600,7 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
                 nic.clone(),
             );
             thread::spawn(move || {
-                let record = |err: String| {
-                    let mut first = unexpected.lock().unwrap_or_else(|e| e.into_inner());
-                    first.get_or_insert(err);
-                };
+                let record = |err: String| unexpected.record_message(err);
                 let mut importer = match TestModule::load_importer() {
                     Ok(importer) => importer,
                     Err(err) => return record(err),
@@ -620,26 +633,13 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
             })
         })
         .collect();
-    let start = Instant::now();
-    let (mut cycles, mut outcome) = (0u64, Ok(()));
-    while start.elapsed() < budget {
-        if let Err(err) = unbind(bdf).and_then(|()| rebind(bdf)) {
-            outcome = Err(err);
-            break;
-        }
-        cycles += 1;
-    }
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        let _ = t.join();
-    }
+    let (cycles, outcome) = cycle_against(bdf, budget, &stop, threads);
     let (imported, refused) = (
         imported.load(Ordering::Relaxed),
         refused.load(Ordering::Relaxed),
     );
-    let first = unexpected.lock().unwrap_or_else(|e| e.into_inner()).take();
     let outcome = outcome
-        .and_then(|()| first.map_or(Ok(()), Err))
+        .and_then(|()| unexpected.outcome())
         .and_then(|()| expect_raced("unbind/rebind cycles", cycles, 5))
         .and_then(|()| expect_raced("imports", imported, 20));
     tap.report(

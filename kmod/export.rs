@@ -8,6 +8,8 @@
 //! - map hands out the BAR range through `dma_buf_phys_vec_to_sgt` (bus addresses behind a
 //!   shared switch, an IOMMU mapping through the host bridge), in segments no longer than the
 //!   importer's max segment size, never one per page;
+//! - a read-only export (no `PEERDIRECT_EXPORT_RDWR`) maps only `DMA_TO_DEVICE`: `EACCES` for
+//!   a mapping that lets the peer write;
 //! - the range never moves, so pinning costs nothing (EFA's pinned import works); pins are
 //!   only recorded for debugfs;
 //! - mmap maps the range write-combined for the CPU, filled at fault time (2 MiB and 1 GiB
@@ -33,6 +35,8 @@ struct Export {
     /// Start of the exported range inside the allocation.
     offset: u64,
     len: u64,
+    /// Exported with `PEERDIRECT_EXPORT_RDWR`: peers and the CPU may write to it.
+    writable: bool,
 }
 
 impl Export {
@@ -95,6 +99,11 @@ impl Exporter for Export {
     }
 
     fn map(&self, attach: &Attachment<'_>, dir: DataDirection) -> Result<SgTable> {
+        // A read-only export is read-only for peers too: no mapping that lets the device
+        // write (what an IOMMU then enforces; behind a shared switch it is the importer's word).
+        if !self.writable && dir != DataDirection::DMA_TO_DEVICE {
+            return Err(EACCES);
+        }
         let live = self.hbm().live()?;
         let page = PAGE_SIZE as u64;
         let seg = (attach.max_segment_size() & !(page - 1)).max(page);
@@ -146,6 +155,7 @@ pub(crate) fn export(
             alloc: alloc.clone(),
             offset,
             len,
+            writable,
         },
         GFP_KERNEL,
     );

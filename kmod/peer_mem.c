@@ -233,6 +233,16 @@ static int pdpm_fill(struct pdpm_ctx *ctx, struct sg_table *mapped, struct sg_ta
 	return 0;
 }
 
+/*
+ * The peer-memory API says nothing of access, so the direction follows the dma-buf: a
+ * read-only one (exported without PEERDIRECT_EXPORT_RDWR) is mapped for the NIC to read only,
+ * which peerdirect's exporter requires.
+ */
+static enum dma_data_direction pdpm_dir(struct pdpm_ctx *ctx)
+{
+	return ctx->dmabuf->file->f_mode & FMODE_WRITE ? DMA_BIDIRECTIONAL : DMA_TO_DEVICE;
+}
+
 static int pdpm_dma_map(struct sg_table *sg_head, void *client_context,
 			struct device *dma_device, int dmasync, int *nmap)
 {
@@ -251,7 +261,7 @@ static int pdpm_dma_map(struct sg_table *sg_head, void *client_context,
 		return PTR_ERR(attach);
 
 	dma_resv_lock(resv, NULL);
-	sgt = dma_buf_map_attachment(attach, DMA_BIDIRECTIONAL);
+	sgt = dma_buf_map_attachment(attach, pdpm_dir(ctx));
 	if (IS_ERR(sgt)) {
 		ret = PTR_ERR(sgt);
 		goto out_unlock;
@@ -260,7 +270,7 @@ static int pdpm_dma_map(struct sg_table *sg_head, void *client_context,
 	wait = dma_resv_wait_timeout(resv, DMA_RESV_USAGE_KERNEL, false, MAX_SCHEDULE_TIMEOUT);
 	ret = wait < 0 ? wait : pdpm_fill(ctx, sgt, sg_head, nmap);
 	if (ret) {
-		dma_buf_unmap_attachment(attach, sgt, DMA_BIDIRECTIONAL);
+		dma_buf_unmap_attachment(attach, sgt, pdpm_dir(ctx));
 		goto out_unlock;
 	}
 	ctx->sgt = sgt;
@@ -281,7 +291,7 @@ static void pdpm_unmap(struct pdpm_ctx *ctx)
 	if (!ctx->attach)
 		return;
 	dma_resv_lock(resv, NULL);
-	dma_buf_unmap_attachment(ctx->attach, ctx->sgt, DMA_BIDIRECTIONAL);
+	dma_buf_unmap_attachment(ctx->attach, ctx->sgt, pdpm_dir(ctx));
 	ctx->sgt = NULL;
 	dma_resv_unlock(resv);
 	dma_buf_detach(ctx->dmabuf, ctx->attach);

@@ -169,7 +169,7 @@ fn bench_peerdirect(
                 .alloc(len, None)
                 .map_err(|err| format!("alloc of {} failed: {err}", size_name(len)))?;
             let dmabuf = allocation
-                .export(0, len, ExportFlags::CLOEXEC)
+                .export(0, len, ExportFlags::CLOEXEC | ExportFlags::RDWR)
                 .map_err(|err| format!("export of {} failed: {err}", size_name(len)))?;
             measure(importer, nic, Some(hbm), &dmabuf)
         })();

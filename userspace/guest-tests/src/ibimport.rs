@@ -194,7 +194,7 @@ fn export(device: &Device, layout: &Layout) -> Result<(DmaBuf, u64), String> {
         ));
     }
     let dmabuf = allocation
-        .export(0, layout.len, ExportFlags::CLOEXEC)
+        .export(0, layout.len, ExportFlags::CLOEXEC | ExportFlags::RDWR)
         .map_err(|e| format!("export: {e}"))?;
     drop(filler);
     // The dma-buf keeps the allocation; the handle is freed when `allocation` drops.

@@ -120,7 +120,7 @@ fn export(device: &Device, alloc_len: u64, offset: u64, len: u64) -> Result<Expo
         .map_err(|err| format!("alloc of {} failed: {err}", size_name(alloc_len)))?;
     let hbm_offset = allocation.hbm_offset();
     let dmabuf = allocation
-        .export(offset, len, ExportFlags::CLOEXEC)
+        .export(offset, len, ExportFlags::CLOEXEC | ExportFlags::RDWR)
         .map_err(|err| format!("export of {} failed: {err}", size_name(len)))?;
     Ok(Exported {
         _allocation: allocation,
@@ -364,6 +364,35 @@ fn run_p2p_query(setup: &mut Setup) -> Outcome {
 
 /// A held attachment keeps its range: dropping the dma-buf fd and the allocation does not
 /// make the range free for a new allocation until the importer lets go.
+/// A read-only export, mapped by the NIC in each direction.
+fn run_read_only(setup: &mut Setup) -> Outcome {
+    const EACCES: i64 = 13;
+    let allocation = setup
+        .device
+        .alloc(2 * MIB, None)
+        .map_err(|err| format!("alloc of 2 MiB failed: {err}"))?;
+    let dmabuf = allocation
+        .export(0, 0, ExportFlags::CLOEXEC)
+        .map_err(|err| format!("export failed: {err}"))?;
+    for (dir, map) in [
+        ("to_device", 0),
+        ("bidir", -EACCES),
+        ("from_device", -EACCES),
+    ] {
+        let line = format!(
+            "fd={} dev={} mode=dynamic dir={dir}",
+            dmabuf.as_fd().as_raw_fd(),
+            setup.nic
+        );
+        setup
+            .importer
+            .command(&line)?
+            .expect(&[("attach", 0), ("map", map)])
+            .map_err(|err| format!("dir={dir}: {err}"))?;
+    }
+    Ok(())
+}
+
 fn run_held(setup: &mut Setup) -> Outcome {
     let len = 2 * MIB;
     let exported = export(&setup.device, len, 0, len)?;
@@ -493,12 +522,15 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
     let held_description = format!(
         "{topology}: debugfs exports lists the held attachment (importer, revocable, mapped entries); a held mapping keeps its range after its dma-buf and allocation are dropped"
     );
+    let read_only = format!(
+        "{topology}: a read-only export (no PEERDIRECT_EXPORT_RDWR) maps only for the NIC to read: dir=to_device maps; bidir and from_device fail with EACCES"
+    );
     let unload = format!("{MODULE} unloads");
     let p2p_query = format!(
         "{topology}: PEERDIRECT_IOC_P2P about the NIC gives the importer module's own pci_p2pdma_distance_many, with path facts that fit the topology"
     );
 
-    let mut tap = Tap::plan(1 + cases.len() + non_p2p.len() + usize::from(held) + 2);
+    let mut tap = Tap::plan(1 + cases.len() + non_p2p.len() + 2 * usize::from(held) + 2);
     let setup_description =
         format!("{MODULE} loads, the NIC (virtio-net) is found, /dev/peerdirect0 answers INFO");
     let mut setup = match setup {
@@ -521,6 +553,7 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
             }
             if held {
                 tap.report(&held_description, &skipped);
+                tap.report(&read_only, &skipped);
             }
             tap.report(&p2p_query, &skipped);
             tap.report(&unload, &skipped);
@@ -536,6 +569,7 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
     }
     if held {
         tap.report(&held_description, &run_held(&mut setup));
+        tap.report(&read_only, &run_read_only(&mut setup));
     }
     tap.report(&p2p_query, &run_p2p_query(&mut setup));
     drop(setup);

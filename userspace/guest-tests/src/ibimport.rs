@@ -20,7 +20,7 @@ use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId, RegCache};
 use peerdirect::registrar::ibverbs::{IbverbsError, IbverbsRegistrar};
 use peerdirect::{Device, DeviceInfo, DmaBuf, Errno, ExportFlags};
 
-use crate::removal::{expect_going, expect_waits_log, Unbinding};
+use crate::removal::{expect_going, expect_waiting, expect_waits_log, waits_reports, Unbinding};
 use crate::support::{expect_eq, find_nic, run_command as run, Outcome, Tap};
 use crate::testmod::{stats, TestModule};
 use crate::{INDEX, SYSFS_DRIVER};
@@ -388,10 +388,12 @@ fn steps() -> Vec<Step> {
         },
     ));
     steps.push(with_ctx(
-        format!("unbinding the HBM device ({SYSFS_DRIVER}/unbind, in a thread) starts its removal: the device file polls POLLPRI | POLLHUP"),
+        format!("unbinding the HBM device ({SYSFS_DRIVER}/unbind, in a thread) starts its removal: the device file polls POLLPRI | POLLHUP, and the kernel reports that removal waits for the pinned import"),
         |ctx, _| {
+            let seen = waits_reports()?;
             ctx.unbinding = Some(Unbinding::start(&ctx.info.pci_address.to_string()));
-            expect_going(&ctx.device, Duration::from_secs(5))
+            expect_going(&ctx.device, Duration::from_secs(5))?;
+            expect_waiting(seen, Duration::from_secs(5))
         },
     ));
     steps.push(with_ctx(

@@ -106,13 +106,42 @@ pub(crate) fn expect_going(file: &impl AsFd, limit: Duration) -> Outcome {
     }
 }
 
-/// The kernel log's lines from the last "removal waits" report on: it must name each of
-/// `expected` (the holders: handles, pids, importers).
-pub(crate) fn expect_waits_log(expected: &[String]) -> Outcome {
+/// How many "removal waits" reports the kernel log holds so far.
+pub(crate) fn waits_reports() -> Result<usize, String> {
+    Ok(kernel_log()?
+        .lines()
+        .filter(|l| l.contains(WAITS_LOG))
+        .count())
+}
+
+/// Waits up to `limit` for a "removal waits" report beyond the first `seen`: removal has
+/// revoked every export, revocable importers have unmapped, and it now waits for those that
+/// cannot be revoked.
+pub(crate) fn expect_waiting(seen: usize, limit: Duration) -> Outcome {
+    let deadline = Instant::now() + limit;
+    while waits_reports()? <= seen {
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "expected the kernel to report within {} s that removal waits, got no new '{WAITS_LOG}' line",
+                limit.as_secs()
+            ));
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+fn kernel_log() -> Result<String, String> {
     let output = Command::new("dmesg")
         .output()
         .map_err(|err| format!("cannot run dmesg: {err}"))?;
-    let log = String::from_utf8_lossy(&output.stdout);
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The kernel log's lines from the last "removal waits" report on: it must name each of
+/// `expected` (the holders: handles, pids, importers).
+pub(crate) fn expect_waits_log(expected: &[String]) -> Outcome {
+    let log = kernel_log()?;
     let lines: Vec<&str> = log.lines().collect();
     let Some(first) = lines.iter().rposition(|l| l.contains(WAITS_LOG)) else {
         let tail = &lines[lines.len().saturating_sub(10)..];

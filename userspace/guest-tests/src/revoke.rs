@@ -39,7 +39,7 @@ use peerdirect::{
     pattern, Device, DeviceInfo, DmaBuf, DmaBufMap, Errno, ExportFlags, RegCache, SyncFlags,
 };
 
-use crate::removal::{expect_going, expect_waits_log, Unbinding};
+use crate::removal::{expect_going, expect_waiting, expect_waits_log, waits_reports, Unbinding};
 use crate::support::{
     expect_eq, expect_errno_of, fdinfo_value, find_nic, module_loaded, run_sequence, wait_for,
     write_sysfs, Outcome, Tap, SYSFS_PCI_DEVICES,
@@ -380,15 +380,17 @@ fn steps(removal: Removal) -> Vec<Step> {
     ];
     steps.push(match removal {
         Removal::Unbind => gate(
-            format!("writing the device to {SYSFS_DRIVER}/unbind (in a thread) starts its removal: D polls POLLPRI | POLLHUP within {} s", GOING_WAIT.as_secs()),
+            format!("writing the device to {SYSFS_DRIVER}/unbind (in a thread) starts its removal: D polls POLLPRI | POLLHUP, and within {} s the kernel reports that removal waits for a pinned mapping", GOING_WAIT.as_secs()),
             |s| {
+                let seen = waits_reports()?;
                 s.unbinding = Some(Unbinding::start(&s.bdf()));
-                expect_going(s.device()?, GOING_WAIT)
+                expect_going(s.device()?, GOING_WAIT)?;
+                expect_waiting(seen, GOING_WAIT)
             },
         ),
         Removal::Unplug => gate(
             format!(
-                "after '{UNPLUG_REQUEST} {QEMU_HBM_ID}' the host starts hot-unplugging the HBM device: D polls POLLPRI | POLLHUP within {} s",
+                "after '{UNPLUG_REQUEST} {QEMU_HBM_ID}' the host starts hot-unplugging the HBM device: D polls POLLPRI | POLLHUP within {} s, and the kernel reports that removal waits for a pinned mapping",
                 UNPLUG_WAIT.as_secs()
             ),
             unplug,
@@ -706,12 +708,14 @@ fn map_and_write(s: &mut State) -> Outcome {
 
 /// Asks the host to hot-unplug the HBM device and waits until its removal has started.
 fn unplug(s: &mut State) -> Outcome {
+    let seen = waits_reports()?;
     println!("{UNPLUG_REQUEST} {QEMU_HBM_ID}");
     std::io::stdout()
         .flush()
         .map_err(|err| format!("cannot flush stdout: {err}"))?;
     expect_going(s.device()?, UNPLUG_WAIT)
-        .map_err(|err| format!("{err} (does the host harness run with --hotplug?)"))
+        .map_err(|err| format!("{err} (does the host harness run with --hotplug?)"))?;
+    expect_waiting(seen, GOING_WAIT)
 }
 
 fn remap_fails(s: &mut State) -> Outcome {

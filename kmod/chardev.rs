@@ -295,9 +295,9 @@ unsafe extern "C" fn poll(
     file: *mut bindings::file,
     table: *mut bindings::poll_table_struct,
 ) -> bindings::__poll_t {
-    // SAFETY: by the function's contract, `private_data` is the `HbmFile` the abstraction
-    // made (`Pin<KBox<HbmFile>>::into_foreign`), alive until release, which does not run
-    // while the file is being polled.
+    // The abstraction made the private data with `Pin<KBox<HbmFile>>::into_foreign`.
+    // SAFETY: by the function's contract `private_data` is that `HbmFile`, alive until
+    // release, which does not run while the file is being polled.
     let me = unsafe { &*(*file).private_data.cast::<HbmFile>() };
     // SAFETY: the VFS passes a valid file, with no fdget_pos region active on this thread.
     let file = unsafe { File::from_raw_file(file) };

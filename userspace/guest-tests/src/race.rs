@@ -329,9 +329,9 @@ impl Mapping {
 
     /// Writes `word` at the start of the mapping.
     fn write(&self, word: u64) {
-        // SAFETY: the mapping is ours, writable, at least a page long and page aligned; a
-        // revoked one faults (SIGBUS), which a `sigbus::Trap` turns into a write to a page
-        // of zeroes.
+        // A revoked mapping faults (SIGBUS): a `sigbus::Trap` turns that into a write to a
+        // page of zeroes.
+        // SAFETY: the mapping is ours, writable, at least a page long and page aligned.
         unsafe { std::ptr::write_volatile(self.addr as *mut u64, word) }
     }
 }

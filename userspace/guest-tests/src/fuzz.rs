@@ -13,14 +13,14 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use peerdirect::{Device, Errno, Error, ExportFlags, RawAlloc, RawExport, RawFree};
 
 use crate::race::{self, Mapping};
-use crate::support::{errno_name, Outcome, Tap};
+use crate::support::{errno_name, FirstFailure, Outcome, Tap};
 use crate::INDEX;
 
 const PAGE: u64 = 4096;
@@ -51,37 +51,31 @@ impl Rng {
 
 /// The first answer the ABI does not allow, with the operation that got it.
 #[derive(Default)]
-struct Violations(Mutex<Option<String>>);
+struct Violations(FirstFailure);
 
 impl Violations {
     fn check(&self, op: &str, got: Result<(), Errno>, allowed: &[Errno]) {
         if let Err(errno) = got {
             if !allowed.contains(&errno) {
-                let mut first = self.0.lock().unwrap_or_else(|e| e.into_inner());
-                if first.is_none() {
-                    let names: Vec<_> = allowed.iter().map(|&e| errno_name(e)).collect();
-                    *first = Some(format!(
-                        "{op}: expected success or one of {names:?}, got {errno} ({})",
-                        errno_name(errno)
-                    ));
-                }
+                let names: Vec<_> = allowed.iter().map(|&e| errno_name(e)).collect();
+                self.0.record(format!(
+                    "{op}: expected success or one of {names:?}, got {errno} ({})",
+                    errno_name(errno)
+                ));
             }
         }
     }
 
     /// `op` succeeded although its arguments (or the file's mode) call for `errno`.
     fn succeeded(&self, op: &str, errno: Errno) {
-        let mut first = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if first.is_none() {
-            *first = Some(format!(
-                "{op}: expected {errno} ({}), got success",
-                errno_name(errno)
-            ));
-        }
+        self.0.record(format!(
+            "{op}: expected {errno} ({}), got success",
+            errno_name(errno)
+        ));
     }
 
-    fn take(&self) -> Option<String> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    fn outcome(&self) -> Outcome {
+        self.0.outcome()
     }
 }
 
@@ -182,9 +176,7 @@ fn fuzz(seed: u64, budget: Duration, removal: bool) -> Outcome {
             .map_err(|_| "a fuzzing thread panicked".to_owned())?;
     }
     outcome?;
-    if let Some(violation) = violations.take() {
-        return Err(violation);
-    }
+    violations.outcome()?;
     let ops = ops.load(Ordering::Relaxed);
     println!("# {ops} operations, {cycles} unbind/rebind cycles");
     race::expect_raced("operations", ops, 1000)
@@ -387,10 +379,10 @@ mod tests {
         let v = Violations::default();
         v.check("FREE", Ok(()), &[]);
         v.check("EXPORT", Err(Errno::NODEV), &[Errno::NODEV]);
-        assert_eq!(v.take(), None);
+        assert_eq!(v.outcome(), Ok(()));
         v.check("mmap", Err(Errno::INVAL), &[Errno::NODEV]);
         v.check("ALLOC", Err(Errno::PERM), &[]);
-        let first = v.take().unwrap();
+        let first = v.outcome().unwrap_err();
         assert!(
             first.starts_with("mmap: expected success or one of [\"ENODEV\"]"),
             "{first}"

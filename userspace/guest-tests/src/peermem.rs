@@ -13,7 +13,6 @@ use std::fs;
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::process::{Command, ExitCode};
-use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -21,6 +20,7 @@ use clap::ValueEnum;
 use peerdirect::{Device, DeviceInfo, DmaBuf, ExportFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
+use crate::removal::Unbinding;
 use crate::support::{expect_eq, insmod, pci_devices, Outcome, Tap, NIC_IDS, SYSFS_PCI_DEVICES};
 use crate::testmod::{Report, TestModule};
 use crate::{INDEX, SYSFS_DRIVER};
@@ -433,22 +433,9 @@ fn read_only_refuses_write(s: &mut State) -> Outcome {
 fn unbind_invalidates(s: &mut State) -> Outcome {
     let id = s.id.ok_or("no registration")?;
     let bdf = s.info()?.pci_address.to_string();
-    let unbind = format!("{SYSFS_DRIVER}/unbind");
-    let (done, wait) = mpsc::channel();
-    let path = unbind.clone();
-    let value = bdf.clone();
-    thread::spawn(move || {
-        let _ = done.send(fs::write(&path, &value));
-    });
-    match wait.recv_timeout(UNBIND_TIMEOUT) {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => return Err(format!("writing {bdf} to {unbind} failed: {err}")),
-        Err(_) => {
-            return Err(format!(
-                "unbind did not complete in {UNBIND_TIMEOUT:?}: the removal waits for a mapping the core never released"
-            ))
-        }
-    }
+    Unbinding::start(&bdf)
+        .finish(UNBIND_TIMEOUT)
+        .map_err(|err| format!("{err}: the removal waits for a mapping the core never released"))?;
     if Path::new(&format!("{SYSFS_DRIVER}/{bdf}")).exists() {
         return Err(format!("{bdf} is still bound after unbind"));
     }

@@ -16,7 +16,6 @@
 //!   while the device is unbound and rebound in a loop.
 
 use std::fs;
-use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -26,7 +25,10 @@ use std::time::{Duration, Instant};
 
 use peerdirect::{Device, Errno, Error, ExportFlags};
 
-use crate::support::{errno_name, wait_for, write_sysfs, Outcome, Tap, SYSFS_PCI_DEVICES};
+use crate::support::{
+    errno_name, request_unplug, wait_for, write_sysfs, FirstFailure, Outcome, Tap,
+    SYSFS_PCI_DEVICES,
+};
 use crate::testmod::{stats, TestModule};
 use crate::{INDEX, SYSFS_DRIVER};
 
@@ -121,7 +123,7 @@ fn gone(err: &Error) -> bool {
 
 /// Collects the first unexpected error of the racing threads.
 #[derive(Default)]
-struct Unexpected(Mutex<Option<String>>);
+struct Unexpected(FirstFailure);
 
 impl Unexpected {
     fn record(&self, what: &str, err: &Error) {
@@ -136,17 +138,11 @@ impl Unexpected {
     }
 
     fn record_message(&self, message: String) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert(message);
+        self.0.record(message);
     }
 
     fn outcome(&self) -> Outcome {
-        match self.0.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            Some(err) => Err(err),
-            None => Ok(()),
-        }
+        self.0.outcome()
     }
 }
 
@@ -484,10 +480,7 @@ fn mmap_round(bdf: &str, removal: Removal, round: u64) -> Result<Round, String> 
 
 /// Asks the host to hot-unplug the HBM device and waits until it is gone.
 fn unplug(bdf: &str) -> Outcome {
-    println!("@@peerdirect-unplug hbm0");
-    std::io::stdout()
-        .flush()
-        .map_err(|err| format!("cannot flush stdout: {err}"))?;
+    request_unplug("hbm0")?;
     let dir = format!("{SYSFS_PCI_DEVICES}/{bdf}");
     wait_for(UNPLUG_WAIT, || !std::path::Path::new(&dir).exists())
         .map_err(|s| format!("{dir} still there {s} s after asking for a hot-unplug"))

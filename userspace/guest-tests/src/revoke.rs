@@ -41,8 +41,8 @@ use peerdirect::{
 
 use crate::removal::{expect_going, expect_waiting, expect_waits_log, waits_reports, Unbinding};
 use crate::support::{
-    expect_eq, expect_errno_of, fdinfo_value, find_nic, module_loaded, run_sequence, wait_for,
-    write_sysfs, Outcome, Tap, SYSFS_PCI_DEVICES,
+    expect_eq, expect_errno_of, fdinfo_value, find_nic, module_loaded, request_unplug,
+    run_sequence, wait_for, write_sysfs, Outcome, Tap, SYSFS_PCI_DEVICES, UNPLUG_REQUEST,
 };
 use crate::testmod::{stats, Report, TestModule, IMPORTER as IMPORTER_MODULE};
 use crate::{INDEX, SYSFS_DRIVER};
@@ -59,8 +59,6 @@ pub(crate) enum Removal {
 const MODULE: &str = "peerdirect";
 /// The HBM device's id on QEMU's command line (qemu/run).
 const QEMU_HBM_ID: &str = "hbm0";
-/// What asks the host harness to hot-unplug a device; a line of its own on stdout.
-const UNPLUG_REQUEST: &str = "@@peerdirect-unplug";
 /// How long the host gets to remove the device after the request.
 const UNPLUG_WAIT: Duration = Duration::from_secs(30);
 /// How long a device node or sysfs entry gets to appear or go away after a write.
@@ -709,10 +707,7 @@ fn map_and_write(s: &mut State) -> Outcome {
 /// Asks the host to hot-unplug the HBM device and waits until its removal has started.
 fn unplug(s: &mut State) -> Outcome {
     let seen = waits_reports()?;
-    println!("{UNPLUG_REQUEST} {QEMU_HBM_ID}");
-    std::io::stdout()
-        .flush()
-        .map_err(|err| format!("cannot flush stdout: {err}"))?;
+    request_unplug(QEMU_HBM_ID)?;
     expect_going(s.device()?, UNPLUG_WAIT)
         .map_err(|err| format!("{err} (does the host harness run with --hotplug?)"))?;
     expect_waiting(seen, GOING_WAIT)

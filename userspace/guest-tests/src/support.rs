@@ -2,9 +2,11 @@
 //! sysfs, procfs and module helpers.
 
 use std::fs;
+use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 use std::process::{Command, ExitCode};
+use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -53,6 +55,39 @@ impl Tap {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The first failure any of several threads records; later ones are dropped.
+#[derive(Default)]
+pub(crate) struct FirstFailure(Mutex<Option<String>>);
+
+impl FirstFailure {
+    pub(crate) fn record(&self, message: String) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(message);
+    }
+
+    /// `Err` with the first failure recorded (and forgets it).
+    pub(crate) fn outcome(&self) -> Outcome {
+        match self.0.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What asks the host harness (`qemu/run --hotplug`) to hot-unplug a QEMU device; a line of
+/// its own on stdout, followed by the device's id.
+pub(crate) const UNPLUG_REQUEST: &str = "@@peerdirect-unplug";
+
+/// Asks the host harness to hot-unplug QEMU device `id` (the HBM device is `hbm0`).
+pub(crate) fn request_unplug(id: &str) -> Outcome {
+    println!("{UNPLUG_REQUEST} {id}");
+    std::io::stdout()
+        .flush()
+        .map_err(|err| format!("cannot flush stdout: {err}"))
 }
 
 /// One step of a sequence whose steps share state `S`.

@@ -448,7 +448,7 @@ pub(crate) struct DmaBufId(usize);
 
 /// Closes the CPU window of the buffer `id`, invalidates every importer mapping of it and zaps
 /// its CPU mappings; callers first make later maps fail. A buffer whose release is under way is
-/// left alone (nothing holds it any more).
+/// left alone (nothing holds it any more): then `false`.
 ///
 /// # Safety
 ///
@@ -456,7 +456,7 @@ pub(crate) struct DmaBufId(usize);
 /// lock under which the buffer's release unregisters it, so its memory stays valid (even if
 /// its file is already being released).
 /// The caller does not hold the buffer's reservation lock.
-pub(crate) unsafe fn revoke(id: DmaBufId) {
+pub(crate) unsafe fn revoke(id: DmaBufId) -> bool {
     // SAFETY: forwarded from the caller.
-    unsafe { ffi::dmabuf_revoke(id.0 as *mut bindings::dma_buf) };
+    unsafe { ffi::dmabuf_revoke(id.0 as *mut bindings::dma_buf) }
 }

@@ -68,7 +68,7 @@ mod raw {
             offset: u64,
             len: u64,
         ) -> c_int;
-        pub(super) fn peerdirect_dmabuf_revoke(dmabuf: *mut bindings::dma_buf);
+        pub(super) fn peerdirect_dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool;
         pub(super) fn peerdirect_log_refused_attach(
             hbm: *mut bindings::pci_dev,
             importer: *mut bindings::device,
@@ -435,13 +435,14 @@ pub(crate) unsafe fn dmabuf_set_name(
     unsafe { raw::peerdirect_dmabuf_set_name(dmabuf, index, handle, offset, len) }
 }
 
-/// Invalidates importers' mappings of `dmabuf` and zaps its CPU mappings.
+/// Invalidates importers' mappings of `dmabuf` and zaps its CPU mappings; `false` if its
+/// release had begun (then it is left alone).
 ///
 /// # Safety
 ///
 /// `dmabuf`'s memory is valid for the call (see `dmabuf::revoke`), and the caller does not
 /// hold its reservation lock.
-pub(crate) unsafe fn dmabuf_revoke(dmabuf: *mut bindings::dma_buf) {
+pub(crate) unsafe fn dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool {
     // SAFETY: forwarded from the caller.
     unsafe { raw::peerdirect_dmabuf_revoke(dmabuf) }
 }

@@ -325,13 +325,27 @@ impl Hbm {
         self.status.set(PEERDIRECT_STATUS_REVOKED);
         self.events.notify_all();
         // No export is recorded after this point (`register_export`), so this is all of them.
+        let (mut revoked, mut releasing) = (0usize, 0usize);
         {
             let exported = self.exported.lock();
             for id in exported.values().map(|r| r.id) {
                 // SAFETY: a recorded buffer's release unregisters it under `exported`, which we
                 // hold, so its release has not completed; its reservation lock is not ours.
-                unsafe { dmabuf::revoke(id) };
+                if unsafe { dmabuf::revoke(id) } {
+                    revoked += 1;
+                } else {
+                    releasing += 1;
+                }
             }
+        }
+        if revoked + releasing > 0 {
+            dev_info!(
+                self.pdev.as_ref(),
+                "peerdirect{}: revoked {} export(s); {} more were being released\n",
+                self.info.index,
+                revoked,
+                releasing
+            );
         }
         // Revocable importers unmap in bounded time once invalidated (the dma-buf contract);
         // the BAR must not go away under their DMA.

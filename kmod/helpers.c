@@ -272,15 +272,15 @@ int peerdirect_dmabuf_set_name(struct dma_buf *dmabuf, u32 index, u32 handle, u6
  * then CPU mappings are zapped so that later accesses fault (SIGBUS) instead of reaching the
  * vanished BAR. A buffer whose last reference is already gone is skipped: its release is under
  * way, and with no file reference left no importer or VMA holds it (its inode may already be
- * freed, so its mapping must not be touched).
+ * freed, so its mapping must not be touched). Returns false for such a buffer.
  */
-void peerdirect_dmabuf_revoke(struct dma_buf *dmabuf)
+bool peerdirect_dmabuf_revoke(struct dma_buf *dmabuf)
 {
 	struct peerdirect_cpu_window *window = dmabuf->priv;
 	struct file *file = get_file_active(&dmabuf->file);
 
 	if (!file)
-		return;
+		return false;
 	dma_resv_lock(dmabuf->resv, NULL);
 	window->revoked = true;
 	dma_buf_invalidate_mappings(dmabuf);
@@ -288,6 +288,7 @@ void peerdirect_dmabuf_revoke(struct dma_buf *dmabuf)
 	dma_resv_unlock(dmabuf->resv);
 	unmap_mapping_range(file->f_mapping, 0, 0, 1);
 	fput(file);
+	return true;
 }
 
 void peerdirect_log_refused_attach(struct pci_dev *hbm, struct device *importer,

@@ -58,7 +58,7 @@ extern const struct vm_operations_struct peerdirect_dmabuf_vm_ops;
 int peerdirect_dmabuf_mmap(struct dma_buf *dmabuf, struct vm_area_struct *vma);
 int peerdirect_dmabuf_set_name(struct dma_buf *dmabuf, u32 index, u32 handle, u64 offset,
 			       u64 len);
-void peerdirect_dmabuf_revoke(struct dma_buf *dmabuf);
+bool peerdirect_dmabuf_revoke(struct dma_buf *dmabuf);
 void peerdirect_log_refused_attach(struct pci_dev *hbm, struct device *importer,
 				   const char *reason);
 

@@ -9,12 +9,16 @@
  * "key=value" lines: reads after a write return the result from its start up to its end.
  *
  *   fd=N dev=DDDD:BB:SS.F mode=dynamic|pinned|revocable|static [hbm=DDDD:BB:SS.F]
- *        [dir=bidir|to_device|from_device] [p2p=0|1] [hold=0|1]
+ *        [dir=bidir|to_device|from_device] [p2p=0|1] [hold=0|1] [stall=MS]
  *	attach dma-buf fd N (an fd of the writing process) to PCI device dev, (pin,) map, walk
  *	the sg table, then unmap, (unpin,) detach, unless hold=1: then the attachment stays
  *	mapped until "release id=I". With hbm=, also reports the kernel's P2P distance from
  *	that device (the exporter's) to dev. p2p=0 attaches without allow_peer2peer; mode=static
  *	attaches without importer ops at all (dma_buf_attach, as a non-P2P importer does).
+ *	stall=MS (dynamic and revocable only) makes each invalidation of the attachment sleep MS
+ *	milliseconds first, as a NIC does that waits for its hardware to stop using a mapping;
+ *	the exporter's revocation then holds whatever locks it holds for that long.
+ *   stalls		how many stalled invalidations have started (takes no lock)
  *   status id=I	invalidations seen, whether mapped, whether revoked
  *   remap id=I		map again an attachment whose mapping the exporter invalidated
  *   release id=I | release all
@@ -23,7 +27,9 @@
  * only when the command is malformed or names no such fd, device or id. Nothing here WARNs.
  */
 
+#include <linux/atomic.h>
 #include <linux/debugfs.h>
+#include <linux/delay.h>
 #include <linux/dma-buf.h>
 #include <linux/dma-mapping.h>
 #include <linux/dma-resv.h>
@@ -73,12 +79,23 @@ struct pdi_attachment {
 	bool pinned;
 	bool revoked;
 	unsigned int invalidations;
+	unsigned int stall_ms;
 };
 
 static LIST_HEAD(pdi_held);
 static DEFINE_MUTEX(pdi_held_lock); /* taken before any reservation lock */
 static u32 pdi_next_id = 1;
+static atomic_t pdi_stalls = ATOMIC_INIT(0);
 static struct dentry *pdi_dir;
+
+/* An importer told to invalidate may sleep under the reservation lock: stall=MS does. */
+static void pdi_stall(struct pdi_attachment *p)
+{
+	if (!p->stall_ms)
+		return;
+	atomic_inc(&pdi_stalls);
+	msleep(p->stall_ms);
+}
 
 /* mlx5-style: the mapping is dropped at once and rebuilt on the next use (remap). */
 static void pdi_invalidate_dynamic(struct dma_buf_attachment *attach)
@@ -86,6 +103,7 @@ static void pdi_invalidate_dynamic(struct dma_buf_attachment *attach)
 	struct pdi_attachment *p = attach->importer_priv;
 
 	dma_resv_assert_held(attach->dmabuf->resv);
+	pdi_stall(p);
 	p->invalidations++;
 	if (p->sgt) {
 		dma_buf_unmap_attachment(attach, p->sgt, p->dir);
@@ -114,6 +132,7 @@ static void pdi_invalidate_revocable(struct dma_buf_attachment *attach)
 	struct pdi_attachment *p = attach->importer_priv;
 
 	dma_resv_assert_held(attach->dmabuf->resv);
+	pdi_stall(p);
 	p->invalidations++;
 	pdi_revoke_locked(p);
 }
@@ -143,6 +162,7 @@ struct pdi_cmd {
 	bool has_mode;
 	enum dma_data_direction dir;
 	bool p2p, hold;
+	unsigned int stall_ms;
 	u32 id;
 };
 
@@ -163,7 +183,8 @@ static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 		val = strchr(tok, '=');
 		if (!val) {
 			if (first && (!strcmp(tok, "run") || !strcmp(tok, "release") ||
-				      !strcmp(tok, "status") || !strcmp(tok, "remap"))) {
+				      !strcmp(tok, "status") || !strcmp(tok, "remap") ||
+				      !strcmp(tok, "stalls"))) {
 				cmd->verb = tok;
 				first = false;
 				continue;
@@ -209,6 +230,8 @@ static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 			ret = kstrtobool(val, &cmd->p2p);
 		} else if (!strcmp(tok, "hold")) {
 			ret = kstrtobool(val, &cmd->hold);
+		} else if (!strcmp(tok, "stall")) {
+			ret = kstrtouint(val, 10, &cmd->stall_ms);
 		} else {
 			seq_buf_printf(out, "error=unknown key '%s'\n", tok);
 			return -EINVAL;
@@ -224,6 +247,12 @@ static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 			seq_buf_puts(out, "error=run needs fd=, dev= and mode=\n");
 			return -EINVAL;
 		}
+		if (cmd->stall_ms && cmd->mode != PDI_DYNAMIC && cmd->mode != PDI_REVOCABLE) {
+			seq_buf_puts(out, "error=stall= needs mode=dynamic or mode=revocable\n");
+			return -EINVAL;
+		}
+	} else if (!strcmp(cmd->verb, "stalls")) {
+		return 0;
 	} else if (!cmd->has_id && !(cmd->all && !strcmp(cmd->verb, "release"))) {
 		seq_buf_printf(out, "error=%s needs id=%s\n", cmd->verb,
 			       strcmp(cmd->verb, "release") ? "" : " or all");
@@ -371,6 +400,7 @@ static int pdi_run(const struct pdi_cmd *cmd, struct seq_buf *out)
 	}
 	p->mode = cmd->mode;
 	p->dir = cmd->dir;
+	p->stall_ms = cmd->stall_ms;
 	p->nic = nic;
 	p->dmabuf = dmabuf;
 
@@ -540,6 +570,10 @@ static int pdi_handle(char *line, struct seq_buf *out)
 		return ret;
 	if (!strcmp(cmd.verb, "run"))
 		return pdi_run(&cmd, out);
+	if (!strcmp(cmd.verb, "stalls")) {
+		seq_buf_printf(out, "stalls=%d\n", atomic_read(&pdi_stalls));
+		return 0;
+	}
 	return pdi_held_cmd(&cmd, out);
 }
 

@@ -16,6 +16,7 @@ mod lifecycle;
 mod peermem;
 mod pinned;
 mod race;
+mod release_revoke;
 mod removal;
 mod revoke;
 mod support;
@@ -91,6 +92,10 @@ struct Args {
     /// [`pinned`]; switch topology, needs the test importer module).
     #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
     pinned_removal: bool,
+    /// Close dma-bufs while removal revokes the device's exports instead (see
+    /// [`release_revoke`]; switch topology, needs the test importer module).
+    #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
+    release_revoke: bool,
     /// Run a randomized, seeded sequence of device operations from several threads instead
     /// (see [`fuzz`]), for `--seconds`.
     #[arg(long, value_name = "SEED", conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
@@ -411,6 +416,9 @@ fn main() -> ExitCode {
     }
     if args.pinned_removal {
         return pinned::run();
+    }
+    if args.release_revoke {
+        return release_revoke::run();
     }
     if let Some(seed) = args.fuzz {
         return fuzz::run(seed, args.seconds, args.fuzz_removal);

@@ -18,6 +18,9 @@ use crate::SYSFS_DRIVER;
 /// The kernel's first line while removal waits for mappings that cannot be revoked
 /// (`Hbm::log_pinned_holders`).
 pub(crate) const WAITS_LOG: &str = "removal waits";
+/// What the kernel says once removal has revoked the exports: "revoked N export(s); M more
+/// were being released".
+const REVOKED_LOG: &str = ": revoked ";
 
 /// An unbind running in a thread of its own.
 pub(crate) struct Unbinding {
@@ -129,6 +132,27 @@ pub(crate) fn expect_waiting(seen: usize, limit: Duration) -> Outcome {
         thread::sleep(Duration::from_millis(50));
     }
     Ok(())
+}
+
+/// The last removal's revocation report (`Hbm::remove`): how many exports it revoked, and
+/// how many it skipped because their release had begun.
+pub(crate) fn revocation_report() -> Result<(u64, u64), String> {
+    let log = kernel_log()?;
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains(REVOKED_LOG))
+        .ok_or_else(|| format!("expected a kernel line with '{REVOKED_LOG}', got none"))?;
+    let numbers: Vec<u64> = line
+        .split_once(REVOKED_LOG)
+        .map_or("", |(_, rest)| rest)
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|word| word.parse().ok())
+        .collect();
+    match numbers[..] {
+        [revoked, releasing] => Ok((revoked, releasing)),
+        _ => Err(format!("cannot read the revocation report {line:?}")),
+    }
 }
 
 fn kernel_log() -> Result<String, String> {

@@ -1,5 +1,6 @@
 //! `--lifecycle`: what becomes of /dev/peerdirect0 and of the files open on it when the PCI
-//! device is unbound, rebound, removed and rescanned, and when the module is unloaded.
+//! device is unbound, rebound, removed and rescanned, and when the module is unloaded; and that
+//! a load failing half-way (its PCI driver's name taken) leaves nothing behind.
 //!
 //! The tests are steps of one sequence that share state (the open files). A failed step that
 //! later steps build on (a gate: it changes the device's or the module's state) stops the
@@ -13,7 +14,8 @@ use std::time::Duration;
 use peerdirect::{Device, DeviceInfo, Errno, PciAddress};
 
 use crate::support::{
-    errno_name, expect_eq, expect_fdinfo, fdinfo, module_listed, wait_for, write_sysfs, Outcome,
+    errno_name, expect_eq, expect_fdinfo, fdinfo, insmod, module_listed, run_command, wait_for,
+    write_sysfs, Outcome,
 };
 use crate::{INDEX, SYSFS_DRIVER};
 
@@ -23,6 +25,16 @@ const SYSFS_PCI: &str = "/sys/bus/pci";
 /// How long a device node or a sysfs entry gets to appear or go away.
 const SETTLE: Duration = Duration::from_secs(2);
 const PRESENT: &str = "peerdirect-present";
+/// The module file in the guest.
+const MODULE_PATH: &str = "/lib/peerdirect/peerdirect.ko";
+/// The test module that registers a PCI driver named peerdirect
+/// (tests/kmod/peerdirect_namesake.c), and its file.
+const NAMESAKE: &str = "peerdirect_namesake";
+const NAMESAKE_PATH: &str = "/lib/peerdirect/tests/peerdirect_namesake.ko";
+/// What insmod says for `EBUSY`.
+const EBUSY_TEXT: &str = "Device or resource busy";
+/// The module's debugfs directory, made while it loads.
+const DEBUGFS_ROOT: &str = "/sys/kernel/debug/peerdirect";
 
 /// What the steps share.
 pub(crate) struct State {
@@ -183,18 +195,62 @@ pub(crate) fn steps() -> Vec<Step> {
             "INFO on a newly opened fd succeeds and names the same PCI address",
             |s| expect_info(&open_node()?, s.bdf()),
         ),
-        check(
+        gate(
             "with no fd open, rmmod peerdirect succeeds, /dev/peerdirect0 goes away and the module is no longer loaded",
+            |_| expect_unloads(),
+        ),
+        gate(
+            "a PCI driver already named peerdirect loads (test module peerdirect_namesake)",
+            |_| insmod(NAMESAKE_PATH),
+        ),
+        check(
+            "insmod peerdirect then fails half-way with EBUSY, and leaves no module, no /dev/peerdirect0 and no debugfs directory",
             |_| {
-                let (succeeded, said) = rmmod()?;
-                if !succeeded {
-                    return Err(format!("expected rmmod {MODULE} to succeed, got {said}"));
+                let output = Command::new("insmod")
+                    .arg(MODULE_PATH)
+                    .output()
+                    .map_err(|err| format!("cannot run insmod: {err}"))?;
+                let said = String::from_utf8_lossy(&output.stderr);
+                if output.status.success() || !said.contains(EBUSY_TEXT) {
+                    return Err(format!(
+                        "expected insmod {MODULE_PATH} to fail with '{EBUSY_TEXT}', got {} ({})",
+                        output.status,
+                        said.trim()
+                    ));
                 }
+                expect_loaded(false)?;
                 expect_node(false)?;
-                expect_loaded(false)
+                expect_exists(DEBUGFS_ROOT, false)
             },
         ),
+        gate(
+            "once that module is gone, insmod peerdirect succeeds and binds the device again",
+            |s| {
+                run_command("rmmod", &[NAMESAKE])?;
+                insmod(MODULE_PATH)?;
+                expect_bound(s.bdf(), true)?;
+                expect_node(true)
+            },
+        ),
+        check(
+            "INFO succeeds, and the device's debugfs directory is back",
+            |s| {
+                expect_info(&open_node()?, s.bdf())?;
+                expect_exists(&format!("{DEBUGFS_ROOT}/{MODULE}{INDEX}/stats"), true)
+            },
+        ),
+        check("rmmod peerdirect succeeds again", |_| expect_unloads()),
     ]
+}
+
+/// `rmmod peerdirect` succeeds, the device node goes away and the module is no longer loaded.
+fn expect_unloads() -> Outcome {
+    let (succeeded, said) = rmmod()?;
+    if !succeeded {
+        return Err(format!("expected rmmod {MODULE} to succeed, got {said}"));
+    }
+    expect_node(false)?;
+    expect_loaded(false)
 }
 
 fn open_node() -> Result<Device, String> {

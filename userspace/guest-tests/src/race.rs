@@ -14,6 +14,9 @@
 //! - `import-unbind`: two threads have the NIC attach, pin, map, unmap and detach dma-bufs
 //!   through the test importer module (dynamic, revocable and pinned importers in turn)
 //!   while the device is unbound and rebound in a loop.
+//! - `rmmod-bind`: the module is unloaded (and loaded again) while a thread unbinds and binds
+//!   the device through the driver's sysfs files: a probe may run until the driver is
+//!   unregistered, so what devices share must outlive that.
 
 use std::fs;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -26,7 +29,7 @@ use std::time::{Duration, Instant};
 use peerdirect::{Device, Errno, Error, ExportFlags};
 
 use crate::support::{
-    errno_name, request_unplug, wait_for, write_sysfs, FirstFailure, Outcome, Tap,
+    errno_name, request_unplug, run_command, wait_for, write_sysfs, FirstFailure, Outcome, Tap,
     SYSFS_PCI_DEVICES,
 };
 use crate::testmod::{stats, TestModule};
@@ -39,6 +42,7 @@ pub(crate) enum Suite {
     MmapUnplug,
     CloseUnbind,
     ImportUnbind,
+    RmmodBind,
 }
 
 const PAGE: usize = 4096;
@@ -60,7 +64,9 @@ pub(crate) fn run(suites: &[Suite], seconds: u64) -> ExitCode {
         suites
             .iter()
             .map(|suite| match suite {
-                Suite::OpenUnbind | Suite::CloseUnbind | Suite::ImportUnbind => 2,
+                Suite::OpenUnbind | Suite::CloseUnbind | Suite::ImportUnbind | Suite::RmmodBind => {
+                    2
+                }
                 Suite::MmapUnbind | Suite::MmapUnplug => 3,
             })
             .sum(),
@@ -79,6 +85,7 @@ pub(crate) fn run(suites: &[Suite], seconds: u64) -> ExitCode {
             Suite::MmapUnplug => mmap_race(&mut tap, &bdf, budget, Removal::Unplug),
             Suite::CloseUnbind => close_unbind(&mut tap, &bdf, budget),
             Suite::ImportUnbind => import_unbind(&mut tap, &bdf, budget),
+            Suite::RmmodBind => rmmod_bind(&mut tap, &bdf, budget),
         }
     }
     tap.finish()
@@ -565,6 +572,65 @@ fn close_round(bdf: &str, round: u64) -> Result<u64, String> {
     unbound?;
     rebind(bdf)?;
     Ok(closed.load(Ordering::Relaxed) as u64)
+}
+
+/// The module file in the guest.
+const MODULE_PATH: &str = "/lib/peerdirect/peerdirect.ko";
+
+fn rmmod_bind(tap: &mut Tap, bdf: &str, budget: Duration) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let bound = Arc::new(AtomicU64::new(0));
+    // Unbinds and binds in a loop; every write may fail while the driver comes and goes
+    // (no such file, already bound, not bound, no driver), so only successes are counted.
+    let toggler = {
+        let (stop, bound, bdf) = (stop.clone(), bound.clone(), bdf.to_owned());
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = fs::write(format!("{SYSFS_DRIVER}/unbind"), &bdf);
+                if fs::write(format!("{SYSFS_DRIVER}/bind"), &bdf).is_ok() {
+                    bound.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    };
+    let start = Instant::now();
+    let (mut cycles, mut outcome) = (0u64, Ok(()));
+    while start.elapsed() < budget {
+        // Once loaded, the device binds by itself (driver_override); then the thread toggles
+        // it for a while, a little longer each cycle, so that the unload meets the toggling at
+        // different points.
+        let loaded = wait_for(SETTLE, || peerdirect::device_path(INDEX).exists())
+            .map_err(|s| format!("/dev/peerdirect{INDEX} did not appear within {s} s of insmod"));
+        thread::sleep(Duration::from_millis(3 * (cycles % 16)));
+        let unloaded = loaded
+            .and_then(|()| run_command("rmmod", &["peerdirect"]))
+            .and_then(|()| run_command("insmod", &[MODULE_PATH]));
+        if let Err(err) = unloaded {
+            outcome = Err(err);
+            break;
+        }
+        cycles += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = toggler.join();
+    let bound = bound.load(Ordering::Relaxed);
+    tap.report(
+        &format!(
+            "rmmod and insmod peerdirect while a thread unbinds and binds the device ({cycles} unloads, {bound} binds in {} s)",
+            start.elapsed().as_secs()
+        ),
+        &outcome
+            .and_then(|()| expect_raced("unloads", cycles, 5))
+            .and_then(|()| expect_raced("binds", bound, 5)),
+    );
+    // The thread may have left the device unbound.
+    let _ = fs::write(format!("{SYSFS_DRIVER}/bind"), bdf);
+    tap.report(
+        "afterwards the module is loaded, the device bound and working, with nothing allocated or exported and all HBM free",
+        &wait_for(SETTLE, || peerdirect::device_path(INDEX).exists())
+            .map_err(|s| format!("/dev/peerdirect{INDEX} did not come back within {s} s"))
+            .and_then(|()| expect_idle()),
+    );
 }
 
 fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {

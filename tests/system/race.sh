@@ -4,7 +4,7 @@
 # against unbind and hot-unplug (every mapping must fault afterwards); last closes of dma-bufs
 # against unbind; NIC imports (attach, pin, map) against unbind and rebind; module unloads
 # against binds; a seeded random sequence of operations from several threads, alone and
-# against unbind, rebind and rmmod.
+# against unbind, rebind and rmmod; two devices unbound and bound at once.
 # Any kernel report (KASAN, KFENCE, refcount, lockdep, kmemleak) fails the guest run.
 #   PEERDIRECT_RACE_SECONDS  how long each suite runs (default 10; make stress: 120)
 #   PEERDIRECT_FUZZ_SEED     the random sequence's seed (default: a new one, printed)
@@ -20,4 +20,6 @@ guest --kernel kasan --kmemleak --timeout $((seconds * 8 + 240)) -- sh -c "
 	peerdirect-guest-tests --fuzz $((seed + 1)) --fuzz-removal --seconds $seconds" || rc=$?
 guest --kernel kasan --kmemleak --hotplug --timeout 300 -- \
 	peerdirect-guest-tests --race mmap-unplug || rc=$?
+guest --kernel kasan --kmemleak --second-hbm --timeout $((seconds * 2 + 240)) -- \
+	peerdirect-guest-tests --race bind-two --seconds "$seconds" || rc=$?
 exit $rc

@@ -14,6 +14,10 @@
 //! - `import-unbind`: two threads have the NIC attach, pin, map, unmap and detach dma-bufs
 //!   through the test importer module (dynamic, revocable and pinned importers in turn)
 //!   while the device is unbound and rebound in a loop.
+//! - `bind-two` (`qemu/run --second-hbm`): two devices, each unbound and bound again in a loop
+//!   by a thread of its own; every bind must succeed. A device's index and names are given
+//!   back only once its node and debugfs directory are gone, so the other device never gets
+//!   names still in use.
 //! - `rmmod-bind`: the module is unloaded (and loaded again) while a thread unbinds and binds
 //!   the device through the driver's sysfs files: a probe may run until the driver is
 //!   unregistered, so what devices share must outlive that.
@@ -29,8 +33,8 @@ use std::time::{Duration, Instant};
 use peerdirect::{Device, Errno, Error, ExportFlags};
 
 use crate::support::{
-    errno_name, request_unplug, run_command, wait_for, write_sysfs, FirstFailure, Outcome, Tap,
-    SYSFS_PCI_DEVICES,
+    errno_name, expect_eq, request_unplug, run_command, wait_for, write_sysfs, FirstFailure,
+    Outcome, Tap, SYSFS_PCI_DEVICES,
 };
 use crate::testmod::{stats, TestModule};
 use crate::{INDEX, SYSFS_DRIVER};
@@ -43,6 +47,7 @@ pub(crate) enum Suite {
     CloseUnbind,
     ImportUnbind,
     RmmodBind,
+    BindTwo,
 }
 
 const PAGE: usize = 4096;
@@ -64,13 +69,19 @@ pub(crate) fn run(suites: &[Suite], seconds: u64) -> ExitCode {
         suites
             .iter()
             .map(|suite| match suite {
-                Suite::OpenUnbind | Suite::CloseUnbind | Suite::ImportUnbind | Suite::RmmodBind => {
-                    2
-                }
+                Suite::OpenUnbind
+                | Suite::CloseUnbind
+                | Suite::ImportUnbind
+                | Suite::RmmodBind
+                | Suite::BindTwo => 2,
                 Suite::MmapUnbind | Suite::MmapUnplug => 3,
             })
             .sum(),
     );
+    if let [Suite::BindTwo] = suites {
+        bind_two(&mut tap, budget);
+        return tap.finish();
+    }
     let bdf = match bound_device() {
         Ok(bdf) => bdf,
         Err(err) => {
@@ -86,19 +97,30 @@ pub(crate) fn run(suites: &[Suite], seconds: u64) -> ExitCode {
             Suite::CloseUnbind => close_unbind(&mut tap, &bdf, budget),
             Suite::ImportUnbind => import_unbind(&mut tap, &bdf, budget),
             Suite::RmmodBind => rmmod_bind(&mut tap, &bdf, budget),
+            Suite::BindTwo => tap.report(
+                "bind-two runs alone (it needs qemu/run --second-hbm)",
+                &Err("bind-two was combined with other suites".to_owned()),
+            ),
         }
     }
     tap.finish()
 }
 
-/// The PCI address of the one device bound to peerdirect.
-pub(crate) fn bound_device() -> Result<String, String> {
+/// The PCI addresses of the devices bound to peerdirect, in order.
+fn bound_devices() -> Result<Vec<String>, String> {
     let mut bound: Vec<String> = fs::read_dir(SYSFS_DRIVER)
         .map_err(|err| format!("cannot list {SYSFS_DRIVER}: {err}"))?
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|name| name.starts_with("0000:"))
         .collect();
+    bound.sort();
+    Ok(bound)
+}
+
+/// The PCI address of the one device bound to peerdirect.
+pub(crate) fn bound_device() -> Result<String, String> {
+    let mut bound = bound_devices()?;
     match bound.len() {
         1 => Ok(bound.remove(0)),
         n => Err(format!(
@@ -572,6 +594,71 @@ fn close_round(bdf: &str, round: u64) -> Result<u64, String> {
     unbound?;
     rebind(bdf)?;
     Ok(closed.load(Ordering::Relaxed) as u64)
+}
+
+fn bind_two(tap: &mut Tap, budget: Duration) {
+    let bdfs = match bound_devices() {
+        Ok(bdfs) if bdfs.len() == 2 => bdfs,
+        Ok(bdfs) => {
+            let err = format!("expected two devices bound (qemu/run --second-hbm), got {bdfs:?}");
+            tap.report("two HBM devices are bound to peerdirect", &Err(err));
+            return;
+        }
+        Err(err) => {
+            tap.report("two HBM devices are bound to peerdirect", &Err(err));
+            return;
+        }
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let failure = Arc::new(FirstFailure::default());
+    let start = Instant::now();
+    let threads: Vec<_> = bdfs
+        .iter()
+        .map(|bdf| {
+            let (stop, failure, bdf) = (stop.clone(), failure.clone(), bdf.clone());
+            thread::spawn(move || {
+                let mut cycles = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let cycle = unbind(&bdf)
+                        .and_then(|()| write_sysfs(&format!("{SYSFS_DRIVER}/bind"), &bdf));
+                    if let Err(err) = cycle {
+                        failure.record(format!("{bdf}, cycle {cycles}: {err}"));
+                        stop.store(true, Ordering::Relaxed);
+                        break;
+                    }
+                    cycles += 1;
+                }
+                cycles
+            })
+        })
+        .collect();
+    while start.elapsed() < budget && !stop.load(Ordering::Relaxed) {
+        thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let cycles: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap_or(0)).collect();
+    tap.report(
+        &format!(
+            "two devices are unbound and bound again by a thread each, and every bind succeeds ({} and {} cycles in {} s)",
+            cycles[0],
+            cycles[1],
+            start.elapsed().as_secs()
+        ),
+        &failure.outcome().and_then(|()| {
+            cycles
+                .iter()
+                .try_for_each(|&c| expect_raced("unbind/bind cycles of each device", c, 20))
+        }),
+    );
+    let nodes = (0..2).map(peerdirect::device_path).collect::<Vec<_>>();
+    tap.report(
+        "afterwards both devices are bound, as /dev/peerdirect0 and /dev/peerdirect1",
+        &bound_devices().and_then(|now| {
+            expect_eq("bound devices", &bdfs, &now)?;
+            wait_for(SETTLE, || nodes.iter().all(|n| n.exists()))
+                .map_err(|s| format!("expected {nodes:?} to exist within {s} s of the last bind"))
+        }),
+    );
 }
 
 /// The module file in the guest.

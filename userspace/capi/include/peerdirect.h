@@ -159,8 +159,9 @@ int pd_stats(unsigned index, struct pd_stats *out);
 /*
  * Registration cache: registrations of HBM in a libfabric domain that the caller opened,
  * kept and handed out again to any request inside one (same domain and allocation, a
- * containing range, at least the access). Limits from the environment, least recently used
- * evicted: PEERDIRECT_MR_CACHE_MAX_COUNT (default 4096; 0 disables caching) and
+ * containing range, at least the access). Limits from the environment; the least recently
+ * used entry no pd_mr holds is evicted, entries in use never are (a registration that fits only
+ * if one went is made but not cached): PEERDIRECT_MR_CACHE_MAX_COUNT (default 4096; 0 disables caching) and
  * PEERDIRECT_MR_CACHE_MAX_SIZE (default 64G; K, M, G, T suffixes). Returns NULL with the
  * negative errno in *err (-EINVAL: a bad limit, named in pd_last_error()); err may be NULL.
  * A pd_regcache may be used from several threads at once.

@@ -46,7 +46,11 @@
 //!   (see `cache/index.rs` for why the predecessor is enough). Touching the LRU list is O(1).
 //! - Miss: the registration, then under the lock the same search again (another thread may
 //!   have registered meanwhile), O(log n) to drop the k entries the new one contains and for
-//!   each of the e evicted entries, and O(log n) to insert: O((1 + k + e) log n).
+//!   each of the e evicted entries, and O(log n) to insert: O((1 + k + e) log n). Eviction
+//!   passes over the h entries in use that are older than the last one it evicts: O(h k)
+//!   more. Entries in use are never evicted (as libfabric keeps them off its LRU list); when
+//!   the limits leave no room for a new entry without evicting one, it is handed out
+//!   uncached ([`Uncached::Full`]).
 //! - Invalidating an export: O(k log n) for its k entries; a domain or a device: also a visit
 //!   of every cached export.
 //!
@@ -122,6 +126,9 @@ pub enum Uncached {
     /// Entries were invalidated while it was being registered: it might belong to memory
     /// that is going away.
     Invalidated,
+    /// The cache is full of registrations in use: only entries no [`Registration`] holds are
+    /// evicted, and too few of them would go to make room.
+    Full,
 }
 
 /// What a [`RegCache`] did so far. Each counter is exact; a snapshot of several is not taken
@@ -371,10 +378,13 @@ impl<R: Registrar> RegCache<R> {
             } else if state.epoch != epoch || state.revoked(export.device()) {
                 entry.uncached = Some(Uncached::Invalidated);
                 Arc::new(entry)
-            } else {
+            } else if state.make_room(&key, self.limits, &mut dropped) {
                 let entry = Arc::new(entry);
-                state.insert(Arc::clone(&entry), self.limits, &mut dropped);
+                state.insert(Arc::clone(&entry));
                 entry
+            } else {
+                entry.uncached = Some(Uncached::Full);
+                Arc::new(entry)
             }
         };
         drop(dropped);
@@ -558,33 +568,71 @@ impl<R: Registrar> State<R> {
         Some(Arc::clone(self.lru.get(slot)))
     }
 
-    /// Caches `entry`, which no cached entry serves, after dropping the entries it contains
-    /// and then the least recently used ones until it fits. The dropped entries go to
+    /// Makes room to cache a registration of `key`, which no cached entry serves: drops the
+    /// entries it contains (superseded), then the least recently used entries that are idle
+    /// (no [`Registration`] holds them) until it fits. Entries in use are never evicted: their
+    /// holders would keep them registered while a request for the same range registered it
+    /// again, and the live registrations would exceed the limits. Returns `false`, changing
+    /// nothing, when evicting every idle entry would not make room. The dropped entries go to
     /// `dropped`, for the caller to release once it has let go of the lock.
-    fn insert(
+    ///
+    /// An entry no handle holds has only the list's reference; under the lock none can be
+    /// made (hits clone under it, and cloning a [`Registration`] needs one), so a count of 1
+    /// stays 1 while the lock is held.
+    fn make_room(
         &mut self,
-        entry: Arc<Entry<R>>,
+        key: &RegKey,
         limits: CacheLimits,
         dropped: &mut Vec<Arc<Entry<R>>>,
-    ) {
+    ) -> bool {
+        let length = key.range.length();
         let mut covered = Vec::new();
-        self.index.remove_covered(&entry.key, &mut covered);
+        self.index.remove_covered(key, &mut covered);
+        let covered_bytes: u64 = covered
+            .iter()
+            .map(|&slot| self.lru.get(slot).key.range.length())
+            .sum();
+        let (mut count, mut bytes) = (self.lru.len() - covered.len(), self.bytes - covered_bytes);
+        let fits = |count: usize, bytes: u64| {
+            count < limits.max_count && bytes.saturating_add(length) <= limits.max_bytes
+        };
+        let mut evicted = Vec::new();
+        let mut next = self.lru.oldest();
+        while !fits(count, bytes) {
+            let Some(slot) = next else {
+                // Not even with every idle entry gone: leave the cache as it was.
+                for slot in covered {
+                    let key = self.lru.get(slot).key;
+                    self.index.insert(&key, slot);
+                }
+                return false;
+            };
+            next = self.lru.newer(slot);
+            let entry = self.lru.get(slot);
+            if Arc::strong_count(entry) == 1 && !covered.contains(&slot) {
+                count -= 1;
+                bytes -= entry.key.range.length();
+                evicted.push(slot);
+            }
+        }
         self.superseded += covered.len() as u64;
         self.take(covered, dropped);
-        let length = entry.key.range.length();
-        while let Some(oldest) = self.lru.oldest().filter(|_| {
-            self.lru.len() >= limits.max_count || self.bytes + length > limits.max_bytes
-        }) {
-            let evicted = self.lru.remove(oldest);
-            self.index.remove(&evicted.key);
-            self.bytes -= evicted.key.range.length();
+        for slot in evicted {
+            let entry = self.lru.remove(slot);
+            self.index.remove(&entry.key);
+            self.bytes -= entry.key.range.length();
             self.evictions += 1;
-            dropped.push(evicted);
+            dropped.push(entry);
         }
+        true
+    }
+
+    /// Caches `entry`, for which [`State::make_room`] made room, as the most recently used.
+    fn insert(&mut self, entry: Arc<Entry<R>>) {
         let key = entry.key;
         let slot = self.lru.insert(entry);
         self.index.insert(&key, slot);
-        self.bytes += length;
+        self.bytes += key.range.length();
     }
 
     /// Takes the entries in `slots`, already out of the index, off the LRU list.

@@ -105,6 +105,12 @@ impl<T> Lru<T> {
         (self.oldest != NIL).then_some(Slot(self.oldest))
     }
 
+    /// The slot used next after `slot`, towards the most recently used.
+    pub(super) fn newer(&self, slot: Slot) -> Option<Slot> {
+        let newer = self.nodes[slot.0].newer;
+        (newer != NIL).then_some(Slot(newer))
+    }
+
     /// The values from the most to the least recently used.
     #[cfg(test)]
     pub(super) fn iter(&self) -> impl Iterator<Item = &T> {

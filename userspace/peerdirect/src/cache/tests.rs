@@ -272,18 +272,61 @@ fn a_max_count_of_zero_registers_every_time() {
 }
 
 #[test]
-fn an_evicted_entry_in_use_is_deregistered_by_its_last_user() {
+fn an_entry_in_use_is_not_evicted() {
+    let cache = cache(2, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let held = get(&cache, &nic, EXPORT, 0, 1, RW);
+    let idle = get(&cache, &nic, EXPORT, 1, 1, RW).mr().id;
+    // `held` is the oldest, but in use: `idle` goes instead.
+    let newer = get(&cache, &nic, EXPORT, 2, 1, RW).mr().id;
+    assert_eq!(cached_ids(&cache), [newer, held.mr().id]);
+    assert!(!nic.is_live(idle), "the idle entry was evicted");
+    // The held range is served by its entry, not registered a second time.
+    assert_eq!(get(&cache, &nic, EXPORT, 0, 1, RW).mr().id, held.mr().id);
+    assert_eq!(nic.registered(), 3);
+    let stats = cache.stats();
+    assert_eq!((stats.evictions, stats.entries, stats.hits), (1, 2, 1));
+}
+
+#[test]
+fn a_cache_full_of_entries_in_use_hands_out_uncached_registrations() {
     let cache = cache(1, 1 << 30);
     let nic = FakeRegistrar::new(1);
     let held = get(&cache, &nic, EXPORT, 0, 1, RW);
-    let other = get(&cache, &nic, EXPORT, 1, 1, RW).mr().id;
-    assert_eq!(cached_ids(&cache), [other]);
-    assert!(nic.is_live(held.mr().id), "evicted, but still in use");
-    assert_eq!(cache.stats().deregistrations, 0);
-    let id = held.mr().id;
+    let other = get(&cache, &nic, EXPORT, 1, 1, RW);
+    assert_eq!(other.uncached(), Some(Uncached::Full));
+    assert_eq!(cached_ids(&cache), [held.mr().id]);
+    assert_eq!(nic.live(), HashSet::from([held.mr().id, other.mr().id]));
+    let id = other.mr().id;
+    drop(other);
+    assert!(!nic.is_live(id), "deregistered with its last handle");
+    // Once the cached entry is idle, it makes room as usual.
+    let held_id = held.mr().id;
     drop(held);
-    assert!(!nic.is_live(id));
-    assert_eq!(cache.stats().deregistrations, 1);
+    let next = get(&cache, &nic, EXPORT, 1, 1, RW);
+    assert_eq!(next.uncached(), None);
+    assert_eq!(cached_ids(&cache), [next.mr().id]);
+    assert!(!nic.is_live(held_id));
+    let stats = cache.stats();
+    assert_eq!((stats.uncached, stats.evictions, stats.entries), (1, 1, 1));
+}
+
+#[test]
+fn entries_in_use_count_against_the_byte_limit() {
+    let cache = cache(100, 8 * PAGE);
+    let nic = FakeRegistrar::new(1);
+    let held = get(&cache, &nic, EXPORT, 0, 6, RW);
+    let idle = get(&cache, &nic, EXPORT, 10, 2, RW).mr().id;
+    // 3 pages fit only if `held` went: nothing is evicted, and the new one is not cached.
+    let large = get(&cache, &nic, EXPORT, 20, 3, RW);
+    assert_eq!(large.uncached(), Some(Uncached::Full));
+    assert_eq!(cached_ids(&cache), [idle, held.mr().id]);
+    // 2 pages fit once `idle` goes.
+    let small = get(&cache, &nic, EXPORT, 30, 2, RW);
+    assert_eq!(small.uncached(), None);
+    assert_eq!(cached_ids(&cache), [small.mr().id, held.mr().id]);
+    let stats = cache.stats();
+    assert_eq!((stats.bytes, stats.evictions), (8 * PAGE, 1));
 }
 
 #[test]
@@ -538,7 +581,7 @@ fn check_against_model(limits: CacheLimits, ops: Vec<Op>) -> Result<(), TestCase
         },
         ..Model::default()
     };
-    let mut held = Vec::new();
+    let mut held: Vec<Registration<FakeRegistrar>> = Vec::new();
     for op in ops {
         match op {
             Op::Get {
@@ -580,7 +623,6 @@ fn check_against_model(limits: CacheLimits, ops: Vec<Op>) -> Result<(), TestCase
                     model.entries.insert(0, entry);
                     model.stats.hits += 1;
                 } else {
-                    prop_assert_eq!(registration.uncached(), None);
                     model.stats.misses += 1;
                     let covered = |key: &RegKey| {
                         key.domain == request.domain
@@ -588,14 +630,39 @@ fn check_against_model(limits: CacheLimits, ops: Vec<Op>) -> Result<(), TestCase
                             && request.access.contains(key.access)
                             && request.range.contains(key.range)
                     };
-                    model.stats.superseded += model.drop_where(covered);
-                    while model.entries.len() >= limits.max_count
-                        || model.bytes() + request.range.length() > limits.max_bytes
-                    {
-                        model.entries.pop();
-                        model.stats.evictions += 1;
+                    // Superseded entries go, then idle ones from the oldest until it fits;
+                    // entries in use stay. If it cannot fit, nothing changes.
+                    let in_use: HashSet<u64> = held.iter().map(|r| r.mr().id).collect();
+                    let mut left: Vec<(RegKey, u64)> = model
+                        .entries
+                        .iter()
+                        .filter(|(key, _)| !covered(key))
+                        .copied()
+                        .collect();
+                    let superseded = (model.entries.len() - left.len()) as u64;
+                    let fits = |entries: &[(RegKey, u64)]| {
+                        let bytes: u64 = entries.iter().map(|(key, _)| key.range.length()).sum();
+                        entries.len() < limits.max_count
+                            && bytes + request.range.length() <= limits.max_bytes
+                    };
+                    let (mut oldest, mut evictions) = (left.len(), 0);
+                    while !fits(&left) && oldest > 0 {
+                        oldest -= 1;
+                        if !in_use.contains(&left[oldest].1) {
+                            left.remove(oldest);
+                            evictions += 1;
+                        }
                     }
-                    model.entries.insert(0, (request, id));
+                    if fits(&left) {
+                        prop_assert_eq!(registration.uncached(), None);
+                        model.stats.superseded += superseded;
+                        model.stats.evictions += evictions;
+                        model.entries = left;
+                        model.entries.insert(0, (request, id));
+                    } else {
+                        prop_assert_eq!(registration.uncached(), Some(Uncached::Full));
+                        model.stats.uncached += 1;
+                    }
                 }
                 if hold {
                     held.push(registration);
@@ -629,6 +696,8 @@ fn check_against_model(limits: CacheLimits, ops: Vec<Op>) -> Result<(), TestCase
             .map(|r| (*r.key(), r.mr().id))
             .collect();
         prop_assert_eq!(&cached, &model.entries);
+        prop_assert!(limits.max_count == 0 || cached.len() <= limits.max_count);
+        prop_assert!(model.bytes() <= limits.max_bytes);
         // Alive: exactly what is cached or held.
         let mut alive: HashSet<u64> = model.entries.iter().map(|&(_, id)| id).collect();
         alive.extend(held.iter().map(|r| r.mr().id));

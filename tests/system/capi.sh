@@ -8,11 +8,14 @@
 # libfabric (`pkg-config --cflags --libs peerdirect libfabric`): it opens libfabric's tcp
 # domain itself, registers HBM through the cache twice (a miss, then a hit), checks the RMA
 # address and key a peer would use (pd_mr_remote), and frees the allocation, which must
-# invalidate the cached registration before the domain is closed.
+# invalidate the cached registration before the domain is closed. Last, the same program on
+# soft-RoCE's verbs;ofi_rxm, which refuses dma-bufs: pd_register fails with -EOPNOTSUPP until
+# the program turns host bounce on, and the registration then says host_bounce, with its
+# reason, a staging buffer and no RMA address.
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "1..8"
+echo "1..9"
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -53,9 +56,10 @@ run ldd ldd ./hbm_export
 run example ./hbm_export
 run fbuild sh -c 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/fabric_register .'
 run fabric ./fabric_register
+run fabric_rxe env FI_UNIVERSE_SIZE=64 ./fabric_register 'verbs;ofi_rxm'
 EOF
 hbm=$work/hbm
-out=$(guest --userland trixie --hbm 256M --hbm-backing "$hbm" --share "$work/share" -- sh /mnt/host/probe.sh 2>&1)
+out=$(guest --rxe --hbm 256M --hbm-backing "$hbm" --share "$work/share" -- sh /mnt/host/probe.sh 2>&1)
 rc=$?
 cd "$work/share"
 if [ "$(cat build.rc 2>/dev/null)" = 0 ]; then
@@ -120,6 +124,19 @@ if [ "$(cat fabric.rc 2>/dev/null)" = 0 ] &&
 	sed "s/^/# /" fabric.out
 else
 	fail "$desc" "$(show fabric)"
+fi
+
+desc="fabric_register on verbs;ofi_rxm (soft-RoCE refuses dma-bufs): pd_register fails with -EOPNOTSUPP and the provider's reason until pd_regcache_set_host_bounce(cache, 1); then path host_bounce with a reason and a staging buffer, pd_mr_remote refused"
+if [ "$(cat fabric_rxe.rc 2>/dev/null)" = 0 ] &&
+	grep -q '^refused without host bounce: .*fi_mr_regattr(FI_MR_DMABUF).*the host-bounce fallback is off.*pd_regcache_set_host_bounce' fabric_rxe.out &&
+	grep -q '^registered 4194304 bytes: path host_bounce, key .*, reason: ' fabric_rxe.out &&
+	grep -Eq '^staging: [1-9][0-9]* bytes, written by the program$' fabric_rxe.out &&
+	grep -q '^rma: refused for host bounce ' fabric_rxe.out &&
+	grep -q '^closed: the domain after every registration in it$' fabric_rxe.out; then
+	ok "$desc"
+	sed "s/^/# /" fabric_rxe.out
+else
+	fail "$desc" "$(show fabric_rxe)"
 fi
 cd /
 exit $failed

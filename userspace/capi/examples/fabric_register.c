@@ -1,13 +1,21 @@
 /*
  * fabric_register: registering HBM in a libfabric domain the program opened itself, through
- * the registration cache. Opens the tcp provider's fabric and domain (fi_getinfo, fi_fabric,
- * fi_domain), allocates 4 MiB of HBM on /dev/peerdirect0, registers it twice with
- * pd_register (the second request, a part of the first, is a cache hit), prints the path
- * and key and what a peer's fi_read would use (pd_mr_remote), frees the allocation (which drops the cache entry first: the cache's
- * invalidations count it), releases everything and closes the domain. Exit status 0 iff all
- * of it worked.
+ * the registration cache. Opens a provider's fabric and domain (fi_getinfo, fi_fabric,
+ * fi_domain; tcp on 127.0.0.1 unless a provider, and optionally a node, are given),
+ * allocates 4 MiB of HBM on /dev/peerdirect0, registers it twice with pd_register (the second
+ * request, a part of the first, is a cache hit), prints the path and key and what a peer's
+ * fi_read would use (pd_mr_remote), frees the allocation (which drops the cache entry first:
+ * the cache's invalidations count it), releases everything and closes the domain. Exit
+ * status 0 iff all of it worked.
+ *
+ * A provider that refuses dma-bufs (verbs on soft-RoCE) makes the first pd_register fail with
+ * -EOPNOTSUPP: host bounce is off by default. The program then turns it on
+ * (pd_regcache_set_host_bounce), as a caller that copies through the staging buffer would,
+ * and checks that the registration says so: path host_bounce, a reason, a staging buffer,
+ * and no RMA address.
  *
  *   cc -o fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric)
+ *   ./fabric_register ['verbs;ofi_rxm' [node]]
  */
 #define _POSIX_C_SOURCE 200809L /* strdup */
 #include <errno.h>
@@ -66,8 +74,13 @@ static void print_stats(const char *when, const struct pd_regcache_stats *s)
 	       s->entries);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	const char *provider = argc > 1 ? argv[1] : "tcp";
+	const char *node = argc > 1 ? (argc > 2 ? argv[2] : NULL) : "127.0.0.1";
+	void *staging;
+	uint64_t staging_len;
+	int bounce = 0;
 	struct fi_info *hints, *info = NULL;
 	struct fid_fabric *fabric = NULL;
 	struct fid_domain *domain = NULL;
@@ -84,15 +97,15 @@ int main(void)
 	hints = fi_allocinfo();
 	if (!hints)
 		return fi_fail("fi_allocinfo", -FI_ENOMEM);
-	hints->fabric_attr->prov_name = strdup("tcp");
+	hints->fabric_attr->prov_name = strdup(provider);
 	hints->ep_attr->type = FI_EP_RDM;
 	hints->caps = FI_MSG | FI_TAGGED;
 	hints->domain_attr->threading = FI_THREAD_SAFE;
 	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
-	ret = fi_getinfo(FI_VERSION(1, 20), "127.0.0.1", NULL, FI_SOURCE, hints, &info);
+	ret = fi_getinfo(FI_VERSION(1, 20), node, NULL, node ? FI_SOURCE : 0, hints, &info);
 	fi_freeinfo(hints);
 	if (ret)
-		return fi_fail("fi_getinfo(tcp)", ret);
+		return fi_fail("fi_getinfo", ret);
 	ret = fi_fabric(info->fabric_attr, &fabric, NULL);
 	if (ret) {
 		fi_fail("fi_fabric", ret);
@@ -124,15 +137,38 @@ int main(void)
 		pd_fail("pd_regcache_new", err);
 		goto out;
 	}
-	err = pd_register(cache, domain, alloc, 0, 0,
-			  PD_ACCESS_LOCAL_READ | PD_ACCESS_LOCAL_WRITE | PD_ACCESS_REMOTE_READ |
-				  PD_ACCESS_REMOTE_WRITE,
-			  &whole);
+#define ALL_ACCESS                                                                          \
+	(PD_ACCESS_LOCAL_READ | PD_ACCESS_LOCAL_WRITE | PD_ACCESS_REMOTE_READ |                   \
+	 PD_ACCESS_REMOTE_WRITE)
+	err = pd_register(cache, domain, alloc, 0, 0, ALL_ACCESS, &whole);
+	if (err == -EOPNOTSUPP) {
+		/* The provider refuses dma-bufs: host bounce only when asked for. */
+		printf("refused without host bounce: %s\n", pd_last_error());
+		bounce = 1;
+		err = pd_regcache_set_host_bounce(cache, 1);
+		if (err) {
+			pd_fail("pd_regcache_set_host_bounce", err);
+			goto out;
+		}
+		err = pd_register(cache, domain, alloc, 0, 0, ALL_ACCESS, &whole);
+	}
 	if (err) {
 		pd_fail("pd_register(all of it)", err);
 		goto out;
 	}
 	print_mr("registered 4194304 bytes", whole);
+	staging = pd_mr_staging(whole, &staging_len);
+	if (bounce != (pd_mr_path(whole) == PD_PATH_HOST_BOUNCE) || bounce != (staging != NULL) ||
+	    bounce != (staging_len > 0) || bounce != (pd_mr_reason(whole) != NULL)) {
+		fprintf(stderr, "fabric_register: a host-bounce registration %s\n",
+			bounce ? "does not say so" : "was handed out without being asked for");
+		goto out;
+	}
+	if (bounce) {
+		/* The caller's side of host bounce: copies through the staging buffer. */
+		memset(staging, 0x5a, staging_len);
+		printf("staging: %" PRIu64 " bytes, written by the program\n", staging_len);
+	}
 	err = pd_register(cache, domain, alloc, 1u << 20, 4096, PD_ACCESS_REMOTE_WRITE, &part);
 	if (err) {
 		pd_fail("pd_register(4096 bytes at 1 MiB)", err);
@@ -145,18 +181,26 @@ int main(void)
 	}
 	/* What a peer puts in fi_read/fi_write: addresses are virtual under FI_MR_VIRT_ADDR. */
 	virt_addr = (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
-	if ((err = pd_mr_remote(whole, virt_addr, &whole_addr, &whole_key)) ||
+	if (bounce) {
+		err = pd_mr_remote(whole, virt_addr, &whole_addr, &whole_key);
+		if (err != -EOPNOTSUPP) {
+			fprintf(stderr, "fabric_register: pd_mr_remote of a host bounce gave %d\n", err);
+			goto out;
+		}
+		printf("rma: refused for host bounce (%s)\n", pd_last_error());
+	} else if ((err = pd_mr_remote(whole, virt_addr, &whole_addr, &whole_key)) ||
 	    (err = pd_mr_remote(part, virt_addr, &part_addr, &part_key))) {
 		pd_fail("pd_mr_remote", err);
 		goto out;
-	}
-	printf("rma: FI_MR_VIRT_ADDR %d, whole at %#" PRIx64 ", the part at %#" PRIx64
-	       " (+%" PRIu64 "), key %#" PRIx64 "\n",
-	       virt_addr, whole_addr, part_addr, part_addr - whole_addr, part_key);
-	if (part_key != pd_mr_key(part) || whole_key != part_key ||
-	    part_addr - whole_addr != 1u << 20 || (!virt_addr && whole_addr != 0)) {
-		fprintf(stderr, "fabric_register: pd_mr_remote gave the wrong address or key\n");
-		goto out;
+	} else {
+		printf("rma: FI_MR_VIRT_ADDR %d, whole at %#" PRIx64 ", the part at %#" PRIx64
+		       " (+%" PRIu64 "), key %#" PRIx64 "\n",
+		       virt_addr, whole_addr, part_addr, part_addr - whole_addr, part_key);
+		if (part_key != pd_mr_key(part) || whole_key != part_key ||
+		    part_addr - whole_addr != 1u << 20 || (!virt_addr && whole_addr != 0)) {
+			fprintf(stderr, "fabric_register: pd_mr_remote gave the wrong address or key\n");
+			goto out;
+		}
 	}
 	if (pd_mr_remote(part, virt_addr, NULL, &part_key) != -EINVAL) {
 		fprintf(stderr, "fabric_register: pd_mr_remote with a NULL addr did not fail\n");
@@ -170,8 +214,9 @@ int main(void)
 		goto out;
 	}
 	print_stats("after registering", &stats);
-	if (stats.hits != 1 || stats.misses != 1 || stats.entries != 1) {
-		fprintf(stderr, "fabric_register: expected 1 hit, 1 miss, 1 entry\n");
+	/* The refused registration was a miss too. */
+	if (stats.hits != 1 || stats.misses != 1u + bounce || stats.entries != 1) {
+		fprintf(stderr, "fabric_register: expected 1 hit, %d misses, 1 entry\n", 1 + bounce);
 		goto out;
 	}
 

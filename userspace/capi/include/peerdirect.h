@@ -180,7 +180,9 @@ void pd_regcache_free(pd_regcache *cache);
  * an owning handle in *out: read it with pd_mr_key(), pd_mr_desc(), pd_mr_offset(),
  * pd_mr_path(), pd_mr_reason(), pd_mr_remote(); release it with pd_mr_release(). The first
  * call on an allocation exports all of it read-write and maps it; that dma-buf is closed when
- * the allocation is freed. -ENOSYS: libfabric.so.1 (>= 1.20) cannot be loaded; other errors are
+ * the allocation is freed. -ENOSYS: libfabric.so.1 (>= 1.20) cannot be loaded; -EOPNOTSUPP:
+ * the provider refuses to register dma-bufs and host bounce is off (the default; see
+ * pd_regcache_set_host_bounce()), pd_last_error() gives the provider's reason; other errors are
  * the provider's (pd_last_error() names the call).
  *
  * The domain is borrowed, never closed by this library. Lifetime rules: keep it open until
@@ -201,6 +203,16 @@ int pd_register(pd_regcache *cache, struct fid_domain *domain, const pd_allocati
  * errno.
  */
 int pd_regcache_invalidate_domain(pd_regcache *cache, struct fid_domain *domain);
+
+/*
+ * Host bounce: where the provider refuses to register a dma-buf, register a host staging buffer
+ * instead (allow != 0) or fail with -EOPNOTSUPP (allow == 0, the default). The key and
+ * descriptor of a host-bounce pd_mr (pd_mr_path() == PD_PATH_HOST_BOUNCE) name the staging
+ * buffer (pd_mr_staging()), not HBM: peers' data lands there, and the caller must copy HBM into
+ * it before each send and out of it after each receive. Only turn it on to do exactly that.
+ * Applies to later registrations; returns 0 or -EINVAL (cache NULL).
+ */
+int pd_regcache_set_host_bounce(pd_regcache *cache, int allow);
 
 /* Fills *out with the cache's counters. */
 int pd_regcache_stats(const pd_regcache *cache, struct pd_regcache_stats *out);
@@ -226,6 +238,12 @@ int pd_mr_remote(const pd_mr *mr, int virt_addr, uint64_t *addr, uint64_t *key);
 /* Why the registration is PD_PATH_HOST_BOUNCE (the provider's refusal); NULL when direct.
  * Valid until the handle is released. */
 const char *pd_mr_reason(const pd_mr *mr);
+/*
+ * The host staging buffer of a PD_PATH_HOST_BOUNCE registration, which its key and descriptor
+ * name, with its length in *length (if length is not NULL); NULL and 0 when the registration
+ * is direct. Valid until the handle is released.
+ */
+void *pd_mr_staging(const pd_mr *mr, uint64_t *length);
 
 /*
  * The message of the last failure on the calling thread ("" before the first), with a hint

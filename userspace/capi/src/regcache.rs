@@ -7,10 +7,17 @@
 //! the allocation's entries before the FREE command; it registers from one read-write export
 //! of the whole allocation, made and mapped on the first call and kept by the allocation
 //! handle until it is freed.
+//!
+//! A C caller posts its own operations with the key and descriptor of a `pd_mr`, so a
+//! host-bounce registration (whose key and descriptor name a host staging buffer) would have
+//! peers' data land in host memory unless the caller copies through that buffer itself. So
+//! the fallback is off unless the caller turns it on (`pd_regcache_set_host_bounce`), and a
+//! provider's refusal is an error that says so.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CString};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pd::cache::{Access, ByteRange, ExportId, RegCache};
@@ -33,6 +40,8 @@ pub struct PdRegCache {
     /// By the address of the `struct fid_domain`; removed by
     /// `pd_regcache_invalidate_domain`, so that a later domain at that address is a new one.
     registrars: Mutex<HashMap<usize, Arc<LibfabricRegistrar>>>,
+    /// Whether registrations may fall back to host bounce (`pd_regcache_set_host_bounce`).
+    host_bounce: AtomicBool,
 }
 
 /// `pd_mr`: a registration handed out by `pd_register`, registered until released.
@@ -59,6 +68,16 @@ impl From<LibfabricError> for Failure {
             LibfabricError::Call { errno, .. } => Errno::from_raw_os_error(*errno),
             LibfabricError::Map { errno, .. } => *errno,
             LibfabricError::BadName(_) => Errno::INVAL,
+            LibfabricError::DmaBufRefused { .. } => {
+                return Failure::new(
+                    Errno::OPNOTSUPP,
+                    format!(
+                    "{err}. Use a provider that registers dma-bufs (`peerdirect doctor` checks), \
+                         or call pd_regcache_set_host_bounce(cache, 1) and copy through \
+                         pd_mr_staging() around every operation"
+                ),
+                )
+            }
             _ => Errno::IO,
         };
         Failure::new(errno, err.to_string())
@@ -85,6 +104,7 @@ pub unsafe extern "C" fn pd_regcache_new(err: *mut c_int) -> *mut PdRegCache {
         Ok(Box::into_raw(Box::new(PdRegCache {
             cache: Arc::new(cache),
             registrars: Mutex::default(),
+            host_bounce: AtomicBool::new(false),
         })))
     });
     if !cache.is_null() {
@@ -154,9 +174,8 @@ pub unsafe extern "C" fn pd_register(
                 .cache
                 .get(&registrar, &source.mapped, source.export, range, access)?;
         let reason = match registration.mr().path() {
-            RegPath::HostBounce { reason } => {
-                Some(CString::new(reason.replace('\0', " ")).expect("NUL bytes were replaced"))
-            }
+            // NUL bytes replaced, so `new` cannot fail.
+            RegPath::HostBounce { reason } => CString::new(reason.replace('\0', " ")).ok(),
             _ => None,
         };
         let mr = Box::new(PdMr {
@@ -241,6 +260,7 @@ impl PdRegCache {
         // SAFETY: the caller's contract is `from_raw_domain`'s.
         let fabric = unsafe { Fabric::from_raw_domain(domain.cast::<c_void>(), "libfabric") }?;
         let registrar = Arc::new(LibfabricRegistrar::new(fabric));
+        registrar.set_host_bounce(self.host_bounce.load(Relaxed));
         registrars.insert(domain.as_ptr() as usize, Arc::clone(&registrar));
         Ok(registrar)
     }
@@ -279,6 +299,31 @@ pub unsafe extern "C" fn pd_regcache_invalidate_domain(
     } else {
         dropped
     }
+}
+
+/// `int pd_regcache_set_host_bounce(pd_regcache *cache, int allow)`: whether later
+/// registrations the provider refuses as dma-bufs fall back to host bounce (off by default).
+/// Registrations already made keep their path.
+///
+/// # Safety
+///
+/// `cache` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn pd_regcache_set_host_bounce(
+    cache: *mut PdRegCache,
+    allow: c_int,
+) -> c_int {
+    const F: &str = "pd_regcache_set_host_bounce";
+    guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let cache = unsafe { arg(F, "cache", cache) }?;
+        let registrars = lock(&cache.registrars);
+        cache.host_bounce.store(allow != 0, Relaxed);
+        for registrar in registrars.values() {
+            registrar.set_host_bounce(allow != 0);
+        }
+        Ok(())
+    })
 }
 
 /// `int pd_regcache_stats(const pd_regcache *cache, struct pd_regcache_stats *out)`.
@@ -400,6 +445,25 @@ pub unsafe extern "C" fn pd_mr_reason(mr: *const PdMr) -> *const std::ffi::c_cha
     }
 }
 
+/// `void *pd_mr_staging(const pd_mr *mr, uint64_t *length)`: the host staging buffer of a
+/// host-bounce registration, which its key and descriptor name, and its length in `*length`
+/// (if not NULL); NULL (and 0) when the registration is direct or `mr` is NULL.
+///
+/// # Safety
+///
+/// `mr` is NULL or a live handle; `length` is NULL or valid for writing a `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pd_mr_staging(mr: *const PdMr, length: *mut u64) -> *mut c_void {
+    // SAFETY: passed on under the same contract.
+    let staging = unsafe { with_mr(mr, None, |m| m.registration.mr().staging()) };
+    if !length.is_null() {
+        let len = staging.map_or(0, |(_, len)| len as u64);
+        // SAFETY: not NULL, and the caller promises it is valid for writing.
+        unsafe { length.write(len) };
+    }
+    staging.map_or(std::ptr::null_mut(), |(ptr, _)| ptr.as_ptr().cast())
+}
+
 /// `int pd_mr_remote(const pd_mr *mr, int virt_addr, uint64_t *addr, uint64_t *key)`: what a
 /// peer needs to reach the requested range with RMA (`fi_read`, `fi_write`): the address of
 /// its first byte, virtual when the caller's domain uses `FI_MR_VIRT_ADDR` (`virt_addr`) else
@@ -420,6 +484,13 @@ pub unsafe extern "C" fn pd_mr_remote(
     guard_status(F, || {
         // SAFETY: the caller promises NULL or a live handle.
         let mr = unsafe { arg(F, "mr", mr) }?;
+        // Bad arguments first, whatever the registration.
+        if addr.is_null() {
+            return Err(Failure::null(F, "addr"));
+        }
+        if key.is_null() {
+            return Err(Failure::null(F, "key"));
+        }
         let registration = &mr.registration;
         let remote = registration
             .mr()

@@ -74,12 +74,14 @@ fn signatures() -> Vec<(&'static str, String)> {
         pd_register(*mut PdRegCache, *mut FidDomain, *const PdAllocation, u64, u64, u32, *mut *mut PdMr) -> c_int;
         pd_regcache_invalidate_domain(*mut PdRegCache, *mut FidDomain) -> c_int;
         pd_regcache_stats(*const PdRegCache, *mut PdRegcacheStats) -> c_int;
+        pd_regcache_set_host_bounce(*mut PdRegCache, c_int) -> c_int;
         pd_mr_release(*mut PdMr) -> ();
         pd_mr_key(*const PdMr) -> u64;
         pd_mr_desc(*const PdMr) -> *mut c_void;
         pd_mr_offset(*const PdMr) -> u64;
         pd_mr_path(*const PdMr) -> u32;
         pd_mr_reason(*const PdMr) -> *const c_char;
+        pd_mr_staging(*const PdMr, *mut u64) -> *mut c_void;
         pd_mr_remote(*const PdMr, c_int, *mut u64, *mut u64) -> c_int;
         pd_last_error() -> *const c_char;
         pd_strerror(c_int) -> *const c_char;
@@ -213,7 +215,7 @@ fn header_rust_and_table_name_the_same_functions() {
         in_table, in_rust,
         "signature table vs. extern \"C\" fns of lib.rs"
     );
-    assert_eq!(in_rust.len(), 26);
+    assert_eq!(in_rust.len(), 28);
 }
 
 #[test]

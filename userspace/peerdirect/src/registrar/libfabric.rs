@@ -62,7 +62,7 @@ use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::os::fd::AsFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -180,6 +180,17 @@ pub enum LibfabricError {
         text: String,
         /// `FI_UNIVERSE_SIZE` as this process sees it (libfabric's default 1024 if unset).
         universe: String,
+    },
+    /// The provider refuses to register the dma-buf, and the registrar's host-bounce fallback
+    /// is off ([`LibfabricRegistrar::set_host_bounce`]).
+    #[error(
+        "{reason}; the host-bounce fallback is off: a host-bounce registration names a host \
+         staging buffer, which peers would write into instead of HBM unless the caller copies \
+         through it"
+    )]
+    DmaBufRefused {
+        /// The provider's refusal.
+        reason: String,
     },
     /// A transfer saw no completion for too long.
     #[error("{provider}: no completion for {secs} s during a transfer")]
@@ -494,6 +505,8 @@ pub struct LibfabricRegistrar {
     stats: Mutex<PathStats>,
     /// Keys for providers without FI_MR_PROV_KEY (tcp): unique in the domain.
     next_key: AtomicU64,
+    /// Whether a refused dma-buf registration falls back to a host staging buffer.
+    host_bounce: AtomicBool,
 }
 
 impl std::fmt::Debug for LibfabricRegistrar {
@@ -505,13 +518,24 @@ impl std::fmt::Debug for LibfabricRegistrar {
 }
 
 impl LibfabricRegistrar {
-    /// A registrar for `fabric`'s domain.
+    /// A registrar for `fabric`'s domain. Where the provider refuses dma-bufs it registers a
+    /// host staging buffer instead ([`RegPath::HostBounce`]), which [`Endpoint`] transfers copy
+    /// through; [`LibfabricRegistrar::set_host_bounce`] turns that off.
     pub fn new(fabric: Fabric) -> Self {
         Self {
             fabric,
             stats: Mutex::default(),
             next_key: AtomicU64::new(1),
+            host_bounce: AtomicBool::new(true),
         }
+    }
+
+    /// Whether a dma-buf registration the provider refuses falls back to a host staging buffer
+    /// (on by default) or fails with [`LibfabricError::DmaBufRefused`]. Callers that move data
+    /// other than through [`Endpoint`] (which copies through the staging buffer) must turn it
+    /// off, or copy through [`FabricMr::staging`] themselves.
+    pub fn set_host_bounce(&self, allow: bool) {
+        self.host_bounce.store(allow, Relaxed);
     }
 
     /// Its fabric.
@@ -631,6 +655,18 @@ impl FabricMr {
         })
     }
 
+    /// The host staging buffer of a host-bounce registration (`None` when direct): its address
+    /// and length. The key and descriptor name it, not HBM: a caller that posts its own
+    /// operations copies HBM into it before sending and out of it after receiving, and must
+    /// not use it while an [`Endpoint`] transfer of this registration runs.
+    pub fn staging(&self) -> Option<(NonNull<u8>, usize)> {
+        if self.path.is_direct() {
+            return None;
+        }
+        let memory = self.mr.memory();
+        Some((memory.ptr, memory.len()))
+    }
+
     /// Chunks that transfers have passed through the staging buffer: sent from it after a copy
     /// from HBM, or received into it and copied to HBM (0 when direct).
     pub fn staged_chunks(&self) -> u64 {
@@ -672,6 +708,9 @@ impl Registrar for LibfabricRegistrar {
                     .fabric
                     .error("fi_mr_regattr(FI_MR_DMABUF)", refused)
                     .to_string();
+                if !self.host_bounce.load(Relaxed) {
+                    return Err(LibfabricError::DmaBufRefused { reason });
+                }
                 let slots = usize::try_from(range.length())
                     .unwrap_or(usize::MAX)
                     .div_ceil(CHUNK)

@@ -14,6 +14,10 @@
  * and checks that the registration says so: path host_bounce, a reason, a staging buffer,
  * and no RMA address.
  *
+ * A second cache registers the same memory in the same domain while the first registration is
+ * held: its key must differ (providers without FI_MR_PROV_KEY, like tcp, take the keys the
+ * library requests, which must be unique in the domain).
+ *
  *   cc -o fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric)
  *   ./fabric_register ['verbs;ofi_rxm' [node]]
  */
@@ -89,8 +93,8 @@ int main(int argc, char **argv)
 	int virt_addr;
 	pd_device *dev = NULL;
 	pd_allocation *alloc = NULL;
-	pd_regcache *cache = NULL;
-	pd_mr *whole = NULL, *part = NULL;
+	pd_regcache *cache = NULL, *cache2 = NULL;
+	pd_mr *whole = NULL, *part = NULL, *other = NULL;
 	int err, ret, status = 1;
 
 	/* libfabric, opened by the program: tcp, thread safe, the MR modes it asks for. */
@@ -179,6 +183,31 @@ int main(int argc, char **argv)
 		fprintf(stderr, "fabric_register: the second registration is not the first one\n");
 		goto out;
 	}
+	/* Another cache, the same domain and memory, while the first registration is held. */
+	cache2 = pd_regcache_new(&err);
+	if (!cache2) {
+		pd_fail("pd_regcache_new(second)", err);
+		goto out;
+	}
+	if (bounce && (err = pd_regcache_set_host_bounce(cache2, 1))) {
+		pd_fail("pd_regcache_set_host_bounce(second)", err);
+		goto out;
+	}
+	err = pd_register(cache2, domain, alloc, 0, 0, ALL_ACCESS, &other);
+	if (err) {
+		pd_fail("pd_register(second cache, same domain)", err);
+		goto out;
+	}
+	printf("second cache, same domain: key %#" PRIx64 " (first %#" PRIx64 ")\n",
+	       pd_mr_key(other), pd_mr_key(whole));
+	if (pd_mr_key(other) == pd_mr_key(whole)) {
+		fprintf(stderr, "fabric_register: two registrations in one domain share a key\n");
+		goto out;
+	}
+	pd_mr_release(other);
+	other = NULL;
+	pd_regcache_free(cache2);
+	cache2 = NULL;
 	/* What a peer puts in fi_read/fi_write: addresses are virtual under FI_MR_VIRT_ADDR. */
 	virt_addr = (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
 	if (bounce) {
@@ -244,6 +273,8 @@ int main(int argc, char **argv)
 	}
 	status = 0;
 out:
+	pd_mr_release(other);
+	pd_regcache_free(cache2);
 	pd_mr_release(whole);
 	pd_mr_release(part);
 	pd_allocation_free(alloc);

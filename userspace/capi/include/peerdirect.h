@@ -191,8 +191,9 @@ void pd_regcache_free(pd_regcache *cache);
  * it with FI_THREAD_SAFE, or never use it concurrently with calls of this library that
  * register or close registrations (pd_register, pd_mr_release, pd_allocation_free of a
  * registered allocation, pd_regcache_invalidate_domain, pd_regcache_free). Without
- * FI_MR_PROV_KEY, keys 1, 2, ... are requested: do not request keys of your own from that
- * range in the same domain.
+ * FI_MR_PROV_KEY, keys 1, 2, ... are requested, from one counter for the whole process (so
+ * several caches may share a domain): do not request keys of your own from that range in the
+ * same domain.
  */
 int pd_register(pd_regcache *cache, struct fid_domain *domain, const pd_allocation *alloc,
 		uint64_t offset, uint64_t length, uint32_t access, pd_mr **out);

@@ -503,8 +503,6 @@ pub struct PathStats {
 pub struct LibfabricRegistrar {
     fabric: Fabric,
     stats: Mutex<PathStats>,
-    /// Keys for providers without FI_MR_PROV_KEY (tcp): unique in the domain.
-    next_key: AtomicU64,
     /// Whether a refused dma-buf registration falls back to a host staging buffer.
     host_bounce: AtomicBool,
 }
@@ -525,7 +523,6 @@ impl LibfabricRegistrar {
         Self {
             fabric,
             stats: Mutex::default(),
-            next_key: AtomicU64::new(1),
             host_bounce: AtomicBool::new(true),
         }
     }
@@ -554,13 +551,22 @@ impl LibfabricRegistrar {
     /// Registers `len` bytes of new, zeroed host memory with `access` (not cached, not
     /// counted in [`LibfabricRegistrar::path_stats`]).
     pub fn register_host(&self, len: usize, access: Access) -> Result<HostMr, LibfabricError> {
-        let key = self.next_key.fetch_add(1, Relaxed);
+        let key = requested_key();
         self.fabric
             .domain
             .register_host(fi_access(access), key, sys::Memory::host(len))
             .map(|mr| HostMr { mr })
             .map_err(|e| self.fabric.error("fi_mr_regattr(host)", e))
     }
+}
+
+/// The key to request for a new registration. Providers that pick keys (`FI_MR_PROV_KEY`)
+/// ignore it; the others (tcp) take it, and it must be unique in the domain. One counter for
+/// the whole process: several registrars (caches) may share a domain, and a registrar made
+/// after a domain's invalidation must not request the keys of registrations still held.
+fn requested_key() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Relaxed)
 }
 
 /// The `FI_*` access bits for `access`: local reads are send and RMA-write sources
@@ -686,8 +692,7 @@ impl Registrar for LibfabricRegistrar {
     fn register(&self, source: &MappedDmaBuf, key: &RegKey) -> Result<FabricMr, LibfabricError> {
         let access = fi_access(key.access);
         let range = key.range;
-        // Ignored by providers that pick keys (FI_MR_PROV_KEY); must be unique otherwise.
-        let requested_key = self.next_key.fetch_add(1, Relaxed);
+        let requested_key = requested_key();
         let direct = self.fabric.domain.register_dma_buf(
             source.dma_buf.as_fd(),
             range.offset(),

@@ -111,6 +111,12 @@ pub(crate) fn guard<T>(
     on_error
 }
 
+/// [`guard`] for functions with no error to return (closes, getters): a panic is recorded for
+/// `pd_last_error` and `on_panic` returned.
+pub(crate) fn shield<T>(function: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
+    guard(function, on_panic, |_| {}, || Ok(f()))
+}
+
 /// [`guard`] for functions that return 0 or a negative errno.
 pub(crate) fn guard_status(function: &str, f: impl FnOnce() -> Result<(), Failure>) -> c_int {
     let mut code = 0;

@@ -8,6 +8,21 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+// Nothing here may panic on purpose: every C function also runs inside `error::guard`, so that
+// a panic from below (a bug) becomes -EIO and a message instead of unwinding into C; the test
+// `every_c_function_runs_inside_the_guard` checks that.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::indexing_slicing
+    )
+)]
 
 mod abi;
 mod error;
@@ -21,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use pd::{Device, Errno, RawExport, RawFree, Stats};
 
 pub use abi::{FidDomain, PdDeviceInfo, PdRegcacheStats, PdStats};
-use error::{guard, guard_status, Failure};
+use error::{guard, guard_status, shield, Failure};
 pub use regcache::{PdMr, PdRegCache};
 
 /// `pd_device`: an open `/dev/peerdirectN`. Allocations share it, so the file stays open until
@@ -146,10 +161,12 @@ pub unsafe extern "C" fn pd_device_open_path(
 /// `dev` is NULL or a handle from `pd_device_open*` not closed yet; it is not used after.
 #[no_mangle]
 pub unsafe extern "C" fn pd_device_close(dev: *mut PdDevice) {
-    if !dev.is_null() {
-        // SAFETY: the caller hands back a pointer from `Box::into_raw` in `open`, once.
-        drop(unsafe { Box::from_raw(dev) });
-    }
+    shield("pd_device_close", (), || {
+        if !dev.is_null() {
+            // SAFETY: the caller hands back a pointer from `Box::into_raw` in `open`, once.
+            drop(unsafe { Box::from_raw(dev) });
+        }
+    });
 }
 
 /// `int pd_device_info(const pd_device *dev, struct pd_device_info *info)`.
@@ -214,14 +231,15 @@ pub unsafe extern "C" fn pd_alloc(
 /// `alloc` is NULL or a handle from `pd_alloc` not freed yet; it is not used after.
 #[no_mangle]
 pub unsafe extern "C" fn pd_allocation_free(alloc: *mut PdAllocation) -> c_int {
-    if alloc.is_null() {
-        return 0;
-    }
-    // SAFETY: the caller hands back a pointer from `Box::into_raw` in `pd_alloc`, once.
-    let alloc = unsafe { Box::from_raw(alloc) };
     guard_status("pd_allocation_free", || {
+        if alloc.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the caller hands back a pointer from `Box::into_raw` in `pd_alloc`, once.
+        let alloc = unsafe { Box::from_raw(alloc) };
         let mut raw = RawFree::<0>::new();
         raw.free.handle = alloc.handle;
+        // The handle (and its export, after the caches let go) drops here, inside the guard.
         alloc.device.free_raw(&mut raw).map_err(Failure::from)
     })
 }
@@ -233,8 +251,10 @@ pub unsafe extern "C" fn pd_allocation_free(alloc: *mut PdAllocation) -> c_int {
 /// `alloc` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn pd_allocation_length(alloc: *const PdAllocation) -> u64 {
-    // SAFETY: the caller promises NULL or a live handle.
-    unsafe { alloc.as_ref() }.map_or(0, |a| a.length)
+    shield("pd_allocation_length", 0, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        unsafe { alloc.as_ref() }.map_or(0, |a| a.length)
+    })
 }
 
 /// `uint64_t pd_allocation_hbm_offset(const pd_allocation *alloc)` (0 for NULL).
@@ -244,8 +264,10 @@ pub unsafe extern "C" fn pd_allocation_length(alloc: *const PdAllocation) -> u64
 /// `alloc` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn pd_allocation_hbm_offset(alloc: *const PdAllocation) -> u64 {
-    // SAFETY: the caller promises NULL or a live handle.
-    unsafe { alloc.as_ref() }.map_or(0, |a| a.hbm_offset)
+    shield("pd_allocation_hbm_offset", 0, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        unsafe { alloc.as_ref() }.map_or(0, |a| a.hbm_offset)
+    })
 }
 
 /// `uint32_t pd_allocation_handle(const pd_allocation *alloc)` (0 for NULL).
@@ -255,8 +277,10 @@ pub unsafe extern "C" fn pd_allocation_hbm_offset(alloc: *const PdAllocation) ->
 /// `alloc` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn pd_allocation_handle(alloc: *const PdAllocation) -> u32 {
-    // SAFETY: the caller promises NULL or a live handle.
-    unsafe { alloc.as_ref() }.map_or(0, |a| a.handle)
+    shield("pd_allocation_handle", 0, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        unsafe { alloc.as_ref() }.map_or(0, |a| a.handle)
+    })
 }
 
 /// `int pd_export(const pd_allocation *alloc, uint64_t offset, uint64_t length,
@@ -321,13 +345,15 @@ pub unsafe extern "C" fn pd_stats(index: c_uint, out: *mut PdStats) -> c_int {
 /// `const char *pd_last_error(void)`: the message of the last failure on this thread.
 #[no_mangle]
 pub extern "C" fn pd_last_error() -> *const c_char {
-    error::last_error()
+    shield("pd_last_error", c"".as_ptr(), error::last_error)
 }
 
 /// `const char *pd_strerror(int err)`: a static description of errno `err` (either sign).
 #[no_mangle]
 pub extern "C" fn pd_strerror(err: c_int) -> *const c_char {
-    error::strerror(err).as_ptr()
+    shield("pd_strerror", c"Unknown error".as_ptr(), || {
+        error::strerror(err).as_ptr()
+    })
 }
 
 /// `const char *pd_version(void)`: the library's version, e.g. "0.1.0".
@@ -336,9 +362,10 @@ pub extern "C" fn pd_version() -> *const c_char {
     const VERSION: &CStr =
         match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
             Ok(version) => version,
-            Err(_) => panic!("the package version contains a NUL"),
+            // A version is digits and dots; this cannot happen.
+            Err(_) => c"unknown",
         };
-    VERSION.as_ptr()
+    shield("pd_version", VERSION.as_ptr(), || VERSION.as_ptr())
 }
 
 #[cfg(test)]

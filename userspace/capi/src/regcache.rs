@@ -25,7 +25,7 @@ use pd::registrar::libfabric::{Fabric, LibfabricError, LibfabricRegistrar, Mappe
 use pd::{Errno, RawExport, RegPath, Registration};
 
 use crate::abi::{self, FidDomain, PdRegcacheStats};
-use crate::error::{guard, guard_status, Failure};
+use crate::error::{guard, guard_status, shield, Failure};
 use crate::{arg, put, PdAllocation};
 
 /// What `pd_register` registers an allocation from: its export and that export's identity.
@@ -369,9 +369,16 @@ pub unsafe extern "C" fn pd_mr_release(mr: *mut PdMr) {
 /// # Safety
 ///
 /// `mr` is NULL or a live handle.
-unsafe fn with_mr<T>(mr: *const PdMr, default: T, f: impl FnOnce(&PdMr) -> T) -> T {
-    // SAFETY: the caller promises NULL or a live handle.
-    unsafe { mr.as_ref() }.map_or(default, f)
+unsafe fn with_mr<T: Copy>(
+    function: &str,
+    mr: *const PdMr,
+    default: T,
+    f: impl FnOnce(&PdMr) -> T,
+) -> T {
+    shield(function, default, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        unsafe { mr.as_ref() }.map_or(default, f)
+    })
 }
 
 /// `uint64_t pd_mr_key(const pd_mr *mr)`: `fi_mr_key` (0 for NULL).
@@ -382,7 +389,7 @@ unsafe fn with_mr<T>(mr: *const PdMr, default: T, f: impl FnOnce(&PdMr) -> T) ->
 #[no_mangle]
 pub unsafe extern "C" fn pd_mr_key(mr: *const PdMr) -> u64 {
     // SAFETY: passed on under the same contract.
-    unsafe { with_mr(mr, 0, |m| m.registration.mr().key()) }
+    unsafe { with_mr("pd_mr_key", mr, 0, |m| m.registration.mr().key()) }
 }
 
 /// `void *pd_mr_desc(const pd_mr *mr)`: `fi_mr_desc` (NULL for NULL).
@@ -394,7 +401,7 @@ pub unsafe extern "C" fn pd_mr_key(mr: *const PdMr) -> u64 {
 pub unsafe extern "C" fn pd_mr_desc(mr: *const PdMr) -> *mut c_void {
     // SAFETY: passed on under the same contract.
     unsafe {
-        with_mr(mr, std::ptr::null_mut(), |m| {
+        with_mr("pd_mr_desc", mr, std::ptr::null_mut(), |m| {
             m.registration.mr().desc() as *mut c_void
         })
     }
@@ -409,7 +416,7 @@ pub unsafe extern "C" fn pd_mr_desc(mr: *const PdMr) -> *mut c_void {
 #[no_mangle]
 pub unsafe extern "C" fn pd_mr_offset(mr: *const PdMr) -> u64 {
     // SAFETY: passed on under the same contract.
-    unsafe { with_mr(mr, 0, |m| m.registration.offset_in_mr()) }
+    unsafe { with_mr("pd_mr_offset", mr, 0, |m| m.registration.offset_in_mr()) }
 }
 
 /// `uint32_t pd_mr_path(const pd_mr *mr)`: `PD_PATH_*` (0 for NULL).
@@ -421,7 +428,7 @@ pub unsafe extern "C" fn pd_mr_offset(mr: *const PdMr) -> u64 {
 pub unsafe extern "C" fn pd_mr_path(mr: *const PdMr) -> u32 {
     // SAFETY: passed on under the same contract.
     unsafe {
-        with_mr(mr, 0, |m| match m.registration.mr().path() {
+        with_mr("pd_mr_path", mr, 0, |m| match m.registration.mr().path() {
             RegPath::DmaBuf => abi::PD_PATH_DMABUF,
             RegPath::HostBounce { .. } => abi::PD_PATH_HOST_BOUNCE,
             RegPath::PeerMemVa => abi::PD_PATH_PEERMEM_VA,
@@ -439,7 +446,7 @@ pub unsafe extern "C" fn pd_mr_path(mr: *const PdMr) -> u32 {
 pub unsafe extern "C" fn pd_mr_reason(mr: *const PdMr) -> *const std::ffi::c_char {
     // SAFETY: passed on under the same contract.
     unsafe {
-        with_mr(mr, std::ptr::null(), |m| {
+        with_mr("pd_mr_reason", mr, std::ptr::null(), |m| {
             m.reason.as_ref().map_or(std::ptr::null(), |r| r.as_ptr())
         })
     }
@@ -455,7 +462,7 @@ pub unsafe extern "C" fn pd_mr_reason(mr: *const PdMr) -> *const std::ffi::c_cha
 #[no_mangle]
 pub unsafe extern "C" fn pd_mr_staging(mr: *const PdMr, length: *mut u64) -> *mut c_void {
     // SAFETY: passed on under the same contract.
-    let staging = unsafe { with_mr(mr, None, |m| m.registration.mr().staging()) };
+    let staging = unsafe { with_mr("pd_mr_staging", mr, None, |m| m.registration.mr().staging()) };
     if !length.is_null() {
         let len = staging.map_or(0, |(_, len)| len as u64);
         // SAFETY: not NULL, and the caller promises it is valid for writing.

@@ -239,3 +239,53 @@ fn layout_matches_the_header() {
     // Guard against the comparison passing vacuously.
     assert_eq!(values.len(), 2 + 15 + 2 + 4 + 2 + 13 + 3 + 7);
 }
+
+/// No panic may unwind into C: the body of every `extern "C"` function runs inside
+/// `error::guard` (directly, through `guard_status` or `shield`, or through a helper that
+/// does), drops of handles included.
+#[test]
+fn every_c_function_runs_inside_the_guard() {
+    const GUARDS: [&str; 3] = ["guard(", "guard_status(", "shield("];
+    // Helpers whose whole body is guarded, checked below like the C functions.
+    const HELPERS: [&str; 2] = ["unsafe fn open(", "unsafe fn with_mr<"];
+    let source = [include_str!("lib.rs"), include_str!("regcache.rs")].concat();
+    let body_of = |start: usize| -> &str {
+        let rest = &source[start..];
+        let end = rest.find("\n}\n").map_or(rest.len(), |end| end + 3);
+        &rest[..end]
+    };
+    let guarded = |body: &str, calls: &[&str]| calls.iter().any(|c| body.contains(c));
+    for helper in HELPERS {
+        let at = source.find(helper).unwrap_or_else(|| panic!("no {helper}"));
+        assert!(
+            guarded(body_of(at), &GUARDS),
+            "{helper} does not guard its body"
+        );
+    }
+    let helper_calls: Vec<String> = HELPERS
+        .iter()
+        .map(|h| {
+            let name = h.trim_start_matches("unsafe fn ");
+            format!("{}(", name.trim_end_matches(['(', '<']))
+        })
+        .collect();
+    let mut seen = 0;
+    for (at, _) in source.match_indices("extern \"C\" fn ") {
+        let body = body_of(at);
+        let name = body["extern \"C\" fn ".len()..]
+            .split('(')
+            .next()
+            .unwrap_or_default();
+        let calls: Vec<&str> = GUARDS
+            .iter()
+            .copied()
+            .chain(helper_calls.iter().map(String::as_str))
+            .collect();
+        assert!(
+            guarded(body, &calls),
+            "{name}: its body does not run inside error::guard"
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 28);
+}

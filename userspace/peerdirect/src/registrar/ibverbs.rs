@@ -13,6 +13,7 @@
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rustix::io::Errno;
 
@@ -223,19 +224,37 @@ pub fn provider_of(root: &Path, name: &str) -> String {
     }
 }
 
-/// A memory region made by `ibv_reg_dmabuf_mr`.
-#[derive(Debug)]
+/// A memory region made by `ibv_reg_dmabuf_mr`, deregistered when dropped. It holds the device
+/// context and protection domain it lives in, so those stay open until the last of their
+/// memory regions is gone, whatever becomes of the registrar that made it.
 pub struct IbvMr {
     mr: ffi::MrPtr,
     /// The local key.
     pub lkey: u32,
     /// The remote key.
     pub rkey: u32,
+    verbs: Arc<ffi::Verbs>,
+}
+
+impl fmt::Debug for IbvMr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IbvMr")
+            .field("lkey", &self.lkey)
+            .field("rkey", &self.rkey)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for IbvMr {
+    fn drop(&mut self) {
+        self.verbs.dereg_mr(&self.mr);
+    }
 }
 
 /// One RDMA device, opened, with a protection domain: registers ranges of dma-bufs in it.
+/// The device and domain are released once the registrar and all of its memory regions are.
 pub struct IbverbsRegistrar {
-    verbs: ffi::Verbs,
+    verbs: Arc<ffi::Verbs>,
     device: String,
     provider: String,
 }
@@ -258,7 +277,7 @@ impl IbverbsRegistrar {
 
     /// As [`IbverbsRegistrar::open`], loading `library` (a name or a path) instead.
     pub fn open_with(library: &str, device: &str) -> Result<Self, IbverbsError> {
-        let verbs = ffi::Verbs::open(library, device)?;
+        let verbs = Arc::new(ffi::Verbs::open(library, device)?);
         Ok(Self {
             verbs,
             device: device.to_owned(),
@@ -276,7 +295,8 @@ impl IbverbsRegistrar {
         &self.provider
     }
 
-    /// `ibv_reg_dmabuf_mr` of `range` of `dma_buf`, with the IOVA equal to the offset.
+    /// `ibv_reg_dmabuf_mr` of `range` of `dma_buf`, with the IOVA equal to the offset;
+    /// deregistered when the returned region is dropped.
     pub fn register_range(
         &self,
         dma_buf: &DmaBuf,
@@ -284,15 +304,15 @@ impl IbverbsRegistrar {
         access: Access,
     ) -> Result<IbvMr, IbverbsError> {
         let fd = dma_buf.as_fd().as_raw_fd();
-        self.verbs
-            .reg_dmabuf_mr(
-                range.offset(),
-                range.length(),
-                range.offset(),
-                fd,
-                ibv_access(access),
-            )
-            .map_err(|errno| reg_error(&self.device, &self.provider, fd, range, errno))
+        ffi::Verbs::reg_dmabuf_mr(
+            &self.verbs,
+            range.offset(),
+            range.length(),
+            range.offset(),
+            fd,
+            ibv_access(access),
+        )
+        .map_err(|errno| reg_error(&self.device, &self.provider, fd, range, errno))
     }
 }
 
@@ -309,8 +329,9 @@ impl Registrar for IbverbsRegistrar {
         self.register_range(source, key.range, key.access)
     }
 
+    /// Drops `mr`, which deregisters it in its own protection domain.
     fn deregister(&self, mr: IbvMr) {
-        self.verbs.dereg_mr(mr);
+        drop(mr);
     }
 }
 
@@ -322,6 +343,8 @@ mod ffi {
 
     use libloading::Library;
     use rustix::io::Errno;
+
+    use std::sync::Arc;
 
     use super::{IbvMr, IbverbsError};
 
@@ -483,7 +506,7 @@ mod ffi {
         }
 
         pub(super) fn reg_dmabuf_mr(
-            &self,
+            this: &Arc<Self>,
             offset: u64,
             length: u64,
             iova: u64,
@@ -492,7 +515,7 @@ mod ffi {
         ) -> Result<IbvMr, Errno> {
             let length = usize::try_from(length).map_err(|_| Errno::OVERFLOW)?;
             // SAFETY: pd is live for &self; the kernel checks fd, offset and length.
-            let mr = unsafe { (self.fns.reg_dmabuf_mr)(self.pd, offset, length, iova, fd, access) };
+            let mr = unsafe { (this.fns.reg_dmabuf_mr)(this.pd, offset, length, iova, fd, access) };
             if mr.is_null() {
                 return Err(errno_now());
             }
@@ -502,20 +525,23 @@ mod ffi {
                 mr: MrPtr(mr),
                 lkey,
                 rkey,
+                verbs: Arc::clone(this),
             })
         }
 
-        pub(super) fn dereg_mr(&self, mr: IbvMr) {
-            // SAFETY: mr was registered in self.pd, which is still live, and IbvMr is
-            // consumed, so it is deregistered once.
-            unsafe { (self.fns.dereg_mr)(mr.mr.0) };
+        /// Deregisters `mr`, from `IbvMr::drop` only.
+        pub(super) fn dereg_mr(&self, mr: &MrPtr) {
+            // SAFETY: mr was registered in self.pd (an IbvMr holds the Verbs that made it),
+            // which is live while that Arc is; IbvMr::drop runs once, so this is the only
+            // deregistration.
+            unsafe { (self.fns.dereg_mr)(mr.0) };
         }
     }
 
     impl Drop for Verbs {
         fn drop(&mut self) {
-            // SAFETY: the registrar's MRs are deregistered before it is dropped (the cache
-            // holds an Arc of it for each); pd and context are released once, in order.
+            // SAFETY: every memory region holds an Arc of this Verbs, so none is left when it
+            // drops: the pd is empty and deallocated before its context is closed, once each.
             unsafe {
                 (self.fns.dealloc_pd)(self.pd);
                 (self.fns.close_device)(self.context);

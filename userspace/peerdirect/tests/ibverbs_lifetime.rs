@@ -1,0 +1,176 @@
+//! Lifetimes of ibverbs memory regions against their registrar, on a stand-in for libibverbs
+//! (`tests/fake_ibverbs.c`, built here with the host's C compiler) that keeps verbs' rules and
+//! counts what breaks them: a memory region must be deregistered in its own, still open,
+//! context, and a protection domain with regions cannot be deallocated.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use peerdirect::cache::{Access, ByteRange, ExportId, RegKey, Registrar};
+use peerdirect::registrar::ibverbs::IbverbsRegistrar;
+use peerdirect::DmaBuf;
+
+/// The stand-in library, built once per test process.
+fn built() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir =
+            std::env::temp_dir().join(format!("peerdirect-fake-ibverbs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let lib = dir.join("libfake_ibverbs.so");
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_ibverbs.c");
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+        let status = Command::new(&cc)
+            .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"])
+            .arg(&lib)
+            .arg(&source)
+            .status()
+            .unwrap_or_else(|err| panic!("running {cc}: {err}"));
+        assert!(
+            status.success(),
+            "{cc} failed to build {}",
+            source.display()
+        );
+        lib
+    })
+}
+
+/// A copy of the stand-in of its own for `test`: each loaded copy has its own counters.
+struct Fake {
+    path: PathBuf,
+    lib: libloading::Library,
+}
+
+impl Fake {
+    fn new(test: &str) -> Self {
+        let path = built().with_file_name(format!("libfake_ibverbs_{test}.so"));
+        std::fs::copy(built(), &path).expect("copying the stand-in library");
+        // SAFETY: the stand-in's constructors do nothing; its functions are only called below
+        // with their C prototypes.
+        let lib = unsafe { libloading::Library::new(&path) }.expect("loading the stand-in");
+        Self { path, lib }
+    }
+
+    fn path(&self) -> &str {
+        self.path.to_str().expect("a UTF-8 path")
+    }
+
+    fn count(&self, name: &str) -> i32 {
+        let symbol = format!("fake_ibv_{name}\0");
+        // SAFETY: every fake_ibv_* counter is `int f(void)`.
+        let f = unsafe {
+            self.lib
+                .get::<unsafe extern "C" fn() -> i32>(symbol.as_bytes())
+        }
+        .expect("a counter of the stand-in");
+        // SAFETY: it only reads a static.
+        unsafe { f() }
+    }
+
+    fn last_violation(&self) -> String {
+        // SAFETY: `const char *fake_ibv_last_violation(void)`, a NUL-terminated static buffer.
+        unsafe {
+            let f = self
+                .lib
+                .get::<unsafe extern "C" fn() -> *const std::ffi::c_char>(
+                    b"fake_ibv_last_violation\0",
+                )
+                .expect("fake_ibv_last_violation");
+            std::ffi::CStr::from_ptr(f()).to_string_lossy().into_owned()
+        }
+    }
+
+    /// No rule was broken, and every region, domain and context is released.
+    fn assert_clean(&self) {
+        assert_eq!(
+            self.count("violations"),
+            0,
+            "libibverbs misused: {}",
+            self.last_violation()
+        );
+        let live = ["live_mrs", "live_pds", "live_contexts"].map(|name| self.count(name));
+        assert_eq!(
+            live,
+            [0, 0, 0],
+            "memory regions, protection domains, contexts left"
+        );
+    }
+}
+
+/// A file that `DmaBuf::from_fd` takes (the stand-in ignores the fd).
+fn source() -> DmaBuf {
+    let mut file = tempfile();
+    file.write_all(&[0; 4096]).expect("writing the file");
+    DmaBuf::from_fd(file.into()).expect("a dma-buf stand-in")
+}
+
+fn tempfile() -> std::fs::File {
+    let path = built().with_file_name(format!("source-{:?}", std::thread::current().id()));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .expect("a temporary file");
+    let _ = std::fs::remove_file(&path);
+    file
+}
+
+fn key(registrar: &IbverbsRegistrar) -> RegKey {
+    RegKey {
+        domain: registrar.domain(),
+        export: ExportId::new(0, 1),
+        range: ByteRange::new(0, 4096).expect("a range"),
+        access: Access::all(),
+    }
+}
+
+#[test]
+fn a_region_deregistered_through_another_registrar_uses_its_own_open_context() {
+    let fake = Fake::new("cross");
+    let a = IbverbsRegistrar::open_with(fake.path(), "fake0").expect("opening fake0");
+    let b = IbverbsRegistrar::open_with(fake.path(), "fake0").expect("opening fake0 again");
+    let source = source();
+    let mr = a.register(&source, &key(&a)).expect("registering");
+    drop(a);
+    b.deregister(mr);
+    drop(b);
+    fake.assert_clean();
+}
+
+#[test]
+fn a_region_that_outlives_its_registrar_is_deregistered_when_dropped() {
+    let fake = Fake::new("outlives");
+    let registrar = IbverbsRegistrar::open_with(fake.path(), "fake0").expect("opening fake0");
+    let source = source();
+    let mr = registrar
+        .register(&source, &key(&registrar))
+        .expect("registering");
+    drop(registrar);
+    assert_eq!(fake.count("live_contexts"), 1, "closed under a live region");
+    drop(mr);
+    fake.assert_clean();
+}
+
+#[test]
+fn regions_deregistered_by_their_registrar_leave_nothing() {
+    let fake = Fake::new("plain");
+    let registrar = IbverbsRegistrar::open_with(fake.path(), "fake0").expect("opening fake0");
+    let source = source();
+    let mrs: Vec<_> = (0..3)
+        .map(|_| {
+            registrar
+                .register(&source, &key(&registrar))
+                .expect("registering")
+        })
+        .collect();
+    assert_eq!(fake.count("live_mrs"), 3);
+    for mr in mrs {
+        registrar.deregister(mr);
+    }
+    drop(registrar);
+    fake.assert_clean();
+}

@@ -50,16 +50,20 @@ else
 	fail "peerdirect register --provider tcp --json reports path dma_buf" "$(cat "$work/register.json" "$work/register.err" 2>/dev/null)"
 fi
 
-# receiver_hbm PROVIDER BACKING: the receiver's HBM of the guest's exchange (its "# receiver-hbm"
-# line in tap.out), read on the host: the sender's pattern (independent SplitMix64).
+# receiver_hbm PROVIDER BACKING: each receiver's HBM of the guest's transfers (their "#
+# receiver-hbm" lines in tap.out: the exchange, two concurrent transfers, the exchange after a
+# truncated receive), read on the host: the sender's pattern (independent SplitMix64).
 receiver_hbm() {
-	local offset length seed
-	read -r offset length seed < <(sed -n 's/^# receiver-hbm offset=\(0x[0-9a-f]*\) length=\(0x[0-9a-f]*\) seed=\(0x[0-9a-f]*\)$/\1 \2 \3/p' "$work/tap.out")
-	if [ -n "$offset" ] && "$ROOT/tests/hbm-pattern" check "$2" "$offset" "$length" "$seed"; then
-		ok "host: after the $1 exchange the receiver's HBM (backing file at $offset, $((length >> 20)) MiB) holds the sender's pattern"
-	else
-		fail "host: after the $1 exchange the receiver's HBM holds the sender's pattern" "offset '$offset' length '$length'"
-	fi
+	local offset length seed n=0
+	while read -r offset length seed; do
+		n=$((n + 1))
+		if "$ROOT/tests/hbm-pattern" check "$2" "$offset" "$length" "$seed"; then
+			ok "host: after $1 transfer $n the receiver's HBM (backing file at $offset, $((length >> 20)) MiB) holds the sender's pattern"
+		else
+			fail "host: after $1 transfer $n the receiver's HBM holds the sender's pattern" "offset '$offset' length '$length' seed '$seed'"
+		fi
+	done < <(sed -n 's/^# receiver-hbm offset=\(0x[0-9a-f]*\) length=\(0x[0-9a-f]*\) seed=\(0x[0-9a-f]*\)$/\1 \2 \3/p' "$work/tap.out")
+	[ $n = 4 ] || fail "host: the guest reported the HBM of 4 receivers for $1 (the exchange, two concurrent transfers, the exchange after a truncated receive), got $n"
 }
 receiver_hbm tcp "$hbm"
 # And the HBM that tcp's fi_read filled (its "# rma-hbm" line).

@@ -7,6 +7,10 @@
 //!   and destination in HBM, each registration's path asserted as above (for host bounce:
 //!   every 1 MiB chunk through a 2 MiB staging buffer); the receiver's allocation is reported
 //!   for the host to check in the `--hbm-backing` file, the time as a `# timing:` line;
+//! - every provider: two threads send on one endpoint at once while two threads receive on
+//!   another, and each destination gets its own source's bytes; a receive that asks for less
+//!   than is sent fails with a truncation error, and the next exchange gets its own bytes
+//!   (destinations reported for the host as for the exchange);
 //! - `tcp`: 10,000 register/deregister cycles with the cache on and off leave the fd count and
 //!   the module's export count where they were; a registration over 4 GiB when the HBM is
 //!   large enough.
@@ -369,6 +373,177 @@ fn large_case(device: &Device) -> Outcome {
     Ok(format!("a {len}-byte (> 4 GiB) registration through the crate: path dma_buf, and a message from its last MiB arrived"))
 }
 
+/// An HBM allocation holding `pattern::fill(seed)`, mapped, registered for `access`.
+struct Buffer<'d> {
+    alloc: peerdirect::Allocation<'d>,
+    hbm: MappedDmaBuf,
+    export: ExportId,
+}
+
+impl<'d> Buffer<'d> {
+    fn new(device: &'d Device, len: u64, seed: Option<u64>) -> Result<Self, String> {
+        let (alloc, hbm, export) = mapped(device, len)?;
+        let mut data = vec![0u8; len as usize];
+        if let Some(seed) = seed {
+            pattern::fill(seed, 0, &mut data);
+        }
+        hbm.write(0, &data);
+        Ok(Self { alloc, hbm, export })
+    }
+
+    /// Checks that the first `len` bytes hold `seed`'s pattern, and tells the host where to
+    /// check them too (`# receiver-hbm` lines, fabric.sh).
+    fn expect(&self, what: &str, len: u64, seed: u64) -> Result<(), String> {
+        let mut got = vec![0u8; len as usize];
+        self.hbm.read(0, &mut got);
+        if let Some(m) = pattern::first_mismatch(seed, 0, &got) {
+            return Err(format!(
+                "{what}: HBM differs at byte {:#x}: expected {:#04x}, found {:#04x}",
+                m.offset, m.expected, m.found
+            ));
+        }
+        println!(
+            "# receiver-hbm offset={:#x} length={len:#x} seed={seed:#x}",
+            self.alloc.hbm_offset()
+        );
+        Ok(())
+    }
+
+    /// Keeps the allocation until the device file closes, so that no later case reuses the
+    /// range before the host has read it.
+    fn keep(self) {
+        let _ = self.alloc.into_handle();
+    }
+}
+
+/// Two threads send on one endpoint at once, and two threads receive on another: each
+/// transfer must see its own completions only, so that each destination ends up with its
+/// source's bytes.
+fn concurrent_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
+    const LEN: u64 = 4 << 20;
+    let registrar = registrar(provider, node)?;
+    let seeds = [SEED + 1, SEED + 2];
+    let tags = [0x7b00_0000u64, 0x7c00_0000];
+    let sources = seeds
+        .iter()
+        .map(|&seed| Buffer::new(device, LEN, Some(seed)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let destinations = (0..2)
+        .map(|_| Buffer::new(device, LEN, None))
+        .collect::<Result<Vec<_>, _>>()?;
+    let whole = ByteRange::new(0, LEN).map_err(|e| e.to_string())?;
+    let cache = RegCache::new(CacheLimits::default());
+    let register = |b: &Buffer<'_>, access| {
+        cache
+            .get(&registrar, &b.hbm, b.export, whole, access)
+            .map_err(|e| format!("register: {e}"))
+    };
+    let src_mrs = sources
+        .iter()
+        .map(|b| register(b, Access::LOCAL_READ))
+        .collect::<Result<Vec<_>, _>>()?;
+    let dst_mrs = destinations
+        .iter()
+        .map(|b| register(b, Access::LOCAL_WRITE))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (sender, receiver, to_receiver) = endpoint_pair(registrar.fabric())?;
+    receiver
+        .insert_peer(&sender.address().map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    std::thread::scope(|s| {
+        let mut threads = Vec::new();
+        for i in 0..2 {
+            let (receiver, sender) = (&receiver, &sender);
+            let (dst, src) = (dst_mrs[i].mr(), src_mrs[i].mr());
+            threads.push(s.spawn(move || {
+                receiver
+                    .recv(dst, 0, LEN, tags[i])
+                    .map_err(|e| format!("recv {i}: {e}"))
+            }));
+            threads.push(s.spawn(move || {
+                sender
+                    .send(src, 0, LEN, to_receiver, tags[i])
+                    .map_err(|e| format!("send {i}: {e}"))
+            }));
+        }
+        threads.into_iter().try_for_each(|t| {
+            t.join()
+                .map_err(|_| "a transfer thread panicked".to_owned())?
+        })
+    })?;
+    for (i, destination) in destinations.iter().enumerate() {
+        destination.expect(&format!("destination {i}"), LEN, seeds[i])?;
+    }
+    drop((src_mrs, dst_mrs));
+    destinations.into_iter().for_each(Buffer::keep);
+    Ok(format!(
+        "{provider}: two threads send {} MiB each on one endpoint while two threads receive on another; each destination holds its own source's bytes",
+        LEN >> 20
+    ))
+}
+
+/// A receive that asks for less than the peer sends fails with a truncation error, and a
+/// good exchange after it on the same endpoints gets its own bytes.
+fn truncated_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
+    const SENT: u64 = 3 << 20;
+    const ASKED: u64 = SENT - (CHUNK as u64) / 2;
+    let registrar = registrar(provider, node)?;
+    let (first_seed, second_seed) = (SEED + 3, SEED + 4);
+    let first = Buffer::new(device, SENT, Some(first_seed))?;
+    let second = Buffer::new(device, SENT, Some(second_seed))?;
+    let destination = Buffer::new(device, SENT, None)?;
+    let whole = ByteRange::new(0, SENT).map_err(|e| e.to_string())?;
+    let cache = RegCache::new(CacheLimits::default());
+    let register = |b: &Buffer<'_>, access| {
+        cache
+            .get(&registrar, &b.hbm, b.export, whole, access)
+            .map_err(|e| format!("register: {e}"))
+    };
+    let (first_mr, second_mr) = (
+        register(&first, Access::LOCAL_READ)?,
+        register(&second, Access::LOCAL_READ)?,
+    );
+    let dst_mr = register(&destination, Access::LOCAL_WRITE)?;
+    let (sender, receiver, to_receiver) = endpoint_pair(registrar.fabric())?;
+    receiver
+        .insert_peer(&sender.address().map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let (tag, next_tag) = (0x7d00_0000u64, 0x7e00_0000u64);
+    let refused = std::thread::scope(|s| {
+        let recv = s.spawn(|| receiver.recv(dst_mr.mr(), 0, ASKED, tag));
+        // Its outcome is the provider's business (the data left its buffer either way).
+        let _ = sender.send(first_mr.mr(), 0, SENT, to_receiver, tag);
+        recv.join()
+            .map_err(|_| "the receiving thread panicked".to_owned())
+    })?;
+    let refusal = match refused {
+        Ok(()) => {
+            return Err(format!(
+                "a receive of {ASKED} bytes while {SENT} were sent succeeded; expected a truncation error"
+            ))
+        }
+        Err(err) => err.to_string(),
+    };
+    if !refusal.to_lowercase().contains("trunc") {
+        return Err(format!("expected a truncation error, got: {refusal}"));
+    }
+    std::thread::scope(|s| {
+        let recv = s.spawn(|| receiver.recv(dst_mr.mr(), 0, SENT, next_tag));
+        let sent = sender.send(second_mr.mr(), 0, SENT, to_receiver, next_tag);
+        let received = recv
+            .join()
+            .map_err(|_| "the receiving thread panicked".to_owned())?;
+        sent.map_err(|e| format!("second send: {e}"))?;
+        received.map_err(|e| format!("second recv: {e}"))
+    })?;
+    destination.expect("after the truncated receive", SENT, second_seed)?;
+    drop(dst_mr);
+    destination.keep();
+    Ok(format!(
+        "{provider}: a receive of {ASKED} bytes while {SENT} are sent fails ({refusal}); the next exchange on the same endpoints gets its own bytes"
+    ))
+}
+
 pub fn run(provider: &str) -> ExitCode {
     let device = match Device::open_index(0) {
         Ok(d) => d,
@@ -391,6 +566,14 @@ pub fn run(provider: &str) -> ExitCode {
         (
             "RMA read HBM to HBM",
             Box::new(|| rma_case(&device, provider, node)),
+        ),
+        (
+            "two transfers at once on one endpoint",
+            Box::new(|| concurrent_case(&device, provider, node)),
+        ),
+        (
+            "a truncated receive, then a good one",
+            Box::new(|| truncated_case(&device, provider, node)),
         ),
     ];
     if tcp {

@@ -26,6 +26,10 @@
 //! then copy through the dma-buf's mapping in [`CHUNK`]-sized pieces, two in flight, and the
 //! registration says so: [`RegPath::HostBounce`] with the provider's reason.
 //!
+//! Threads may run transfers on one [`Endpoint`] at once: completions are routed to the
+//! transfer whose operation they complete, and a failed transfer cancels and drains its own
+//! operations before it returns (Documentation/rdma.md).
+//!
 //! With libfabric's default `FI_UNIVERSE_SIZE` (1024) an `ofi_rxm` endpoint asks its verbs
 //! device for a completion queue of 262144 entries, which soft-RoCE refuses (`fi_enable`:
 //! -EINVAL). libfabric reads the universe size only from the environment, and a library
@@ -102,6 +106,8 @@ const BOUNCE_SLOTS: usize = 2;
 const DIRECT_WINDOW: usize = 8;
 /// How long a transfer may go without a completion.
 const STALL: Duration = Duration::from_secs(60);
+/// How long a failed transfer waits for its cancelled operations to complete.
+const SETTLE: Duration = Duration::from_secs(5);
 /// The API version asked for: the first with `FI_MR_DMABUF`.
 const API_VERSION: u32 = 1 << 16 | 20;
 /// libfabric's universe size (`FI_UNIVERSE_SIZE`: the peers an endpoint expects) unless the
@@ -191,6 +197,43 @@ pub enum LibfabricError {
     DmaBufRefused {
         /// The provider's refusal.
         reason: String,
+    },
+    /// A transfer's range does not fit in its registration.
+    #[error(
+        "a transfer of {length} bytes at {offset} does not fit in the {size}-byte registration"
+    )]
+    OutOfRange {
+        /// Where it starts in the registration.
+        offset: u64,
+        /// Its length.
+        length: u64,
+        /// The registration's length.
+        size: u64,
+    },
+    /// A received chunk was shorter than the receive asked for.
+    #[error(
+        "{provider}: chunk {chunk} of the receive got {received} bytes, {expected} expected: \
+         the sender sent less than the receiver asked for"
+    )]
+    ShortMessage {
+        /// The provider.
+        provider: String,
+        /// The chunk's index in the transfer.
+        chunk: u64,
+        /// Bytes received.
+        received: usize,
+        /// Bytes expected.
+        expected: usize,
+    },
+    /// An earlier transfer on the registration failed, and its operations could not be
+    /// cancelled: the NIC may still write into its memory.
+    #[error(
+        "{provider}: operations of an earlier failed transfer on this registration could not be \
+         cancelled, so the NIC may still use its memory; deregister it and register again"
+    )]
+    Stranded {
+        /// The provider.
+        provider: String,
     },
     /// A transfer saw no completion for too long.
     #[error("{provider}: no completion for {secs} s during a transfer")]
@@ -598,6 +641,8 @@ pub struct FabricMr {
     staging: Mutex<()>,
     /// Chunks copied through the staging buffer (host bounce).
     staged_chunks: AtomicU64,
+    /// A failed transfer left operations that could not be cancelled.
+    stranded: AtomicBool,
 }
 
 impl std::fmt::Debug for FabricMr {
@@ -744,6 +789,7 @@ impl Registrar for LibfabricRegistrar {
             hbm: Arc::clone(&source.memory),
             staging: Mutex::new(()),
             staged_chunks: AtomicU64::new(0),
+            stranded: AtomicBool::new(false),
         })
     }
 
@@ -881,10 +927,13 @@ impl Endpoint {
     /// Reads this endpoint's completion queue once, which drives progress for providers with
     /// manual progress: an endpoint that is only the target of RMA calls it while peers read.
     pub fn progress(&self) -> Result<(), LibfabricError> {
+        // A transfer of its own, with no operations: other transfers' completions it reads
+        // go to them.
+        let transfer = self.ep.begin();
         let mut done = Vec::new();
         self.ep
-            .completions(&mut done)
-            .map_err(|(e, _)| self.error("fi_cq_read", e))
+            .completions(&transfer, &mut done)
+            .map_err(|e| self.error("fi_cq_read", e))
     }
 
     /// Reads `length` bytes of `peer`'s registered memory at `remote` with RMA (`fi_read`, in
@@ -915,17 +964,67 @@ impl Endpoint {
         peer: u64,
         tag: u64,
     ) -> Result<(), LibfabricError> {
-        assert!(
-            offset
-                .checked_add(length)
-                .is_some_and(|end| end <= mr.range.length()),
-            "transfer of {length} bytes at {offset} outside the {}-byte registration",
-            mr.range.length()
-        );
-        let _staging = mr.staging.lock().expect("no panics under this lock");
+        let size = mr.range.length();
+        if offset.checked_add(length).is_none_or(|end| end > size) {
+            return Err(LibfabricError::OutOfRange {
+                offset,
+                length,
+                size,
+            });
+        }
+        // One transfer at a time per registration: they share its staging slots.
+        let _staging = mr.staging.lock().unwrap_or_else(|e| e.into_inner());
+        if mr.stranded.load(Relaxed) {
+            return Err(LibfabricError::Stranded {
+                provider: self.provider.clone(),
+            });
+        }
+        let transfer = self.ep.begin();
+        let result = self.run(&transfer, kind, mr, offset, length, peer, tag);
+        if result.is_err() && !self.settle(&transfer) {
+            // The NIC may still write into the registration's memory (its staging slots
+            // among it): no later transfer may use it.
+            mr.stranded.store(true, Relaxed);
+        }
+        result
+    }
+
+    /// After a failed transfer: cancels its pending operations and reads completions until
+    /// none is left, for at most [`SETTLE`]. Whether none is left.
+    fn settle(&self, transfer: &sys::Transfer<'_>) -> bool {
+        self.ep.cancel(transfer);
+        let deadline = Instant::now() + SETTLE;
+        let mut done = Vec::new();
+        while self.ep.pending(transfer) > 0 {
+            if Instant::now() > deadline || self.ep.completions(transfer, &mut done).is_err() {
+                return false;
+            }
+            done.clear();
+            std::thread::yield_now();
+        }
+        true
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        transfer: &sys::Transfer<'_>,
+        kind: sys::Kind,
+        mr: &FabricMr,
+        offset: u64,
+        length: u64,
+        peer: u64,
+        tag: u64,
+    ) -> Result<(), LibfabricError> {
         let bounce = !mr.path.is_direct();
         let send = kind == sys::Kind::Send;
-        let hbm_base = usize::try_from(mr.range.offset() + offset).expect("mapped, so it fits");
+        let call = match kind {
+            sys::Kind::Send => "fi_tsend",
+            sys::Kind::Recv => "fi_trecv",
+            sys::Kind::Read { .. } => "fi_read",
+        };
+        // Inside the mapping (checked by the caller), so it fits.
+        let hbm_base = (mr.range.offset() + offset) as usize;
         let pieces: Vec<(u64, usize)> = chunks(length).collect();
         let window = if bounce {
             mr.mr.memory().len() / CHUNK
@@ -941,9 +1040,7 @@ impl Endpoint {
         // retried without copying again, unless completions have freed another slot since.
         let mut staged = None;
         while finished < pieces.len() {
-            while next < pieces.len() {
-                let Some(&slot) = free.last() else { break };
-                let (chunk_offset, len) = pieces[next];
+            while let (Some(&(chunk_offset, len)), Some(&slot)) = (pieces.get(next), free.last()) {
                 let hbm_offset = hbm_base + chunk_offset as usize;
                 let region_offset = if bounce {
                     if send && staged != Some((next, slot)) {
@@ -971,7 +1068,7 @@ impl Endpoint {
                     tag: tag.wrapping_add(id),
                     id,
                 };
-                match self.ep.post(&mr.mr, &op) {
+                match self.ep.post(transfer, &mr.mr, &op) {
                     Ok(()) => {
                         if bounce && send {
                             mr.staged_chunks.fetch_add(1, Relaxed);
@@ -981,26 +1078,30 @@ impl Endpoint {
                         next += 1;
                     }
                     Err(e) if e.0 == bindings::FI_EAGAIN as i32 => break,
-                    Err(e) => {
-                        let call = match kind {
-                            sys::Kind::Send => "fi_tsend",
-                            sys::Kind::Recv => "fi_trecv",
-                            sys::Kind::Read { .. } => "fi_read",
-                        };
-                        return Err(self.error(call, e));
-                    }
+                    Err(e) => return Err(self.error(call, e)),
                 }
             }
             done.clear();
             self.ep
-                .completions(&mut done)
-                .map_err(|(e, _)| self.error("completion", e))?;
-            for id in done.drain(..) {
-                let Some(slot) = slot_of.remove(&id) else {
+                .completions(transfer, &mut done)
+                .map_err(|e| self.error("fi_cq_read", e))?;
+            for completion in done.drain(..) {
+                let Some(slot) = slot_of.remove(&completion.op) else {
                     continue;
                 };
+                completion.result.map_err(|e| self.error(call, e))?;
+                let Some(&(chunk_offset, len)) = pieces.get(completion.op as usize) else {
+                    continue;
+                };
+                if kind == sys::Kind::Recv && completion.len != len {
+                    return Err(LibfabricError::ShortMessage {
+                        provider: self.provider.clone(),
+                        chunk: completion.op,
+                        received: completion.len,
+                        expected: len,
+                    });
+                }
                 if bounce && !send {
-                    let (chunk_offset, len) = pieces[id as usize];
                     mr.hbm.copy_from(
                         hbm_base + chunk_offset as usize,
                         mr.mr.memory(),

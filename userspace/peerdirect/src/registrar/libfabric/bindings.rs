@@ -943,6 +943,33 @@ const _: () = {
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
+pub struct fi_cq_tagged_entry {
+    pub op_context: *mut core::ffi::c_void,
+    pub flags: u64,
+    pub len: usize,
+    pub buf: *mut core::ffi::c_void,
+    pub data: u64,
+    pub tag: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of fi_cq_tagged_entry"][::core::mem::size_of::<fi_cq_tagged_entry>() - 48usize];
+    ["Alignment of fi_cq_tagged_entry"][::core::mem::align_of::<fi_cq_tagged_entry>() - 8usize];
+    ["Offset of field: fi_cq_tagged_entry::op_context"]
+        [::core::mem::offset_of!(fi_cq_tagged_entry, op_context) - 0usize];
+    ["Offset of field: fi_cq_tagged_entry::flags"]
+        [::core::mem::offset_of!(fi_cq_tagged_entry, flags) - 8usize];
+    ["Offset of field: fi_cq_tagged_entry::len"]
+        [::core::mem::offset_of!(fi_cq_tagged_entry, len) - 16usize];
+    ["Offset of field: fi_cq_tagged_entry::buf"]
+        [::core::mem::offset_of!(fi_cq_tagged_entry, buf) - 24usize];
+    ["Offset of field: fi_cq_tagged_entry::data"]
+        [::core::mem::offset_of!(fi_cq_tagged_entry, data) - 32usize];
+    ["Offset of field: fi_cq_tagged_entry::tag"]
+        [::core::mem::offset_of!(fi_cq_tagged_entry, tag) - 40usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
 pub struct fi_cq_err_entry {
     pub op_context: *mut core::ffi::c_void,
     pub flags: u64,

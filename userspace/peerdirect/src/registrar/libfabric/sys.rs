@@ -13,9 +13,11 @@
 use core::ffi::{c_char, c_int, c_void, CStr};
 use core::ptr::{self, NonNull};
 use std::alloc::{self, Layout};
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use libloading::Library;
 use rustix::mm::{self, MapFlags, ProtFlags};
@@ -589,19 +591,60 @@ impl Drop for Mr {
     }
 }
 
-/// A tagged RDM endpoint with its own completion queue (FI_CQ_FORMAT_CONTEXT) and address
+/// A tagged RDM endpoint with its own completion queue (FI_CQ_FORMAT_TAGGED) and address
 /// vector (FI_AV_TABLE).
+///
+/// Several transfers may run on it at once, from several threads: each operation's context
+/// names its transfer, and whichever thread reads a completion routes it to its transfer's
+/// mailbox ([`Endpoint::completions`]).
 pub(super) struct Endpoint {
     ep: NonNull<b::fid_ep>,
     cq: NonNull<b::fid_cq>,
     av: NonNull<b::fid_av>,
-    /// Operations posted and not yet completed, by context: their memory stays alive here
-    /// until the completion is read or the endpoint is closed.
-    inflight: Mutex<Vec<(Box<Context>, Arc<Memory>)>>,
+    book: Mutex<Book>,
+    next_transfer: AtomicU64,
     _domain: Arc<Domain>,
 }
 
-// SAFETY: the domain is FI_THREAD_SAFE; `inflight` is behind a mutex.
+/// What the endpoint knows of its operations.
+#[derive(Default)]
+struct Book {
+    /// Operations posted and not yet completed, by their context's address: their context
+    /// and memory stay alive here until the completion is read or the endpoint is closed.
+    inflight: HashMap<usize, (Box<Context>, Arc<Memory>)>,
+    /// Transfers under way ([`Endpoint::begin`]); completions of other (ended) transfers'
+    /// operations are dropped.
+    open: HashSet<u64>,
+    /// Completions read by another transfer's thread, waiting for their own.
+    mailbox: HashMap<u64, Vec<Completion>>,
+}
+
+/// A completed operation of a transfer.
+#[derive(Debug)]
+pub(super) struct Completion {
+    /// The operation's id within its transfer ([`Op::id`]).
+    pub(super) op: u64,
+    /// Bytes received, for receives; the operation's length otherwise.
+    pub(super) len: usize,
+    /// Its error, if it failed (`fi_cq_readerr`).
+    pub(super) result: Result<()>,
+}
+
+/// A transfer under way on an [`Endpoint`], from [`Endpoint::begin`] until dropped.
+pub(super) struct Transfer<'a> {
+    endpoint: &'a Endpoint,
+    id: u64,
+}
+
+impl Drop for Transfer<'_> {
+    fn drop(&mut self) {
+        let mut book = self.endpoint.book();
+        book.open.remove(&self.id);
+        book.mailbox.remove(&self.id);
+    }
+}
+
+// SAFETY: the domain is FI_THREAD_SAFE; `book` is behind a mutex.
 unsafe impl Send for Endpoint {}
 // SAFETY: as above.
 unsafe impl Sync for Endpoint {}
@@ -628,7 +671,7 @@ pub(super) struct Op {
     /// The peer (`fi_addr_t`; FI_ADDR_UNSPEC for receives from anyone).
     pub(super) peer: u64,
     pub(super) tag: u64,
-    /// Names the operation in its completion.
+    /// Names the operation in its completion, within its transfer.
     pub(super) id: u64,
 }
 
@@ -636,7 +679,8 @@ pub(super) struct Op {
 #[repr(C)]
 pub(super) struct Context {
     _scratch: b::fi_context2,
-    pub(super) id: u64,
+    transfer: u64,
+    id: u64,
 }
 
 impl Endpoint {
@@ -644,7 +688,7 @@ impl Endpoint {
         let d = domain.domain.as_ptr();
         // SAFETY: all three attrs are plain data, valid when zeroed (defaults).
         let mut cq_attr: b::fi_cq_attr = unsafe { core::mem::zeroed() };
-        cq_attr.format = b::FI_CQ_FORMAT_CONTEXT;
+        cq_attr.format = b::FI_CQ_FORMAT_TAGGED;
         cq_attr.size = 256;
         // SAFETY: as above.
         let mut av_attr: b::fi_av_attr = unsafe { core::mem::zeroed() };
@@ -677,7 +721,8 @@ impl Endpoint {
                 ep: NonNull::new_unchecked(ep),
                 cq,
                 av,
-                inflight: Mutex::new(Vec::new()),
+                book: Mutex::default(),
+                next_transfer: AtomicU64::new(1),
                 _domain: Arc::clone(domain),
             };
             endpoint.bind(
@@ -756,7 +801,7 @@ impl Endpoint {
     /// Posts a tagged send (`fi_tsend`) or receive (`fi_trecv`) of `len` bytes of `mr`'s
     /// memory at `offset`, or an RMA read (`fi_read`) into them, identified by `id` in its
     /// completion. `Err(FI_EAGAIN)` means: read completions, then retry.
-    pub(super) fn post(&self, mr: &Mr, op: &Op) -> Result<()> {
+    pub(super) fn post(&self, transfer: &Transfer<'_>, mr: &Mr, op: &Op) -> Result<()> {
         let Op {
             kind,
             offset,
@@ -769,10 +814,12 @@ impl Endpoint {
         let mut context = Box::new(Context {
             // SAFETY: fi_context2 is eight pointers: zero is a valid value.
             _scratch: unsafe { core::mem::zeroed() },
+            transfer: transfer.id,
             id,
         });
         let ctx: *mut Context = &mut *context;
-        let mut inflight = self.inflight.lock().expect("no panics under this lock");
+        // Held across the post, so that no completion of it is read before it is booked.
+        let mut book = self.book();
         // fi_tsend/fi_trecv: ep->tagged->send/recv; fi_read: ep->rma->read. The memory and the
         // context box stay in `inflight` until the completion naming `ctx` is read or the
         // endpoint is closed. A read only writes our buffer; remote address and key are the
@@ -821,69 +868,125 @@ impl Endpoint {
             }
         };
         check(ret)?;
-        inflight.push((context, Arc::clone(&mr.memory)));
+        book.inflight
+            .insert(ctx as usize, (context, Arc::clone(&mr.memory)));
         Ok(())
     }
 
-    /// Reads completions (`fi_cq_read`, which also drives manual progress): the ids of those
-    /// that completed, or the first failed one's error (`fi_cq_readerr`).
+    fn book(&self) -> MutexGuard<'_, Book> {
+        // Only maps are updated under it; a panic elsewhere leaves them consistent.
+        self.book.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts a transfer: its operations' completions are routed to it until it is dropped.
+    pub(super) fn begin(&self) -> Transfer<'_> {
+        let id = self.next_transfer.fetch_add(1, Relaxed);
+        self.book().open.insert(id);
+        Transfer { endpoint: self, id }
+    }
+
+    /// How many of `transfer`'s operations are posted and not completed.
+    pub(super) fn pending(&self, transfer: &Transfer<'_>) -> usize {
+        self.book()
+            .inflight
+            .values()
+            .filter(|(c, _)| c.transfer == transfer.id)
+            .count()
+    }
+
+    /// Asks the provider to cancel `transfer`'s pending operations (`fi_cancel`); each then
+    /// completes with `FI_ECANCELED`, or normally if it was already done.
+    pub(super) fn cancel(&self, transfer: &Transfer<'_>) {
+        let contexts: Vec<usize> = self
+            .book()
+            .inflight
+            .iter()
+            .filter(|(_, (c, _))| c.transfer == transfer.id)
+            .map(|(&ctx, _)| ctx)
+            .collect();
+        for ctx in contexts {
+            // SAFETY: fi_cancel: ep->ops->cancel(&ep->fid, context) with the context of an
+            // operation posted on this endpoint, still booked (it stays alive until its
+            // completion is read). Its result is only a hint: completions tell.
+            unsafe {
+                let ops = (*self.ep.as_ptr()).ops;
+                if let Some(cancel) = ops.as_ref().and_then(|ops| ops.cancel) {
+                    cancel(self.ep_fid(), ctx as *mut c_void);
+                }
+            }
+        }
+    }
+
+    /// Reads completions (`fi_cq_read`, which also drives manual progress) and routes them:
+    /// `transfer`'s into `done` (with those other threads read for it before), other open
+    /// transfers' into their mailboxes. An error is the completion queue's own, not an
+    /// operation's (those are [`Completion::result`]).
     pub(super) fn completions(
         &self,
-        done: &mut Vec<u64>,
-    ) -> core::result::Result<(), (FiErrno, u64)> {
-        // SAFETY: fi_cq_entry is one pointer: zero is valid.
-        let mut entries: [b::fi_cq_entry; 16] = unsafe { core::mem::zeroed() };
+        transfer: &Transfer<'_>,
+        done: &mut Vec<Completion>,
+    ) -> Result<()> {
+        if let Some(mail) = self.book().mailbox.remove(&transfer.id) {
+            done.extend(mail);
+        }
+        // SAFETY: fi_cq_tagged_entry is plain data: zero is valid.
+        let mut entries: [b::fi_cq_tagged_entry; 16] = unsafe { core::mem::zeroed() };
         // SAFETY: fi_cq_read: cq->ops->read(cq, buf, count) with room for `count` entries of
-        // the CQ's format (FI_CQ_FORMAT_CONTEXT).
+        // the CQ's format (FI_CQ_FORMAT_TAGGED).
         let n = unsafe {
             let cq = self.cq.as_ptr();
-            (*(*cq).ops).read.expect("every CQ can be read")(
-                cq,
-                entries.as_mut_ptr().cast(),
-                entries.len(),
-            )
+            match (*(*cq).ops).read {
+                Some(read) => read(cq, entries.as_mut_ptr().cast(), entries.len()),
+                None => -(b::FI_ENOSYS as isize),
+            }
         };
-        let mut contexts = Vec::new();
-        let result = if n == -(b::FI_EAVAIL as isize) {
+        let mut read: Vec<(*mut c_void, usize, Result<()>)> = Vec::new();
+        if n == -(b::FI_EAVAIL as isize) {
             // SAFETY: zeroed fi_cq_err_entry is valid (plain data).
             let mut err: b::fi_cq_err_entry = unsafe { core::mem::zeroed() };
             err.src_addr = u64::MAX;
             // SAFETY: fi_cq_readerr: cq->ops->readerr(cq, &err, 0) into our entry.
-            unsafe {
+            let got = unsafe {
                 let cq = self.cq.as_ptr();
-                (*(*cq).ops).readerr.expect("every CQ has readerr")(cq, &mut err, 0);
-            }
-            contexts.push(err.op_context);
-            Err(FiErrno(err.err))
-        } else if n < 0 && n != -(b::FI_EAGAIN as isize) {
-            Err(FiErrno(i32::try_from(-n).unwrap_or(i32::MAX)))
-        } else {
-            contexts.extend(entries.iter().take(n.max(0) as usize).map(|e| e.op_context));
-            Ok(())
-        };
-        let mut inflight = self.inflight.lock().expect("no panics under this lock");
-        let mut failed = None;
-        for context in contexts {
-            if let Some(i) = inflight
-                .iter()
-                .position(|(c, _)| ptr::eq(&**c as *const Context as *const c_void, context))
-            {
-                let (c, _memory) = inflight.swap_remove(i);
-                if result.is_ok() {
-                    done.push(c.id);
-                } else {
-                    failed = Some(c.id);
+                match (*(*cq).ops).readerr {
+                    Some(readerr) => readerr(cq, &mut err, 0),
+                    None => -(b::FI_ENOSYS as isize),
                 }
-            }
+            };
+            check(got)?;
+            read.push((err.op_context, err.len, Err(FiErrno(err.err))));
+        } else if n < 0 && n != -(b::FI_EAGAIN as isize) {
+            return Err(FiErrno(i32::try_from(-n).unwrap_or(i32::MAX)));
+        } else {
+            let n = usize::try_from(n).unwrap_or(0).min(entries.len());
+            read.extend(entries[..n].iter().map(|e| (e.op_context, e.len, Ok(()))));
         }
-        result.map_err(|e| (e, failed.unwrap_or(u64::MAX)))
+        let mut book = self.book();
+        for (context, len, result) in read {
+            // A context not booked is not ours (or already counted): ignored.
+            let Some((c, _memory)) = book.inflight.remove(&(context as usize)) else {
+                continue;
+            };
+            let completion = Completion {
+                op: c.id,
+                len,
+                result,
+            };
+            if c.transfer == transfer.id {
+                done.push(completion);
+            } else if book.open.contains(&c.transfer) {
+                book.mailbox.entry(c.transfer).or_default().push(completion);
+            }
+            // Else its transfer ended (after cancelling it): only its memory goes now.
+        }
+        Ok(())
     }
 }
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        // `inflight` (memory of operations that never completed) is dropped after, with the
-        // fields.
+        // `book` (contexts and memory of operations that never completed) is dropped after,
+        // with the fields.
         // SAFETY: closing the endpoint ends its operations; then its CQ and AV, only it uses.
         unsafe {
             close(self.ep_fid());

@@ -9,8 +9,9 @@
 # domain itself, registers HBM through the cache twice (a miss, then a hit), checks the RMA
 # address and key a peer would use (pd_mr_remote), registers it again through a second cache
 # in the same domain (tcp takes the requested keys: they must differ), and frees the
-# allocation, which must
-# invalidate the cached registration before the domain is closed. Last, the same program on
+# allocation, which must invalidate the cached registration before the domain is closed; then
+# it registers a udmabuf (a dma-buf exported elsewhere) through pd_register_dmabuf: a miss, a
+# hit inside it, and pd_regcache_invalidate_dmabuf drops it. Last, the same program on
 # soft-RoCE's verbs;ofi_rxm, which refuses dma-bufs: pd_register fails with -EOPNOTSUPP until
 # the program turns host bounce on, and the registration then says host_bounce, with its
 # reason, a staging buffer and no RMA address.
@@ -114,7 +115,7 @@ else
 	fail "$desc" "$(show fbuild)"
 fi
 
-desc="fabric_register in the guest: tcp domain opened by the program, HBM registered through pd_register (path dmabuf), second request a cache hit, a second cache in the same domain gets another key, pd_mr_remote gives the RMA address and key, pd_allocation_free invalidates the entry, domain closed"
+desc="fabric_register in the guest: tcp domain opened by the program, HBM registered through pd_register (path dmabuf), second request a cache hit, a second cache in the same domain gets another key, pd_mr_remote gives the RMA address and key, pd_allocation_free invalidates the entry; a udmabuf through pd_register_dmabuf: a miss, a hit inside it, pd_regcache_invalidate_dmabuf drops it; domain closed"
 if [ "$(cat fabric.rc 2>/dev/null)" = 0 ] &&
 	grep -q '^registered 4194304 bytes: path dmabuf, key ' fabric.out &&
 	grep -q '^registered 4096 bytes at 1 MiB: path dmabuf, key .*offset in mr 1048576$' fabric.out &&
@@ -122,6 +123,9 @@ if [ "$(cat fabric.rc 2>/dev/null)" = 0 ] &&
 	grep -Eq '^rma: FI_MR_VIRT_ADDR [01], whole at (0|0x[0-9a-f]+), the part at 0x[0-9a-f]+ \(\+1048576\), key ' fabric.out &&
 	grep -q '^cache after registering: hits 1, misses 1, registrations 1, deregistrations 0, invalidations 0, entries 1$' fabric.out &&
 	grep -q '^cache after freeing: hits 1, misses 1, registrations 1, deregistrations 1, invalidations 1, entries 0$' fabric.out &&
+	grep -q '^foreign dma-buf, 4194304 bytes: path dmabuf, key ' fabric.out &&
+	grep -q '^cache after the foreign dma-buf: hits 2, misses 2, registrations 2, deregistrations 1, invalidations 1, entries 1$' fabric.out &&
+	grep -q '^cache after invalidating it: hits 2, misses 2, registrations 2, deregistrations 2, invalidations 2, entries 0$' fabric.out &&
 	grep -q '^closed: the domain after every registration in it$' fabric.out; then
 	ok "$desc"
 	sed "s/^/# /" fabric.out
@@ -134,6 +138,8 @@ if [ "$(cat fabric_rxe.rc 2>/dev/null)" = 0 ] &&
 	grep -q '^refused without host bounce: .*fi_mr_regattr(FI_MR_DMABUF).*the host-bounce fallback is off.*pd_regcache_set_host_bounce' fabric_rxe.out &&
 	grep -q '^registered 4194304 bytes: path host_bounce, key .*, reason: ' fabric_rxe.out &&
 	grep -q '^second cache, same domain: key ' fabric_rxe.out &&
+	grep -q '^foreign dma-buf, 4194304 bytes: path host_bounce, ' fabric_rxe.out &&
+	grep -q '^cache after invalidating it: .*entries 0$' fabric_rxe.out &&
 	grep -Eq '^staging: [1-9][0-9]* bytes, written by the program$' fabric_rxe.out &&
 	grep -q '^rma: refused for host bounce ' fabric_rxe.out &&
 	grep -q '^closed: the domain after every registration in it$' fabric_rxe.out; then

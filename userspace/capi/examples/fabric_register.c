@@ -18,15 +18,23 @@
  * held: its key must differ (providers without FI_MR_PROV_KEY, like tcp, take the keys the
  * library requests, which must be unique in the domain).
  *
+ * Last, a dma-buf exported by something else (a udmabuf of this program's memory, standing
+ * in for habanalabs' own export) goes through pd_register_dmabuf: a miss, then a hit inside
+ * it, and pd_regcache_invalidate_dmabuf drops it.
+ *
  *   cc -o fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric)
  *   ./fabric_register ['verbs;ofi_rxm' [node]]
  */
-#define _POSIX_C_SOURCE 200809L /* strdup */
+#define _GNU_SOURCE /* strdup, memfd_create, F_ADD_SEALS */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <peerdirect.h>
 #include <rdma/fabric.h>
@@ -45,6 +53,37 @@ static int fi_fail(const char *what, int ret)
 {
 	fprintf(stderr, "fabric_register: %s: %s (%d)\n", what, fi_strerror(-ret), ret);
 	return 1;
+}
+
+/* <linux/udmabuf.h> */
+struct udmabuf_create {
+	uint32_t memfd;
+	uint32_t flags;
+	uint64_t offset;
+	uint64_t size;
+};
+#define UDMABUF_FLAGS_CLOEXEC 0x01
+#define UDMABUF_CREATE _IOW('u', 0x42, struct udmabuf_create)
+
+/* A dma-buf of `size` bytes of a new sealed memfd, from /dev/udmabuf; -1 with errno. */
+static int udmabuf(uint64_t size)
+{
+	struct udmabuf_create create = { .flags = UDMABUF_FLAGS_CLOEXEC, .size = size };
+	int dev, memfd, fd = -1;
+
+	memfd = memfd_create("fabric_register", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (memfd < 0)
+		return -1;
+	dev = open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
+	if (dev >= 0 && ftruncate(memfd, (off_t)size) == 0 &&
+	    fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK) == 0) {
+		create.memfd = (uint32_t)memfd;
+		fd = ioctl(dev, UDMABUF_CREATE, &create);
+	}
+	if (dev >= 0)
+		close(dev);
+	close(memfd);
+	return fd;
 }
 
 static const char *path_name(uint32_t path)
@@ -94,7 +133,8 @@ int main(int argc, char **argv)
 	pd_device *dev = NULL;
 	pd_allocation *alloc = NULL;
 	pd_regcache *cache = NULL, *cache2 = NULL;
-	pd_mr *whole = NULL, *part = NULL, *other = NULL;
+	pd_mr *whole = NULL, *part = NULL, *other = NULL, *foreign = NULL, *inside = NULL;
+	int foreign_fd = -1;
 	int err, ret, status = 1;
 
 	/* libfabric, opened by the program: tcp, thread safe, the MR modes it asks for. */
@@ -266,6 +306,52 @@ int main(int argc, char **argv)
 		fprintf(stderr, "fabric_register: freeing did not invalidate the cached registration\n");
 		goto out;
 	}
+	/* A dma-buf exported by something else: a miss, a hit inside it, invalidated on request. */
+	foreign_fd = udmabuf(LENGTH);
+	if (foreign_fd < 0) {
+		perror("fabric_register: a udmabuf");
+		goto out;
+	}
+	err = pd_register_dmabuf(cache, domain, foreign_fd, 0, 0, ALL_ACCESS, &foreign);
+	if (err) {
+		pd_fail("pd_register_dmabuf(udmabuf)", err);
+		goto out;
+	}
+	print_mr("foreign dma-buf, 4194304 bytes", foreign);
+	err = pd_register_dmabuf(cache, domain, foreign_fd, 1u << 20, 4096, PD_ACCESS_REMOTE_WRITE,
+				 &inside);
+	if (err) {
+		pd_fail("pd_register_dmabuf(4096 bytes at 1 MiB of it)", err);
+		goto out;
+	}
+	if ((err = pd_regcache_stats(cache, &stats))) {
+		pd_fail("pd_regcache_stats", err);
+		goto out;
+	}
+	print_stats("after the foreign dma-buf", &stats);
+	if (pd_mr_key(inside) != pd_mr_key(foreign) || pd_mr_offset(inside) != 1u << 20 ||
+	    stats.hits != 2 || stats.entries != 1) {
+		fprintf(stderr, "fabric_register: the second foreign request was not a hit\n");
+		goto out;
+	}
+	pd_mr_release(foreign);
+	pd_mr_release(inside);
+	foreign = inside = NULL;
+	ret = pd_regcache_invalidate_dmabuf(cache, foreign_fd);
+	if (ret != 1) {
+		fprintf(stderr, "fabric_register: pd_regcache_invalidate_dmabuf dropped %d entries (%s)\n",
+			ret, ret < 0 ? pd_last_error() : "expected 1");
+		goto out;
+	}
+	if ((err = pd_regcache_stats(cache, &stats))) {
+		pd_fail("pd_regcache_stats", err);
+		goto out;
+	}
+	print_stats("after invalidating it", &stats);
+	if (stats.entries != 0 || stats.deregistrations != stats.registrations) {
+		fprintf(stderr, "fabric_register: invalidating the foreign dma-buf left a registration\n");
+		goto out;
+	}
 	ret = pd_regcache_invalidate_domain(cache, domain);
 	if (ret < 0) {
 		pd_fail("pd_regcache_invalidate_domain", ret);
@@ -273,6 +359,10 @@ int main(int argc, char **argv)
 	}
 	status = 0;
 out:
+	pd_mr_release(foreign);
+	pd_mr_release(inside);
+	if (foreign_fd >= 0)
+		close(foreign_fd);
 	pd_mr_release(other);
 	pd_regcache_free(cache2);
 	pd_mr_release(whole);

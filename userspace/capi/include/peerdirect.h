@@ -199,6 +199,25 @@ int pd_register(pd_regcache *cache, struct fid_domain *domain, const pd_allocati
 		uint64_t offset, uint64_t length, uint32_t access, pd_mr **out);
 
 /*
+ * As pd_register, for a dma-buf that something else exported (habanalabs'
+ * HL_MEM_OP_EXPORT_DMABUF_FD, a GPU driver, udmabuf, another process): bytes
+ * [offset, offset + length) of the dma-buf fd (length 0: up to its end). The cache keeps its
+ * own duplicate of fd, mapped, so the caller may close fd at any time; requests for the same
+ * dma-buf (by any fd of it) share cached registrations. No device tells the cache when that
+ * memory goes: call pd_regcache_invalidate_dmabuf() before its exporter frees it.
+ * -EINVAL: fd is not a dma-buf; -EBADF: fd is negative; -EACCES: it cannot be mapped writable.
+ */
+int pd_register_dmabuf(pd_regcache *cache, struct fid_domain *domain, int fd, uint64_t offset,
+		       uint64_t length, uint32_t access, pd_mr **out);
+
+/*
+ * Drops every cached registration of the dma-buf fd (registered with pd_register_dmabuf) and
+ * the cache's duplicate of it; registrations still held by pd_mr handles go when those are
+ * released. Returns how many entries were dropped, or a negative errno.
+ */
+int pd_regcache_invalidate_dmabuf(pd_regcache *cache, int fd);
+
+/*
  * Drops every cached registration in domain and forgets the domain, before it is closed.
  * Returns how many entries were dropped (0 for a domain the cache never saw) or a negative
  * errno.

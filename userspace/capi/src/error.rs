@@ -24,6 +24,14 @@ impl Failure {
         }
     }
 
+    /// The same failure, its message starting with `function: `.
+    pub(crate) fn prefixed(self, function: &str) -> Self {
+        Self {
+            message: format!("{function}: {}", self.message),
+            ..self
+        }
+    }
+
     /// A pointer argument that must not be NULL was.
     pub(crate) fn null(function: &str, argument: &str) -> Self {
         Self::new(

@@ -42,6 +42,9 @@ pub struct PdRegCache {
     registrars: Mutex<HashMap<usize, Arc<LibfabricRegistrar>>>,
     /// Whether registrations may fall back to host bounce (`pd_regcache_set_host_bounce`).
     host_bounce: AtomicBool,
+    /// Dma-bufs exported elsewhere (`pd_register_dmabuf`): a duplicate of the caller's fd,
+    /// mapped, by inode number, until `pd_regcache_invalidate_dmabuf` or the cache's end.
+    foreign: Mutex<HashMap<u64, Arc<Source>>>,
 }
 
 /// `pd_mr`: a registration handed out by `pd_register`, registered until released.
@@ -49,6 +52,20 @@ pub struct PdMr {
     registration: Registration<LibfabricRegistrar>,
     /// The host-bounce reason, NUL-terminated for C.
     reason: Option<CString>,
+}
+
+impl PdMr {
+    fn new(registration: Registration<LibfabricRegistrar>) -> Self {
+        let reason = match registration.mr().path() {
+            // NUL bytes replaced, so `new` cannot fail.
+            RegPath::HostBounce { reason } => CString::new(reason.replace('\0', " ")).ok(),
+            _ => None,
+        };
+        Self {
+            registration,
+            reason,
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -105,6 +122,7 @@ pub unsafe extern "C" fn pd_regcache_new(err: *mut c_int) -> *mut PdRegCache {
             cache: Arc::new(cache),
             registrars: Mutex::default(),
             host_bounce: AtomicBool::new(false),
+            foreign: Mutex::default(),
         })))
     });
     if !cache.is_null() {
@@ -173,18 +191,95 @@ pub unsafe extern "C" fn pd_register(
             cache
                 .cache
                 .get(&registrar, &source.mapped, source.export, range, access)?;
-        let reason = match registration.mr().path() {
-            // NUL bytes replaced, so `new` cannot fail.
-            RegPath::HostBounce { reason } => CString::new(reason.replace('\0', " ")).ok(),
-            _ => None,
-        };
-        let mr = Box::new(PdMr {
-            registration,
-            reason,
-        });
+        let mr = Box::new(PdMr::new(registration));
         // SAFETY: `out` is not NULL, and the caller promises it is valid for writing.
         unsafe { put(F, "out", out, Box::into_raw(mr)) }
     })
+}
+
+/// `int pd_register_dmabuf(pd_regcache *cache, struct fid_domain *domain, int fd, uint64_t
+/// offset, uint64_t length, uint32_t access, pd_mr **out)`: as `pd_register`, for a dma-buf
+/// exported by something else (habanalabs, a GPU, udmabuf).
+///
+/// # Safety
+///
+/// `cache` is NULL or a live handle; `fd` is open for the call; `domain` and `out` as for
+/// `pd_register`.
+#[no_mangle]
+pub unsafe extern "C" fn pd_register_dmabuf(
+    cache: *mut PdRegCache,
+    domain: *mut FidDomain,
+    fd: c_int,
+    offset: u64,
+    length: u64,
+    access: u32,
+    out: *mut *mut PdMr,
+) -> c_int {
+    const F: &str = "pd_register_dmabuf";
+    guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let cache = unsafe { arg(F, "cache", cache) }?;
+        let domain = NonNull::new(domain).ok_or_else(|| Failure::null(F, "domain"))?;
+        if out.is_null() {
+            return Err(Failure::null(F, "out"));
+        }
+        let access = checked_access(access)?;
+        let source = cache.foreign_source(F, fd)?;
+        let size = source.mapped.dma_buf().length();
+        let range = checked_range(size, offset, length)?;
+        // SAFETY: as in pd_register: the header's lifetime rules for the domain.
+        let registrar = unsafe { cache.registrar(domain) }?;
+        let registration =
+            cache
+                .cache
+                .get(&registrar, &source.mapped, source.export, range, access)?;
+        let mr = Box::new(PdMr::new(registration));
+        // SAFETY: `out` is not NULL, and the caller promises it is valid for writing.
+        unsafe { put(F, "out", out, Box::into_raw(mr)) }
+    })
+}
+
+/// `int pd_regcache_invalidate_dmabuf(pd_regcache *cache, int fd)`: drops every cached
+/// registration of the dma-buf `fd` (registered with `pd_register_dmabuf`) and the cache's
+/// reference to it; returns how many entries were dropped, or a negative errno.
+///
+/// # Safety
+///
+/// `cache` is NULL or a live handle; `fd` is open for the call.
+#[no_mangle]
+pub unsafe extern "C" fn pd_regcache_invalidate_dmabuf(cache: *mut PdRegCache, fd: c_int) -> c_int {
+    const F: &str = "pd_regcache_invalidate_dmabuf";
+    let mut dropped = 0;
+    let status = guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let cache = unsafe { arg(F, "cache", cache) }?;
+        let export = ExportId::foreign(&borrowed_dma_buf(F, fd)?)
+            .map_err(|errno| Failure::new(errno, format!("{F}: fstat of fd {fd}: {errno}")))?;
+        let count = cache.cache.invalidate_export(export);
+        // Its mapping and duplicate fd go once no registration uses them.
+        lock(&cache.foreign).remove(&export.dma_buf_inode());
+        dropped = c_int::try_from(count).unwrap_or(c_int::MAX);
+        Ok(())
+    });
+    if status < 0 {
+        status
+    } else {
+        dropped
+    }
+}
+
+/// A duplicate of the caller's dma-buf `fd`, which must be open for the call.
+fn borrowed_dma_buf(function: &str, fd: c_int) -> Result<pd::DmaBuf, Failure> {
+    if fd < 0 {
+        return Err(Failure::new(
+            Errno::BADF,
+            format!("{function}: fd {fd} is not a file descriptor"),
+        ));
+    }
+    // SAFETY: the caller promises `fd` is open for the duration of the call; it is only
+    // duplicated here.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    pd::DmaBuf::from_borrowed(borrowed).map_err(|err| Failure::from(err).prefixed(function))
 }
 
 fn checked_access(access: u32) -> Result<Access, Failure> {
@@ -243,6 +338,22 @@ fn source(alloc: &PdAllocation) -> Result<Arc<Source>, Failure> {
 }
 
 impl PdRegCache {
+    /// The cache's source for the foreign dma-buf `fd`: its own duplicate, mapped, made on
+    /// first use.
+    fn foreign_source(&self, function: &str, fd: c_int) -> Result<Arc<Source>, Failure> {
+        let dma_buf = borrowed_dma_buf(function, fd)?;
+        let export = ExportId::foreign(&dma_buf)
+            .map_err(|errno| Failure::new(errno, format!("{function}: fstat: {errno}")))?;
+        let mut foreign = lock(&self.foreign);
+        if let Some(source) = foreign.get(&export.dma_buf_inode()) {
+            return Ok(Arc::clone(source));
+        }
+        let mapped = MappedDmaBuf::new(dma_buf)?;
+        let source = Arc::new(Source { mapped, export });
+        foreign.insert(export.dma_buf_inode(), Arc::clone(&source));
+        Ok(source)
+    }
+
     /// The registrar of `domain`, made on its first use.
     ///
     /// # Safety

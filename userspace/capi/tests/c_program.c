@@ -6,9 +6,11 @@
  */
 #define _POSIX_C_SOURCE 200112L /* setenv */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <peerdirect.h>
 
@@ -111,6 +113,26 @@ int main(int argc, char **argv)
 		CHECK(strcmp(pd_last_error(), "pd_register: alloc is NULL; pass a valid pointer") == 0);
 		CHECK(pd_register(NULL, domain, NULL, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
 		CHECK(mr == (pd_mr *)&err);
+		/* A dma-buf exported elsewhere: not a dma-buf, not an fd, NULL arguments. */
+		{
+			int file = open(argv[1], O_RDONLY);
+
+			CHECK(file >= 0);
+			CHECK(pd_register_dmabuf(cache, domain, file, 0, 0, PD_ACCESS_LOCAL_READ,
+						 &mr) == -EINVAL);
+			CHECK(contains(pd_last_error(), "not a dma-buf"));
+			CHECK(pd_regcache_invalidate_dmabuf(cache, file) == -EINVAL);
+			close(file);
+		}
+		CHECK(pd_register_dmabuf(cache, domain, -1, 0, 0, PD_ACCESS_LOCAL_READ, &mr) ==
+		      -EBADF);
+		CHECK(pd_register_dmabuf(cache, NULL, 0, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
+		CHECK(pd_register_dmabuf(NULL, domain, 0, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
+		CHECK(pd_regcache_invalidate_dmabuf(NULL, 0) == -EINVAL);
+		CHECK(mr == (pd_mr *)&err);
+		CHECK(pd_regcache_set_host_bounce(cache, 1) == 0);
+		CHECK(pd_regcache_set_host_bounce(NULL, 1) == -EINVAL);
+		CHECK(pd_mr_staging(NULL, &u64) == NULL && u64 == 0);
 		CHECK(pd_regcache_invalidate_domain(cache, domain) == 0);
 		CHECK(pd_regcache_invalidate_domain(cache, NULL) == -EINVAL);
 		CHECK(pd_regcache_invalidate_domain(NULL, domain) == -EINVAL);

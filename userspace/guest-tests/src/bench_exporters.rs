@@ -218,29 +218,41 @@ fn bench_udmabuf(importer: &mut TestModule, nic: &str, sizes: &[u64], results: &
 }
 
 fn bench_udmabuf_sizes(importer: &mut TestModule, nic: &str, sizes: &[u64], results: &mut Results) {
-    let udmabuf = OpenOptions::new()
+    let udmabuf = open_udmabuf();
+    for &len in sizes {
+        let measured = udmabuf
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|udmabuf| udmabuf_of(udmabuf, len))
+            .and_then(|dmabuf| measure(importer, nic, None, &dmabuf));
+        results.insert((Exporter::Udmabuf, len), measured);
+    }
+}
+
+/// `/dev/udmabuf`, to make dma-bufs of guest RAM with [`udmabuf_of`].
+pub(crate) fn open_udmabuf() -> Result<File, String> {
+    OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/udmabuf")
-        .map_err(|err| format!("cannot open /dev/udmabuf: {err}"));
-    for &len in sizes {
-        let measured = udmabuf.as_ref().map_err(Clone::clone).and_then(|udmabuf| {
-            let memfd = rustix::fs::memfd_create(
-                "peerdirect-bench",
-                MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-            )
-            .map_err(|err| format!("memfd_create failed: {err}"))?;
-            rustix::fs::ftruncate(&memfd, len)
-                .map_err(|err| format!("ftruncate of the memfd to {len} failed: {err}"))?;
-            rustix::fs::fcntl_add_seals(&memfd, SealFlags::SHRINK)
-                .map_err(|err| format!("F_ADD_SEALS F_SEAL_SHRINK failed: {err}"))?;
-            let fd = sys::udmabuf_create(udmabuf.as_fd(), memfd.as_fd(), len)
-                .map_err(|err| format!("UDMABUF_CREATE of {} failed: {err}", size_name(len)))?;
-            let dmabuf = DmaBuf::from_fd(fd).map_err(|err| err.to_string())?;
-            measure(importer, nic, None, &dmabuf)
-        });
-        results.insert((Exporter::Udmabuf, len), measured);
-    }
+        .map_err(|err| format!("cannot open /dev/udmabuf: {err}"))
+}
+
+/// A udmabuf of `len` bytes: `UDMABUF_CREATE` over a new sealed memfd, whose pages the create
+/// allocates and pins.
+pub(crate) fn udmabuf_of(udmabuf: &File, len: u64) -> Result<DmaBuf, String> {
+    let memfd = rustix::fs::memfd_create(
+        "peerdirect-udmabuf",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(|err| format!("memfd_create failed: {err}"))?;
+    rustix::fs::ftruncate(&memfd, len)
+        .map_err(|err| format!("ftruncate of the memfd to {len} failed: {err}"))?;
+    rustix::fs::fcntl_add_seals(&memfd, SealFlags::SHRINK)
+        .map_err(|err| format!("F_ADD_SEALS F_SEAL_SHRINK failed: {err}"))?;
+    let fd = sys::udmabuf_create(udmabuf.as_fd(), memfd.as_fd(), len)
+        .map_err(|err| format!("UDMABUF_CREATE of {} failed: {err}", size_name(len)))?;
+    DmaBuf::from_fd(fd).map_err(|err| err.to_string())
 }
 
 /// The PCI driver `bdf` is bound to, if any.

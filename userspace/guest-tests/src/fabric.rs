@@ -11,6 +11,9 @@
 //!   another, and each destination gets its own source's bytes; a receive that asks for less
 //!   than is sent fails with a truncation error, and the next exchange gets its own bytes
 //!   (destinations reported for the host as for the exchange);
+//! - every provider: a udmabuf, standing in for a dma-buf exported elsewhere, registers
+//!   through the cache under its foreign identity, hits, takes a message, and is invalidated
+//!   on request;
 //! - `tcp`: registrations keep working when the caller closes its dma-buf right after
 //!   registering, and 10,000 such cycles leak nothing;
 //! - `tcp`: 10,000 register/deregister cycles with the cache on and off leave the fd count and
@@ -636,6 +639,85 @@ fn closed_fd_case(device: &Device) -> Outcome {
     ))
 }
 
+/// A dma-buf exported elsewhere (a udmabuf of guest RAM stands in for habanalabs' own
+/// export): it registers through the cache under its foreign identity, a second request
+/// inside it is a hit, and invalidating it on request deregisters it; a transfer into it
+/// arrives.
+fn foreign_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
+    const LEN: u64 = 4 << 20;
+    let udmabuf = crate::bench_exporters::open_udmabuf()?;
+    let registrar = registrar(provider, node)?;
+    let dma_buf = crate::bench_exporters::udmabuf_of(&udmabuf, LEN)?;
+    let export = ExportId::foreign(&dma_buf).map_err(|e| format!("fstat: {e}"))?;
+    let foreign = MappedDmaBuf::new(dma_buf).map_err(|e| e.to_string())?;
+    let cache = RegCache::new(CacheLimits::default());
+    let whole = ByteRange::new(0, LEN).map_err(|e| e.to_string())?;
+    let part = ByteRange::new(1 << 20, 4096).map_err(|e| e.to_string())?;
+    let first = cache
+        .get(&registrar, &foreign, export, whole, Access::all())
+        .map_err(|e| format!("register the udmabuf: {e}"))?;
+    let second = cache
+        .get(&registrar, &foreign, export, part, Access::REMOTE_WRITE)
+        .map_err(|e| format!("register a part of it: {e}"))?;
+    let stats = cache.stats();
+    if (stats.misses, stats.hits, stats.registrations) != (1, 1, 1)
+        || second.mr().key() != first.mr().key()
+    {
+        return Err(format!(
+            "expected a miss, then a hit on the same registration; got {stats:?}"
+        ));
+    }
+    // It works: a message from HBM into the foreign buffer.
+    let (sender, receiver, to_receiver) = endpoint_pair(registrar.fabric())?;
+    let seed = SEED + 6;
+    let source = Buffer::new(device, 1 << 20, Some(seed))?;
+    let src_mr = cache
+        .get(
+            &registrar,
+            &source.hbm,
+            source.export,
+            ByteRange::new(0, 1 << 20).map_err(|e| e.to_string())?,
+            Access::LOCAL_READ,
+        )
+        .map_err(|e| format!("register the source: {e}"))?;
+    let path = first.mr().path().clone();
+    std::thread::scope(|s| {
+        let recv = s.spawn(|| receiver.recv(first.mr(), 1 << 20, 1 << 20, 0x7f10_0000));
+        let sent = sender.send(src_mr.mr(), 0, 1 << 20, to_receiver, 0x7f10_0000);
+        let received = recv
+            .join()
+            .map_err(|_| "the receiving thread panicked".to_owned())?;
+        sent.map_err(|e| format!("send: {e}"))?;
+        received.map_err(|e| format!("recv: {e}"))
+    })?;
+    let mut got = vec![0u8; 1 << 20];
+    foreign.read(1 << 20, &mut got);
+    if let Some(m) = pattern::first_mismatch(seed, 0, &got) {
+        return Err(format!(
+            "the foreign buffer differs at byte {:#x} of the message",
+            m.offset
+        ));
+    }
+    drop(src_mr);
+    cache.invalidate_export(source.export);
+    drop((first, second));
+    let dropped = cache.invalidate_export(export);
+    let stats = cache.stats();
+    if dropped != 1 || stats.entries != 0 || stats.deregistrations != 2 {
+        return Err(format!(
+            "invalidating the foreign export dropped {dropped} entries; {stats:?}"
+        ));
+    }
+    Ok(format!(
+        "{provider}: a udmabuf (a dma-buf exported elsewhere) registers through the cache (path {}), a second request inside it hits, 1 MiB sent from HBM into it arrives, and invalidating it on request deregisters it",
+        match path {
+            RegPath::DmaBuf => "dma_buf",
+            RegPath::HostBounce { .. } => "host_bounce",
+            RegPath::PeerMemVa => "peermem_va",
+        }
+    ))
+}
+
 pub fn run(provider: &str) -> ExitCode {
     let device = match Device::open_index(0) {
         Ok(d) => d,
@@ -666,6 +748,10 @@ pub fn run(provider: &str) -> ExitCode {
         (
             "a truncated receive, then a good one",
             Box::new(|| truncated_case(&device, provider, node)),
+        ),
+        (
+            "a dma-buf exported elsewhere",
+            Box::new(|| foreign_case(&device, provider, node)),
         ),
     ];
     if tcp {

@@ -55,6 +55,20 @@ impl DmaBuf {
         Ok(Self { fd, length })
     }
 
+    /// A dma-buf of its own for the caller's dma-buf `fd` (a duplicate, close-on-exec), which
+    /// the caller keeps and may close at any time; `EINVAL` if `fd` is not a dma-buf.
+    pub fn from_borrowed(fd: BorrowedFd<'_>) -> Result<Self, Error> {
+        /// `DMA_BUF_MAGIC` of `<uapi/linux/magic.h>`: the dma-buf pseudo file system.
+        const DMA_BUF_MAGIC: i64 = 0x444d_4142;
+        let error = |errno| Error::dma_buf(Operation::Adopt, fd.as_raw_fd(), errno);
+        let statfs = rustix::fs::fstatfs(fd).map_err(error)?;
+        if statfs.f_type as i64 != DMA_BUF_MAGIC {
+            return Err(error(Errno::INVAL));
+        }
+        let own = rustix::io::fcntl_dupfd_cloexec(fd, 0).map_err(error)?;
+        Self::from_fd(own)
+    }
+
     /// Its size in bytes.
     pub fn length(&self) -> u64 {
         self.length
@@ -175,6 +189,15 @@ mod tests {
         fn drop(&mut self) {
             let _ = fs::remove_file(&self.0);
         }
+    }
+
+    #[test]
+    fn only_a_dma_buf_is_adopted() {
+        let file = TempFile::new("adopt", 4096);
+        let regular = file.open(false);
+        let err = DmaBuf::from_borrowed(regular.as_fd()).unwrap_err();
+        assert_eq!(err.errno(), Some(Errno::INVAL));
+        assert!(err.to_string().contains("not a dma-buf"), "{err}");
     }
 
     #[test]

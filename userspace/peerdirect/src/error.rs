@@ -26,6 +26,8 @@ pub enum Operation {
     P2p,
     /// Finding the size of a dma-buf (`lseek(SEEK_END)`).
     Size,
+    /// Taking a reference of a caller's dma-buf fd (`fstatfs`, `F_DUPFD_CLOEXEC`).
+    Adopt,
     /// `mmap` of a dma-buf.
     Mmap,
     /// `DMA_BUF_IOCTL_SYNC`.
@@ -53,6 +55,7 @@ impl fmt::Display for Operation {
             Self::Export => f.write_str("PEERDIRECT_IOC_EXPORT on"),
             Self::P2p => f.write_str("PEERDIRECT_IOC_P2P on"),
             Self::Size => f.write_str("lseek SEEK_END on"),
+            Self::Adopt => f.write_str("adopting"),
             Self::Mmap => f.write_str("mmap"),
             Self::Sync => f.write_str("DMA_BUF_IOCTL_SYNC on"),
             Self::SetName => f.write_str("DMA_BUF_SET_NAME on"),
@@ -201,6 +204,10 @@ impl Error {
 fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
     use Operation::*;
     Some(match (operation, errno) {
+        (Adopt, Errno::INVAL) => {
+            "the fd is not a dma-buf (its file system is not dmabuf): pass the fd its exporter returned"
+        }
+        (Adopt, Errno::BADF) => "the fd is not open",
         (Mmap, Errno::ACCESS) => {
             "the dma-buf was exported read-only: export it with ExportFlags::RDWR (PEERDIRECT_EXPORT_RDWR) to map it writable"
         }

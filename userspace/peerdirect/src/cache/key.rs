@@ -46,7 +46,20 @@ impl ExportId {
         Ok(Self::new(device, stat.st_ino))
     }
 
-    /// The index of the peerdirect device the dma-buf was exported from.
+    /// The identity of a dma-buf exported by something else than peerdirect (habanalabs'
+    /// `HL_MEM_OP_EXPORT_DMABUF_FD`, a GPU driver, udmabuf, another process): its inode number,
+    /// under the pseudo-device [`ExportId::FOREIGN`]. No peerdirect device knows when its
+    /// memory goes, so the caller invalidates its entries ([`super::RegCache::invalidate_export`])
+    /// before that.
+    pub fn foreign(dma_buf: &DmaBuf) -> Result<Self, Errno> {
+        Self::of_dma_buf(Self::FOREIGN, dma_buf)
+    }
+
+    /// The device index of [`ExportId::foreign`] identities: no `/dev/peerdirectN` has it.
+    pub const FOREIGN: u32 = u32::MAX;
+
+    /// The index of the peerdirect device the dma-buf was exported from
+    /// ([`ExportId::FOREIGN`] for others).
     pub const fn device(self) -> u32 {
         self.device
     }

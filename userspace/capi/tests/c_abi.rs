@@ -83,7 +83,17 @@ fn c_program_calls_every_function_through_the_shared_library() {
         String::from_utf8_lossy(&output.stderr)
     );
 
-    let output = Command::new(&binary)
+    // scripts/valgrind-tests runs the program under memcheck through this variable.
+    let mut command = match std::env::var("PEERDIRECT_C_PROGRAM_WRAPPER") {
+        Ok(wrapper) if !wrapper.trim().is_empty() => {
+            let mut words = wrapper.split_whitespace();
+            let mut command = Command::new(words.next().unwrap_or_default());
+            command.args(words).arg(&binary);
+            command
+        }
+        _ => Command::new(&binary),
+    };
+    let output = command
         .arg(work.join("not-a-device"))
         .env("LD_LIBRARY_PATH", &work)
         .output()

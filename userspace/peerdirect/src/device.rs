@@ -237,6 +237,9 @@ impl Device {
         raw: &mut RawExport<TAIL>,
     ) -> Result<DmaBuf, Error> {
         self.check_size(Operation::Export, raw)?;
+        // Only a number the kernel wrote is adopted: whatever the caller's struct held (an fd
+        // of its own, say) must not become this dma-buf's if the kernel writes none.
+        raw.export.fd = -1;
         let fd = sys::export(self.fd.as_fd(), raw)
             .map_err(|errno| self.error(Operation::Export, errno))?
             .ok_or_else(|| self.invalid_reply(Operation::Export, "fd", raw.export.fd.into()))?;
@@ -531,8 +534,12 @@ mod tests {
         assert!(err.hint().unwrap().contains("not a peerdirect device"));
         let err = device.free_raw(&mut RawFree::<0>::new()).unwrap_err();
         assert_eq!(err.errno(), Some(Errno::NOTTY));
-        let err = device.export_raw(&mut RawExport::<0>::new()).unwrap_err();
+        // A stale number in the struct is cleared before the call, never adopted.
+        let mut raw = RawExport::<0>::new();
+        raw.export.fd = 0;
+        let err = device.export_raw(&mut raw).unwrap_err();
         assert_eq!(err.errno(), Some(Errno::NOTTY));
+        assert_eq!(raw.export.fd, -1);
         assert!(
             err.to_string().starts_with("PEERDIRECT_IOC_EXPORT on "),
             "{err}"

@@ -82,22 +82,17 @@ pub const LIBRARY: &str = "libfabric.so.1";
 /// index), whatever the registration's path, so direct and bounced peers interoperate.
 pub const CHUNK: usize = 1 << 20;
 /// Whether a failed `fi_mr_regattr(FI_MR_DMABUF)` means the provider cannot take dma-buf
-/// memory (then host bounce is the answer) rather than a failure to report: not supported
-/// (`FI_EOPNOTSUPP`, `FI_ENOSYS`, `EPROTONOSUPPORT`), or a provider that does not know the
-/// flag or the memory kind (`FI_EINVAL`, `FI_EFAULT`, `FI_EPERM`/`FI_EACCES` from the kernel
-/// refusing the dma-buf).
+/// memory at all (then host bounce is the answer): not supported (`FI_EOPNOTSUPP`,
+/// `FI_ENOSYS`, `EPROTONOSUPPORT`; verbs on rxe, or the kernel refusing peer-to-peer between
+/// the NIC and the HBM). Anything else is a failure to report, not a reason to take the slow
+/// path in silence: `EINVAL` (a range outside the dma-buf, or a provider that mishandles
+/// dma-bufs of host memory, such as efa in libfabric 2.5.0), `EFAULT`, `EPERM`/`EACCES` (a
+/// read-only export registered for writing: export it read-write), `ENOMEM`, keys.
 fn refuses_dma_buf(errno: i32) -> bool {
-    const EPERM: i32 = 1;
-    const EFAULT: i32 = 14;
-    const EACCES: i32 = 13;
-    const EINVAL: i32 = 22;
     const ENOSYS: i32 = 38;
     const EPROTONOSUPPORT: i32 = 93;
     const EOPNOTSUPP: i32 = 95;
-    matches!(
-        errno,
-        EPERM | EACCES | EFAULT | EINVAL | ENOSYS | EPROTONOSUPPORT | EOPNOTSUPP
-    )
+    matches!(errno, ENOSYS | EPROTONOSUPPORT | EOPNOTSUPP)
 }
 
 /// Chunks a host-bounce registration stages at once (its staging buffer holds this many).
@@ -1137,7 +1132,12 @@ mod tests {
     fn only_refusals_of_dma_buf_memory_take_host_bounce() {
         assert!(refuses_dma_buf(95)); // EOPNOTSUPP: rxe through verbs
         assert!(refuses_dma_buf(38)); // ENOSYS
-        assert!(refuses_dma_buf(22)); // EINVAL: a provider that does not know FI_MR_DMABUF
+        assert!(refuses_dma_buf(93)); // EPROTONOSUPPORT
+                                      // Errors of the request or of the setup: reported, never bounced in silence.
+        assert!(!refuses_dma_buf(22)); // EINVAL: a bad range, or efa in libfabric 2.5.0
+        assert!(!refuses_dma_buf(14)); // EFAULT
+        assert!(!refuses_dma_buf(1)); // EPERM
+        assert!(!refuses_dma_buf(13)); // EACCES: a read-only export registered for writing
         assert!(!refuses_dma_buf(12)); // ENOMEM: an error, not a reason to bounce
         assert!(!refuses_dma_buf(126)); // ENOKEY
         assert!(!refuses_dma_buf(11)); // EAGAIN

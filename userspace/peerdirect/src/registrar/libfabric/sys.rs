@@ -704,18 +704,24 @@ impl Endpoint {
                 (*ops).cq_open.ok_or(enosys)?(d, &mut cq_attr, &mut cq, ptr::null_mut()) as isize,
             )?;
             let cq = NonNull::new(cq).ok_or(enosys)?;
-            let ret = (*ops).av_open.ok_or(enosys)?(d, &mut av_attr, &mut av, ptr::null_mut());
+            // Each failure below closes what was opened before it.
+            let ret = match (*ops).av_open {
+                Some(av_open) => av_open(d, &mut av_attr, &mut av, ptr::null_mut()),
+                None => -(b::FI_ENOSYS as c_int),
+            };
             if ret < 0 || av.is_null() {
                 close(ptr::addr_of_mut!((*cq.as_ptr()).fid));
-                return Err(FiErrno(-ret));
+                return Err(FiErrno(if ret < 0 { -ret } else { b::FI_ENOSYS as i32 }));
             }
             let av = NonNull::new_unchecked(av);
-            let ret =
-                (*ops).endpoint.ok_or(enosys)?(d, info.info.as_ptr(), &mut ep, ptr::null_mut());
+            let ret = match (*ops).endpoint {
+                Some(endpoint) => endpoint(d, info.info.as_ptr(), &mut ep, ptr::null_mut()),
+                None => -(b::FI_ENOSYS as c_int),
+            };
             if ret < 0 || ep.is_null() {
                 close(ptr::addr_of_mut!((*av.as_ptr()).fid));
                 close(ptr::addr_of_mut!((*cq.as_ptr()).fid));
-                return Err(FiErrno(-ret));
+                return Err(FiErrno(if ret < 0 { -ret } else { b::FI_ENOSYS as i32 }));
             }
             let endpoint = Endpoint {
                 ep: NonNull::new_unchecked(ep),

@@ -14,11 +14,13 @@
 # hit inside it, and pd_regcache_invalidate_dmabuf drops it. Last, the same program on
 # soft-RoCE's verbs;ofi_rxm, which refuses dma-bufs: pd_register fails with -EOPNOTSUPP until
 # the program turns host bounce on, and the registration then says host_bounce, with its
-# reason, a staging buffer and no RMA address.
+# reason, a staging buffer and no RMA address. And userspace/capi/examples/hcl_style.cpp, built with
+# g++: it registers two peerdirect exports as Habana's HCL registers device memory
+# (fi_mr_dmabuf: fd, offset 0, base_addr = the buffer, iov_count 1) and moves 4 MiB over tcp.
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "1..9"
+echo "1..11"
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -48,7 +50,8 @@ else
 		"$(cat "$lib/pkgconfig/peerdirect.pc" 2>/dev/null)"
 fi
 
-cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/fabric_register.c" "$work/share/"
+cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/fabric_register.c" \
+	"$ROOT/userspace/capi/examples/hcl_style.cpp" "$work/share/"
 cat >"$work/share/probe.sh" <<'EOF'
 cd /mnt/host
 run() { name=$1; shift; "$@" >"$name.out" 2>&1; echo $? >"$name.rc"; }
@@ -56,6 +59,10 @@ export PKG_CONFIG_PATH=/mnt/host/stage/usr/local/lib/pkgconfig PKG_CONFIG_SYSROO
 export LD_LIBRARY_PATH=/mnt/host/stage/usr/local/lib
 run build sh -c 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hbm_export hbm_export.c $(pkg-config --cflags --libs peerdirect) && cp /tmp/hbm_export .'
 run ldd ldd ./hbm_export
+# hcl_style before hbm_export: each leaves its bytes in HBM for the host to find, and
+# hbm_export's allocation (offset 0) must be the last to be written there.
+run hbuild sh -c 'g++ -std=c++17 -Wall -Wextra -Werror -o /tmp/hcl_style hcl_style.cpp $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/hcl_style .'
+run hcl ./hcl_style
 run example ./hbm_export
 run fbuild sh -c 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/fabric_register .'
 run fabric ./fabric_register
@@ -147,6 +154,33 @@ if [ "$(cat fabric_rxe.rc 2>/dev/null)" = 0 ] &&
 	sed "s/^/# /" fabric_rxe.out
 else
 	fail "$desc" "$(show fabric_rxe)"
+fi
+desc="trixie's g++ builds hcl_style.cpp (C++17, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"
+if [ "$(cat hbuild.rc 2>/dev/null)" = 0 ]; then
+	ok "$desc"
+else
+	fail "$desc" "$(show hbuild)"
+fi
+
+desc="hcl_style (C++, registering as HCL does: fi_mr_dmabuf with the dma-buf fd, offset 0, base_addr = the buffer's address, iov_count 1) registers two peerdirect exports and moves 4 MiB HBM to HBM over tcp"
+offset=$(sed -n "s/^moved 4194304 bytes HBM to HBM over tcp in 4 tagged messages; the receiver's HBM (offset \(0x[0-9a-f]*\|0\)) holds the sender's bytes$/\1/p" hcl.out 2>/dev/null)
+if [ "$(cat hcl.rc 2>/dev/null)" = 0 ] &&
+	grep -q '^registered 2 peerdirect exports like HCL (fi_mr_dmabuf: fd, offset 0, base_addr = buffer, iov_count 1): keys ' hcl.out &&
+	[ -n "$offset" ] && python3 - "$hbm" "$offset" <<'PY'; then
+import sys
+path, offset = sys.argv[1], int(sys.argv[2], 0)
+with open(path, "rb") as f:
+    f.seek(offset)
+    data = f.read(4 << 20)
+bad = [i for i, b in enumerate(data) if b != ((i * 0x9E3779B97F4A7C15) % (1 << 64)) >> 56]
+if len(data) != 4 << 20 or bad:
+    print("# host: %d bytes at %#x, first bad byte: %s" % (len(data), offset, bad[:1]))
+    sys.exit(1)
+PY
+	ok "$desc; the host finds the sender's bytes in the HBM backing file at $offset"
+	sed "s/^/# /" hcl.out
+else
+	fail "$desc" "$(show hcl)"
 fi
 cd /
 exit $failed

@@ -11,6 +11,7 @@
 //!   another, and each destination gets its own source's bytes; a receive that asks for less
 //!   than is sent fails with a truncation error, and the next exchange gets its own bytes
 //!   (destinations reported for the host as for the exchange);
+//! - every provider: a receive that gets a shorter message than it asked for fails and says so;
 //! - every provider: a udmabuf, standing in for a dma-buf exported elsewhere, registers
 //!   through the cache under its foreign identity, hits, takes a message, and is invalidated
 //!   on request;
@@ -718,6 +719,55 @@ fn foreign_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome 
     ))
 }
 
+/// A receive whose chunk gets a shorter message than it asked for fails and says so, instead
+/// of reporting success (on host bounce it would have copied a whole staging slot, stale bytes
+/// included, into HBM).
+fn short_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
+    const ASKED: u64 = 1 << 20;
+    const SENT: u64 = ASKED / 2;
+    let registrar = registrar(provider, node)?;
+    let source = Buffer::new(device, SENT, Some(SEED + 7))?;
+    let destination = Buffer::new(device, ASKED, None)?;
+    let cache = RegCache::new(CacheLimits::default());
+    let src_mr = cache
+        .get(
+            &registrar,
+            &source.hbm,
+            source.export,
+            ByteRange::new(0, SENT).map_err(|e| e.to_string())?,
+            Access::LOCAL_READ,
+        )
+        .map_err(|e| format!("register source: {e}"))?;
+    let dst_mr = cache
+        .get(
+            &registrar,
+            &destination.hbm,
+            destination.export,
+            ByteRange::new(0, ASKED).map_err(|e| e.to_string())?,
+            Access::LOCAL_WRITE,
+        )
+        .map_err(|e| format!("register destination: {e}"))?;
+    let (sender, receiver, to_receiver) = endpoint_pair(registrar.fabric())?;
+    let received = std::thread::scope(|s| {
+        let recv = s.spawn(|| receiver.recv(dst_mr.mr(), 0, ASKED, 0x7f20_0000));
+        let sent = sender.send(src_mr.mr(), 0, SENT, to_receiver, 0x7f20_0000);
+        let received = recv
+            .join()
+            .map_err(|_| "the receiving thread panicked".to_owned())?;
+        sent.map_err(|e| format!("send: {e}"))?;
+        Ok::<_, String>(received)
+    })?;
+    match received {
+        Ok(()) => Err(format!(
+            "a receive of {ASKED} bytes that got a {SENT}-byte message succeeded"
+        )),
+        Err(err) if err.to_string().contains(&format!("got {SENT} bytes, {ASKED} expected")) => {
+            Ok(format!("{provider}: a receive of {ASKED} bytes that gets a {SENT}-byte message fails: {err}"))
+        }
+        Err(err) => Err(format!("expected the receive to say it got {SENT} bytes, got: {err}")),
+    }
+}
+
 pub fn run(provider: &str) -> ExitCode {
     let device = match Device::open_index(0) {
         Ok(d) => d,
@@ -752,6 +802,10 @@ pub fn run(provider: &str) -> ExitCode {
         (
             "a dma-buf exported elsewhere",
             Box::new(|| foreign_case(&device, provider, node)),
+        ),
+        (
+            "a short message",
+            Box::new(|| short_case(&device, provider, node)),
         ),
     ];
     if tcp {

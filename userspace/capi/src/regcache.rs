@@ -182,18 +182,10 @@ pub unsafe extern "C" fn pd_register(
         }
         let access = checked_access(access)?;
         let range = checked_range(alloc.length, offset, length)?;
-        // SAFETY: the caller promises an open domain that outlives the registrar and its
-        // registrations, used thread-safely: the header's lifetime rules.
-        let registrar = unsafe { cache.registrar(domain) }?;
         let source = source(alloc)?;
         cache.cache.attach(&alloc.device);
-        let registration =
-            cache
-                .cache
-                .get(&registrar, &source.mapped, source.export, range, access)?;
-        let mr = Box::new(PdMr::new(registration));
-        // SAFETY: `out` is not NULL, and the caller promises it is valid for writing.
-        unsafe { put(F, "out", out, Box::into_raw(mr)) }
+        // SAFETY: the caller's promises for `domain` and `out` are `register_into`'s.
+        unsafe { cache.register_into(F, domain, &source, range, access, out) }
     })
 }
 
@@ -227,15 +219,8 @@ pub unsafe extern "C" fn pd_register_dmabuf(
         let source = cache.foreign_source(F, fd)?;
         let size = source.mapped.dma_buf().length();
         let range = checked_range(size, offset, length)?;
-        // SAFETY: as in pd_register: the header's lifetime rules for the domain.
-        let registrar = unsafe { cache.registrar(domain) }?;
-        let registration =
-            cache
-                .cache
-                .get(&registrar, &source.mapped, source.export, range, access)?;
-        let mr = Box::new(PdMr::new(registration));
-        // SAFETY: `out` is not NULL, and the caller promises it is valid for writing.
-        unsafe { put(F, "out", out, Box::into_raw(mr)) }
+        // SAFETY: the caller's promises for `domain` and `out` are `register_into`'s.
+        unsafe { cache.register_into(F, domain, &source, range, access, out) }
     })
 }
 
@@ -338,6 +323,37 @@ fn source(alloc: &PdAllocation) -> Result<Arc<Source>, Failure> {
 }
 
 impl PdRegCache {
+    /// Registers `range` of `source` in `domain` through the cache and stores a new handle in
+    /// `out`.
+    ///
+    /// # Safety
+    ///
+    /// `domain` is an open `struct fid_domain` kept open and used as the header's lifetime
+    /// rules say (see [`PdRegCache::registrar`]); `out` is NULL or valid for writing a pointer.
+    unsafe fn register_into(
+        &self,
+        function: &str,
+        domain: NonNull<FidDomain>,
+        source: &Source,
+        range: ByteRange,
+        access: Access,
+        out: *mut *mut PdMr,
+    ) -> Result<(), Failure> {
+        // SAFETY: forwarded from the caller.
+        let registrar = unsafe { self.registrar(domain) }?;
+        let registration =
+            self.cache
+                .get(&registrar, &source.mapped, source.export, range, access)?;
+        let mr = Box::into_raw(Box::new(PdMr::new(registration)));
+        // SAFETY: the caller promises `out` is NULL (refused) or valid for writing.
+        let stored = unsafe { put(function, "out", out, mr) };
+        if stored.is_err() {
+            // SAFETY: `mr` came from `Box::into_raw` above and was handed to no one.
+            drop(unsafe { Box::from_raw(mr) });
+        }
+        stored
+    }
+
     /// The cache's source for the foreign dma-buf `fd`: its own duplicate, mapped, made on
     /// first use.
     fn foreign_source(&self, function: &str, fd: c_int) -> Result<Arc<Source>, Failure> {

@@ -30,7 +30,7 @@ use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId, RegCache};
 use peerdirect::registrar::libfabric::{
     Endpoint, Fabric, FabricMr, LibfabricRegistrar, MappedDmaBuf, Peer, CHUNK,
 };
-use peerdirect::{pattern, Device, ExportFlags, RegPath, Stats};
+use peerdirect::{pattern, Device, ExportFlags, RegPath, Registration, Stats};
 
 const SEED: u64 = 0x5eed_fab1;
 const EXCHANGE: u64 = 8 << 20;
@@ -421,6 +421,25 @@ impl<'d> Buffer<'d> {
         let _ = self.alloc.into_handle();
     }
 
+    /// Its first `len` bytes registered through `cache` with `access`.
+    fn register(
+        &self,
+        cache: &RegCache<LibfabricRegistrar>,
+        registrar: &Arc<LibfabricRegistrar>,
+        len: u64,
+        access: Access,
+    ) -> Result<Registration<LibfabricRegistrar>, String> {
+        let range = ByteRange::new(0, len).map_err(|e| e.to_string())?;
+        cache
+            .get(registrar, &self.hbm, self.export, range, access)
+            .map_err(|e| {
+                format!(
+                    "register {len} bytes at HBM {:#x}: {e}",
+                    self.alloc.hbm_offset()
+                )
+            })
+    }
+
     /// Closes the dma-buf (its fd and this process's mapping handle), keeping the allocation.
     fn close(self) -> peerdirect::Allocation<'d> {
         drop(self.hbm);
@@ -443,13 +462,8 @@ fn concurrent_case(device: &Device, provider: &str, node: Option<&str>) -> Outco
     let destinations = (0..2)
         .map(|_| Buffer::new(device, LEN, None))
         .collect::<Result<Vec<_>, _>>()?;
-    let whole = ByteRange::new(0, LEN).map_err(|e| e.to_string())?;
     let cache = RegCache::new(CacheLimits::default());
-    let register = |b: &Buffer<'_>, access| {
-        cache
-            .get(&registrar, &b.hbm, b.export, whole, access)
-            .map_err(|e| format!("register: {e}"))
-    };
+    let register = |b: &Buffer<'_>, access| b.register(&cache, &registrar, LEN, access);
     let src_mrs = sources
         .iter()
         .map(|b| register(b, Access::LOCAL_READ))
@@ -504,13 +518,8 @@ fn truncated_case(device: &Device, provider: &str, node: Option<&str>) -> Outcom
     let first = Buffer::new(device, SENT, Some(first_seed))?;
     let second = Buffer::new(device, SENT, Some(second_seed))?;
     let destination = Buffer::new(device, SENT, None)?;
-    let whole = ByteRange::new(0, SENT).map_err(|e| e.to_string())?;
     let cache = RegCache::new(CacheLimits::default());
-    let register = |b: &Buffer<'_>, access| {
-        cache
-            .get(&registrar, &b.hbm, b.export, whole, access)
-            .map_err(|e| format!("register: {e}"))
-    };
+    let register = |b: &Buffer<'_>, access| b.register(&cache, &registrar, SENT, access);
     let (first_mr, second_mr) = (
         register(&first, Access::LOCAL_READ)?,
         register(&second, Access::LOCAL_READ)?,
@@ -729,24 +738,8 @@ fn short_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
     let source = Buffer::new(device, SENT, Some(SEED + 7))?;
     let destination = Buffer::new(device, ASKED, None)?;
     let cache = RegCache::new(CacheLimits::default());
-    let src_mr = cache
-        .get(
-            &registrar,
-            &source.hbm,
-            source.export,
-            ByteRange::new(0, SENT).map_err(|e| e.to_string())?,
-            Access::LOCAL_READ,
-        )
-        .map_err(|e| format!("register source: {e}"))?;
-    let dst_mr = cache
-        .get(
-            &registrar,
-            &destination.hbm,
-            destination.export,
-            ByteRange::new(0, ASKED).map_err(|e| e.to_string())?,
-            Access::LOCAL_WRITE,
-        )
-        .map_err(|e| format!("register destination: {e}"))?;
+    let src_mr = source.register(&cache, &registrar, SENT, Access::LOCAL_READ)?;
+    let dst_mr = destination.register(&cache, &registrar, ASKED, Access::LOCAL_WRITE)?;
     let (sender, receiver, to_receiver) = endpoint_pair(registrar.fabric())?;
     let received = std::thread::scope(|s| {
         let recv = s.spawn(|| receiver.recv(dst_mr.mr(), 0, ASKED, 0x7f20_0000));
@@ -778,50 +771,36 @@ pub fn run(provider: &str) -> ExitCode {
     };
     let tcp = provider == "tcp";
     let node = tcp.then_some("127.0.0.1");
-    let mut cases: Vec<Case<'_>> = vec![
-        (
-            "registration path",
-            Box::new(|| path_case(&device, provider, node)),
-        ),
-        (
-            "tagged exchange HBM to HBM",
-            Box::new(|| exchange_case(&device, provider, node)),
-        ),
-        (
-            "RMA read HBM to HBM",
-            Box::new(|| rma_case(&device, provider, node)),
-        ),
-        (
-            "two transfers at once on one endpoint",
-            Box::new(|| concurrent_case(&device, provider, node)),
-        ),
-        (
-            "a truncated receive, then a good one",
-            Box::new(|| truncated_case(&device, provider, node)),
-        ),
-        (
-            "a dma-buf exported elsewhere",
-            Box::new(|| foreign_case(&device, provider, node)),
-        ),
-        (
-            "a short message",
-            Box::new(|| short_case(&device, provider, node)),
-        ),
+    // Every provider: each case takes the device, the provider and the node.
+    type ProviderCase = fn(&Device, &str, Option<&str>) -> Outcome;
+    let every: [(&'static str, ProviderCase); 7] = [
+        ("registration path", path_case),
+        ("tagged exchange HBM to HBM", exchange_case),
+        ("RMA read HBM to HBM", rma_case),
+        ("two transfers at once on one endpoint", concurrent_case),
+        ("a truncated receive, then a good one", truncated_case),
+        ("a dma-buf exported elsewhere", foreign_case),
+        ("a short message", short_case),
     ];
+    let device = &device;
+    let mut cases: Vec<Case<'_>> = every
+        .into_iter()
+        .map(|(name, case)| -> Case<'_> { (name, Box::new(move || case(device, provider, node))) })
+        .collect();
     if tcp {
         cases.push((
             "no leaks, cache enabled",
-            Box::new(|| leak_case(&device, 4096)),
+            Box::new(|| leak_case(device, 4096)),
         ));
         cases.push((
             "no leaks, cache disabled",
-            Box::new(|| leak_case(&device, 0)),
+            Box::new(|| leak_case(device, 0)),
         ));
         cases.push((
             "the caller's dma-buf closed right after registering",
-            Box::new(|| closed_fd_case(&device)),
+            Box::new(|| closed_fd_case(device)),
         ));
-        cases.push(("registration over 4 GiB", Box::new(|| large_case(&device))));
+        cases.push(("registration over 4 GiB", Box::new(|| large_case(device))));
     }
     println!("1..{}", cases.len());
     let mut failed = false;

@@ -879,6 +879,18 @@ pub fn chunks(length: u64) -> impl Iterator<Item = (u64, usize)> {
     })
 }
 
+/// What a transfer does: its kind, the bytes of the registration, the peer and the first tag.
+#[derive(Clone, Copy)]
+struct Plan {
+    kind: sys::Kind,
+    /// Where in the registration's range.
+    offset: u64,
+    length: u64,
+    /// `fi_addr_t` (`u64::MAX`, FI_ADDR_UNSPEC, for receives from anyone).
+    peer: u64,
+    tag: u64,
+}
+
 impl Endpoint {
     /// Its address (`fi_getname`), for [`Endpoint::insert_peer`] on other endpoints.
     pub fn address(&self) -> Result<Vec<u8>, LibfabricError> {
@@ -904,7 +916,16 @@ impl Endpoint {
         peer: Peer,
         tag: u64,
     ) -> Result<(), LibfabricError> {
-        self.transfer(sys::Kind::Send, mr, offset, length, peer.0, tag)
+        self.transfer(
+            mr,
+            Plan {
+                kind: sys::Kind::Send,
+                offset,
+                length,
+                peer: peer.0,
+                tag,
+            },
+        )
     }
 
     /// Receives what [`Endpoint::send`] sends with `tag` into bytes `offset..offset + length`
@@ -916,7 +937,16 @@ impl Endpoint {
         length: u64,
         tag: u64,
     ) -> Result<(), LibfabricError> {
-        self.transfer(sys::Kind::Recv, mr, offset, length, u64::MAX, tag)
+        self.transfer(
+            mr,
+            Plan {
+                kind: sys::Kind::Recv,
+                offset,
+                length,
+                peer: u64::MAX,
+                tag,
+            },
+        )
     }
 
     /// Reads this endpoint's completion queue once, which drives progress for providers with
@@ -947,18 +977,20 @@ impl Endpoint {
             addr: remote.addr,
             key: remote.key,
         };
-        self.transfer(kind, mr, offset, length, peer.0, 0)
+        self.transfer(
+            mr,
+            Plan {
+                kind,
+                offset,
+                length,
+                peer: peer.0,
+                tag: 0,
+            },
+        )
     }
 
-    fn transfer(
-        &self,
-        kind: sys::Kind,
-        mr: &FabricMr,
-        offset: u64,
-        length: u64,
-        peer: u64,
-        tag: u64,
-    ) -> Result<(), LibfabricError> {
+    fn transfer(&self, mr: &FabricMr, plan: Plan) -> Result<(), LibfabricError> {
+        let Plan { offset, length, .. } = plan;
         let size = mr.range.length();
         if offset.checked_add(length).is_none_or(|end| end > size) {
             return Err(LibfabricError::OutOfRange {
@@ -975,7 +1007,7 @@ impl Endpoint {
             });
         }
         let transfer = self.ep.begin();
-        let result = self.run(&transfer, kind, mr, offset, length, peer, tag);
+        let result = self.run(&transfer, mr, plan);
         if result.is_err() && !self.settle(&transfer) {
             // The NIC may still write into the registration's memory (its staging slots
             // among it): no later transfer may use it.
@@ -1000,17 +1032,19 @@ impl Endpoint {
         true
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         transfer: &sys::Transfer<'_>,
-        kind: sys::Kind,
         mr: &FabricMr,
-        offset: u64,
-        length: u64,
-        peer: u64,
-        tag: u64,
+        plan: Plan,
     ) -> Result<(), LibfabricError> {
+        let Plan {
+            kind,
+            offset,
+            length,
+            peer,
+            tag,
+        } = plan;
         let bounce = !mr.path.is_direct();
         let send = kind == sys::Kind::Send;
         let call = match kind {

@@ -8,7 +8,7 @@
 //! for an RCU grace period to pass, which frees those inodes before the walk reaches their
 //! buffers. Revocation must skip buffers whose file is already going (`get_file_active`):
 //! zapping their CPU mappings reads the freed inode, which the KASAN kernel reports (and the
-//! guest run fails on). `tests/system/release-revoke.sh`.
+//! guest run fails on). Run by `tests/system/pinned.sh`, in the same KASAN boot as `--pinned-removal`.
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::process::ExitCode;

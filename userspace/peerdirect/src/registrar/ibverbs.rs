@@ -531,9 +531,9 @@ mod ffi {
 
         /// Deregisters `mr`, from `IbvMr::drop` only.
         pub(super) fn dereg_mr(&self, mr: &MrPtr) {
-            // SAFETY: mr was registered in self.pd (an IbvMr holds the Verbs that made it),
-            // which is live while that Arc is; IbvMr::drop runs once, so this is the only
-            // deregistration.
+            // An IbvMr holds the Verbs that made it, so self.pd is live while it is.
+            // SAFETY: mr was registered in the live self.pd; IbvMr::drop runs once, so this is
+            // its only deregistration.
             unsafe { (self.fns.dereg_mr)(mr.0) };
         }
     }

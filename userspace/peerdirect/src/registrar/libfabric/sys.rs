@@ -911,9 +911,10 @@ impl Endpoint {
             .map(|(&ctx, _)| ctx)
             .collect();
         for ctx in contexts {
-            // SAFETY: fi_cancel: ep->ops->cancel(&ep->fid, context) with the context of an
-            // operation posted on this endpoint, still booked (it stays alive until its
-            // completion is read). Its result is only a hint: completions tell.
+            // fi_cancel: ep->ops->cancel(&ep->fid, context). Its result is only a hint:
+            // completions tell.
+            // SAFETY: ctx is an operation posted on this open endpoint and still booked, so
+            // alive until its completion is read.
             unsafe {
                 let ops = (*self.ep.as_ptr()).ops;
                 if let Some(cancel) = ops.as_ref().and_then(|ops| ops.cancel) {

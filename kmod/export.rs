@@ -64,7 +64,7 @@ impl Exporter for Export {
         let live = self.hbm().live()?;
         if attach.p2p_distance(live.pci_device()).is_none() {
             attach.log_refused(
-                self.hbm().pci_device(),
+                live.pci_device(),
                 c"no peer-to-peer path to the HBM device (kernel P2P verdict: not supported)",
             );
             return Err(EOPNOTSUPP);

@@ -229,10 +229,6 @@ impl Hbm {
         })
     }
 
-    pub(crate) fn pci_device(&self) -> &pci::Device {
-        &self.pdev
-    }
-
     /// The description as recorded, whether or not the device is still there (for logs and
     /// fdinfo).
     pub(crate) fn recorded(&self) -> &HbmInfo {

@@ -60,12 +60,16 @@ fn registrar(provider: &str, node: Option<&str>) -> Result<Arc<LibfabricRegistra
         .map_err(|e| format!("opening {provider}: {e}"))
 }
 
-/// Two endpoints of `fabric`; the first has the second in its address vector, as `Peer`.
+/// Two endpoints of `fabric`, each in the other's address vector; the second as the first's
+/// `Peer`.
 fn endpoint_pair(fabric: &Fabric) -> Result<(Endpoint, Endpoint, Peer), String> {
     let first = fabric.endpoint().map_err(|e| e.to_string())?;
     let second = fabric.endpoint().map_err(|e| e.to_string())?;
     let peer = first
         .insert_peer(&second.address().map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    second
+        .insert_peer(&first.address().map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;
     Ok((first, second, peer))
 }
@@ -150,9 +154,6 @@ fn exchange_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome
         .map_err(|e| format!("register destination: {e}"))?;
     let fabric = registrar.fabric();
     let (sender, receiver, to_receiver) = endpoint_pair(fabric)?;
-    receiver
-        .insert_peer(&sender.address().map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
     let tag = 0x7a90_0000;
     let start = Instant::now();
     std::thread::scope(|s| {
@@ -473,9 +474,6 @@ fn concurrent_case(device: &Device, provider: &str, node: Option<&str>) -> Outco
         .map(|b| register(b, Access::LOCAL_WRITE))
         .collect::<Result<Vec<_>, _>>()?;
     let (sender, receiver, to_receiver) = endpoint_pair(registrar.fabric())?;
-    receiver
-        .insert_peer(&sender.address().map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
     std::thread::scope(|s| {
         let mut threads = Vec::new();
         for i in 0..2 {
@@ -526,9 +524,6 @@ fn truncated_case(device: &Device, provider: &str, node: Option<&str>) -> Outcom
     );
     let dst_mr = register(&destination, Access::LOCAL_WRITE)?;
     let (sender, receiver, to_receiver) = endpoint_pair(registrar.fabric())?;
-    receiver
-        .insert_peer(&sender.address().map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
     let (tag, next_tag) = (0x7d00_0000u64, 0x7e00_0000u64);
     let refused = std::thread::scope(|s| {
         let recv = s.spawn(|| receiver.recv(dst_mr.mr(), 0, ASKED, tag));

@@ -22,9 +22,9 @@ use std::time::Duration;
 use peerdirect::cache::{Access, ByteRange, CacheLimits, DomainId, RegKey, Registrar};
 use peerdirect::{Device, DmaBuf, ExportFlags, RegCache};
 
-use crate::race::{bound_device, expect_idle, rebind};
-use crate::removal::{expect_going, expect_waits_log, Unbinding};
-use crate::support::{expect_eq, find_nic, Tap};
+use crate::race::{expect_idle, rebind};
+use crate::removal::{expect_going, expect_waits_log, importer_setup, Unbinding};
+use crate::support::{expect_eq, Tap};
 use crate::testmod::{stats, TestModule};
 use crate::INDEX;
 
@@ -78,17 +78,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 pub(crate) fn run() -> ExitCode {
     let mut tap = Tap::plan(9);
-    let setup =
-        (|| Ok::<_, String>((bound_device()?, find_nic()?, TestModule::load_importer()?)))();
-    let (bdf, nic, mut importer) = match setup {
-        Ok(setup) => setup,
-        Err(err) => {
-            tap.report(
-                "the device is bound, the NIC found, the importer loaded",
-                &Err(err),
-            );
-            return tap.finish();
-        }
+    let Some((bdf, nic, mut importer)) = importer_setup(&mut tap) else {
+        return tap.finish();
     };
     by_hand(&mut tap, &bdf, &nic, &mut importer);
     by_cache(&mut tap, &bdf, &nic, importer);

@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use peerdirect::{Device, DmaBuf, ExportFlags};
 
-use crate::race::{bound_device, expect_idle, rebind};
-use crate::removal::{revocation_report, Unbinding};
-use crate::support::{expect_eq, find_nic, wait_for, Tap};
+use crate::race::{expect_idle, rebind};
+use crate::removal::{importer_setup, revocation_report, Unbinding};
+use crate::support::{expect_eq, wait_for, Tap};
 use crate::testmod::TestModule;
 use crate::INDEX;
 
@@ -38,17 +38,8 @@ const SETTLE: Duration = Duration::from_millis(300);
 
 pub(crate) fn run() -> ExitCode {
     let mut tap = Tap::plan(7);
-    let setup =
-        (|| Ok::<_, String>((bound_device()?, find_nic()?, TestModule::load_importer()?)))();
-    let (bdf, nic, mut importer) = match setup {
-        Ok(setup) => setup,
-        Err(err) => {
-            tap.report(
-                "the device is bound, the NIC found, the importer loaded",
-                &Err(err),
-            );
-            return tap.finish();
-        }
+    let Some((bdf, nic, mut importer)) = importer_setup(&mut tap) else {
+        return tap.finish();
     };
     let made = (|| {
         let device = Device::open_index(INDEX).map_err(|e| e.to_string())?;

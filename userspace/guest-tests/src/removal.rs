@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 
-use crate::support::{write_sysfs, Outcome};
+use crate::race::bound_device;
+use crate::support::{find_nic, write_sysfs, Outcome, Tap};
+use crate::testmod::TestModule;
 use crate::SYSFS_DRIVER;
 
 /// The kernel's first line while removal waits for mappings that cannot be revoked
@@ -183,4 +185,18 @@ pub(crate) fn expect_waits_log(expected: &[String]) -> Outcome {
         }
     }
     Ok(())
+}
+
+/// The bound device's PCI address, the NIC's, and the test importer module, loaded; `None`
+/// after reporting what is missing as a failed test.
+pub(crate) fn importer_setup(tap: &mut Tap) -> Option<(String, String, TestModule)> {
+    let setup =
+        (|| Ok::<_, String>((bound_device()?, find_nic()?, TestModule::load_importer()?)))();
+    if let Err(err) = &setup {
+        tap.report(
+            "the device is bound, the NIC found, the importer loaded",
+            &Err(err.clone()),
+        );
+    }
+    setup.ok()
 }

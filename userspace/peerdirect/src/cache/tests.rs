@@ -847,6 +847,42 @@ fn eight_threads_share_one_cache() {
     });
 }
 
+/// Eight threads hold registrations of one-page ranges while others fill the cache past its
+/// limit: a range a thread holds, cached, must come back as the same registration (a hit),
+/// never evicted under it and registered again.
+#[test]
+fn eight_threads_never_evict_what_they_hold() {
+    const THREADS: u64 = 8;
+    const ROUNDS: u64 = 5_000;
+    let cache = Arc::new(cache(8, 1 << 30));
+    let nic = FakeRegistrar::new(1);
+    thread::scope(|scope| {
+        for thread in 0..THREADS {
+            let (cache, nic) = (&cache, &nic);
+            scope.spawn(move || {
+                let mut rng = Rng(0x5eed_0000 ^ (thread + 1));
+                let mut held: Vec<Option<Registration<FakeRegistrar>>> = vec![None, None];
+                for round in 0..ROUNDS {
+                    let page = rng.below(16);
+                    let registration = get(cache, nic, EXPORT, page, 1, RW);
+                    for mine in held.iter().flatten() {
+                        if mine.uncached().is_none() && mine.key().range == pages(page, 1) {
+                            assert_eq!(
+                                registration.mr().id,
+                                mine.mr().id,
+                                "thread {thread}, round {round}: page {page}, held and cached, was registered again"
+                            );
+                        }
+                    }
+                    held[rng.below(2) as usize] = Some(registration);
+                }
+            });
+        }
+    });
+    let stats = cache.stats();
+    assert!(stats.entries <= 8, "{stats:?}");
+}
+
 #[test]
 fn eight_threads_share_a_disabled_cache() {
     hammer(CacheLimits {

@@ -31,5 +31,6 @@ elif [ $r = 1 ]; then
 	rc=1
 else
 	status "no peer-memory API" $r
+	echo "$out" | sed 's/^/#   /'
 fi
 exit $rc

@@ -71,6 +71,15 @@
 //! exports drops all of the device's entries before one could be handed out, with no system
 //! call on the hit path. Name exports with [`crate::Device::export_id`] so that the
 //! identities agree. See [`crate::invalidation`].
+//!
+//! Whoever handed a registration's key to peers must take it back when its memory goes: a
+//! [listener](RegCache::set_listener) is told once about every registration whose export,
+//! device or domain is invalidated ([`Cause`]), cached or only held by handles (uncached,
+//! superseded), before the cache lets go of it. The cache keeps a weak list of live
+//! registrations for that: O(1) per registration, and each invalidation visits the list.
+//! A registration made while an invalidation ran is handed out uncached
+//! ([`Uncached::Invalidated`]) without telling the listener: that invalidation may have been of
+//! other memory, so the caller decides from `uncached()`.
 
 mod index;
 mod key;
@@ -79,8 +88,9 @@ mod lru;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use serde::Serialize;
@@ -131,6 +141,39 @@ pub enum Uncached {
     Full,
 }
 
+/// Why registrations were invalidated ([`Invalidated::cause`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    /// Their memory is going: the allocation it came from is being freed, or the caller
+    /// invalidated the export ([`RegCache::invalidate_export`]).
+    Memory,
+    /// Their device is gone: unbound, removed or reset, its dma-bufs revoked
+    /// ([`RegCache::invalidate_device`], or the module's revocation seen by an attached cache).
+    Device,
+    /// Their domain is going ([`RegCache::invalidate_domain`]).
+    Domain,
+}
+
+/// A registration whose memory, device or domain is going, as told to an invalidation
+/// listener ([`RegCache::set_listener`]).
+pub struct Invalidated<'a, R: Registrar> {
+    /// What is registered.
+    pub key: &'a RegKey,
+    /// The registration: its key is what peers were given and must stop using.
+    pub mr: &'a R::Mr,
+    /// Why.
+    pub cause: Cause,
+    /// Whether a [`Registration`] handle still holds it: it stays registered until the last
+    /// one is dropped (else it is deregistered right after the listener returns).
+    pub held: bool,
+}
+
+/// Told once about every registration of the cache (cached, or only held by handles) whose
+/// memory, device or domain goes. Called outside the cache's lock, on the thread that
+/// invalidates (a free, a device's watcher thread, a failed command, an `invalidate_*` call).
+pub type Listener<R> = Arc<dyn Fn(&Invalidated<'_, R>) + Send + Sync>;
+
 /// What a [`RegCache`] did so far. Each counter is exact; a snapshot of several is not taken
 /// atomically.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -171,6 +214,7 @@ pub struct RegCache<R: Registrar> {
     limits: CacheLimits,
     state: Mutex<State<R>>,
     counters: Arc<Counters>,
+    listener: Mutex<Option<Listener<R>>>,
 }
 
 /// What the lock guards.
@@ -188,6 +232,12 @@ struct State<R: Registrar> {
     /// The status pages of the device files attached with [`RegCache::attach`], by device
     /// index; held weakly, so that the cache does not keep the files open.
     watched: Vec<(u32, WeakDeviceStatus)>,
+    /// Every registration made that may still be alive, cached or not: an invalidation tells
+    /// the listener about those only handles hold (uncached, superseded, or invalidated
+    /// before). Pruned of dead ones as it grows.
+    live: Vec<Weak<Entry<R>>>,
+    /// `live.len()` after the last pruning.
+    live_pruned: usize,
 }
 
 /// Counted outside the lock, some of them when an entry is dropped.
@@ -208,6 +258,8 @@ struct Entry<R: Registrar> {
     registrar: Arc<R>,
     counters: Arc<Counters>,
     uncached: Option<Uncached>,
+    /// Set when the listener has been told that it is invalidated.
+    told: AtomicBool,
 }
 
 impl<R: Registrar> Drop for Entry<R> {
@@ -291,9 +343,21 @@ impl<R: Registrar> RegCache<R> {
                 superseded: 0,
                 invalidations: 0,
                 watched: Vec::new(),
+                live: Vec::new(),
+                live_pruned: 0,
             }),
             counters: Arc::default(),
+            listener: Mutex::default(),
         }
+    }
+
+    /// Tells `listener` (from now on; `None`: nobody) about every registration whose memory,
+    /// device or domain goes, once each, whether the cache still had it or only handles did.
+    pub fn set_listener(&self, listener: Option<Listener<R>>) {
+        *self
+            .listener
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = listener;
     }
 
     /// An empty cache with the limits of [`MAX_COUNT_VAR`] and [`MAX_SIZE_VAR`]
@@ -333,25 +397,30 @@ impl<R: Registrar> RegCache<R> {
         } else {
             None
         };
-        let mut dropped = Vec::new();
+        let mut doomed = Vec::new();
         let epoch = match bypass {
             // No cached entry can serve it: skip the lookup.
             Some(_) => 0,
             None => {
                 let mut state = self.state();
                 // A device being revoked: its entries go before any is handed out.
-                state.drop_revoked(export.device(), &mut dropped);
-                if let Some(entry) = state.find(&key) {
+                state.drop_revoked(export.device(), &mut doomed);
+                let hit = state.find(&key);
+                if hit.is_some() {
                     state.hits += 1;
+                }
+                let epoch = state.epoch;
+                drop(state);
+                self.tell(doomed, Cause::Device);
+                if let Some(entry) = hit {
                     return Ok(Registration {
                         entry,
                         requested: range,
                     });
                 }
-                state.epoch
+                epoch
             }
         };
-        drop(dropped);
         self.counters.misses.fetch_add(1, Relaxed);
         let mr = registrar.register(source, &key).inspect_err(|_| {
             self.counters.failed_registrations.fetch_add(1, Relaxed);
@@ -363,10 +432,13 @@ impl<R: Registrar> RegCache<R> {
             registrar: Arc::clone(registrar),
             counters: Arc::clone(&self.counters),
             uncached: bypass,
+            told: AtomicBool::new(false),
         };
         let mut dropped = Vec::new();
         let entry = if bypass.is_some() {
-            Arc::new(entry)
+            let entry = Arc::new(entry);
+            self.state().track(&entry);
+            entry
         } else {
             let mut state = self.state();
             if let Some(cached) = state.find(&key) {
@@ -375,16 +447,20 @@ impl<R: Registrar> RegCache<R> {
                 drop(state);
                 drop(entry);
                 cached
-            } else if state.epoch != epoch || state.revoked(export.device()) {
-                entry.uncached = Some(Uncached::Invalidated);
-                Arc::new(entry)
-            } else if state.make_room(&key, self.limits, &mut dropped) {
-                let entry = Arc::new(entry);
-                state.insert(Arc::clone(&entry));
-                entry
             } else {
-                entry.uncached = Some(Uncached::Full);
-                Arc::new(entry)
+                let entry = if state.epoch != epoch || state.revoked(export.device()) {
+                    entry.uncached = Some(Uncached::Invalidated);
+                    Arc::new(entry)
+                } else if state.make_room(&key, self.limits, &mut dropped) {
+                    let entry = Arc::new(entry);
+                    state.insert(Arc::clone(&entry));
+                    entry
+                } else {
+                    entry.uncached = Some(Uncached::Full);
+                    Arc::new(entry)
+                };
+                state.track(&entry);
+                entry
             }
         };
         drop(dropped);
@@ -404,22 +480,32 @@ impl<R: Registrar> RegCache<R> {
     /// ([`Uncached::Invalidated`]). Registrations still in use are deregistered when their
     /// last handle is dropped; the others before this returns.
     pub fn invalidate_export(&self, export: ExportId) -> usize {
-        self.invalidate(|index, removed| index.remove_export(export, removed))
+        self.invalidate(
+            Cause::Memory,
+            |key| key.export == export,
+            |index, removed| index.remove_export(export, removed),
+        )
     }
 
     /// Drops every cached registration of exports of `/dev/peerdirect<device>`, e.g. before
     /// the device is unbound or reset, and returns how many. Like
     /// [`RegCache::invalidate_export`].
     pub fn invalidate_device(&self, device: u32) -> usize {
-        self.invalidate(|index, removed| {
-            index.remove_where(|export, _| export.device() == device, removed)
-        })
+        self.invalidate(
+            Cause::Device,
+            |key| key.export.device() == device,
+            |index, removed| index.remove_where(|export, _| export.device() == device, removed),
+        )
     }
 
     /// Drops every cached registration in `domain`, e.g. before the domain is closed, and
     /// returns how many. Like [`RegCache::invalidate_export`].
     pub fn invalidate_domain(&self, domain: DomainId) -> usize {
-        self.invalidate(|index, removed| index.remove_where(|_, d| d == domain, removed))
+        self.invalidate(
+            Cause::Domain,
+            |key| key.domain == domain,
+            |index, removed| index.remove_where(|_, d| d == domain, removed),
+        )
     }
 
     /// Subscribes the cache to `device`'s frees and revocation: from now on, freeing an
@@ -495,17 +581,59 @@ impl<R: Registrar> RegCache<R> {
             .collect()
     }
 
-    fn invalidate(&self, remove: impl FnOnce(&mut Index, &mut Vec<Slot>)) -> usize {
-        let mut dropped = Vec::new();
-        {
+    /// Drops the cached entries `remove` takes out of the index, and tells the listener about
+    /// them and about every other live registration `affected` matches.
+    fn invalidate(
+        &self,
+        cause: Cause,
+        affected: impl Fn(&RegKey) -> bool,
+        remove: impl FnOnce(&mut Index, &mut Vec<Slot>),
+    ) -> usize {
+        let mut doomed = Vec::new();
+        let count = {
             let mut state = self.state();
             state.epoch += 1;
             let mut removed = Vec::new();
             remove(&mut state.index, &mut removed);
             state.invalidations += removed.len() as u64;
-            state.take(removed, &mut dropped);
+            state.take(removed, &mut doomed);
+            let count = doomed.len();
+            state.held_too(&affected, &mut doomed);
+            count
+        };
+        self.tell(doomed, cause);
+        count
+    }
+
+    /// Tells the listener, if any, about each of `doomed` it was not told about yet, then
+    /// releases them (deregistering those no handle holds). Called without the lock.
+    fn tell(&self, doomed: Vec<Arc<Entry<R>>>, cause: Cause) {
+        if doomed.is_empty() {
+            return;
         }
-        dropped.len()
+        let listener = self
+            .listener
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        if let Some(listener) = listener {
+            for entry in &doomed {
+                if entry.told.swap(true, Relaxed) {
+                    continue;
+                }
+                let Some(mr) = entry.mr.as_ref() else {
+                    continue;
+                };
+                listener(&Invalidated {
+                    key: &entry.key,
+                    mr,
+                    cause,
+                    // `doomed` holds one reference to each, and holds each once.
+                    held: Arc::strong_count(entry) > 1,
+                });
+            }
+        }
+        drop(doomed);
     }
 
     fn state(&self) -> MutexGuard<'_, State<R>> {
@@ -558,6 +686,32 @@ impl<R: Registrar> State<R> {
             self.epoch += 1;
             self.invalidations += removed.len() as u64;
             self.take(removed, dropped);
+            self.held_too(&|key: &RegKey| key.export.device() == device, dropped);
+        }
+    }
+
+    /// Remembers `entry` as a live registration, and forgets dead ones once their number has
+    /// doubled since the last time.
+    fn track(&mut self, entry: &Arc<Entry<R>>) {
+        if self.live.len() >= 2 * self.live_pruned.max(32) {
+            self.live.retain(|weak| weak.strong_count() > 0);
+            self.live_pruned = self.live.len();
+        }
+        self.live.push(Arc::downgrade(entry));
+    }
+
+    /// Adds to `doomed` the live registrations `affected` matches that are not in it yet (each
+    /// once): those only handles hold.
+    fn held_too(&self, affected: &dyn Fn(&RegKey) -> bool, doomed: &mut Vec<Arc<Entry<R>>>) {
+        let mut seen: HashSet<*const Entry<R>> = doomed.iter().map(Arc::as_ptr).collect();
+        for weak in &self.live {
+            let Some(entry) = weak.upgrade() else {
+                continue;
+            };
+            if affected(&entry.key) && !entry.told.load(Relaxed) && seen.insert(Arc::as_ptr(&entry))
+            {
+                doomed.push(entry);
+            }
         }
     }
 

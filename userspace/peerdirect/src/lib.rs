@@ -49,7 +49,7 @@ mod sys;
 pub mod uapi;
 
 pub use allocation::{Allocation, ExportFlags};
-pub use cache::{CacheStats, RegCache, Registrar, Registration};
+pub use cache::{CacheStats, Cause, Invalidated, Listener, RegCache, Registrar, Registration};
 pub use device::{device_path, devices, Device, DeviceStatus};
 pub use dma_buf::{DmaBuf, DmaBufMap, SyncFlags};
 pub use error::{Error, Operation};

@@ -1061,3 +1061,210 @@ fn a_revoked_status_page_drops_the_device_entries_before_a_hit() {
     drop(held);
     assert_eq!(registrar.live().len(), 1);
 }
+
+/// What a listener heard: (MR id, cause, held), in order.
+type Heard = Arc<Mutex<Vec<(u64, Cause, bool)>>>;
+
+/// A listener that records what it hears, and checks that it only hears of live MRs.
+fn listen(cache: &Cache, registrar: &Arc<FakeRegistrar>) -> Heard {
+    let heard = Heard::default();
+    let (log, nic) = (Arc::clone(&heard), Arc::clone(registrar));
+    cache.set_listener(Some(Arc::new(
+        move |inv: &Invalidated<'_, FakeRegistrar>| {
+            assert!(
+                nic.is_live(inv.mr.id),
+                "told of MR {} after deregistration",
+                inv.mr.id
+            );
+            assert_eq!(*inv.key, inv.mr.key);
+            log.lock().unwrap().push((inv.mr.id, inv.cause, inv.held));
+        },
+    )));
+    heard
+}
+
+#[test]
+fn the_listener_hears_once_of_every_live_registration_whose_memory_goes() {
+    let registrar = FakeRegistrar::new(1);
+    let cache = cache(16, 12 * PAGE);
+    let heard = listen(&cache, &registrar);
+    let other = ExportId::new(0, 200);
+    let held = get(&cache, &registrar, EXPORT, 0, 4, RW);
+    let idle = get(&cache, &registrar, EXPORT, 8, 2, RW).mr().id;
+    let too_large = get(&cache, &registrar, EXPORT, 0, 16, RW);
+    assert_eq!(too_large.uncached(), Some(Uncached::TooLarge));
+    let superseded = get(&cache, &registrar, EXPORT, 20, 1, RW);
+    let container = get(&cache, &registrar, EXPORT, 20, 3, RW).mr().id;
+    assert_eq!(cache.stats().superseded, 1);
+    let elsewhere = get(&cache, &registrar, other, 0, 1, RW).mr().id;
+
+    // Cached entries dropped: held, idle and container; told also of the two only handles
+    // hold (too large to cache, superseded).
+    assert_eq!(cache.invalidate_export(EXPORT), 3);
+    let mut told = heard.lock().unwrap().clone();
+    told.sort_unstable_by_key(|t| t.0);
+    let mut expected = vec![
+        (held.mr().id, Cause::Memory, true),
+        (idle, Cause::Memory, false),
+        (too_large.mr().id, Cause::Memory, true),
+        (superseded.mr().id, Cause::Memory, true),
+        (container, Cause::Memory, false),
+    ];
+    expected.sort_unstable_by_key(|t| t.0);
+    assert_eq!(told, expected);
+    // The idle ones were deregistered once the listener had heard of them; the held ones live.
+    assert!(!registrar.is_live(idle) && !registrar.is_live(container));
+    assert!(registrar.is_live(held.mr().id) && registrar.is_live(too_large.mr().id));
+
+    // The device goes: told only of what it was not told before.
+    heard.lock().unwrap().clear();
+    assert_eq!(cache.invalidate_device(0), 1);
+    assert_eq!(
+        *heard.lock().unwrap(),
+        vec![(elsewhere, Cause::Device, false)]
+    );
+
+    heard.lock().unwrap().clear();
+    assert_eq!(cache.invalidate_domain(DomainId(1)), 0);
+    assert!(heard.lock().unwrap().is_empty());
+    drop((held, too_large, superseded));
+    assert!(registrar.live().is_empty());
+}
+
+#[test]
+fn the_listener_hears_of_domains_and_revocation_and_can_be_removed() {
+    let (nic_a, nic_b) = (FakeRegistrar::new(1), FakeRegistrar::new(2));
+    let cache = Arc::new(cache(16, 1 << 30));
+    let heard = listen(&cache, &nic_a);
+    let in_a = get(&cache, &nic_a, EXPORT, 0, 1, RW);
+    drop(get(&cache, &nic_b, EXPORT, 0, 1, RW));
+    assert_eq!(cache.invalidate_domain(DomainId(1)), 1);
+    assert_eq!(
+        *heard.lock().unwrap(),
+        vec![(in_a.mr().id, Cause::Domain, true)]
+    );
+
+    // Revocation seen on the status page by the next request, on the requesting thread.
+    let fake = FakeDevice::with_status_page("listen");
+    cache.attach(&fake.device);
+    let export = ExportId::new(fake.device.index(), 5);
+    let revoked = get(&cache, &nic_a, export, 0, 1, RW);
+    heard.lock().unwrap().clear();
+    fake.set_state(1);
+    drop(get(&cache, &nic_a, export, 2, 1, RW));
+    assert_eq!(
+        *heard.lock().unwrap(),
+        vec![(revoked.mr().id, Cause::Device, true)]
+    );
+
+    cache.set_listener(None);
+    heard.lock().unwrap().clear();
+    assert_eq!(cache.invalidate_domain(DomainId(2)), 1);
+    assert!(heard.lock().unwrap().is_empty());
+}
+
+/// Four threads get and hold ranges of four exports while two more invalidate exports, devices
+/// and domains until the listener has heard of 2,000 registrations (or for 5 s at most). The
+/// listener must hear of each registration at most once, and only
+/// while it is registered (the fake registrar knows); at the end, invalidating both devices
+/// tells it of every registration still alive that it had not heard of.
+#[test]
+fn invalidations_racing_requests_tell_each_registration_once_while_it_lives() {
+    let cache = Arc::new(cache(12, 64 * PAGE));
+    let nics = [FakeRegistrar::new(1), FakeRegistrar::new(2)];
+    let heard = Heard::default();
+    let told_ids = Arc::new(Mutex::new(HashSet::new()));
+    {
+        let (log, ids, nics) = (Arc::clone(&heard), Arc::clone(&told_ids), nics.clone());
+        cache.set_listener(Some(Arc::new(
+            move |inv: &Invalidated<'_, FakeRegistrar>| {
+                let nic = &nics[(inv.key.domain.0 - 1) as usize];
+                assert!(
+                    nic.is_live(inv.mr.id),
+                    "told of MR {} after deregistration",
+                    inv.mr.id
+                );
+                assert!(
+                    ids.lock().unwrap().insert(inv.mr.id),
+                    "told twice of MR {}",
+                    inv.mr.id
+                );
+                log.lock().unwrap().push((inv.mr.id, inv.cause, inv.held));
+            },
+        )));
+    }
+    let stop = AtomicBool::new(false);
+    thread::scope(|scope| {
+        for thread in 0..4u64 {
+            let (cache, nics, stop) = (&cache, &nics, &stop);
+            scope.spawn(move || {
+                let mut rng = Rng(0xfeed_0000 ^ (thread + 1));
+                let mut held: Vec<Option<Registration<FakeRegistrar>>> = vec![None, None, None];
+                while !stop.load(Relaxed) {
+                    let export = ExportId::new(rng.below(2) as u32, 100 + rng.below(2));
+                    let nic = &nics[rng.below(2) as usize];
+                    let registration = cache
+                        .get(nic, &(), export, pages(rng.below(8), 1 + rng.below(4)), RW)
+                        .unwrap();
+                    held[rng.below(3) as usize] = Some(registration);
+                }
+            });
+        }
+        for invalidator in 0..2u64 {
+            let (cache, heard, stop) = (&cache, &heard, &stop);
+            scope.spawn(move || {
+                let mut rng = Rng(0xdead_beef + invalidator);
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                while heard.lock().unwrap().len() < 2_000 && std::time::Instant::now() < until {
+                    match rng.below(3) {
+                        0 => cache.invalidate_export(ExportId::new(
+                            rng.below(2) as u32,
+                            100 + rng.below(2),
+                        )),
+                        1 => cache.invalidate_device(rng.below(2) as u32),
+                        _ => cache.invalidate_domain(DomainId(1 + rng.below(2))),
+                    };
+                    thread::yield_now();
+                }
+                stop.store(true, Relaxed);
+            });
+        }
+    });
+    {
+        let heard = heard.lock().unwrap();
+        assert!(
+            heard.len() > 100,
+            "only {} invalidations heard",
+            heard.len()
+        );
+        assert!(
+            heard.iter().any(|t| t.2) && heard.iter().any(|t| !t.2),
+            "held and idle both seen"
+        );
+    }
+    // What the race left cached, plus on each device an idle registration, a held one and a
+    // held one too large to cache.
+    let held: Vec<_> = (0..2u32)
+        .flat_map(|device| {
+            drop(get(&cache, &nics[0], ExportId::new(device, 100), 9, 1, RW));
+            let large = get(&cache, &nics[0], ExportId::new(device, 100), 0, 65, RW);
+            assert_eq!(large.uncached(), Some(Uncached::TooLarge));
+            [
+                large,
+                get(&cache, &nics[1], ExportId::new(device, 101), 9, 1, RW),
+            ]
+        })
+        .collect();
+    let alive: HashSet<u64> = nics.iter().flat_map(|nic| nic.live()).collect();
+    assert!(alive.len() >= 6);
+    cache.invalidate_device(0);
+    cache.invalidate_device(1);
+    let told = told_ids.lock().unwrap();
+    assert!(
+        alive.is_subset(&told),
+        "never told of {:?}",
+        alive.difference(&told)
+    );
+    drop(held);
+    assert_eq!(live_count(&nics), 0);
+}

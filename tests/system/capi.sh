@@ -11,7 +11,11 @@
 # in the same domain (tcp takes the requested keys: they must differ), and frees the
 # allocation, which must invalidate the cached registration before the domain is closed; then
 # it registers a udmabuf (a dma-buf exported elsewhere) through pd_register_dmabuf: a miss, a
-# hit inside it, and pd_regcache_invalidate_dmabuf drops it. Last, the same program on
+# hit inside it, and pd_regcache_invalidate_dmabuf drops it. The domain is named by pd_domain
+# handles: a second handle on the same domain pointer registers anew and refuses to detach
+# (-EBUSY) while its registration is held; pd_mr_local's address reads what an export of the
+# same HBM wrote; the invalidation callback hears of each registration whose domain or memory
+# goes, with its key, cause, held flag, domain handle, local address and length. Last, the same program on
 # soft-RoCE's verbs;ofi_rxm, which refuses dma-bufs: pd_register fails with -EOPNOTSUPP until
 # the program turns host bounce on, and the registration then says host_bounce, with its
 # reason, a staging buffer and no RMA address. And userspace/capi/examples/hcl_style.cpp, built with
@@ -122,17 +126,24 @@ else
 	fail "$desc" "$(show fbuild)"
 fi
 
-desc="fabric_register in the guest: tcp domain opened by the program, HBM registered through pd_register (path dmabuf), second request a cache hit, a second cache in the same domain gets another key, pd_mr_remote gives the RMA address and key, pd_allocation_free invalidates the entry; a udmabuf through pd_register_dmabuf: a miss, a hit inside it, pd_regcache_invalidate_dmabuf drops it; domain closed"
+desc="fabric_register in the guest: tcp domain opened by the program and attached (pd_domain_attach), HBM registered through pd_register (path dmabuf), second request a cache hit, pd_mr_local's address reads the HBM an export wrote, a second handle on the same domain registers anew and detach refuses with -EBUSY while held, a second cache in the same domain gets another key, pd_mr_remote gives the RMA address and key, pd_allocation_free invalidates the entry and the callback hears of it with key, address and length; a udmabuf through pd_register_dmabuf: a miss, a hit inside it, pd_regcache_invalidate_dmabuf drops it, heard too; domain detached and closed"
 if [ "$(cat fabric.rc 2>/dev/null)" = 0 ] &&
 	grep -q '^registered 4194304 bytes: path dmabuf, key ' fabric.out &&
 	grep -q '^registered 4096 bytes at 1 MiB: path dmabuf, key .*offset in mr 1048576$' fabric.out &&
+	grep -q '^local: 4194304 bytes at the whole.s address, 4096 at +1048576 of it, which reads what an export of the same HBM wrote$' fabric.out &&
+	grep -q '^second handle, same domain pointer: key ' fabric.out &&
+	grep -q '^detach while held: pd_domain_detach: 1 registration(s) in the domain are still held' fabric.out &&
+	grep -q '^invalidated: cause domain, key 0x[0-9a-f]*, held 1, its domain, 4194304 bytes at its local address$' fabric.out &&
 	grep -q '^second cache, same domain: key ' fabric.out &&
 	grep -Eq '^rma: FI_MR_VIRT_ADDR [01], whole at (0|0x[0-9a-f]+), the part at 0x[0-9a-f]+ \(\+1048576\), key ' fabric.out &&
-	grep -q '^cache after registering: hits 1, misses 1, registrations 1, deregistrations 0, invalidations 0, entries 1$' fabric.out &&
-	grep -q '^cache after freeing: hits 1, misses 1, registrations 1, deregistrations 1, invalidations 1, entries 0$' fabric.out &&
+	grep -q '^cache after registering: hits 1, misses 2, registrations 2, deregistrations 1, invalidations 1, entries 1$' fabric.out &&
+	grep -q '^cache after freeing: hits 1, misses 2, registrations 2, deregistrations 2, invalidations 2, entries 0$' fabric.out &&
+	grep -q '^invalidated: cause memory, key 0x[0-9a-f]*, held 0, its domain, 4194304 bytes at its local address$' fabric.out &&
 	grep -q '^foreign dma-buf, 4194304 bytes: path dmabuf, key ' fabric.out &&
-	grep -q '^cache after the foreign dma-buf: hits 2, misses 2, registrations 2, deregistrations 1, invalidations 1, entries 1$' fabric.out &&
-	grep -q '^cache after invalidating it: hits 2, misses 2, registrations 2, deregistrations 2, invalidations 2, entries 0$' fabric.out &&
+	grep -q '^cache after the foreign dma-buf: hits 2, misses 3, registrations 3, deregistrations 2, invalidations 2, entries 1$' fabric.out &&
+	grep -q '^cache after invalidating it: hits 2, misses 3, registrations 3, deregistrations 3, invalidations 3, entries 0$' fabric.out &&
+	[ "$(grep -c '^invalidated: ' fabric.out)" = 3 ] &&
+	grep -q '^detached: 3 invalidations heard in all$' fabric.out &&
 	grep -q '^closed: the domain after every registration in it$' fabric.out; then
 	ok "$desc"
 	sed "s/^/# /" fabric.out
@@ -140,7 +151,7 @@ else
 	fail "$desc" "$(show fabric)"
 fi
 
-desc="fabric_register on verbs;ofi_rxm (soft-RoCE refuses dma-bufs): pd_register fails with -EOPNOTSUPP and the provider's reason until pd_regcache_set_host_bounce(cache, 1); then path host_bounce with a reason and a staging buffer, pd_mr_remote refused"
+desc="fabric_register on verbs;ofi_rxm (soft-RoCE refuses dma-bufs): pd_register fails with -EOPNOTSUPP and the provider's reason until pd_regcache_set_host_bounce(cache, 1); then path host_bounce with a reason and a staging buffer, pd_mr_remote and pd_mr_local refused, invalidations heard without a local address"
 if [ "$(cat fabric_rxe.rc 2>/dev/null)" = 0 ] &&
 	grep -q '^refused without host bounce: .*fi_mr_regattr(FI_MR_DMABUF).*the host-bounce fallback is off.*pd_regcache_set_host_bounce' fabric_rxe.out &&
 	grep -q '^registered 4194304 bytes: path host_bounce, key .*, reason: ' fabric_rxe.out &&
@@ -149,6 +160,9 @@ if [ "$(cat fabric_rxe.rc 2>/dev/null)" = 0 ] &&
 	grep -q '^cache after invalidating it: .*entries 0$' fabric_rxe.out &&
 	grep -Eq '^staging: [1-9][0-9]* bytes, written by the program$' fabric_rxe.out &&
 	grep -q '^rma: refused for host bounce ' fabric_rxe.out &&
+	grep -q '^local: refused for host bounce (pd_mr_local: the registration is a host bounce' fabric_rxe.out &&
+	grep -q '^invalidated: cause memory, key 0x[0-9a-f]*, held 0, its domain, 0 bytes$' fabric_rxe.out &&
+	grep -q '^detached: 3 invalidations heard in all$' fabric_rxe.out &&
 	grep -q '^closed: the domain after every registration in it$' fabric_rxe.out; then
 	ok "$desc"
 	sed "s/^/# /" fabric_rxe.out

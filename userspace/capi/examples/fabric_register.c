@@ -22,6 +22,13 @@
  * in for habanalabs' own export) goes through pd_register_dmabuf: a miss, then a hit inside
  * it, and pd_regcache_invalidate_dmabuf drops it.
  *
+ * Along the way: the domain is named by a pd_domain handle (pd_domain_attach); a second
+ * handle on the same domain pointer registers anew (handles, not addresses, name domains), and
+ * cannot be detached while one of its registrations is held (-EBUSY). pd_mr_local gives the
+ * local address of a registration, checked against a mapping of the same HBM by content. An
+ * invalidation callback records every registration whose memory or domain goes: the program
+ * checks each event (key, cause, held, domain handle, local address and length).
+ *
  *   cc -o fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric)
  *   ./fabric_register ['verbs;ofi_rxm' [node]]
  */
@@ -86,6 +93,58 @@ static int udmabuf(uint64_t size)
 	return fd;
 }
 
+/* What the invalidation callback heard. */
+struct heard {
+	unsigned count;
+	struct pd_invalidation events[16];
+};
+
+static void on_invalidate(void *ctx, const struct pd_invalidation *invalidation)
+{
+	struct heard *heard = ctx;
+
+	if (heard->count < 16)
+		heard->events[heard->count] = *invalidation;
+	heard->count++;
+}
+
+static const char *cause_name(uint32_t cause)
+{
+	switch (cause) {
+	case PD_INVALIDATED_MEMORY:
+		return "memory";
+	case PD_INVALIDATED_DEVICE:
+		return "device";
+	case PD_INVALIDATED_DOMAIN:
+		return "domain";
+	default:
+		return "unknown";
+	}
+}
+
+/*
+ * Whether the callback heard exactly one event since `*seen` events, with this cause, key,
+ * held flag and domain handle, and (when addr is not NULL) local address and length; prints it.
+ */
+static int heard_one(struct heard *heard, unsigned *seen, uint32_t cause, uint64_t key,
+		     uint32_t held, const pd_domain *domain, const void *addr, uint64_t length)
+{
+	const struct pd_invalidation *e = &heard->events[*seen < 16 ? *seen : 15];
+	int good = heard->count == *seen + 1 && e->cause == cause && e->key == key &&
+		   e->held == held && e->domain == domain && (!addr || (e->addr == addr && e->length == length));
+
+	if (heard->count > *seen && *seen < 16)
+		printf("invalidated: cause %s, key %#" PRIx64 ", held %u, %s domain, %" PRIu64
+		       " bytes%s\n",
+		       cause_name(e->cause), e->key, e->held, e->domain == domain ? "its" : "another",
+		       e->length, e->addr ? " at its local address" : "");
+	if (!good)
+		fprintf(stderr, "fabric_register: heard %u invalidation(s) after %u, expected one: cause %s, key %#" PRIx64 ", held %u\n",
+			heard->count, *seen, cause_name(cause), key, held);
+	*seen = heard->count;
+	return good;
+}
+
 static const char *path_name(uint32_t path)
 {
 	switch (path) {
@@ -128,12 +187,22 @@ int main(int argc, char **argv)
 	struct fid_fabric *fabric = NULL;
 	struct fid_domain *domain = NULL;
 	struct pd_regcache_stats stats;
-	uint64_t whole_addr, whole_key, part_addr, part_key;
+	uint64_t whole_addr, whole_key, part_addr, part_key, foreign_key;
 	int virt_addr;
 	pd_device *dev = NULL;
 	pd_allocation *alloc = NULL;
 	pd_regcache *cache = NULL, *cache2 = NULL;
+	pd_domain *dom = NULL, *dom2 = NULL, *again = NULL;
 	pd_mr *whole = NULL, *part = NULL, *other = NULL, *foreign = NULL, *inside = NULL;
+	pd_mr *anew = NULL;
+	struct heard heard = { 0 };
+	unsigned seen = 0;
+	void *whole_local = NULL, *part_local = NULL;
+	uint64_t whole_len = 0, part_len = 0;
+	int export_fd = -1;
+	unsigned char *view = MAP_FAILED;
+	unsigned char saved[4096];
+	int same;
 	int foreign_fd = -1;
 	int err, ret, status = 1;
 
@@ -181,10 +250,20 @@ int main(int argc, char **argv)
 		pd_fail("pd_regcache_new", err);
 		goto out;
 	}
+	err = pd_regcache_set_invalidate_callback(cache, on_invalidate, &heard);
+	if (err) {
+		pd_fail("pd_regcache_set_invalidate_callback", err);
+		goto out;
+	}
+	dom = pd_domain_attach(cache, domain, &err);
+	if (!dom) {
+		pd_fail("pd_domain_attach", err);
+		goto out;
+	}
 #define ALL_ACCESS                                                                          \
 	(PD_ACCESS_LOCAL_READ | PD_ACCESS_LOCAL_WRITE | PD_ACCESS_REMOTE_READ |                   \
 	 PD_ACCESS_REMOTE_WRITE)
-	err = pd_register(cache, domain, alloc, 0, 0, ALL_ACCESS, &whole);
+	err = pd_register(dom, alloc, 0, 0, ALL_ACCESS, &whole);
 	if (err == -EOPNOTSUPP) {
 		/* The provider refuses dma-bufs: host bounce only when asked for. */
 		printf("refused without host bounce: %s\n", pd_last_error());
@@ -194,7 +273,7 @@ int main(int argc, char **argv)
 			pd_fail("pd_regcache_set_host_bounce", err);
 			goto out;
 		}
-		err = pd_register(cache, domain, alloc, 0, 0, ALL_ACCESS, &whole);
+		err = pd_register(dom, alloc, 0, 0, ALL_ACCESS, &whole);
 	}
 	if (err) {
 		pd_fail("pd_register(all of it)", err);
@@ -213,7 +292,7 @@ int main(int argc, char **argv)
 		memset(staging, 0x5a, staging_len);
 		printf("staging: %" PRIu64 " bytes, written by the program\n", staging_len);
 	}
-	err = pd_register(cache, domain, alloc, 1u << 20, 4096, PD_ACCESS_REMOTE_WRITE, &part);
+	err = pd_register(dom, alloc, 1u << 20, 4096, PD_ACCESS_REMOTE_WRITE, &part);
 	if (err) {
 		pd_fail("pd_register(4096 bytes at 1 MiB)", err);
 		goto out;
@@ -223,6 +302,86 @@ int main(int argc, char **argv)
 		fprintf(stderr, "fabric_register: the second registration is not the first one\n");
 		goto out;
 	}
+	/* The local address of each: what fi_tsend/fi_trecv take with pd_mr_desc(). */
+	if (bounce) {
+		err = pd_mr_local(whole, &whole_local, &whole_len);
+		if (err != -EOPNOTSUPP) {
+			fprintf(stderr, "fabric_register: pd_mr_local of a host bounce gave %d\n", err);
+			goto out;
+		}
+		printf("local: refused for host bounce (%s)\n", pd_last_error());
+	} else {
+		if ((err = pd_mr_local(whole, &whole_local, &whole_len)) ||
+		    (err = pd_mr_local(part, &part_local, &part_len))) {
+			pd_fail("pd_mr_local", err);
+			goto out;
+		}
+		/* The same HBM through an export of the program's own: a pattern written there is
+		 * what the registration's local address reads. */
+		err = pd_export(alloc, 0, 0, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR, &export_fd);
+		if (err) {
+			pd_fail("pd_export", err);
+			goto out;
+		}
+		view = mmap(NULL, LENGTH, PROT_READ | PROT_WRITE, MAP_SHARED, export_fd, 0);
+		if (view == MAP_FAILED) {
+			perror("fabric_register: mmap of an export");
+			goto out;
+		}
+		/* Put back afterwards: what was in HBM before is someone else's to check. */
+		memcpy(saved, view + (1u << 20), sizeof(saved));
+		for (unsigned i = 0; i < 4096; i++)
+			view[(1u << 20) + i] = (unsigned char)(i * 7 + 3);
+		same = memcmp(part_local, view + (1u << 20), 4096) == 0;
+		memcpy(view + (1u << 20), saved, sizeof(saved));
+		if (whole_len != LENGTH || part_len != 4096 ||
+		    (char *)part_local - (char *)whole_local != 1u << 20 || !same) {
+			fprintf(stderr, "fabric_register: pd_mr_local gave the wrong address or length\n");
+			goto out;
+		}
+		printf("local: %" PRIu64 " bytes at the whole's address, %" PRIu64
+		       " at +1048576 of it, which reads what an export of the same HBM wrote\n",
+		       whole_len, part_len);
+	}
+	if (pd_mr_local(part, NULL, &part_len) != -EINVAL) {
+		fprintf(stderr, "fabric_register: pd_mr_local with a NULL addr did not fail\n");
+		goto out;
+	}
+	/* A second handle on the same domain pointer is a domain of its own: it registers anew,
+	 * and cannot go while one of its registrations is held. */
+	again = pd_domain_attach(cache, domain, &err);
+	if (!again) {
+		pd_fail("pd_domain_attach(again)", err);
+		goto out;
+	}
+	err = pd_register(again, alloc, 0, 0, ALL_ACCESS, &anew);
+	if (err) {
+		pd_fail("pd_register(second handle)", err);
+		goto out;
+	}
+	printf("second handle, same domain pointer: key %#" PRIx64 " (first %#" PRIx64 ")\n",
+	       pd_mr_key(anew), pd_mr_key(whole));
+	if (pd_mr_key(anew) == pd_mr_key(whole)) {
+		fprintf(stderr, "fabric_register: a second handle got the first one's registration\n");
+		goto out;
+	}
+	ret = pd_domain_detach(again);
+	if (ret != -EBUSY) {
+		fprintf(stderr, "fabric_register: detaching with a held registration gave %d\n", ret);
+		goto out;
+	}
+	printf("detach while held: %s\n", pd_last_error());
+	if (!heard_one(&heard, &seen, PD_INVALIDATED_DOMAIN, pd_mr_key(anew), 1, again, NULL, 0))
+		goto out;
+	pd_mr_release(anew);
+	anew = NULL;
+	ret = pd_domain_detach(again);
+	if (ret != 0) {
+		fprintf(stderr, "fabric_register: detaching the second handle gave %d (%s)\n", ret,
+			ret < 0 ? pd_last_error() : "expected 0 entries");
+		goto out;
+	}
+	again = NULL;
 	/* Another cache, the same domain and memory, while the first registration is held. */
 	cache2 = pd_regcache_new(&err);
 	if (!cache2) {
@@ -233,7 +392,12 @@ int main(int argc, char **argv)
 		pd_fail("pd_regcache_set_host_bounce(second)", err);
 		goto out;
 	}
-	err = pd_register(cache2, domain, alloc, 0, 0, ALL_ACCESS, &other);
+	dom2 = pd_domain_attach(cache2, domain, &err);
+	if (!dom2) {
+		pd_fail("pd_domain_attach(second cache)", err);
+		goto out;
+	}
+	err = pd_register(dom2, alloc, 0, 0, ALL_ACCESS, &other);
 	if (err) {
 		pd_fail("pd_register(second cache, same domain)", err);
 		goto out;
@@ -246,6 +410,11 @@ int main(int argc, char **argv)
 	}
 	pd_mr_release(other);
 	other = NULL;
+	if ((ret = pd_domain_detach(dom2)) != 1) {
+		fprintf(stderr, "fabric_register: detaching the second cache's domain gave %d\n", ret);
+		goto out;
+	}
+	dom2 = NULL;
 	pd_regcache_free(cache2);
 	cache2 = NULL;
 	/* What a peer puts in fi_read/fi_write: addresses are virtual under FI_MR_VIRT_ADDR. */
@@ -275,6 +444,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "fabric_register: pd_mr_remote with a NULL addr did not fail\n");
 		goto out;
 	}
+	whole_key = pd_mr_key(whole);
 	pd_mr_release(whole);
 	pd_mr_release(part);
 	whole = part = NULL;
@@ -283,9 +453,9 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	print_stats("after registering", &stats);
-	/* The refused registration was a miss too. */
-	if (stats.hits != 1 || stats.misses != 1u + bounce || stats.entries != 1) {
-		fprintf(stderr, "fabric_register: expected 1 hit, %d misses, 1 entry\n", 1 + bounce);
+	/* The second handle's registration was a miss, and the refused one too. */
+	if (stats.hits != 1 || stats.misses != 2u + bounce || stats.entries != 1) {
+		fprintf(stderr, "fabric_register: expected 1 hit, %d misses, 1 entry\n", 2 + bounce);
 		goto out;
 	}
 
@@ -301,24 +471,28 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	print_stats("after freeing", &stats);
-	if (stats.invalidations != 1 || stats.entries != 0 ||
+	if (stats.invalidations != 2 || stats.entries != 0 ||
 	    stats.deregistrations != stats.registrations) {
 		fprintf(stderr, "fabric_register: freeing did not invalidate the cached registration\n");
 		goto out;
 	}
+	/* The callback heard of it, with what a runtime needs to take the key back. */
+	if (!heard_one(&heard, &seen, PD_INVALIDATED_MEMORY, whole_key, 0, dom, whole_local,
+		       whole_len))
+		goto out;
 	/* A dma-buf exported by something else: a miss, a hit inside it, invalidated on request. */
 	foreign_fd = udmabuf(LENGTH);
 	if (foreign_fd < 0) {
 		perror("fabric_register: a udmabuf");
 		goto out;
 	}
-	err = pd_register_dmabuf(cache, domain, foreign_fd, 0, 0, ALL_ACCESS, &foreign);
+	err = pd_register_dmabuf(dom, foreign_fd, 0, 0, ALL_ACCESS, &foreign);
 	if (err) {
 		pd_fail("pd_register_dmabuf(udmabuf)", err);
 		goto out;
 	}
 	print_mr("foreign dma-buf, 4194304 bytes", foreign);
-	err = pd_register_dmabuf(cache, domain, foreign_fd, 1u << 20, 4096, PD_ACCESS_REMOTE_WRITE,
+	err = pd_register_dmabuf(dom, foreign_fd, 1u << 20, 4096, PD_ACCESS_REMOTE_WRITE,
 				 &inside);
 	if (err) {
 		pd_fail("pd_register_dmabuf(4096 bytes at 1 MiB of it)", err);
@@ -334,6 +508,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "fabric_register: the second foreign request was not a hit\n");
 		goto out;
 	}
+	foreign_key = pd_mr_key(foreign);
 	pd_mr_release(foreign);
 	pd_mr_release(inside);
 	foreign = inside = NULL;
@@ -352,23 +527,35 @@ int main(int argc, char **argv)
 		fprintf(stderr, "fabric_register: invalidating the foreign dma-buf left a registration\n");
 		goto out;
 	}
-	ret = pd_regcache_invalidate_domain(cache, domain);
-	if (ret < 0) {
-		pd_fail("pd_regcache_invalidate_domain", ret);
+	if (!heard_one(&heard, &seen, PD_INVALIDATED_MEMORY, foreign_key, 0, dom, NULL, 0))
+		goto out;
+	ret = pd_domain_detach(dom);
+	if (ret != 0) {
+		fprintf(stderr, "fabric_register: detaching the domain gave %d\n", ret);
 		goto out;
 	}
+	dom = NULL;
+	printf("detached: %u invalidations heard in all\n", heard.count);
 	status = 0;
 out:
 	pd_mr_release(foreign);
 	pd_mr_release(inside);
 	if (foreign_fd >= 0)
 		close(foreign_fd);
+	if (view != MAP_FAILED)
+		munmap(view, LENGTH);
+	if (export_fd >= 0)
+		close(export_fd);
 	pd_mr_release(other);
+	pd_mr_release(anew);
+	pd_domain_detach(again);
+	pd_domain_detach(dom2);
 	pd_regcache_free(cache2);
 	pd_mr_release(whole);
 	pd_mr_release(part);
 	pd_allocation_free(alloc);
 	/* Only once nothing of the domain is registered any more: then close it. */
+	pd_domain_detach(dom);
 	pd_regcache_free(cache);
 	pd_device_close(dev);
 	if (domain && (ret = fi_close(&domain->fid)))

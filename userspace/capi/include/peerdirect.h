@@ -3,8 +3,9 @@
  * peer-to-peer RDMA. Link with `pkg-config --cflags --libs peerdirect`.
  *
  * Conventions:
- * - Handles (pd_device, pd_allocation) are opaque; the caller owns them and releases them
- *   with pd_device_close() and pd_allocation_free().
+ * - Handles (pd_device, pd_allocation, pd_regcache, pd_domain, pd_mr) are opaque; the caller
+ *   owns them and releases them with pd_device_close(), pd_allocation_free(),
+ *   pd_regcache_free(), pd_domain_detach() and pd_mr_release().
  * - Functions returning int return 0 on success or a negative errno (-ENOENT, -ENOMEM, ...).
  *   On failure, pd_last_error() returns a message saying what was being done, on which
  *   device node, and what to do about it. The message is per thread.
@@ -32,6 +33,8 @@ typedef struct pd_allocation pd_allocation;
 
 /* A registration cache (pd_regcache_new()). */
 typedef struct pd_regcache pd_regcache;
+/* A libfabric domain attached to a registration cache (pd_domain_attach()). */
+typedef struct pd_domain pd_domain;
 /* A registration handed out by pd_register(). */
 typedef struct pd_mr pd_mr;
 /* libfabric's domain (<rdma/fabric.h>); only ever passed by pointer. */
@@ -73,6 +76,31 @@ struct pd_device_info {
 #define PD_PATH_DMABUF 1u      /* the NIC was given the dma-buf (FI_MR_DMABUF): direct */
 #define PD_PATH_HOST_BOUNCE 2u /* a host staging buffer; pd_mr_reason() says why */
 #define PD_PATH_PEERMEM_VA 3u  /* a virtual address resolved by a peer-memory client */
+
+/* struct pd_invalidation.cause: why a registration is invalidated. */
+#define PD_INVALIDATED_MEMORY 1u /* its allocation is being freed, or its dma-buf invalidated */
+#define PD_INVALIDATED_DEVICE 2u /* its device is gone: unbound, removed or reset (revoked) */
+#define PD_INVALIDATED_DOMAIN 3u /* its domain is being detached */
+
+/* A registration whose memory, device or domain goes (pd_regcache_set_invalidate_callback()). */
+struct pd_invalidation {
+	pd_domain *domain; /* the domain it is registered in */
+	uint64_t key;      /* its fi_mr_key(): take it back from the peers that were given it */
+	void *addr;        /* its local address (NULL for host bounce) */
+	uint64_t length;   /* its length in bytes (0 for host bounce) */
+	uint32_t cause;    /* PD_INVALIDATED_* */
+	uint32_t held;     /* 1: a pd_mr still holds it, registered until released; 0: it is
+			      deregistered once the callback returns */
+};
+
+/*
+ * Called once for each registration of a cache whose memory, device or domain goes, cached or
+ * only held by pd_mr handles, before the cache lets go of it: on the thread that frees the
+ * allocation, detaches the domain or calls pd_regcache_invalidate_dmabuf(), or on the
+ * library's own thread that watches a device for removal. It runs outside the library's locks;
+ * it may call pd_mr_release(), but must not free the cache or detach a domain.
+ */
+typedef void (*pd_invalidate_fn)(void *ctx, const struct pd_invalidation *invalidation);
 
 /* What a pd_regcache did so far, and holds now (pd_regcache_stats()). */
 struct pd_regcache_stats {
@@ -169,34 +197,49 @@ int pd_stats(unsigned index, struct pd_stats *out);
 pd_regcache *pd_regcache_new(int *err);
 
 /*
- * Releases the cache (NULL is ignored): cached registrations are closed now, those held by
- * pd_mr handles when the handles are released.
+ * Releases the cache (NULL is ignored). No invalidation callback runs once it has started;
+ * cached registrations are closed now, those held by pd_mr handles when the handles are
+ * released. Its pd_domain handles stay valid until detached.
  */
 void pd_regcache_free(pd_regcache *cache);
 
 /*
- * Registers bytes [offset, offset + length) of alloc (length 0: up to the end) in domain
- * with access (PD_ACCESS_*), or hands out a cached registration that contains them. Stores
- * an owning handle in *out: read it with pd_mr_key(), pd_mr_desc(), pd_mr_offset(),
- * pd_mr_path(), pd_mr_reason(), pd_mr_remote(); release it with pd_mr_release(). The first
- * call on an allocation exports all of it read-write and maps it; that dma-buf is closed when
- * the allocation is freed. -ENOSYS: libfabric.so.1 (>= 1.20) cannot be loaded; -EOPNOTSUPP:
- * the provider refuses to register dma-bufs and host bounce is off (the default; see
- * pd_regcache_set_host_bounce()), pd_last_error() gives the provider's reason; other errors are
- * the provider's (pd_last_error() names the call).
+ * Attaches a libfabric domain that the caller opened to the cache: the handle names it in
+ * pd_register() and pd_register_dmabuf(). Each call makes a new handle with registrations of
+ * its own, even for a domain pointer seen before: a domain closed and another opened at the
+ * same address never share registrations. Returns NULL with the negative errno in *err
+ * (-EINVAL: NULL argument; -ENOSYS: libfabric.so.1 >= 1.20 cannot be loaded); err may be NULL.
  *
- * The domain is borrowed, never closed by this library. Lifetime rules: keep it open until
- * every pd_mr of it is released and the cache holds none of its registrations any more
- * (pd_regcache_invalidate_domain(), or pd_regcache_free()); only then fi_close() it. Open
- * it with FI_THREAD_SAFE, or never use it concurrently with calls of this library that
- * register or close registrations (pd_register, pd_mr_release, pd_allocation_free of a
- * registered allocation, pd_regcache_invalidate_domain, pd_regcache_free). Without
- * FI_MR_PROV_KEY, keys 1, 2, ... are requested, from one counter for the whole process (so
- * several caches may share a domain): do not request keys of your own from that range in the
- * same domain.
+ * The domain is borrowed, never closed by this library. Keep it open until the handle is
+ * detached. Open it with FI_THREAD_SAFE, or never use it concurrently with calls of this
+ * library that register or close registrations (pd_register, pd_mr_release, pd_allocation_free
+ * of a registered allocation, pd_domain_detach, pd_regcache_free). Without FI_MR_PROV_KEY,
+ * keys 1, 2, ... are requested, from one counter for the whole process (so several caches may
+ * share a domain): do not request keys of your own from that range in the same domain.
  */
-int pd_register(pd_regcache *cache, struct fid_domain *domain, const pd_allocation *alloc,
-		uint64_t offset, uint64_t length, uint32_t access, pd_mr **out);
+pd_domain *pd_domain_attach(pd_regcache *cache, struct fid_domain *domain, int *err);
+
+/*
+ * Before fi_close() of the domain: drops the cache's registrations in it (the invalidation
+ * callback is told of each, PD_INVALIDATED_DOMAIN) and releases the handle; returns how many
+ * cached entries were dropped. -EBUSY, with the handle still attached, while pd_mr handles of
+ * the domain are held: release them and call again. NULL returns 0.
+ */
+int pd_domain_detach(pd_domain *domain);
+
+/*
+ * Registers bytes [offset, offset + length) of alloc (length 0: up to the end) in the domain
+ * with access (PD_ACCESS_*), or hands out a cached registration that contains them. Stores
+ * an owning handle in *out: read it with pd_mr_key(), pd_mr_desc(), pd_mr_local(),
+ * pd_mr_offset(), pd_mr_path(), pd_mr_reason(), pd_mr_remote(); release it with
+ * pd_mr_release(). The first call on an allocation exports all of it read-write and maps it;
+ * that dma-buf is closed when the allocation is freed. -EOPNOTSUPP: the provider refuses to
+ * register dma-bufs and host bounce is off (the default; see pd_regcache_set_host_bounce()),
+ * pd_last_error() gives the provider's reason; other errors are the provider's
+ * (pd_last_error() names the call).
+ */
+int pd_register(pd_domain *domain, const pd_allocation *alloc, uint64_t offset, uint64_t length,
+		uint32_t access, pd_mr **out);
 
 /*
  * As pd_register, for a dma-buf that something else exported (habanalabs'
@@ -207,22 +250,23 @@ int pd_register(pd_regcache *cache, struct fid_domain *domain, const pd_allocati
  * memory goes: call pd_regcache_invalidate_dmabuf() before its exporter frees it.
  * -EINVAL: fd is not a dma-buf; -EBADF: fd is negative; -EACCES: it cannot be mapped writable.
  */
-int pd_register_dmabuf(pd_regcache *cache, struct fid_domain *domain, int fd, uint64_t offset,
-		       uint64_t length, uint32_t access, pd_mr **out);
+int pd_register_dmabuf(pd_domain *domain, int fd, uint64_t offset, uint64_t length,
+		       uint32_t access, pd_mr **out);
 
 /*
  * Drops every cached registration of the dma-buf fd (registered with pd_register_dmabuf) and
- * the cache's duplicate of it; registrations still held by pd_mr handles go when those are
- * released. Returns how many entries were dropped, or a negative errno.
+ * the cache's duplicate of it, telling the invalidation callback of each registration of it
+ * (PD_INVALIDATED_MEMORY); registrations still held by pd_mr handles go when those are
+ * released. Returns how many cached entries were dropped, or a negative errno.
  */
 int pd_regcache_invalidate_dmabuf(pd_regcache *cache, int fd);
 
 /*
- * Drops every cached registration in domain and forgets the domain, before it is closed.
- * Returns how many entries were dropped (0 for a domain the cache never saw) or a negative
- * errno.
+ * From now on, calls fn(ctx, invalidation) for each registration of the cache whose memory,
+ * device or domain goes (see pd_invalidate_fn); fn NULL: no callback. fn must be callable
+ * with ctx from any thread until it is replaced or the cache freed. Returns 0 or -EINVAL.
  */
-int pd_regcache_invalidate_domain(pd_regcache *cache, struct fid_domain *domain);
+int pd_regcache_set_invalidate_callback(pd_regcache *cache, pd_invalidate_fn fn, void *ctx);
 
 /*
  * Host bounce: where the provider refuses to register a dma-buf, register a host staging buffer
@@ -245,6 +289,13 @@ uint64_t pd_mr_key(const pd_mr *mr);
 void *pd_mr_desc(const pd_mr *mr);
 /* Where the requested range starts in the registration, which may be larger. */
 uint64_t pd_mr_offset(const pd_mr *mr);
+/*
+ * The local address of the requested range's first byte in *addr, and its length in *length:
+ * the buf to pass with pd_mr_desc() to the caller's own operations (fi_tsend, fi_trecv,
+ * fi_read's destination). -EOPNOTSUPP for a PD_PATH_HOST_BOUNCE registration: its descriptor
+ * names the staging buffer (pd_mr_staging()).
+ */
+int pd_mr_local(const pd_mr *mr, void **addr, uint64_t *length);
 /* PD_PATH_* (0 for NULL). */
 uint32_t pd_mr_path(const pd_mr *mr);
 /*

@@ -25,6 +25,29 @@ const _: () = assert!(PD_ACCESS_LOCAL_WRITE == pd::cache::Access::LOCAL_WRITE.bi
 const _: () = assert!(PD_ACCESS_REMOTE_READ == pd::cache::Access::REMOTE_READ.bits() as u32);
 const _: () = assert!(PD_ACCESS_REMOTE_WRITE == pd::cache::Access::REMOTE_WRITE.bits() as u32);
 
+/// `PD_INVALIDATED_*`: why registrations were invalidated (`struct pd_invalidation`), the
+/// crate's `Cause`.
+pub const PD_INVALIDATED_MEMORY: u32 = 1;
+pub const PD_INVALIDATED_DEVICE: u32 = 2;
+pub const PD_INVALIDATED_DOMAIN: u32 = 3;
+
+/// `struct pd_invalidation`: a registration whose memory, device or domain goes, as the
+/// callback of `pd_regcache_set_invalidate_callback` is told.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PdInvalidation {
+    pub domain: *mut crate::regcache::PdDomain,
+    pub key: u64,
+    pub addr: *mut std::ffi::c_void,
+    pub length: u64,
+    pub cause: u32,
+    pub held: u32,
+}
+
+/// `pd_invalidate_fn`: the invalidation callback.
+pub type PdInvalidateFn =
+    unsafe extern "C" fn(ctx: *mut std::ffi::c_void, invalidation: *const PdInvalidation);
+
 /// `struct fid_domain` of libfabric: only ever behind a pointer.
 #[repr(C)]
 pub struct FidDomain {

@@ -1,12 +1,16 @@
-//! The registration cache through the C ABI: `pd_regcache`, `pd_register` into a libfabric
-//! domain the caller opened, and the `pd_mr` handles it returns.
+//! The registration cache through the C ABI: `pd_regcache`, the libfabric domains the caller
+//! opened and attached to it (`pd_domain`), `pd_register` into one of them, and the `pd_mr`
+//! handles it returns.
 //!
-//! A `pd_regcache` is a `RegCache` of libfabric registrations with one registrar per domain
-//! pointer the caller passed (each borrowing that domain, never closing it). `pd_register`
-//! attaches the cache to the allocation's device, so that `pd_allocation_free` invalidates
-//! the allocation's entries before the FREE command; it registers from one read-write export
-//! of the whole allocation, made and mapped on the first call and kept by the allocation
-//! handle until it is freed.
+//! A `pd_regcache` is a `RegCache` of libfabric registrations. Each `pd_domain_attach` makes
+//! a registrar borrowing the caller's domain (never closing it) with a domain identity of its
+//! own, so a domain closed and another opened at the same address never share entries.
+//! `pd_register` attaches the cache to the allocation's device, so that `pd_allocation_free`
+//! invalidates the allocation's entries before the FREE command; it registers from one
+//! read-write export of the whole allocation, made and mapped on the first call and kept by
+//! the allocation handle until it is freed. The cache's invalidation listener calls the
+//! caller's callback (`pd_regcache_set_invalidate_callback`) for every registration whose
+//! memory, device or domain goes, so that a runtime can take back keys it gave peers.
 //!
 //! A C caller posts its own operations with the key and descriptor of a `pd_mr`, so a
 //! host-bounce registration (whose key and descriptor name a host staging buffer) would have
@@ -18,13 +22,13 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CString};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use pd::cache::{Access, ByteRange, ExportId, RegCache};
+use pd::cache::{Access, ByteRange, DomainId, ExportId, RegCache};
 use pd::registrar::libfabric::{Fabric, LibfabricError, LibfabricRegistrar, MappedDmaBuf};
-use pd::{Errno, RawExport, RegPath, Registration};
+use pd::{Cause, Errno, Invalidated, RawExport, RegPath, Registrar, Registration};
 
-use crate::abi::{self, FidDomain, PdRegcacheStats};
+use crate::abi::{self, FidDomain, PdInvalidateFn, PdInvalidation, PdRegcacheStats};
 use crate::error::{guard, guard_status, shield, Failure};
 use crate::{arg, put, PdAllocation};
 
@@ -34,17 +38,45 @@ pub(crate) struct Source {
     export: ExportId,
 }
 
-/// `pd_regcache`: a registration cache and the registrars of the domains it has seen.
+/// `pd_regcache`: a registration cache, shared with the `pd_domain` handles attached to it.
 pub struct PdRegCache {
+    shared: Arc<Shared>,
+}
+
+/// What a `pd_regcache` and its `pd_domain` handles share; it lives until the last of them is
+/// released.
+struct Shared {
     cache: Arc<RegCache<LibfabricRegistrar>>,
-    /// By the address of the `struct fid_domain`; removed by
-    /// `pd_regcache_invalidate_domain`, so that a later domain at that address is a new one.
-    registrars: Mutex<HashMap<usize, Arc<LibfabricRegistrar>>>,
+    /// The attached domains, for `pd_regcache_set_host_bounce`, the invalidation callback and
+    /// `pd_regcache_free`.
+    domains: Arc<Mutex<HashMap<DomainId, Attached>>>,
     /// Whether registrations may fall back to host bounce (`pd_regcache_set_host_bounce`).
     host_bounce: AtomicBool,
     /// Dma-bufs exported elsewhere (`pd_register_dmabuf`): a duplicate of the caller's fd,
     /// mapped, by inode number, until `pd_regcache_invalidate_dmabuf` or the cache's end.
     foreign: Mutex<HashMap<u64, Arc<Source>>>,
+    /// The caller's invalidation callback, read by the cache's listener.
+    callback: Arc<Mutex<Option<Callback>>>,
+}
+
+/// An attached domain: its handle's address (what the callback is told) and its registrar.
+struct Attached {
+    handle: usize,
+    registrar: Weak<LibfabricRegistrar>,
+}
+
+/// `pd_invalidate_fn` and its context, which the caller promised may be used from any thread.
+#[derive(Clone, Copy)]
+struct Callback {
+    function: PdInvalidateFn,
+    ctx: usize,
+}
+
+/// `pd_domain`: a libfabric domain the caller opened, attached to a cache
+/// (`pd_domain_attach`) until `pd_domain_detach`.
+pub struct PdDomain {
+    shared: Arc<Shared>,
+    registrar: Arc<LibfabricRegistrar>,
 }
 
 /// `pd_mr`: a registration handed out by `pd_register`, registered until released.
@@ -118,11 +150,19 @@ pub unsafe extern "C" fn pd_regcache_new(err: *mut c_int) -> *mut PdRegCache {
     let cache = guard("pd_regcache_new", std::ptr::null_mut(), report, || {
         let cache = RegCache::from_env()
             .map_err(|e| Failure::new(Errno::INVAL, format!("pd_regcache_new: {e}")))?;
-        Ok(Box::into_raw(Box::new(PdRegCache {
+        let shared = Shared {
             cache: Arc::new(cache),
-            registrars: Mutex::default(),
+            domains: Arc::default(),
             host_bounce: AtomicBool::new(false),
             foreign: Mutex::default(),
+            callback: Arc::default(),
+        };
+        let (domains, callback) = (Arc::clone(&shared.domains), Arc::clone(&shared.callback));
+        shared.cache.set_listener(Some(Arc::new(move |invalidated| {
+            tell(&domains, &callback, invalidated);
+        })));
+        Ok(Box::into_raw(Box::new(PdRegCache {
+            shared: Arc::new(shared),
         })))
     });
     if !cache.is_null() {
@@ -131,8 +171,45 @@ pub unsafe extern "C" fn pd_regcache_new(err: *mut c_int) -> *mut PdRegCache {
     cache
 }
 
-/// `void pd_regcache_free(pd_regcache *cache)`: drops the cache (NULL is ignored). Cached
-/// registrations are deregistered now, those still held by `pd_mr` handles when released.
+/// Calls the caller's callback, if any, about a registration the cache invalidates.
+fn tell(
+    domains: &Mutex<HashMap<DomainId, Attached>>,
+    callback: &Mutex<Option<Callback>>,
+    invalidated: &Invalidated<'_, LibfabricRegistrar>,
+) {
+    let Some(callback) = *lock(callback) else {
+        return;
+    };
+    let domain = lock(domains)
+        .get(&invalidated.key.domain)
+        .map_or(0, |attached| attached.handle);
+    let (addr, length) = invalidated
+        .mr
+        .local()
+        .map_or((std::ptr::null_mut(), 0), |(addr, length)| {
+            (addr.as_ptr().cast(), length)
+        });
+    let event = PdInvalidation {
+        domain: domain as *mut PdDomain,
+        key: invalidated.mr.key(),
+        addr,
+        length,
+        cause: match invalidated.cause {
+            Cause::Memory => abi::PD_INVALIDATED_MEMORY,
+            Cause::Device => abi::PD_INVALIDATED_DEVICE,
+            Cause::Domain => abi::PD_INVALIDATED_DOMAIN,
+        },
+        held: u32::from(invalidated.held),
+    };
+    // SAFETY: the caller of `pd_regcache_set_invalidate_callback` promised that the function
+    // may be called with its context from any thread until the callback is replaced or the
+    // cache freed; `event` lives for the call.
+    unsafe { (callback.function)(callback.ctx as *mut c_void, &event) };
+}
+
+/// `void pd_regcache_free(pd_regcache *cache)`: releases the cache (NULL is ignored). No
+/// callback runs once it has started; cached registrations are deregistered now, those still
+/// held by `pd_mr` handles when released; attached domains stay attached until detached.
 ///
 /// # Safety
 ///
@@ -146,24 +223,154 @@ pub unsafe extern "C" fn pd_regcache_free(cache: *mut PdRegCache) {
         // The closing deregistrations may touch the domains; a panic in a provider's close
         // must not unwind into C.
         guard_status("pd_regcache_free", || {
+            let shared = &cache.shared;
+            *lock(&shared.callback) = None;
+            let domains: Vec<DomainId> = lock(&shared.domains).keys().copied().collect();
+            for domain in domains {
+                shared.cache.invalidate_domain(domain);
+            }
+            lock(&shared.foreign).clear();
             drop(cache);
             Ok(())
         });
     }
 }
 
-/// `int pd_register(pd_regcache *cache, struct fid_domain *domain, const pd_allocation
-/// *alloc, uint64_t offset, uint64_t length, uint32_t access, pd_mr **out)`.
+/// `pd_domain *pd_domain_attach(pd_regcache *cache, struct fid_domain *domain, int *err)`: a
+/// handle naming `domain` in `cache` for `pd_register`, new at each call.
 ///
 /// # Safety
 ///
-/// `cache` and `alloc` are NULL or live handles, and `alloc` is not being freed meanwhile;
-/// `domain` is NULL or an open `struct fid_domain` that the caller keeps open as the header
-/// says; `out` is NULL or valid for writing a pointer.
+/// `cache` is NULL or a live handle; `domain` is NULL or an open `struct fid_domain` that the
+/// caller keeps open and uses as the header says until the handle is detached; `err` is NULL
+/// or valid for writing an `int`.
 #[no_mangle]
-pub unsafe extern "C" fn pd_register(
+pub unsafe extern "C" fn pd_domain_attach(
     cache: *mut PdRegCache,
     domain: *mut FidDomain,
+    err: *mut c_int,
+) -> *mut PdDomain {
+    const F: &str = "pd_domain_attach";
+    let report = |code| {
+        if !err.is_null() {
+            // SAFETY: not NULL, and the caller promises it is valid for writing an `int`.
+            unsafe { err.write(code) };
+        }
+    };
+    let handle = guard(F, std::ptr::null_mut(), report, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let cache = unsafe { arg(F, "cache", cache) }?;
+        let domain = NonNull::new(domain).ok_or_else(|| Failure::null(F, "domain"))?;
+        // SAFETY: the caller promises an open domain, kept open and used thread-safely while
+        // attached, which is `from_raw_domain`'s contract.
+        let fabric = unsafe { Fabric::from_raw_domain(domain.cast::<c_void>(), "libfabric") }
+            .map_err(|err| Failure::from(err).prefixed(F))?;
+        let registrar = Arc::new(LibfabricRegistrar::new(fabric));
+        let shared = &cache.shared;
+        let mut domains = lock(&shared.domains);
+        registrar.set_host_bounce(shared.host_bounce.load(Relaxed));
+        let handle = Box::into_raw(Box::new(PdDomain {
+            shared: Arc::clone(shared),
+            registrar: Arc::clone(&registrar),
+        }));
+        domains.insert(
+            registrar.domain(),
+            Attached {
+                handle: handle as usize,
+                registrar: Arc::downgrade(&registrar),
+            },
+        );
+        Ok(handle)
+    });
+    if !handle.is_null() {
+        report(0);
+    }
+    handle
+}
+
+/// `int pd_domain_detach(pd_domain *domain)`: drops the cache's registrations in the domain
+/// and, unless `pd_mr` handles still hold some (`-EBUSY`, the handle stays valid), releases
+/// the handle; returns how many cached entries were dropped. NULL returns 0.
+///
+/// # Safety
+///
+/// `domain` is NULL or a handle from `pd_domain_attach` not released yet; after a return of
+/// 0 or more it is not used again.
+#[no_mangle]
+pub unsafe extern "C" fn pd_domain_detach(domain: *mut PdDomain) -> c_int {
+    const F: &str = "pd_domain_detach";
+    if domain.is_null() {
+        return 0;
+    }
+    let mut dropped = 0;
+    let status = guard_status(F, || {
+        // SAFETY: the caller promises a live handle.
+        let attached = unsafe { arg(F, "domain", domain.cast_const()) }?;
+        let id = attached.registrar.domain();
+        let count = attached.shared.cache.invalidate_domain(id);
+        dropped = c_int::try_from(count).unwrap_or(c_int::MAX);
+        // Every live registration of the domain holds its registrar: cached ones were just
+        // dropped, so the others are held by pd_mr handles (or being made right now).
+        let held = Arc::strong_count(&attached.registrar) - 1;
+        if held > 0 {
+            return Err(Failure::new(
+                Errno::BUSY,
+                format!(
+                    "{F}: {held} registration(s) in the domain are still held by pd_mr handles: \
+                     pd_mr_release() them, then detach again (the domain stays attached, and \
+                     must stay open until then)"
+                ),
+            ));
+        }
+        lock(&attached.shared.domains).remove(&id);
+        // SAFETY: the caller hands back a pointer from `Box::into_raw` in `pd_domain_attach`,
+        // and does not use it after this success.
+        drop(unsafe { Box::from_raw(domain) });
+        Ok(())
+    });
+    if status < 0 {
+        status
+    } else {
+        dropped
+    }
+}
+
+/// `int pd_regcache_set_invalidate_callback(pd_regcache *cache, pd_invalidate_fn function,
+/// void *ctx)`: from now on, `function(ctx, invalidation)` is called once for every
+/// registration of the cache whose memory, device or domain goes (NULL: no callback).
+///
+/// # Safety
+///
+/// `cache` is NULL or a live handle; `function` is NULL or may be called with `ctx` from any
+/// thread until it is replaced or the cache freed.
+#[no_mangle]
+pub unsafe extern "C" fn pd_regcache_set_invalidate_callback(
+    cache: *mut PdRegCache,
+    function: Option<PdInvalidateFn>,
+    ctx: *mut c_void,
+) -> c_int {
+    const F: &str = "pd_regcache_set_invalidate_callback";
+    guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let cache = unsafe { arg(F, "cache", cache) }?;
+        *lock(&cache.shared.callback) = function.map(|function| Callback {
+            function,
+            ctx: ctx as usize,
+        });
+        Ok(())
+    })
+}
+
+/// `int pd_register(pd_domain *domain, const pd_allocation *alloc, uint64_t offset, uint64_t
+/// length, uint32_t access, pd_mr **out)`.
+///
+/// # Safety
+///
+/// `domain` and `alloc` are NULL or live handles, and `alloc` is not being freed meanwhile;
+/// `out` is NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn pd_register(
+    domain: *mut PdDomain,
     alloc: *const PdAllocation,
     offset: u64,
     length: u64,
@@ -173,34 +380,31 @@ pub unsafe extern "C" fn pd_register(
     const F: &str = "pd_register";
     guard_status(F, || {
         // SAFETY: the caller promises NULL or a live handle.
-        let cache = unsafe { arg(F, "cache", cache) }?;
+        let domain = unsafe { arg(F, "domain", domain.cast_const()) }?;
         // SAFETY: the caller promises NULL or a live handle, not freed during this call.
         let alloc = unsafe { arg(F, "alloc", alloc) }?;
-        let domain = NonNull::new(domain).ok_or_else(|| Failure::null(F, "domain"))?;
         if out.is_null() {
             return Err(Failure::null(F, "out"));
         }
         let access = checked_access(access)?;
         let range = checked_range(alloc.length, offset, length)?;
         let source = source(alloc)?;
-        cache.cache.attach(&alloc.device);
-        // SAFETY: the caller's promises for `domain` and `out` are `register_into`'s.
-        unsafe { cache.register_into(F, domain, &source, range, access, out) }
+        domain.shared.cache.attach(&alloc.device);
+        // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
+        unsafe { domain.register_into(F, &source, range, access, out) }
     })
 }
 
-/// `int pd_register_dmabuf(pd_regcache *cache, struct fid_domain *domain, int fd, uint64_t
-/// offset, uint64_t length, uint32_t access, pd_mr **out)`: as `pd_register`, for a dma-buf
-/// exported by something else (habanalabs, a GPU, udmabuf).
+/// `int pd_register_dmabuf(pd_domain *domain, int fd, uint64_t offset, uint64_t length,
+/// uint32_t access, pd_mr **out)`: as `pd_register`, for a dma-buf exported by something else
+/// (habanalabs, a GPU, udmabuf).
 ///
 /// # Safety
 ///
-/// `cache` is NULL or a live handle; `fd` is open for the call; `domain` and `out` as for
-/// `pd_register`.
+/// `domain` is NULL or a live handle; `fd` is open for the call; `out` as for `pd_register`.
 #[no_mangle]
 pub unsafe extern "C" fn pd_register_dmabuf(
-    cache: *mut PdRegCache,
-    domain: *mut FidDomain,
+    domain: *mut PdDomain,
     fd: c_int,
     offset: u64,
     length: u64,
@@ -210,17 +414,16 @@ pub unsafe extern "C" fn pd_register_dmabuf(
     const F: &str = "pd_register_dmabuf";
     guard_status(F, || {
         // SAFETY: the caller promises NULL or a live handle.
-        let cache = unsafe { arg(F, "cache", cache) }?;
-        let domain = NonNull::new(domain).ok_or_else(|| Failure::null(F, "domain"))?;
+        let domain = unsafe { arg(F, "domain", domain.cast_const()) }?;
         if out.is_null() {
             return Err(Failure::null(F, "out"));
         }
         let access = checked_access(access)?;
-        let source = cache.foreign_source(F, fd)?;
+        let source = domain.shared.foreign_source(F, fd)?;
         let size = source.mapped.dma_buf().length();
         let range = checked_range(size, offset, length)?;
-        // SAFETY: the caller's promises for `domain` and `out` are `register_into`'s.
-        unsafe { cache.register_into(F, domain, &source, range, access, out) }
+        // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
+        unsafe { domain.register_into(F, &source, range, access, out) }
     })
 }
 
@@ -240,9 +443,9 @@ pub unsafe extern "C" fn pd_regcache_invalidate_dmabuf(cache: *mut PdRegCache, f
         let cache = unsafe { arg(F, "cache", cache) }?;
         let export = ExportId::foreign(&borrowed_dma_buf(F, fd)?)
             .map_err(|errno| Failure::new(errno, format!("{F}: fstat of fd {fd}: {errno}")))?;
-        let count = cache.cache.invalidate_export(export);
+        let count = cache.shared.cache.invalidate_export(export);
         // Its mapping and duplicate fd go once no registration uses them.
-        lock(&cache.foreign).remove(&export.dma_buf_inode());
+        lock(&cache.shared.foreign).remove(&export.dma_buf_inode());
         dropped = c_int::try_from(count).unwrap_or(c_int::MAX);
         Ok(())
     });
@@ -322,28 +525,28 @@ fn source(alloc: &PdAllocation) -> Result<Arc<Source>, Failure> {
     Ok(source)
 }
 
-impl PdRegCache {
-    /// Registers `range` of `source` in `domain` through the cache and stores a new handle in
-    /// `out`.
+impl PdDomain {
+    /// Registers `range` of `source` in the domain through the cache and stores a new handle
+    /// in `out`.
     ///
     /// # Safety
     ///
-    /// `domain` is an open `struct fid_domain` kept open and used as the header's lifetime
-    /// rules say (see [`PdRegCache::registrar`]); `out` is NULL or valid for writing a pointer.
+    /// `out` is NULL or valid for writing a pointer.
     unsafe fn register_into(
         &self,
         function: &str,
-        domain: NonNull<FidDomain>,
         source: &Source,
         range: ByteRange,
         access: Access,
         out: *mut *mut PdMr,
     ) -> Result<(), Failure> {
-        // SAFETY: forwarded from the caller.
-        let registrar = unsafe { self.registrar(domain) }?;
-        let registration =
-            self.cache
-                .get(&registrar, &source.mapped, source.export, range, access)?;
+        let registration = self.shared.cache.get(
+            &self.registrar,
+            &source.mapped,
+            source.export,
+            range,
+            access,
+        )?;
         let mr = Box::into_raw(Box::new(PdMr::new(registration)));
         // SAFETY: the caller promises `out` is NULL (refused) or valid for writing.
         let stored = unsafe { put(function, "out", out, mr) };
@@ -353,7 +556,9 @@ impl PdRegCache {
         }
         stored
     }
+}
 
+impl Shared {
     /// The cache's source for the foreign dma-buf `fd`: its own duplicate, mapped, made on
     /// first use.
     fn foreign_source(&self, function: &str, fd: c_int) -> Result<Arc<Source>, Failure> {
@@ -368,63 +573,6 @@ impl PdRegCache {
         let source = Arc::new(Source { mapped, export });
         foreign.insert(export.dma_buf_inode(), Arc::clone(&source));
         Ok(source)
-    }
-
-    /// The registrar of `domain`, made on its first use.
-    ///
-    /// # Safety
-    ///
-    /// `domain` is an open `struct fid_domain` that stays open, and is used thread-safely,
-    /// as `Fabric::from_raw_domain` requires.
-    unsafe fn registrar(
-        &self,
-        domain: NonNull<FidDomain>,
-    ) -> Result<Arc<LibfabricRegistrar>, Failure> {
-        let mut registrars = lock(&self.registrars);
-        if let Some(registrar) = registrars.get(&(domain.as_ptr() as usize)) {
-            return Ok(Arc::clone(registrar));
-        }
-        // SAFETY: the caller's contract is `from_raw_domain`'s.
-        let fabric = unsafe { Fabric::from_raw_domain(domain.cast::<c_void>(), "libfabric") }?;
-        let registrar = Arc::new(LibfabricRegistrar::new(fabric));
-        registrar.set_host_bounce(self.host_bounce.load(Relaxed));
-        registrars.insert(domain.as_ptr() as usize, Arc::clone(&registrar));
-        Ok(registrar)
-    }
-}
-
-/// `int pd_regcache_invalidate_domain(pd_regcache *cache, struct fid_domain *domain)`: drops
-/// every cached registration in `domain` and forgets the domain; returns how many entries were
-/// dropped (0 for a domain the cache never saw), or a negative errno.
-///
-/// # Safety
-///
-/// `cache` is NULL or a live handle. `domain` is only compared, never dereferenced.
-#[no_mangle]
-pub unsafe extern "C" fn pd_regcache_invalidate_domain(
-    cache: *mut PdRegCache,
-    domain: *mut FidDomain,
-) -> c_int {
-    const F: &str = "pd_regcache_invalidate_domain";
-    let mut dropped = 0;
-    let status = guard_status(F, || {
-        // SAFETY: the caller promises NULL or a live handle.
-        let cache = unsafe { arg(F, "cache", cache) }?;
-        if domain.is_null() {
-            return Err(Failure::null(F, "domain"));
-        }
-        let registrar = lock(&cache.registrars).remove(&(domain as usize));
-        if let Some(registrar) = registrar {
-            use pd::Registrar;
-            let count = cache.cache.invalidate_domain(registrar.domain());
-            dropped = c_int::try_from(count).unwrap_or(c_int::MAX);
-        }
-        Ok(())
-    });
-    if status < 0 {
-        status
-    } else {
-        dropped
     }
 }
 
@@ -444,9 +592,9 @@ pub unsafe extern "C" fn pd_regcache_set_host_bounce(
     guard_status(F, || {
         // SAFETY: the caller promises NULL or a live handle.
         let cache = unsafe { arg(F, "cache", cache) }?;
-        let registrars = lock(&cache.registrars);
-        cache.host_bounce.store(allow != 0, Relaxed);
-        for registrar in registrars.values() {
+        let domains = lock(&cache.shared.domains);
+        cache.shared.host_bounce.store(allow != 0, Relaxed);
+        for registrar in domains.values().filter_map(|d| d.registrar.upgrade()) {
             registrar.set_host_bounce(allow != 0);
         }
         Ok(())
@@ -467,7 +615,7 @@ pub unsafe extern "C" fn pd_regcache_stats(
     guard_status(F, || {
         // SAFETY: the caller promises NULL or a live handle.
         let cache = unsafe { arg(F, "cache", cache) }?;
-        let stats = PdRegcacheStats::from(&cache.cache.stats());
+        let stats = PdRegcacheStats::from(&cache.shared.cache.stats());
         // SAFETY: the caller promises `out` is NULL (refused) or valid for writing.
         unsafe { put(F, "out", out, stats) }
     })
@@ -639,6 +787,49 @@ pub unsafe extern "C" fn pd_mr_remote(
         unsafe { put(F, "addr", addr, remote.addr) }?;
         // SAFETY: as above.
         unsafe { put(F, "key", key, remote.key) }
+    })
+}
+
+/// `int pd_mr_local(const pd_mr *mr, void **addr, uint64_t *length)`: the local address of
+/// the requested range's first byte and its length: the `buf` (with `pd_mr_desc`) of the
+/// caller's own operations on it. `-EOPNOTSUPP` for host bounce (the descriptor names the
+/// staging buffer: `pd_mr_staging`).
+///
+/// # Safety
+///
+/// `mr` is NULL or a live handle; `addr` is NULL or valid for writing a pointer, `length` for
+/// writing a `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn pd_mr_local(
+    mr: *const PdMr,
+    addr: *mut *mut c_void,
+    length: *mut u64,
+) -> c_int {
+    const F: &str = "pd_mr_local";
+    guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let mr = unsafe { arg(F, "mr", mr) }?;
+        if addr.is_null() {
+            return Err(Failure::null(F, "addr"));
+        }
+        if length.is_null() {
+            return Err(Failure::null(F, "length"));
+        }
+        let registration = &mr.registration;
+        let (start, _) = registration.mr().local().ok_or_else(|| {
+            Failure::new(
+                Errno::OPNOTSUPP,
+                "pd_mr_local: the registration is a host bounce (see pd_mr_reason): its descriptor names the staging buffer; post operations on pd_mr_staging() and copy HBM through it",
+            )
+        })?;
+        // Inside the registration, which lies inside the mapping.
+        let first = start
+            .as_ptr()
+            .wrapping_add(usize::try_from(registration.offset_in_mr()).unwrap_or(usize::MAX));
+        // SAFETY: the caller promises each is NULL (refused) or valid for writing.
+        unsafe { put(F, "addr", addr, first.cast::<c_void>()) }?;
+        // SAFETY: as above.
+        unsafe { put(F, "length", length, registration.requested().length()) }
     })
 }
 

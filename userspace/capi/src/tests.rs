@@ -34,6 +34,8 @@ fn c_type(rust: &str) -> String {
         "PdMr" => "pd_mr",
         "PdRegcacheStats" => "struct pd_regcache_stats",
         "FidDomain" => "struct fid_domain",
+        "PdDomain" => "pd_domain",
+        "Option<PdInvalidateFn>" | "Option < PdInvalidateFn >" => "pd_invalidate_fn",
         "c_void" => "void",
         other => panic!("no C spelling for the Rust type {other}"),
     }
@@ -71,11 +73,13 @@ fn signatures() -> Vec<(&'static str, String)> {
         pd_stats(c_uint, *mut PdStats) -> c_int;
         pd_regcache_new(*mut c_int) -> *mut PdRegCache;
         pd_regcache_free(*mut PdRegCache) -> ();
-        pd_register(*mut PdRegCache, *mut FidDomain, *const PdAllocation, u64, u64, u32, *mut *mut PdMr) -> c_int;
-        pd_regcache_invalidate_domain(*mut PdRegCache, *mut FidDomain) -> c_int;
+        pd_domain_attach(*mut PdRegCache, *mut FidDomain, *mut c_int) -> *mut PdDomain;
+        pd_domain_detach(*mut PdDomain) -> c_int;
+        pd_register(*mut PdDomain, *const PdAllocation, u64, u64, u32, *mut *mut PdMr) -> c_int;
+        pd_regcache_set_invalidate_callback(*mut PdRegCache, Option<PdInvalidateFn>, *mut c_void) -> c_int;
         pd_regcache_stats(*const PdRegCache, *mut PdRegcacheStats) -> c_int;
         pd_regcache_set_host_bounce(*mut PdRegCache, c_int) -> c_int;
-        pd_register_dmabuf(*mut PdRegCache, *mut FidDomain, c_int, u64, u64, u32, *mut *mut PdMr) -> c_int;
+        pd_register_dmabuf(*mut PdDomain, c_int, u64, u64, u32, *mut *mut PdMr) -> c_int;
         pd_regcache_invalidate_dmabuf(*mut PdRegCache, c_int) -> c_int;
         pd_mr_release(*mut PdMr) -> ();
         pd_mr_key(*const PdMr) -> u64;
@@ -85,6 +89,7 @@ fn signatures() -> Vec<(&'static str, String)> {
         pd_mr_reason(*const PdMr) -> *const c_char;
         pd_mr_staging(*const PdMr, *mut u64) -> *mut c_void;
         pd_mr_remote(*const PdMr, c_int, *mut u64, *mut u64) -> c_int;
+        pd_mr_local(*const PdMr, *mut *mut c_void, *mut u64) -> c_int;
         pd_last_error() -> *const c_char;
         pd_strerror(c_int) -> *const c_char;
         pd_version() -> *const c_char;
@@ -111,6 +116,7 @@ fn rust_layout() -> Vec<(String, u64)> {
             hits, misses, registrations, failed_registrations, deregistrations, evictions,
             superseded, invalidations, uncached, entries, bytes, max_count, max_bytes
         }
+        PdInvalidation "pd_invalidation" { domain, key, addr, length, cause, held }
     }
     for (name, value) in [
         ("PD_EXPORT_CLOEXEC", PD_EXPORT_CLOEXEC),
@@ -123,6 +129,9 @@ fn rust_layout() -> Vec<(String, u64)> {
         ("PD_PATH_DMABUF", PD_PATH_DMABUF),
         ("PD_PATH_HOST_BOUNCE", PD_PATH_HOST_BOUNCE),
         ("PD_PATH_PEERMEM_VA", PD_PATH_PEERMEM_VA),
+        ("PD_INVALIDATED_MEMORY", PD_INVALIDATED_MEMORY),
+        ("PD_INVALIDATED_DEVICE", PD_INVALIDATED_DEVICE),
+        ("PD_INVALIDATED_DOMAIN", PD_INVALIDATED_DOMAIN),
     ] {
         values.push((name.to_owned(), value.into()));
     }
@@ -217,7 +226,7 @@ fn header_rust_and_table_name_the_same_functions() {
         in_table, in_rust,
         "signature table vs. extern \"C\" fns of lib.rs"
     );
-    assert_eq!(in_rust.len(), 30);
+    assert_eq!(in_rust.len(), 33);
 }
 
 #[test]
@@ -239,7 +248,7 @@ fn layout_matches_the_header() {
         &format!("#include <stddef.h>\n#include <peerdirect.h>\n\n{body}"),
     );
     // Guard against the comparison passing vacuously.
-    assert_eq!(values.len(), 2 + 15 + 2 + 4 + 2 + 13 + 3 + 7);
+    assert_eq!(values.len(), 2 + 15 + 2 + 4 + 2 + 13 + 2 + 6 + 3 + 10);
 }
 
 /// No panic may unwind into C: the body of every `extern "C"` function runs inside
@@ -289,5 +298,5 @@ fn every_c_function_runs_inside_the_guard() {
         );
         seen += 1;
     }
-    assert_eq!(seen, 30);
+    assert_eq!(seen, 33);
 }

@@ -95,6 +95,8 @@ int main(int argc, char **argv)
 		struct pd_regcache_stats cstats;
 		pd_regcache *cache;
 		pd_mr *mr = (pd_mr *)&err;
+		pd_domain *dom;
+		void *ptr;
 		struct fid_domain *domain = (struct fid_domain *)&cstats; /* never dereferenced */
 
 		CHECK(setenv("PEERDIRECT_MR_CACHE_MAX_COUNT", "many", 1) == 0);
@@ -109,33 +111,41 @@ int main(int argc, char **argv)
 		CHECK(cstats.max_count == 16 && cstats.entries == 0 && cstats.invalidations == 0);
 		CHECK(pd_regcache_stats(cache, NULL) == -EINVAL);
 		CHECK(pd_regcache_stats(NULL, &cstats) == -EINVAL);
-		CHECK(pd_register(cache, domain, NULL, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
-		CHECK(strcmp(pd_last_error(), "pd_register: alloc is NULL; pass a valid pointer") == 0);
-		CHECK(pd_register(NULL, domain, NULL, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
+		/* Domains: NULL arguments; without libfabric on this host, attaching says so. */
+		CHECK(pd_domain_attach(NULL, domain, &err) == NULL && err == -EINVAL);
+		CHECK(pd_domain_attach(cache, NULL, &err) == NULL && err == -EINVAL);
+		CHECK(strcmp(pd_last_error(), "pd_domain_attach: domain is NULL; pass a valid pointer") == 0);
+		dom = pd_domain_attach(cache, domain, &err);
+		if (dom) {
+			CHECK(err == 0);
+			CHECK(pd_domain_detach(dom) == 0);
+		} else {
+			CHECK(err == -ENOSYS);
+			CHECK(contains(pd_last_error(), "libfabric"));
+		}
+		CHECK(pd_domain_detach(NULL) == 0);
+		CHECK(pd_register(NULL, NULL, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
+		CHECK(strcmp(pd_last_error(), "pd_register: domain is NULL; pass a valid pointer") == 0);
 		CHECK(mr == (pd_mr *)&err);
-		/* A dma-buf exported elsewhere: not a dma-buf, not an fd, NULL arguments. */
+		/* A dma-buf exported elsewhere: not a dma-buf, NULL arguments. */
 		{
 			int file = open(argv[1], O_RDONLY);
 
 			CHECK(file >= 0);
-			CHECK(pd_register_dmabuf(cache, domain, file, 0, 0, PD_ACCESS_LOCAL_READ,
-						 &mr) == -EINVAL);
-			CHECK(contains(pd_last_error(), "not a dma-buf"));
 			CHECK(pd_regcache_invalidate_dmabuf(cache, file) == -EINVAL);
+			CHECK(contains(pd_last_error(), "not a dma-buf"));
 			close(file);
 		}
-		CHECK(pd_register_dmabuf(cache, domain, -1, 0, 0, PD_ACCESS_LOCAL_READ, &mr) ==
-		      -EBADF);
-		CHECK(pd_register_dmabuf(cache, NULL, 0, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
-		CHECK(pd_register_dmabuf(NULL, domain, 0, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
+		CHECK(pd_regcache_invalidate_dmabuf(cache, -1) == -EBADF);
+		CHECK(pd_register_dmabuf(NULL, 0, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
 		CHECK(pd_regcache_invalidate_dmabuf(NULL, 0) == -EINVAL);
 		CHECK(mr == (pd_mr *)&err);
 		CHECK(pd_regcache_set_host_bounce(cache, 1) == 0);
 		CHECK(pd_regcache_set_host_bounce(NULL, 1) == -EINVAL);
+		CHECK(pd_regcache_set_invalidate_callback(NULL, NULL, NULL) == -EINVAL);
+		CHECK(pd_regcache_set_invalidate_callback(cache, NULL, NULL) == 0);
 		CHECK(pd_mr_staging(NULL, &u64) == NULL && u64 == 0);
-		CHECK(pd_regcache_invalidate_domain(cache, domain) == 0);
-		CHECK(pd_regcache_invalidate_domain(cache, NULL) == -EINVAL);
-		CHECK(pd_regcache_invalidate_domain(NULL, domain) == -EINVAL);
+		CHECK(pd_mr_local(NULL, &ptr, &u64) == -EINVAL);
 		CHECK(pd_mr_key(NULL) == 0);
 		CHECK(pd_mr_desc(NULL) == NULL);
 		CHECK(pd_mr_offset(NULL) == 0);

@@ -701,6 +701,22 @@ impl FabricMr {
         })
     }
 
+    /// Where the registration starts in this process and how long it is, for the `buf` of
+    /// local operations (`fi_tsend`, `fi_read`'s destination, ...) with [`FabricMr::desc`]:
+    /// the dma-buf's mapping (the `base_addr` it was registered with) plus its range's offset.
+    /// `None` for host bounce: the key and descriptor name the staging buffer
+    /// ([`FabricMr::staging`]).
+    pub fn local(&self) -> Option<(NonNull<u8>, u64)> {
+        if !self.path.is_direct() {
+            return None;
+        }
+        let offset = usize::try_from(self.range.offset()).ok()?;
+        // The range lies inside the mapping (checked when it was registered), so the sum
+        // stays inside the same allocation.
+        let start = self.hbm.ptr.as_ptr().wrapping_add(offset);
+        Some((NonNull::new(start)?, self.range.length()))
+    }
+
     /// The host staging buffer of a host-bounce registration (`None` when direct): its address
     /// and length. The key and descriptor name it, not HBM: a caller that posts its own
     /// operations copies HBM into it before sending and out of it after receiving, and must

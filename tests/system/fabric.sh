@@ -85,6 +85,8 @@ RDMAV_FORK_SAFE=1 peerdirect doctor --json >doctor-ok.json 2>doctor-ok.err
 echo $? >doctor-ok.rc
 env -u RDMAV_FORK_SAFE peerdirect doctor >doctor-warn.txt 2>&1
 echo $? >doctor-warn.rc
+RDMAV_FORK_SAFE=1 FI_VERBS_USE_DMABUF=0 FI_VERBS_USE_ODP=1 peerdirect doctor --json >doctor-verbs.json 2>doctor-verbs.err
+echo $? >doctor-verbs.rc
 # Last: with the HBM device unbound, the devices check fails and so does doctor.
 for d in /sys/bus/pci/drivers/peerdirect/0000:*; do echo "${d##*/}" >/sys/bus/pci/drivers/peerdirect/unbind; done
 RDMAV_FORK_SAFE=1 peerdirect doctor --json >doctor-fail.json 2>doctor-fail.err
@@ -104,14 +106,17 @@ if [ "$(cat "$work/register.rc" 2>/dev/null)" = 0 ] &&
 else
 	fail "peerdirect register --provider 'verbs;ofi_rxm' --json reports host_bounce with a reason" "$(cat "$work/register.json" "$work/register.err" 2>/dev/null)"
 fi
-desc="peerdirect doctor --json on rxe with RDMAV_FORK_SAFE=1: module, devices, p2p (rxe0's NIC below the switch), libfabric 2.1, fork_safe ok; memlock checked; no EFA, so its check is skipped"
+desc="peerdirect doctor --json on rxe with RDMAV_FORK_SAFE=1: module, devices, p2p (rxe0's NIC below the switch), libfabric 2.1, fork_safe ok; memlock checked; rxe is a verbs NIC: the kernel's ib_umem_dmabuf_get found in /proc/kallsyms, FI_VERBS_USE_DMABUF and FI_VERBS_USE_ODP as they should be; no EFA, so the EFA checks are skipped"
 if [ "$(cat "$work/doctor-ok.rc" 2>/dev/null)" = 0 ] &&
 	jq -e 'def s(n): map(select(.name == n))[0];
 		(s("module").status == "ok") and (s("devices").status == "ok")
 		and (s("p2p").status == "ok") and (s("p2p").detail | test("rxe0"))
 		and (s("libfabric").status == "ok") and (s("libfabric").detail | test("^libfabric 2\\."))
 		and (s("fork_safe").status == "ok") and (s("memlock").status | test("^(ok|warn)$"))
-		and (s("efa_device_rdma").status == "skip")' "$work/doctor-ok.json" >/dev/null 2>&1; then
+		and (s("efa_device_rdma").status == "skip") and (s("efa_libfabric").status == "skip")
+		and (s("efa_shm").status == "skip") and (s("efa_fabric").status == "skip")
+		and (s("verbs_kernel").status == "ok") and (s("verbs_kernel").detail | test("ib_umem_dmabuf_get"))
+		and (s("verbs_use_dmabuf").status == "ok") and (s("verbs_odp").status == "ok")' "$work/doctor-ok.json" >/dev/null 2>&1; then
 	ok "$desc: $(jq -r 'map(select(.name == "p2p"))[0].detail' "$work/doctor-ok.json")"
 else
 	fail "$desc" "$(cat "$work/doctor-ok.json" "$work/doctor-ok.err" 2>/dev/null)"
@@ -123,6 +128,16 @@ if [ "$(cat "$work/doctor-warn.rc" 2>/dev/null)" = 0 ] &&
 	ok "$desc"
 else
 	fail "$desc" "$(cat "$work/doctor-warn.txt" 2>/dev/null)"
+fi
+desc="peerdirect doctor with FI_VERBS_USE_DMABUF=0 and FI_VERBS_USE_ODP=1 on rxe: the first fails and the second warns, each with its fix, exit status 1"
+if [ "$(cat "$work/doctor-verbs.rc" 2>/dev/null)" = 1 ] &&
+	jq -e 'def s(n): map(select(.name == n))[0];
+		(s("verbs_use_dmabuf").status == "fail") and (s("verbs_use_dmabuf").fix | test("FI_VERBS_USE_DMABUF"))
+		and (s("verbs_odp").status == "warn") and (s("verbs_odp").fix | test("FI_VERBS_USE_ODP"))
+		and (s("verbs_kernel").status == "ok")' "$work/doctor-verbs.json" >/dev/null 2>&1; then
+	ok "$desc"
+else
+	fail "$desc" "$(cat "$work/doctor-verbs.json" "$work/doctor-verbs.err" 2>/dev/null)"
 fi
 desc="peerdirect doctor after the HBM device is unbound: the devices check fails with the binding recipe, exit status 1"
 if [ "$(cat "$work/doctor-fail.rc" 2>/dev/null)" = 1 ] &&

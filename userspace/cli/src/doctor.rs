@@ -3,10 +3,42 @@
 //! peer-to-peer (the kernel's verdict, as `topo` gives it), libfabric with `FI_MR_DMABUF`,
 //! the locked-memory limit, and the settings Habana's documentation asks for when Gaudi
 //! uses host NICs (`RDMAV_FORK_SAFE=1`; `FI_EFA_USE_DEVICE_RDMA=1` with EFA).
+//!
+//! With an EFA device (skipped without one):
+//! - `efa_libfabric`: libfabric 2.5.0's efa provider refuses `FI_MR_DMABUF` registrations
+//!   of `FI_HMEM_SYSTEM` memory, which is how HBM is registered (fixed in 2.5.1). `fi_version()`
+//!   has no patch level, so the release comes from `fi_info --version` ("libfabric: X.Y.Z",
+//!   when `fi_info` is on `PATH` and reports the same major.minor), else from the file name
+//!   of the `libfabric.so.1` this process mapped: upstream builds it with libtool's
+//!   `-version-info C:R:A` as `libfabric.so.1.A.R`, and since 1.11 every release has its own
+//!   age (2.x: A = 26 + minor, so 2.5 is 31) and a patch release's revision is its patch
+//!   level (2.5.0 is `libfabric.so.1.31.0`, 2.5.1 `libfabric.so.1.31.1`, as is 2.5.1rc1, which
+//!   still has the bug). Neither: the patch level is unknown, a warning.
+//! - `efa_shm`: `FI_EFA_ENABLE_SHM_TRANSFER` (libfabric's default 1) makes the efa fabric
+//!   hand transfers between processes of one host to libfabric's shm provider, which treats
+//!   the HBM registration as host memory: a warning unless libfabric reads it as 0.
+//! - `efa_fabric`: whether `FI_PROVIDER` lets libfabric use the efa provider, and its
+//!   `efa-direct` fabric (libfabric >= 2.1; a fabric name of the efa provider, asked for with
+//!   `fabric_attr->name`, not a provider name `FI_PROVIDER` can select).
+//!
+//! With a verbs NIC, i.e. an RDMA device that is not EFA (mlx5, irdma, rxe; skipped without):
+//! - `verbs_kernel`: `ib_umem_dmabuf_get` in /proc/kallsyms, the kernel's dma-buf import for
+//!   MRs, and the test libfabric's verbs provider itself makes (`vrb_os_mem_support`); the
+//!   names are listed to every user, only the addresses are hidden.
+//! - `verbs_use_dmabuf`: `FI_VERBS_USE_DMABUF` false turns the verbs provider's
+//!   `FI_MR_DMABUF` off.
+//! - `verbs_odp`: `FI_VERBS_USE_ODP` true makes the verbs provider ask for on-demand paging
+//!   on `FI_HMEM_SYSTEM` registrations, dma-buf ones included, which the kernel refuses.
+//!
+//! libfabric also reads its variables from `libfabric.conf` in its sysconfdir; these checks
+//! read the environment only.
 
 use std::collections::HashMap;
-use std::io::{self, Write};
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use peerdirect::registrar::libfabric;
@@ -80,6 +112,16 @@ pub struct Host {
     /// RLIMIT_MEMLOCK's soft limit from /proc/self/limits: bytes, or `Some(None)` for
     /// unlimited; `None` when it could not be read.
     pub memlock: Option<Option<u64>>,
+    /// The release `fi_info --version` reports on its "libfabric: " line (e.g. "2.5.0", or
+    /// "2.1.0amzn3.0" with a build id); `None` without `fi_info` on `PATH` or without an
+    /// EFA device (only the EFA checks need it).
+    pub fi_info_release: Option<String>,
+    /// The path of the libfabric library this process mapped (from /proc/self/maps), e.g.
+    /// /usr/lib/x86_64-linux-gnu/libfabric.so.1.27.0; `None` when none is mapped.
+    pub libfabric_file: Option<String>,
+    /// Whether /proc/kallsyms lists `ib_umem_dmabuf_get`: `None` when it could not be read
+    /// or without a verbs NIC (only the verbs checks need it).
+    pub kallsyms_dmabuf: Option<bool>,
 }
 
 /// One HBM device as the checks see it.
@@ -93,16 +135,42 @@ pub struct DeviceView {
 }
 
 /// The environment variables `checks` reads.
-const ENV: [&str; 2] = ["RDMAV_FORK_SAFE", "FI_EFA_USE_DEVICE_RDMA"];
+const ENV: [&str; 6] = [
+    "RDMAV_FORK_SAFE",
+    "FI_EFA_USE_DEVICE_RDMA",
+    "FI_EFA_ENABLE_SHM_TRANSFER",
+    "FI_PROVIDER",
+    "FI_VERBS_USE_DMABUF",
+    "FI_VERBS_USE_ODP",
+];
+
+/// The kernel symbol of dma-buf MRs (drivers/infiniband/core/umem_dmabuf.c, Linux >= 5.12),
+/// the one libfabric's verbs provider looks for in /proc/kallsyms.
+const UMEM_DMABUF: &str = "ib_umem_dmabuf_get";
+
+/// How long `fi_info --version` may take.
+const FI_INFO_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Host {
     /// Reads this host.
     pub fn gather() -> Self {
         let sysfs = Path::new("/sys");
         let peers = topo::scan(sysfs).unwrap_or_default();
+        // First: it maps libfabric.so.1 (for good), whose file name /proc/self/maps then gives.
+        let libfabric = libfabric::version().map_err(|e| e.to_string());
+        let efa = peers.iter().any(is_efa);
         let mut host = Host {
             module_loaded: sysfs.join("module/peerdirect").exists(),
-            libfabric: Some(libfabric::version().map_err(|e| e.to_string())),
+            libfabric: Some(libfabric),
+            libfabric_file: std::fs::read_to_string("/proc/self/maps")
+                .ok()
+                .and_then(|maps| libfabric_file_of(&maps)),
+            fi_info_release: if efa { fi_info_release() } else { None },
+            kallsyms_dmabuf: if peers.iter().any(is_verbs) {
+                kallsyms_lists(Path::new("/proc/kallsyms"), UMEM_DMABUF)
+            } else {
+                None
+            },
             env: ENV
                 .iter()
                 .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
@@ -158,6 +226,185 @@ pub fn memlock_of(limits: &str) -> Option<Option<u64>> {
     {
         "unlimited" => Some(None),
         soft => soft.parse().ok().map(Some),
+    }
+}
+
+/// The path of the first libfabric library in /proc/self/maps text.
+pub fn libfabric_file_of(maps: &str) -> Option<String> {
+    maps.lines()
+        .filter_map(|line| line.find('/').map(|i| &line[i..]))
+        .find(|path| {
+            Path::new(path)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libfabric.so"))
+        })
+        .map(str::to_owned)
+}
+
+/// Runs `fi_info --version` (if on `PATH`) and returns its "libfabric: " line's value: the
+/// release of the library fi_info loaded (`fi_tostr(FI_TYPE_VERSION)`: VERSION and BUILD_ID).
+fn fi_info_release() -> Option<String> {
+    let mut child = Command::new("fi_info")
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let deadline = Instant::now() + FI_INFO_TIMEOUT;
+    // Its three short lines fit in the pipe: wait first, then read.
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+    let mut text = String::new();
+    child.stdout.take()?.read_to_string(&mut text).ok()?;
+    fi_info_release_of(&text)
+}
+
+/// The value of the "libfabric: " line of `fi_info --version` output.
+pub fn fi_info_release_of(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("libfabric:"))
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+}
+
+/// Whether a line of the file lists `symbol` (libfabric's own test: a substring match);
+/// `None` when the file cannot be read.
+fn kallsyms_lists(path: &Path, symbol: &str) -> Option<bool> {
+    let mut reader = BufReader::new(File::open(path).ok()?);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) => return Some(false),
+            Ok(_) => {
+                if line.windows(symbol.len()).any(|w| w == symbol.as_bytes()) {
+                    return Some(true);
+                }
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+fn is_efa(p: &PciPeer) -> bool {
+    p.driver.as_deref() == Some("efa")
+}
+
+/// An RDMA device that libfabric drives with its verbs provider: any but EFA.
+fn is_verbs(p: &PciPeer) -> bool {
+    p.kind == Kind::Rdma && !is_efa(p)
+}
+
+/// A libfabric release as `fi_info --version` prints it: `major.minor.patch` and whatever
+/// follows (a pre-release such as "rc1", or a build id such as "amzn3.0").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+    pub suffix: String,
+}
+
+impl Release {
+    pub fn parse(text: &str) -> Option<Self> {
+        let end = text
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(text.len());
+        let mut numbers = text[..end].split('.').map(str::parse::<u32>);
+        let (Some(Ok(major)), Some(Ok(minor)), Some(Ok(patch))) =
+            (numbers.next(), numbers.next(), numbers.next())
+        else {
+            return None;
+        };
+        Some(Self {
+            major,
+            minor,
+            patch,
+            suffix: text[end..].to_owned(),
+        })
+    }
+}
+
+/// `(age, revision)` of an upstream `libfabric.so.1.A.R` file name.
+pub fn soname_numbers(file_name: &str) -> Option<(u32, u32)> {
+    let mut parts = file_name.strip_prefix("libfabric.so.1.")?.split('.');
+    let age = parts.next()?.parse().ok()?;
+    let revision = parts.next()?.parse().ok()?;
+    parts.next().is_none().then_some((age, revision))
+}
+
+/// The libtool age upstream gives a major.minor release (Makefile.am's `-version-info`; the
+/// pattern holds from 1.11 to 2.6).
+pub fn upstream_age(major: u32, minor: u32) -> Option<u32> {
+    match (major, minor) {
+        (1, 11..) => Some(minor + 3),
+        (2, _) => Some(26 + minor),
+        _ => None,
+    }
+}
+
+/// `major.minor` of `fi_version()`'s text.
+fn api_version(text: &str) -> Option<(u32, u32)> {
+    let (major, minor) = text.split_once('.')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// Whether libfabric reads a boolean variable as true (`Some(true)`), false, or not at all
+/// (`None`: it warns and keeps its default), as src/var.c's `fi_parse_bool` does.
+pub fn fi_bool(value: &str) -> Option<bool> {
+    let any = |words: [&str; 3]| words.iter().any(|w| value.eq_ignore_ascii_case(w));
+    if value == "0" || any(["false", "no", "off"]) {
+        Some(false)
+    } else if value == "1" || any(["true", "yes", "on"]) {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// Whether C's `strtol(value, NULL, 0)`, as libfabric reads its integer variables, gives 0
+/// (it does for "0", "0x0", "00", but also for "false" or "": no digits).
+pub fn strtol_is_zero(value: &str) -> bool {
+    let s = value.trim_start_matches([' ', '\t', '\n', '\r', '\x0b', '\x0c']);
+    let s = s.strip_prefix(['+', '-']).unwrap_or(s);
+    let (digits, radix) = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => (hex, 16),
+        None if s.starts_with('0') => (s, 8),
+        None => (s, 10),
+    };
+    digits
+        .chars()
+        .take_while(|c| c.is_digit(radix))
+        .all(|c| c == '0')
+}
+
+/// Whether libfabric's `FI_PROVIDER` filter (src/fabric.c: comma-separated names, any case,
+/// `^` negates; a layered "efa;x" keeps the core provider efa) lets the efa provider in.
+pub fn provider_filter_allows_efa(filter: &str) -> bool {
+    let (negated, names) = match filter.strip_prefix('^') {
+        Some(names) => (true, names),
+        None => (false, filter),
+    };
+    let exact = names.split(',').any(|n| n.eq_ignore_ascii_case("efa"));
+    let layered = names
+        .split(',')
+        .any(|n| n.len() > 4 && n.is_char_boundary(4) && n[..4].eq_ignore_ascii_case("efa;"));
+    if negated {
+        !exact
+    } else {
+        exact || layered
     }
 }
 
@@ -292,10 +539,7 @@ pub fn checks(host: &Host) -> Vec<Check> {
         .fix("export RDMAV_FORK_SAFE=1 (Habana's documentation asks for it with host NICs)"),
     });
 
-    let efa = host
-        .peers
-        .iter()
-        .any(|p| p.driver.as_deref() == Some("efa"));
+    let efa = host.peers.iter().any(is_efa);
     out.push(match (efa, host.env.get("FI_EFA_USE_DEVICE_RDMA").map(String::as_str)) {
         (false, _) => Check::new("efa_device_rdma", Status::Skip, "no EFA device"),
         (true, Some("1")) => Check::new("efa_device_rdma", Status::Ok, "FI_EFA_USE_DEVICE_RDMA=1"),
@@ -309,7 +553,274 @@ pub fn checks(host: &Host) -> Vec<Check> {
         )
         .fix("export FI_EFA_USE_DEVICE_RDMA=1"),
     });
+    if efa {
+        out.push(efa_libfabric(host));
+        out.push(efa_shm(host));
+        out.push(efa_fabric(host));
+    } else {
+        for name in ["efa_libfabric", "efa_shm", "efa_fabric"] {
+            out.push(Check::new(name, Status::Skip, "no EFA device"));
+        }
+    }
+
+    let verbs: Vec<String> = host
+        .peers
+        .iter()
+        .filter(|p| is_verbs(p))
+        .flat_map(|p| p.rdma.iter().cloned())
+        .collect();
+    if verbs.is_empty() {
+        for name in ["verbs_kernel", "verbs_use_dmabuf", "verbs_odp"] {
+            out.push(Check::new(
+                name,
+                Status::Skip,
+                "no verbs RDMA device (one that is not EFA)",
+            ));
+        }
+    } else {
+        out.extend(verbs_checks(host, &verbs.join(", ")));
+    }
     out
+}
+
+/// What is unset or set to what, for a detail.
+fn setting(host: &Host, var: &str) -> String {
+    match host.env.get(var) {
+        None => format!("{var} is unset"),
+        Some(v) => format!("{var}={v:?}"),
+    }
+}
+
+/// libfabric 2.5.0's efa provider and `FI_MR_DMABUF` of `FI_HMEM_SYSTEM` memory.
+fn efa_libfabric(host: &Host) -> Check {
+    const NAME: &str = "efa_libfabric";
+    const BUG: &str = "its efa provider refuses FI_MR_DMABUF registrations of FI_HMEM_SYSTEM memory, which is how HBM is registered (fixed in 2.5.1)";
+    const UPGRADE: &str = "upgrade to libfabric >= 2.5.1 (or a 2.5.0 build with upstream commit 6ca213f1, \"prov/efa: Skip dmabuf supported check for explicit mr call\")";
+    let Some(Ok(version)) = &host.libfabric else {
+        return Check::new(
+            NAME,
+            Status::Skip,
+            "libfabric is not usable (see the libfabric check)",
+        );
+    };
+    if api_version(version) != Some((2, 5)) {
+        return Check::new(
+            NAME,
+            Status::Ok,
+            format!("libfabric {version}, not 2.5.0, whose efa provider refuses FI_MR_DMABUF registrations of FI_HMEM_SYSTEM memory"),
+        );
+    }
+    let mut unknown = Vec::new();
+    let from_fi_info = match host.fi_info_release.as_deref() {
+        None => {
+            unknown.push("no fi_info on PATH".to_owned());
+            None
+        }
+        Some(text) => match Release::parse(text) {
+            Some(r) if (r.major, r.minor) == (2, 5) => Some((text, r)),
+            _ => {
+                unknown.push(format!(
+                    "fi_info --version reports libfabric {text}, another installation than the libfabric 2.5 this process loads"
+                ));
+                None
+            }
+        },
+    };
+    let file = host.libfabric_file.as_deref().unwrap_or_default();
+    let file_name = Path::new(file)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let from_file = match soname_numbers(file_name) {
+        Some((age, revision)) if Some(age) == upstream_age(2, 5) => Some(revision),
+        _ if file.is_empty() => {
+            unknown.push("no libfabric file in /proc/self/maps".to_owned());
+            None
+        }
+        _ => {
+            unknown.push(format!(
+                "{file} does not follow upstream's numbering of 2.5 (libfabric.so.1.31.PATCH)"
+            ));
+            None
+        }
+    };
+    match (from_fi_info, from_file) {
+        (Some((text, r)), Some(revision)) if r.patch != revision => Check::new(
+            NAME,
+            Status::Warn,
+            format!(
+                "fi_info --version reports libfabric {text}, but this process loads {file}, upstream's file name of 2.5.{revision}: two installations? If the one an application loads is 2.5.0, {BUG}"
+            ),
+        )
+        .fix("find which libfabric.so.1 the application loads (ldd, LD_LIBRARY_PATH, /opt/amazon/efa/lib) and make it libfabric >= 2.5.1"),
+        (Some((text, r)), _) => {
+            if r.patch == 0 || (r.patch == 1 && r.suffix.starts_with("rc")) {
+                Check::new(NAME, Status::Fail, format!("libfabric {text} (fi_info --version): {BUG}"))
+                    .fix(UPGRADE)
+            } else {
+                Check::new(
+                    NAME,
+                    Status::Ok,
+                    format!("libfabric {text} (fi_info --version): its efa provider registers FI_MR_DMABUF of FI_HMEM_SYSTEM memory (2.5.0 refuses it)"),
+                )
+            }
+        }
+        (None, Some(0)) => Check::new(
+            NAME,
+            Status::Fail,
+            format!("libfabric 2.5.0 ({file}: upstream's libtool numbering names 2.5.R libfabric.so.1.31.R): {BUG}"),
+        )
+        .fix(UPGRADE),
+        (None, Some(revision)) => Check::new(
+            NAME,
+            Status::Ok,
+            format!(
+                "libfabric 2.5.{revision} ({file}: upstream's libtool numbering names 2.5.R libfabric.so.1.31.R){}: 2.5.0's efa provider refuses FI_MR_DMABUF of FI_HMEM_SYSTEM memory",
+                if revision == 1 { "; 2.5.1rc1 has the same name and 2.5.0's bug, `fi_info --version` tells them apart" } else { "" }
+            ),
+        ),
+        (None, None) => Check::new(
+            NAME,
+            Status::Warn,
+            format!(
+                "libfabric 2.5, patch level unknown (fi_version() has none; {}): if it is 2.5.0, {BUG}",
+                unknown.join("; ")
+            ),
+        )
+        .fix("check the release with `fi_info --version` (package libfabric-bin) or the package manager (dpkg -s libfabric1, rpm -q libfabric); if it is 2.5.0, upgrade to libfabric >= 2.5.1"),
+    }
+}
+
+/// `FI_EFA_ENABLE_SHM_TRANSFER`: libfabric's shm provider for peers on this host.
+fn efa_shm(host: &Host) -> Check {
+    const NAME: &str = "efa_shm";
+    match host.env.get("FI_EFA_ENABLE_SHM_TRANSFER").map(String::as_str) {
+        Some(v) if strtol_is_zero(v) => Check::new(
+            NAME,
+            Status::Ok,
+            format!(
+                "FI_EFA_ENABLE_SHM_TRANSFER={v:?}{}: the efa fabric reaches peers on this host through the NIC too, not through libfabric's shm provider",
+                if v == "0" { "" } else { ", which libfabric reads as 0" }
+            ),
+        ),
+        other => Check::new(
+            NAME,
+            Status::Warn,
+            format!(
+                "{} (libfabric's default is 1): the efa fabric hands transfers between processes on this host to libfabric's shm provider, which treats the HBM registration as host memory and copies it with the CPU instead of the NIC (efa-direct does not use shm)",
+                match other {
+                    None => "FI_EFA_ENABLE_SHM_TRANSFER is unset".to_owned(),
+                    Some(v) => format!("FI_EFA_ENABLE_SHM_TRANSFER={v:?}"),
+                }
+            ),
+        )
+        .fix("export FI_EFA_ENABLE_SHM_TRANSFER=0"),
+    }
+}
+
+/// The efa provider through `FI_PROVIDER`, and its efa-direct fabric.
+fn efa_fabric(host: &Host) -> Check {
+    const NAME: &str = "efa_fabric";
+    const ASK: &str = "ask fi_getinfo for the fabric by name: hints->fabric_attr->name = \"efa-direct\" (fi_info -p efa -f efa-direct)";
+    if let Some(filter) = host.env.get("FI_PROVIDER") {
+        if !provider_filter_allows_efa(filter) {
+            let direct = filter
+                .trim_start_matches('^')
+                .split(',')
+                .any(|n| n.eq_ignore_ascii_case("efa-direct"));
+            return if direct {
+                Check::new(
+                    NAME,
+                    Status::Warn,
+                    format!("FI_PROVIDER={filter:?} hides the efa provider: FI_PROVIDER filters provider names, and efa-direct is a fabric of the efa provider, not a provider"),
+                )
+                .fix(format!("set FI_PROVIDER=efa or unset it, and {ASK}"))
+            } else {
+                Check::new(
+                    NAME,
+                    Status::Warn,
+                    format!("FI_PROVIDER={filter:?} hides the efa provider: libfabric will not use the EFA NIC"),
+                )
+                .fix("add efa to FI_PROVIDER (FI_PROVIDER=efa), or unset it")
+            };
+        }
+    }
+    let Some(Ok(version)) = &host.libfabric else {
+        return Check::new(
+            NAME,
+            Status::Skip,
+            "libfabric is not usable (see the libfabric check)",
+        );
+    };
+    let provider = setting(host, "FI_PROVIDER");
+    if api_version(version).is_some_and(|v| v < (2, 1)) {
+        return Check::new(
+            NAME,
+            Status::Warn,
+            format!("{provider}; libfabric {version} has only the efa fabric, whose wire protocols copy small and medium messages through host packet buffers with the CPU; the efa-direct fabric (libfabric >= 2.1) hands every transfer to the NIC"),
+        )
+        .fix("upgrade to libfabric >= 2.1, then ask fi_getinfo for the efa-direct fabric (hints->fabric_attr->name = \"efa-direct\")");
+    }
+    Check::new(
+        NAME,
+        Status::Ok,
+        format!("{provider}, so the efa provider is used; libfabric {version} has its efa-direct fabric, where the NIC makes every transfer itself (no wire protocols, no shm): {ASK}"),
+    )
+}
+
+/// The verbs provider's dma-buf MRs: the kernel's support, `FI_VERBS_USE_DMABUF`, ODP.
+fn verbs_checks(host: &Host, nics: &str) -> [Check; 3] {
+    let kernel = match host.kallsyms_dmabuf {
+        Some(true) => Check::new(
+            "verbs_kernel",
+            Status::Ok,
+            format!("{UMEM_DMABUF} is in /proc/kallsyms (the test libfabric's verbs provider makes): the kernel's ib_core can import dma-bufs as MRs; the driver of {nics} must implement them too (mlx5, irdma, bnxt_re, efa do; rxe and siw do not, and take the host-bounce path)"),
+        ),
+        Some(false) => Check::new(
+            "verbs_kernel",
+            Status::Fail,
+            format!("{UMEM_DMABUF} is not in /proc/kallsyms: the kernel's ib_core cannot import dma-bufs (needs Linux >= 5.12 with CONFIG_INFINIBAND_USER_MEM and CONFIG_DMA_SHARED_BUFFER), so ibv_reg_dmabuf_mr fails for {nics} and libfabric's verbs provider refuses FI_MR_DMABUF (FI_ENOSYS): HBM reaches the NIC only through host staging"),
+        )
+        .fix("run a kernel >= 5.12 built with CONFIG_INFINIBAND_USER_MEM=y (it selects CONFIG_DMA_SHARED_BUFFER)"),
+        None => Check::new(
+            "verbs_kernel",
+            Status::Warn,
+            format!("cannot read /proc/kallsyms: whether ib_core imports dma-bufs ({UMEM_DMABUF}) is unknown, and libfabric's verbs provider, which reads the same file, then turns FI_MR_DMABUF off for {nics}"),
+        )
+        .fix("mount /proc and keep /proc/kallsyms readable (a kernel with CONFIG_KALLSYMS; containers: do not mask it)"),
+    };
+    let use_dmabuf = match host.env.get("FI_VERBS_USE_DMABUF").map(|v| (v, fi_bool(v))) {
+        Some((v, Some(false))) => Check::new(
+            "verbs_use_dmabuf",
+            Status::Fail,
+            format!("FI_VERBS_USE_DMABUF={v:?}: libfabric's verbs provider refuses FI_MR_DMABUF registrations (FI_ENOSYS), so HBM takes the host-bounce path"),
+        )
+        .fix("unset FI_VERBS_USE_DMABUF (libfabric's default is on when the kernel has ib_umem_dmabuf_get)"),
+        Some((v, None)) => Check::new(
+            "verbs_use_dmabuf",
+            Status::Ok,
+            format!("FI_VERBS_USE_DMABUF={v:?} is not a boolean libfabric reads: it keeps its default, dma-buf MRs on"),
+        ),
+        _ => Check::new(
+            "verbs_use_dmabuf",
+            Status::Ok,
+            format!("{}: libfabric's verbs provider keeps dma-buf MRs on", setting(host, "FI_VERBS_USE_DMABUF")),
+        ),
+    };
+    let odp = match host.env.get("FI_VERBS_USE_ODP").map(|v| (v, fi_bool(v))) {
+        Some((v, Some(true))) => Check::new(
+            "verbs_odp",
+            Status::Warn,
+            format!("FI_VERBS_USE_ODP={v:?}: on a NIC with on-demand paging (mlx5) libfabric's verbs provider adds IBV_ACCESS_ON_DEMAND to FI_HMEM_SYSTEM registrations, FI_MR_DMABUF ones included, and the kernel refuses on-demand access for dma-buf MRs (EINVAL)"),
+        )
+        .fix("unset FI_VERBS_USE_ODP (or set it to 0) for processes that register HBM: dma-buf MRs must not use ODP"),
+        _ => Check::new(
+            "verbs_odp",
+            Status::Ok,
+            format!("{}: dma-buf MRs are registered without on-demand paging", setting(host, "FI_VERBS_USE_ODP")),
+        ),
+    };
+    [kernel, use_dmabuf, odp]
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -371,21 +882,427 @@ mod tests {
             }],
             peers: vec![nic("efa", "efa_0")],
             libfabric: Some(Ok("2.1".into())),
-            env: [("RDMAV_FORK_SAFE", "1"), ("FI_EFA_USE_DEVICE_RDMA", "1")]
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
+            env: [
+                ("RDMAV_FORK_SAFE", "1"),
+                ("FI_EFA_USE_DEVICE_RDMA", "1"),
+                ("FI_EFA_ENABLE_SHM_TRANSFER", "0"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
             memlock: Some(None),
             devices_error: None,
+            fi_info_release: Some("2.1.0".into()),
+            libfabric_file: Some("/usr/lib/x86_64-linux-gnu/libfabric.so.1.27.0".into()),
+            kallsyms_dmabuf: None,
         }
     }
+
+    /// The checks of `host` with `name`.
+    fn check(host: &Host, name: &str) -> Check {
+        checks(host).into_iter().find(|c| c.name == name).unwrap()
+    }
+
+    fn set(host: &mut Host, var: &str, value: &str) {
+        host.env.insert(var.to_owned(), value.to_owned());
+    }
+
+    /// `healthy()` with libfabric 2.5 and what tells its patch level.
+    fn efa_2_5(fi_info: Option<&str>, file: Option<&str>) -> Host {
+        Host {
+            libfabric: Some(Ok("2.5".into())),
+            fi_info_release: fi_info.map(str::to_owned),
+            libfabric_file: file.map(str::to_owned),
+            ..healthy()
+        }
+    }
+
+    /// A host like the rxe guest of tests/system/fabric.sh: rxe0 over a virtio NIC.
+    fn rxe_guest() -> Host {
+        let mut nic = nic("virtio-pci", "rxe0");
+        nic.vendor_id = 0x1af4;
+        nic.device_id = 0x1041;
+        let mut host = healthy();
+        host.peers = vec![nic];
+        host.devices[0].rdma_paths =
+            vec![("0000:04:00.0 (rxe0)".into(), true, "below a switch".into())];
+        host.env = [("RDMAV_FORK_SAFE", "1")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        host.fi_info_release = None;
+        host.kallsyms_dmabuf = Some(true);
+        host
+    }
+
+    const EFA_CHECKS: [&str; 3] = ["efa_libfabric", "efa_shm", "efa_fabric"];
+    const VERBS_CHECKS: [&str; 3] = ["verbs_kernel", "verbs_use_dmabuf", "verbs_odp"];
 
     #[test]
     fn a_healthy_efa_host_passes_everything() {
         let checks = checks(&healthy());
-        assert!(checks.iter().all(|c| c.status == Status::Ok), "{checks:#?}");
-        assert_eq!(checks.len(), 7);
-        assert!(checks.iter().all(|c| c.fix.is_none()));
+        assert_eq!(checks.len(), 13);
+        for c in &checks {
+            let expected = if VERBS_CHECKS.contains(&c.name) {
+                Status::Skip
+            } else {
+                Status::Ok
+            };
+            assert_eq!(c.status, expected, "{c:?}");
+            assert!(c.fix.is_none(), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn an_rxe_guest_passes_what_fabric_sh_asserts() {
+        let checks = checks(&rxe_guest());
+        for name in [
+            "module",
+            "devices",
+            "p2p",
+            "libfabric",
+            "fork_safe",
+            "memlock",
+        ] {
+            assert_eq!(status(&checks, name), Status::Ok, "{name}");
+        }
+        for name in ["efa_device_rdma"].into_iter().chain(EFA_CHECKS) {
+            assert_eq!(status(&checks, name), Status::Skip, "{name}");
+        }
+        for name in VERBS_CHECKS {
+            assert_eq!(status(&checks, name), Status::Ok, "{name}");
+        }
+        assert!(checks.iter().all(|c| c.status != Status::Fail));
+        let libfabric = checks.iter().find(|c| c.name == "libfabric").unwrap();
+        assert!(
+            libfabric.detail.starts_with("libfabric 2."),
+            "{}",
+            libfabric.detail
+        );
+        let kernel = checks.iter().find(|c| c.name == "verbs_kernel").unwrap();
+        assert!(kernel.detail.contains("rxe0"), "{}", kernel.detail);
+    }
+
+    #[test]
+    fn efa_libfabric_2_5_0_fails_and_2_5_1_passes() {
+        let so = |r: u32| format!("/opt/amazon/efa/lib/libfabric.so.1.31.{r}");
+        // fi_info's release.
+        let c = check(&efa_2_5(Some("2.5.0"), None), "efa_libfabric");
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.detail.contains("libfabric 2.5.0 (fi_info --version)"),
+            "{}",
+            c.detail
+        );
+        assert!(c.fix.unwrap().contains("upgrade to libfabric >= 2.5.1"));
+        let c = check(
+            &efa_2_5(Some("2.5.0amzn1.0"), Some(&so(0))),
+            "efa_libfabric",
+        );
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert_eq!(
+            check(&efa_2_5(Some("2.5.1rc1"), Some(&so(1))), "efa_libfabric").status,
+            Status::Fail
+        );
+        let c = check(&efa_2_5(Some("2.5.1"), Some(&so(1))), "efa_libfabric");
+        assert_eq!((c.status, c.fix), (Status::Ok, None));
+        assert_eq!(
+            check(&efa_2_5(Some("2.5.2"), None), "efa_libfabric").status,
+            Status::Ok
+        );
+        // The loaded file's name, without fi_info.
+        let c = check(&efa_2_5(None, Some(&so(0))), "efa_libfabric");
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.detail
+                .starts_with("libfabric 2.5.0 (/opt/amazon/efa/lib/libfabric.so.1.31.0"),
+            "{}",
+            c.detail
+        );
+        assert!(c.fix.unwrap().contains(">= 2.5.1"));
+        let c = check(&efa_2_5(None, Some(&so(1))), "efa_libfabric");
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(c.detail.contains("2.5.1rc1"), "{}", c.detail);
+        // fi_info of another installation does not count.
+        let c = check(&efa_2_5(Some("2.6.0"), Some(&so(0))), "efa_libfabric");
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+    }
+
+    #[test]
+    fn efa_libfabric_2_5_of_unknown_patch_level_warns() {
+        for host in [
+            efa_2_5(None, None),
+            efa_2_5(None, Some("/usr/lib64/libfabric.so.1")),
+            efa_2_5(Some("2.4.0"), Some("/usr/lib64/libfabric.so.1.30.0")),
+        ] {
+            let c = check(&host, "efa_libfabric");
+            assert_eq!(c.status, Status::Warn, "{c:?}");
+            assert!(c.detail.contains("patch level unknown"), "{}", c.detail);
+            assert!(c.detail.contains("if it is 2.5.0"), "{}", c.detail);
+            let fix = c.fix.unwrap();
+            assert!(
+                fix.contains("fi_info --version") && fix.contains(">= 2.5.1"),
+                "{fix}"
+            );
+        }
+        let c = check(&efa_2_5(None, None), "efa_libfabric");
+        assert!(c.detail.contains("no fi_info on PATH"), "{}", c.detail);
+        // Two installations that disagree.
+        let c = check(
+            &efa_2_5(Some("2.5.0"), Some("/usr/lib/libfabric.so.1.31.1")),
+            "efa_libfabric",
+        );
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(c.detail.contains("two installations"), "{}", c.detail);
+        assert!(c.fix.unwrap().contains(">= 2.5.1"));
+    }
+
+    #[test]
+    fn efa_libfabric_other_versions_pass_and_no_efa_skips() {
+        assert_eq!(check(&healthy(), "efa_libfabric").status, Status::Ok);
+        let mut host = healthy();
+        host.libfabric = Some(Err("libfabric.so.1 not found".into()));
+        assert_eq!(check(&host, "efa_libfabric").status, Status::Skip);
+        let mut host = efa_2_5(Some("2.5.0"), None);
+        host.peers.clear();
+        let c = check(&host, "efa_libfabric");
+        assert_eq!(
+            (c.status, c.detail.as_str()),
+            (Status::Skip, "no EFA device")
+        );
+    }
+
+    #[test]
+    fn efa_shm_transfer_must_be_off() {
+        let mut host = healthy();
+        assert_eq!(check(&host, "efa_shm").status, Status::Ok);
+        // libfabric reads it with strtol: words are 0, even "yes".
+        for word in ["false", "yes"] {
+            set(&mut host, "FI_EFA_ENABLE_SHM_TRANSFER", word);
+            let c = check(&host, "efa_shm");
+            assert_eq!(c.status, Status::Ok);
+            assert!(
+                c.detail.contains("which libfabric reads as 0"),
+                "{}",
+                c.detail
+            );
+        }
+        for value in [None, Some("1"), Some("0x1")] {
+            match value {
+                None => host.env.remove("FI_EFA_ENABLE_SHM_TRANSFER"),
+                Some(v) => host
+                    .env
+                    .insert("FI_EFA_ENABLE_SHM_TRANSFER".into(), v.into()),
+            };
+            let c = check(&host, "efa_shm");
+            assert_eq!(c.status, Status::Warn, "{c:?}");
+            assert!(c.detail.contains("shm provider"), "{}", c.detail);
+            assert_eq!(
+                c.fix.as_deref(),
+                Some("export FI_EFA_ENABLE_SHM_TRANSFER=0")
+            );
+        }
+        host.peers.clear();
+        assert_eq!(check(&host, "efa_shm").status, Status::Skip);
+    }
+
+    #[test]
+    fn efa_fabric_wants_the_efa_provider_and_names_efa_direct() {
+        let mut host = healthy();
+        for filter in [
+            None,
+            Some("efa"),
+            Some("EFA,tcp"),
+            Some("efa;ofi_rxm"),
+            Some("^tcp"),
+        ] {
+            if let Some(f) = filter {
+                set(&mut host, "FI_PROVIDER", f);
+            }
+            let c = check(&host, "efa_fabric");
+            assert_eq!(c.status, Status::Ok, "{c:?}");
+            assert!(
+                c.detail.contains("fabric_attr->name = \"efa-direct\""),
+                "{}",
+                c.detail
+            );
+        }
+        set(&mut host, "FI_PROVIDER", "efa-direct");
+        let c = check(&host, "efa_fabric");
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(c.detail.contains("not a provider"), "{}", c.detail);
+        let fix = c.fix.unwrap();
+        assert!(
+            fix.contains("FI_PROVIDER=efa") && fix.contains("efa-direct"),
+            "{fix}"
+        );
+        for filter in ["tcp", "^efa", "verbs;ofi_rxm"] {
+            set(&mut host, "FI_PROVIDER", filter);
+            let c = check(&host, "efa_fabric");
+            assert_eq!(c.status, Status::Warn, "{c:?}");
+            assert!(c.fix.unwrap().contains("add efa to FI_PROVIDER"));
+        }
+        let mut host = healthy();
+        host.libfabric = Some(Ok("2.0".into()));
+        let c = check(&host, "efa_fabric");
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(c.fix.unwrap().contains("libfabric >= 2.1"));
+        host.peers.clear();
+        assert_eq!(check(&host, "efa_fabric").status, Status::Skip);
+    }
+
+    #[test]
+    fn verbs_kernel_needs_ib_umem_dmabuf_get() {
+        let mut host = rxe_guest();
+        assert_eq!(check(&host, "verbs_kernel").status, Status::Ok);
+        host.kallsyms_dmabuf = Some(false);
+        let c = check(&host, "verbs_kernel");
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.detail
+                .contains("the kernel's ib_core cannot import dma-bufs (needs Linux >= 5.12"),
+            "{}",
+            c.detail
+        );
+        assert!(c.fix.unwrap().contains("CONFIG_INFINIBAND_USER_MEM"));
+        host.kallsyms_dmabuf = None;
+        let c = check(&host, "verbs_kernel");
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(c.fix.unwrap().contains("/proc/kallsyms"));
+    }
+
+    #[test]
+    fn verbs_use_dmabuf_must_not_be_off() {
+        let mut host = rxe_guest();
+        assert_eq!(check(&host, "verbs_use_dmabuf").status, Status::Ok);
+        for on in ["1", "yes", "sure"] {
+            set(&mut host, "FI_VERBS_USE_DMABUF", on);
+            assert_eq!(check(&host, "verbs_use_dmabuf").status, Status::Ok, "{on}");
+        }
+        for off in ["0", "off", "FALSE", "no"] {
+            set(&mut host, "FI_VERBS_USE_DMABUF", off);
+            let c = check(&host, "verbs_use_dmabuf");
+            assert_eq!(c.status, Status::Fail, "{c:?}");
+            assert!(c.fix.unwrap().starts_with("unset FI_VERBS_USE_DMABUF"));
+        }
+    }
+
+    #[test]
+    fn verbs_odp_must_stay_off() {
+        let mut host = rxe_guest();
+        assert_eq!(check(&host, "verbs_odp").status, Status::Ok);
+        set(&mut host, "FI_VERBS_USE_ODP", "0");
+        assert_eq!(check(&host, "verbs_odp").status, Status::Ok);
+        for on in ["1", "true", "On"] {
+            set(&mut host, "FI_VERBS_USE_ODP", on);
+            let c = check(&host, "verbs_odp");
+            assert_eq!(c.status, Status::Warn, "{c:?}");
+            assert!(c.detail.contains("IBV_ACCESS_ON_DEMAND"), "{}", c.detail);
+            assert!(c.fix.unwrap().contains("dma-buf MRs must not use ODP"));
+        }
+    }
+
+    #[test]
+    fn verbs_checks_skip_without_a_verbs_nic() {
+        let mut host = healthy(); // EFA only
+        host.kallsyms_dmabuf = Some(false);
+        set(&mut host, "FI_VERBS_USE_DMABUF", "0");
+        set(&mut host, "FI_VERBS_USE_ODP", "1");
+        for name in VERBS_CHECKS {
+            assert_eq!(check(&host, name).status, Status::Skip, "{name}");
+        }
+        host.peers.push(rxe_guest().peers.remove(0));
+        for name in VERBS_CHECKS {
+            assert_ne!(check(&host, name).status, Status::Skip, "{name}");
+        }
+    }
+
+    #[test]
+    fn version_facts_parse() {
+        let out = "/usr/bin/fi_info: 2.1.0\nlibfabric: 2.1.0amzn3.0\nlibfabric api: 2.1\n";
+        assert_eq!(fi_info_release_of(out).as_deref(), Some("2.1.0amzn3.0"));
+        assert_eq!(fi_info_release_of("fi_info: 2.1.0\n"), None);
+        let r = Release::parse("2.1.0amzn3.0").unwrap();
+        assert_eq!(
+            (r.major, r.minor, r.patch, r.suffix.as_str()),
+            (2, 1, 0, "amzn3.0")
+        );
+        assert_eq!(Release::parse("2.5.1rc1").unwrap().suffix, "rc1");
+        assert_eq!(Release::parse("2.5"), None);
+        let maps = "7f00-7f01 r--p 00000000 08:01 123  /usr/lib/x86_64-linux-gnu/libc.so.6\n\
+7f02-7f03 r-xp 00001000 08:01 456  /usr/lib/x86_64-linux-gnu/libfabric.so.1.27.0\n";
+        assert_eq!(
+            libfabric_file_of(maps).as_deref(),
+            Some("/usr/lib/x86_64-linux-gnu/libfabric.so.1.27.0")
+        );
+        assert_eq!(
+            libfabric_file_of("7f00-7f01 rw-p 00000000 00:00 0  [heap]\n"),
+            None
+        );
+        assert_eq!(soname_numbers("libfabric.so.1.31.0"), Some((31, 0)));
+        assert_eq!(soname_numbers("libfabric.so.1"), None);
+        assert_eq!(soname_numbers("libfabric.so.1.31.0.bak"), None);
+        // Upstream's Makefile.am -version-info C:R:A of each release: libfabric.so.1.A.R.
+        for (major, minor, age) in [
+            (1, 11, 14),
+            (1, 20, 23),
+            (1, 22, 25),
+            (2, 0, 26),
+            (2, 1, 27),
+            (2, 3, 29),
+            (2, 5, 31),
+            (2, 6, 32),
+        ] {
+            assert_eq!(upstream_age(major, minor), Some(age), "{major}.{minor}");
+        }
+        assert_eq!(upstream_age(1, 10), None);
+    }
+
+    #[test]
+    fn libfabric_variables_read_as_libfabric_reads_them() {
+        for (value, zero) in [
+            ("0", true),
+            ("00", true),
+            ("0x0", true),
+            (" -0", true),
+            ("false", true),
+            ("", true),
+            ("1", false),
+            ("0x10", false),
+            ("07", false),
+            ("+3", false),
+        ] {
+            assert_eq!(strtol_is_zero(value), zero, "{value:?}");
+        }
+        assert_eq!(fi_bool("0"), Some(false));
+        assert_eq!(fi_bool("Off"), Some(false));
+        assert_eq!(fi_bool("YES"), Some(true));
+        assert_eq!(fi_bool("2"), None);
+        assert!(provider_filter_allows_efa("efa"));
+        assert!(provider_filter_allows_efa("tcp,EFA"));
+        assert!(provider_filter_allows_efa("efa;ofi_rxm"));
+        assert!(provider_filter_allows_efa("^tcp"));
+        assert!(provider_filter_allows_efa("^efa;ofi_rxm"));
+        assert!(!provider_filter_allows_efa("^efa"));
+        assert!(!provider_filter_allows_efa("efa-direct"));
+        assert!(!provider_filter_allows_efa("tcp"));
+        assert!(!provider_filter_allows_efa(""));
+    }
+
+    #[test]
+    fn kallsyms_is_searched_by_name() {
+        let path =
+            std::env::temp_dir().join(format!("peerdirect-doctor-kallsyms-{}", std::process::id()));
+        std::fs::write(
+            &path,
+            "0000000000000000 T ib_umem_get\t[ib_core]\n0000000000000000 T ib_umem_dmabuf_get\t[ib_core]\n",
+        )
+        .unwrap();
+        assert_eq!(kallsyms_lists(&path, UMEM_DMABUF), Some(true));
+        std::fs::write(&path, "0000000000000000 T ib_umem_get\t[ib_core]\n").unwrap();
+        assert_eq!(kallsyms_lists(&path, UMEM_DMABUF), Some(false));
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(kallsyms_lists(&path, UMEM_DMABUF), None);
     }
 
     #[test]

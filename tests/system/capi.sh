@@ -18,13 +18,16 @@
 # goes, with its key, cause, held flag, domain handle, local address and length. Last, the same program on
 # soft-RoCE's verbs;ofi_rxm, which refuses dma-bufs: pd_register fails with -EOPNOTSUPP until
 # the program turns host bounce on, and the registration then says host_bounce, with its
-# reason, a staging buffer and no RMA address. And userspace/capi/examples/hcl_style.cpp, built with
+# reason, a staging buffer and no RMA address. Then userspace/capi/examples/verbs_register.c,
+# built against libibverbs: the ibverbs registrar in C on rxe0, whose refusal of dma-buf
+# memory regions it must report (no device here imports dma-bufs: mlx5, EFA and irdma would
+# take the other branch of the program, which is not run). And userspace/capi/examples/hcl_style.cpp, built with
 # g++: it registers two peerdirect exports as Habana's HCL registers device memory
 # (fi_mr_dmabuf: fd, offset 0, base_addr = the buffer, iov_count 1) and moves 4 MiB over tcp.
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "1..11"
+echo "1..13"
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -55,7 +58,8 @@ else
 fi
 
 cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/fabric_register.c" \
-	"$ROOT/userspace/capi/examples/hcl_style.cpp" "$work/share/"
+	"$ROOT/userspace/capi/examples/hcl_style.cpp" "$ROOT/userspace/capi/examples/verbs_register.c" \
+	"$work/share/"
 cat >"$work/share/probe.sh" <<'EOF'
 cd /mnt/host
 run() { name=$1; shift; "$@" >"$name.out" 2>&1; echo $? >"$name.rc"; }
@@ -71,6 +75,8 @@ run example ./hbm_export
 run fbuild sh -c 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/fabric_register .'
 run fabric ./fabric_register
 run fabric_rxe env FI_UNIVERSE_SIZE=64 ./fabric_register 'verbs;ofi_rxm'
+run vbuild sh -c 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_register verbs_register.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_register .'
+run verbs ./verbs_register rxe0 refused
 EOF
 hbm=$work/hbm
 out=$(guest --rxe --hbm 256M --hbm-backing "$hbm" --share "$work/share" -- sh /mnt/host/probe.sh 2>&1)
@@ -169,6 +175,26 @@ if [ "$(cat fabric_rxe.rc 2>/dev/null)" = 0 ] &&
 else
 	fail "$desc" "$(show fabric_rxe)"
 fi
+desc="trixie's gcc builds verbs_register.c (C99, -Werror) with pkg-config --cflags --libs peerdirect libibverbs"
+if [ "$(cat vbuild.rc 2>/dev/null)" = 0 ]; then
+	ok "$desc"
+else
+	fail "$desc" "$(show vbuild)"
+fi
+
+desc="verbs_register on rxe0 (the ibverbs registrar in C): the program's own protection domain attached with pd_domain_attach_verbs; pd_register (ibv_reg_dmabuf_mr) refused with -EOPNOTSUPP naming rxe0, its driver and the alternatives, counted as a failed registration; detached, and ibv_dealloc_pd of the program's domain succeeds (no region left in it, never freed by the library)"
+if [ "$(cat verbs.rc 2>/dev/null)" = 0 ] &&
+	grep -q '^attached protection domain of rxe0$' verbs.out &&
+	grep -q '^refused: pd_register: ibv_reg_dmabuf_mr on rxe0 (provider rxe): EOPNOTSUPP.*cannot register dma-bufs.*EFA, mlx5, irdma' verbs.out &&
+	grep -q '^cache: misses 1, registrations 0, failed 1, entries 0$' verbs.out &&
+	grep -q '^detached: 0 cached registration(s) dropped$' verbs.out &&
+	grep -q '^released: the protection domain is the program.s to deallocate, and was$' verbs.out; then
+	ok "$desc"
+	sed "s/^/# /" verbs.out
+else
+	fail "$desc" "$(show verbs)"
+fi
+
 desc="trixie's g++ builds hcl_style.cpp (C++17, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"
 if [ "$(cat hbuild.rc 2>/dev/null)" = 0 ]; then
 	ok "$desc"

@@ -39,6 +39,8 @@ typedef struct pd_domain pd_domain;
 typedef struct pd_mr pd_mr;
 /* libfabric's domain (<rdma/fabric.h>); only ever passed by pointer. */
 struct fid_domain;
+/* libibverbs' protection domain (<infiniband/verbs.h>); only ever passed by pointer. */
+struct ibv_pd;
 
 /* pd_export() flags. */
 #define PD_EXPORT_CLOEXEC 0x1u /* the dma-buf fd is close-on-exec */
@@ -220,6 +222,20 @@ void pd_regcache_free(pd_regcache *cache);
 pd_domain *pd_domain_attach(pd_regcache *cache, struct fid_domain *domain, int *err);
 
 /*
+ * As pd_domain_attach(), for an ibverbs protection domain the caller allocated (ibv_alloc_pd),
+ * whose queue pairs will use the registrations: pd_register() makes them with
+ * ibv_reg_dmabuf_mr (rdma-core >= 34), the IOVA of a registration being its offset in the
+ * dma-buf; they are always direct (no host bounce). Read them with pd_mr_key() (the rkey),
+ * pd_mr_lkey(), pd_mr_local() (the IOVA for ibv_sge.addr) and pd_mr_remote() (a peer's
+ * remote_addr and rkey). -ENOSYS: libibverbs.so.1 cannot be loaded or has no
+ * ibv_reg_dmabuf_mr. A device whose driver cannot import dma-bufs (rxe, siw) makes
+ * pd_register() fail with -EOPNOTSUPP, naming the device, its driver and what to use instead.
+ * Keep the protection domain allocated until the handle is detached and every pd_mr of it
+ * released; the library never deallocates it.
+ */
+pd_domain *pd_domain_attach_verbs(pd_regcache *cache, struct ibv_pd *pd, int *err);
+
+/*
  * Before fi_close() of the domain: drops the cache's registrations in it (the invalidation
  * callback is told of each, PD_INVALIDATED_DOMAIN) and releases the handle; returns how many
  * cached entries were dropped. -EBUSY, with the handle still attached, while pd_mr handles of
@@ -283,17 +299,21 @@ int pd_regcache_stats(const pd_regcache *cache, struct pd_regcache_stats *out);
 
 /* Releases the handle (NULL is ignored). */
 void pd_mr_release(pd_mr *mr);
-/* fi_mr_key() of the registration: what peers name it with (0 for NULL). */
+/* fi_mr_key() of the registration (the rkey for ibverbs): what peers name it with (0 for
+ * NULL). */
 uint64_t pd_mr_key(const pd_mr *mr);
-/* fi_mr_desc() of the registration, for local buffers (NULL for NULL). */
+/* The ibverbs local key of the registration, for ibv_sge.lkey (0 for libfabric, and NULL). */
+uint32_t pd_mr_lkey(const pd_mr *mr);
+/* fi_mr_desc() of the registration, for local buffers (NULL for NULL and for ibverbs). */
 void *pd_mr_desc(const pd_mr *mr);
 /* Where the requested range starts in the registration, which may be larger. */
 uint64_t pd_mr_offset(const pd_mr *mr);
 /*
  * The local address of the requested range's first byte in *addr, and its length in *length:
  * the buf to pass with pd_mr_desc() to the caller's own operations (fi_tsend, fi_trecv,
- * fi_read's destination). -EOPNOTSUPP for a PD_PATH_HOST_BOUNCE registration: its descriptor
- * names the staging buffer (pd_mr_staging()).
+ * fi_read's destination); for ibverbs the IOVA, for ibv_sge.addr with pd_mr_lkey().
+ * -EOPNOTSUPP for a PD_PATH_HOST_BOUNCE registration: its descriptor names the staging buffer
+ * (pd_mr_staging()).
  */
 int pd_mr_local(const pd_mr *mr, void **addr, uint64_t *length);
 /* PD_PATH_* (0 for NULL). */
@@ -302,8 +322,8 @@ uint32_t pd_mr_path(const pd_mr *mr);
  * What a peer needs to reach the requested range with RMA (fi_read, fi_write): *addr is the
  * address of its first byte, a virtual address when the caller's domain uses FI_MR_VIRT_ADDR
  * (virt_addr != 0; see fi_info->domain_attr->mr_mode) else the offset from the registration's
- * start, and *key its key. -EOPNOTSUPP for a PD_PATH_HOST_BOUNCE registration: RMA would
- * reach the staging buffer, not HBM.
+ * start (ibverbs: always the IOVA, virt_addr is ignored), and *key its key. -EOPNOTSUPP for
+ * a PD_PATH_HOST_BOUNCE registration: RMA would reach the staging buffer, not HBM.
  */
 int pd_mr_remote(const pd_mr *mr, int virt_addr, uint64_t *addr, uint64_t *key);
 /* Why the registration is PD_PATH_HOST_BOUNCE (the provider's refusal); NULL when direct.

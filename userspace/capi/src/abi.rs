@@ -48,6 +48,12 @@ pub struct PdInvalidation {
 pub type PdInvalidateFn =
     unsafe extern "C" fn(ctx: *mut std::ffi::c_void, invalidation: *const PdInvalidation);
 
+/// `struct ibv_pd` of libibverbs: only ever behind a pointer.
+#[repr(C)]
+pub struct IbvPd {
+    _opaque: [u8; 0],
+}
+
 /// `struct fid_domain` of libfabric: only ever behind a pointer.
 #[repr(C)]
 pub struct FidDomain {

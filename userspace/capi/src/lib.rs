@@ -27,6 +27,7 @@
 mod abi;
 mod error;
 mod regcache;
+mod registrar;
 
 use std::ffi::{c_char, c_int, c_uint, CStr, OsStr};
 use std::os::fd::{IntoRawFd, OwnedFd};

@@ -25,11 +25,13 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use pd::cache::{Access, ByteRange, DomainId, ExportId, RegCache};
+use pd::registrar::ibverbs::{self, IbverbsRegistrar};
 use pd::registrar::libfabric::{Fabric, LibfabricError, LibfabricRegistrar, MappedDmaBuf};
 use pd::{Cause, Errno, Invalidated, RawExport, RegPath, Registrar, Registration};
 
-use crate::abi::{self, FidDomain, PdInvalidateFn, PdInvalidation, PdRegcacheStats};
+use crate::abi::{self, FidDomain, IbvPd, PdInvalidateFn, PdInvalidation, PdRegcacheStats};
 use crate::error::{guard, guard_status, shield, Failure};
+use crate::registrar::AnyRegistrar;
 use crate::{arg, put, PdAllocation};
 
 /// What `pd_register` registers an allocation from: its export and that export's identity.
@@ -46,7 +48,7 @@ pub struct PdRegCache {
 /// What a `pd_regcache` and its `pd_domain` handles share; it lives until the last of them is
 /// released.
 struct Shared {
-    cache: Arc<RegCache<LibfabricRegistrar>>,
+    cache: Arc<RegCache<AnyRegistrar>>,
     /// The attached domains, for `pd_regcache_set_host_bounce`, the invalidation callback and
     /// `pd_regcache_free`.
     domains: Arc<Mutex<HashMap<DomainId, Attached>>>,
@@ -62,7 +64,7 @@ struct Shared {
 /// An attached domain: its handle's address (what the callback is told) and its registrar.
 struct Attached {
     handle: usize,
-    registrar: Weak<LibfabricRegistrar>,
+    registrar: Weak<AnyRegistrar>,
 }
 
 /// `pd_invalidate_fn` and its context, which the caller promised may be used from any thread.
@@ -76,18 +78,18 @@ struct Callback {
 /// (`pd_domain_attach`) until `pd_domain_detach`.
 pub struct PdDomain {
     shared: Arc<Shared>,
-    registrar: Arc<LibfabricRegistrar>,
+    registrar: Arc<AnyRegistrar>,
 }
 
 /// `pd_mr`: a registration handed out by `pd_register`, registered until released.
 pub struct PdMr {
-    registration: Registration<LibfabricRegistrar>,
+    registration: Registration<AnyRegistrar>,
     /// The host-bounce reason, NUL-terminated for C.
     reason: Option<CString>,
 }
 
 impl PdMr {
-    fn new(registration: Registration<LibfabricRegistrar>) -> Self {
+    fn new(registration: Registration<AnyRegistrar>) -> Self {
         let reason = match registration.mr().path() {
             // NUL bytes replaced, so `new` cannot fail.
             RegPath::HostBounce { reason } => CString::new(reason.replace('\0', " ")).ok(),
@@ -175,7 +177,7 @@ pub unsafe extern "C" fn pd_regcache_new(err: *mut c_int) -> *mut PdRegCache {
 fn tell(
     domains: &Mutex<HashMap<DomainId, Attached>>,
     callback: &Mutex<Option<Callback>>,
-    invalidated: &Invalidated<'_, LibfabricRegistrar>,
+    invalidated: &Invalidated<'_, AnyRegistrar>,
 ) {
     let Some(callback) = *lock(callback) else {
         return;
@@ -183,16 +185,11 @@ fn tell(
     let domain = lock(domains)
         .get(&invalidated.key.domain)
         .map_or(0, |attached| attached.handle);
-    let (addr, length) = invalidated
-        .mr
-        .local()
-        .map_or((std::ptr::null_mut(), 0), |(addr, length)| {
-            (addr.as_ptr().cast(), length)
-        });
+    let (addr, length) = invalidated.mr.local().unwrap_or((0, 0));
     let event = PdInvalidation {
         domain: domain as *mut PdDomain,
         key: invalidated.mr.key(),
-        addr,
+        addr: addr as *mut c_void,
         length,
         cause: match invalidated.cause {
             Cause::Memory => abi::PD_INVALIDATED_MEMORY,
@@ -265,8 +262,57 @@ pub unsafe extern "C" fn pd_domain_attach(
         // attached, which is `from_raw_domain`'s contract.
         let fabric = unsafe { Fabric::from_raw_domain(domain.cast::<c_void>(), "libfabric") }
             .map_err(|err| Failure::from(err).prefixed(F))?;
-        let registrar = Arc::new(LibfabricRegistrar::new(fabric));
-        let shared = &cache.shared;
+        Ok(cache.attach(AnyRegistrar::Fabric(LibfabricRegistrar::new(fabric))))
+    });
+    if !handle.is_null() {
+        report(0);
+    }
+    handle
+}
+
+/// `pd_domain *pd_domain_attach_verbs(pd_regcache *cache, struct ibv_pd *pd, int *err)`: a
+/// handle naming the caller's ibverbs protection domain `pd` in `cache`; registrations are
+/// `ibv_reg_dmabuf_mr` in it.
+///
+/// # Safety
+///
+/// `cache` is NULL or a live handle; `pd` is NULL or a live `struct ibv_pd *` of the process'
+/// libibverbs.so.1 that stays allocated (its context open) until the handle is detached and
+/// every `pd_mr` of it released; `err` is NULL or valid for writing an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn pd_domain_attach_verbs(
+    cache: *mut PdRegCache,
+    pd: *mut IbvPd,
+    err: *mut c_int,
+) -> *mut PdDomain {
+    const F: &str = "pd_domain_attach_verbs";
+    let report = |code| {
+        if !err.is_null() {
+            // SAFETY: not NULL, and the caller promises it is valid for writing an `int`.
+            unsafe { err.write(code) };
+        }
+    };
+    let handle = guard(F, std::ptr::null_mut(), report, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let cache = unsafe { arg(F, "cache", cache) }?;
+        let pd = NonNull::new(pd).ok_or_else(|| Failure::null(F, "pd"))?;
+        // SAFETY: the caller promises a live ibv_pd of the process' libibverbs.so.1 (the copy
+        // `LIBRARY` names, already loaded), kept allocated while anything of it lives.
+        let registrar = unsafe { IbverbsRegistrar::from_raw_pd(ibverbs::LIBRARY, pd.cast()) }
+            .map_err(|err| Failure::from(err).prefixed(F))?;
+        Ok(cache.attach(AnyRegistrar::Verbs(registrar)))
+    });
+    if !handle.is_null() {
+        report(0);
+    }
+    handle
+}
+
+impl PdRegCache {
+    /// A new `pd_domain` handle for `registrar`.
+    fn attach(&self, registrar: AnyRegistrar) -> *mut PdDomain {
+        let registrar = Arc::new(registrar);
+        let shared = &self.shared;
         let mut domains = lock(&shared.domains);
         registrar.set_host_bounce(shared.host_bounce.load(Relaxed));
         let handle = Box::into_raw(Box::new(PdDomain {
@@ -280,12 +326,8 @@ pub unsafe extern "C" fn pd_domain_attach(
                 registrar: Arc::downgrade(&registrar),
             },
         );
-        Ok(handle)
-    });
-    if !handle.is_null() {
-        report(0);
+        handle
     }
-    handle
 }
 
 /// `int pd_domain_detach(pd_domain *domain)`: drops the cache's registrations in the domain
@@ -546,7 +588,8 @@ impl PdDomain {
             source.export,
             range,
             access,
-        )?;
+        );
+        let registration = registration.map_err(|err| err.prefixed(function))?;
         let mr = Box::into_raw(Box::new(PdMr::new(registration)));
         // SAFETY: the caller promises `out` is NULL (refused) or valid for writing.
         let stored = unsafe { put(function, "out", out, mr) };
@@ -665,6 +708,18 @@ unsafe fn with_mr<T: Copy>(
 pub unsafe extern "C" fn pd_mr_key(mr: *const PdMr) -> u64 {
     // SAFETY: passed on under the same contract.
     unsafe { with_mr("pd_mr_key", mr, 0, |m| m.registration.mr().key()) }
+}
+
+/// `uint32_t pd_mr_lkey(const pd_mr *mr)`: the local key of an ibverbs registration, for
+/// `ibv_sge.lkey` (0 for libfabric registrations and for NULL).
+///
+/// # Safety
+///
+/// `mr` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn pd_mr_lkey(mr: *const PdMr) -> u32 {
+    // SAFETY: passed on under the same contract.
+    unsafe { with_mr("pd_mr_lkey", mr, 0, |m| m.registration.mr().lkey()) }
 }
 
 /// `void *pd_mr_desc(const pd_mr *mr)`: `fi_mr_desc` (NULL for NULL).
@@ -822,12 +877,10 @@ pub unsafe extern "C" fn pd_mr_local(
                 "pd_mr_local: the registration is a host bounce (see pd_mr_reason): its descriptor names the staging buffer; post operations on pd_mr_staging() and copy HBM through it",
             )
         })?;
-        // Inside the registration, which lies inside the mapping.
-        let first = start
-            .as_ptr()
-            .wrapping_add(usize::try_from(registration.offset_in_mr()).unwrap_or(usize::MAX));
+        // Inside the registration: no overflow.
+        let first = start.wrapping_add(registration.offset_in_mr()) as *mut c_void;
         // SAFETY: the caller promises each is NULL (refused) or valid for writing.
-        unsafe { put(F, "addr", addr, first.cast::<c_void>()) }?;
+        unsafe { put(F, "addr", addr, first) }?;
         // SAFETY: as above.
         unsafe { put(F, "length", length, registration.requested().length()) }
     })

@@ -35,6 +35,7 @@ fn c_type(rust: &str) -> String {
         "PdRegcacheStats" => "struct pd_regcache_stats",
         "FidDomain" => "struct fid_domain",
         "PdDomain" => "pd_domain",
+        "IbvPd" => "struct ibv_pd",
         "Option<PdInvalidateFn>" | "Option < PdInvalidateFn >" => "pd_invalidate_fn",
         "c_void" => "void",
         other => panic!("no C spelling for the Rust type {other}"),
@@ -74,6 +75,7 @@ fn signatures() -> Vec<(&'static str, String)> {
         pd_regcache_new(*mut c_int) -> *mut PdRegCache;
         pd_regcache_free(*mut PdRegCache) -> ();
         pd_domain_attach(*mut PdRegCache, *mut FidDomain, *mut c_int) -> *mut PdDomain;
+        pd_domain_attach_verbs(*mut PdRegCache, *mut IbvPd, *mut c_int) -> *mut PdDomain;
         pd_domain_detach(*mut PdDomain) -> c_int;
         pd_register(*mut PdDomain, *const PdAllocation, u64, u64, u32, *mut *mut PdMr) -> c_int;
         pd_regcache_set_invalidate_callback(*mut PdRegCache, Option<PdInvalidateFn>, *mut c_void) -> c_int;
@@ -83,6 +85,7 @@ fn signatures() -> Vec<(&'static str, String)> {
         pd_regcache_invalidate_dmabuf(*mut PdRegCache, c_int) -> c_int;
         pd_mr_release(*mut PdMr) -> ();
         pd_mr_key(*const PdMr) -> u64;
+        pd_mr_lkey(*const PdMr) -> u32;
         pd_mr_desc(*const PdMr) -> *mut c_void;
         pd_mr_offset(*const PdMr) -> u64;
         pd_mr_path(*const PdMr) -> u32;
@@ -226,7 +229,7 @@ fn header_rust_and_table_name_the_same_functions() {
         in_table, in_rust,
         "signature table vs. extern \"C\" fns of lib.rs"
     );
-    assert_eq!(in_rust.len(), 33);
+    assert_eq!(in_rust.len(), 35);
 }
 
 #[test]
@@ -298,5 +301,5 @@ fn every_c_function_runs_inside_the_guard() {
         );
         seen += 1;
     }
-    assert_eq!(seen, 33);
+    assert_eq!(seen, 35);
 }

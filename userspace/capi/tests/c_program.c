@@ -124,6 +124,11 @@ int main(int argc, char **argv)
 			CHECK(contains(pd_last_error(), "libfabric"));
 		}
 		CHECK(pd_domain_detach(NULL) == 0);
+		CHECK(pd_domain_attach_verbs(NULL, (struct ibv_pd *)domain, &err) == NULL &&
+		      err == -EINVAL);
+		CHECK(pd_domain_attach_verbs(cache, NULL, &err) == NULL && err == -EINVAL);
+		CHECK(strcmp(pd_last_error(), "pd_domain_attach_verbs: pd is NULL; pass a valid pointer") == 0);
+		CHECK(pd_mr_lkey(NULL) == 0);
 		CHECK(pd_register(NULL, NULL, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
 		CHECK(strcmp(pd_last_error(), "pd_register: domain is NULL; pass a valid pointer") == 0);
 		CHECK(mr == (pd_mr *)&err);

@@ -82,6 +82,58 @@ impl Fake {
         }
     }
 
+    /// A protection domain of the caller's own, on a context of its own: what a runtime
+    /// hands `IbverbsRegistrar::from_raw_pd`.
+    fn alloc_pd(&self) -> (*mut std::ffi::c_void, *mut std::ffi::c_void) {
+        type Ptr = *mut std::ffi::c_void;
+        // SAFETY: the stand-in's prototypes, as <infiniband/verbs.h> has them; the list is
+        // freed once, the device pointer in it is static in the stand-in.
+        unsafe {
+            let list = self
+                .lib
+                .get::<unsafe extern "C" fn(*mut i32) -> *mut Ptr>(b"ibv_get_device_list\0")
+                .expect("ibv_get_device_list");
+            let free = self
+                .lib
+                .get::<unsafe extern "C" fn(*mut Ptr)>(b"ibv_free_device_list\0")
+                .expect("ibv_free_device_list");
+            let open = self
+                .lib
+                .get::<unsafe extern "C" fn(Ptr) -> Ptr>(b"ibv_open_device\0")
+                .expect("ibv_open_device");
+            let alloc_pd = self
+                .lib
+                .get::<unsafe extern "C" fn(Ptr) -> Ptr>(b"ibv_alloc_pd\0")
+                .expect("ibv_alloc_pd");
+            let devices = list(std::ptr::null_mut());
+            let context = open(*devices);
+            free(devices);
+            (context, alloc_pd(context))
+        }
+    }
+
+    /// Releases what [`Fake::alloc_pd`] made, as its owner would; returns `ibv_dealloc_pd`'s
+    /// status (EBUSY while regions are left in it).
+    fn release_pd(&self, context: *mut std::ffi::c_void, pd: *mut std::ffi::c_void) -> i32 {
+        type Ptr = *mut std::ffi::c_void;
+        // SAFETY: the stand-in's prototypes; both were made by `alloc_pd`, released once.
+        unsafe {
+            let dealloc = self
+                .lib
+                .get::<unsafe extern "C" fn(Ptr) -> i32>(b"ibv_dealloc_pd\0")
+                .expect("ibv_dealloc_pd");
+            let close = self
+                .lib
+                .get::<unsafe extern "C" fn(Ptr) -> i32>(b"ibv_close_device\0")
+                .expect("ibv_close_device");
+            let status = dealloc(pd);
+            if status == 0 {
+                close(context);
+            }
+            status
+        }
+    }
+
     /// No rule was broken, and every region, domain and context is released.
     fn assert_clean(&self) {
         assert_eq!(
@@ -173,4 +225,42 @@ fn regions_deregistered_by_their_registrar_leave_nothing() {
     }
     drop(registrar);
     fake.assert_clean();
+}
+
+#[test]
+fn a_borrowed_protection_domain_stays_its_owners() {
+    let fake = Fake::new("borrowed");
+    let (context, pd) = fake.alloc_pd();
+    let pd = std::ptr::NonNull::new(pd).expect("a protection domain");
+    // SAFETY: `pd` is a live ibv_pd of the stand-in at `fake.path()`, released below only
+    // once the registrar and its regions are gone; the stand-in is single-threaded here.
+    let registrar =
+        unsafe { IbverbsRegistrar::from_raw_pd(fake.path(), pd) }.expect("borrowing the pd");
+    assert_eq!(registrar.device(), "fake0");
+    let source = source();
+    let mrs: Vec<_> = (0..2)
+        .map(|_| {
+            registrar
+                .register(&source, &key(&registrar))
+                .expect("registering")
+        })
+        .collect();
+    assert_eq!((mrs[0].iova, mrs[0].length), (0, 4096));
+    drop(registrar);
+    // The regions outlive the registrar; the domain is still the caller's.
+    assert_eq!(fake.count("live_mrs"), 2);
+    assert_eq!(fake.release_pd(context, pd.as_ptr()), libc_ebusy());
+    drop(mrs);
+    assert_eq!(
+        fake.count("live_pds"),
+        1,
+        "the registrar released the caller's pd"
+    );
+    assert_eq!(fake.release_pd(context, pd.as_ptr()), 0);
+    fake.assert_clean();
+}
+
+/// `EBUSY`, as the stand-in returns it.
+fn libc_ebusy() -> i32 {
+    rustix::io::Errno::BUSY.raw_os_error()
 }

@@ -15,6 +15,15 @@ use crate::DmaBuf;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct DomainId(pub u64);
 
+impl DomainId {
+    /// An id no other domain of the process has had: what the crate's registrars use, so that
+    /// a domain closed and another made at the same address are never the same to a cache.
+    pub fn unique() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Self(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
 /// Which export a registration maps: the peerdirect device it came from and the dma-buf.
 ///
 /// The dma-buf is named by its inode number, which the kernel takes from a 64-bit counter

@@ -8,7 +8,8 @@
 //! Linux 7.3 `rdma_rxe` has no `reg_user_mr_dmabuf`) fail with [`IbverbsError::DmaBufUnsupported`],
 //! which names the device, the provider, the errno and what to use instead.
 //!
-//! Every `unsafe` of this registrar is in the private module `ffi` below.
+//! Every `unsafe` block of this registrar is in the private module `ffi` below;
+//! [`IbverbsRegistrar::from_raw_pd`] only passes its contract on to it.
 
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd};
@@ -233,6 +234,11 @@ pub struct IbvMr {
     pub lkey: u32,
     /// The remote key.
     pub rkey: u32,
+    /// The I/O virtual address of its first byte: what work requests (`ibv_sge.addr`, a
+    /// peer's `remote_addr`) name it by. This registrar makes it the dma-buf offset.
+    pub iova: u64,
+    /// Its length in bytes.
+    pub length: u64,
     verbs: Arc<ffi::Verbs>,
 }
 
@@ -257,6 +263,8 @@ pub struct IbverbsRegistrar {
     verbs: Arc<ffi::Verbs>,
     device: String,
     provider: String,
+    /// Unique in the process ([`DomainId::unique`]), unlike the domain's address.
+    id: DomainId,
 }
 
 impl fmt::Debug for IbverbsRegistrar {
@@ -282,6 +290,33 @@ impl IbverbsRegistrar {
             verbs,
             device: device.to_owned(),
             provider: provider_of(Path::new(SYSFS_INFINIBAND), device),
+            id: DomainId::unique(),
+        })
+    }
+
+    /// A registrar for a protection domain the caller allocated, e.g. a runtime's own, whose
+    /// queue pairs will use the memory regions, through `library` (normally [`LIBRARY`]: the
+    /// copy of libibverbs the process already uses). The registrar never deallocates the
+    /// domain nor closes its context. The device's name is read from the domain.
+    ///
+    /// # Safety
+    ///
+    /// `pd` is a live `struct ibv_pd *` made by that library, that stays allocated (and its
+    /// context open) until the registrar and every memory region it made are dropped, and is
+    /// used thread-safely (libibverbs' verbs are).
+    // Only forwards its contract to `ffi`, where the pointers are used.
+    #[allow(unsafe_code)]
+    pub unsafe fn from_raw_pd(
+        library: &str,
+        pd: std::ptr::NonNull<std::ffi::c_void>,
+    ) -> Result<Self, IbverbsError> {
+        // SAFETY: the caller's contract is `borrow`'s.
+        let (verbs, device) = unsafe { ffi::Verbs::borrow(library, pd) }?;
+        Ok(Self {
+            verbs: Arc::new(verbs),
+            provider: provider_of(Path::new(SYSFS_INFINIBAND), &device),
+            device,
+            id: DomainId::unique(),
         })
     }
 
@@ -322,7 +357,7 @@ impl Registrar for IbverbsRegistrar {
     type Error = IbverbsError;
 
     fn domain(&self) -> DomainId {
-        DomainId(self.verbs.pd_id())
+        self.id
     }
 
     fn register(&self, source: &DmaBuf, key: &RegKey) -> Result<IbvMr, IbverbsError> {
@@ -392,8 +427,20 @@ mod ffi {
         fns: Fns,
         context: *mut c_void,
         pd: *mut c_void,
+        /// Whether the domain and context are this library's to release (else the caller's).
+        owned: bool,
         /// Kept loaded while the function pointers above live; dropped last.
         _library: Library,
+    }
+
+    /// The heads of `struct ibv_pd` and `struct ibv_context` (rdma-core's stable ABI).
+    #[repr(C)]
+    struct PdHead {
+        context: *mut ContextHead,
+    }
+    #[repr(C)]
+    struct ContextHead {
+        device: *mut c_void,
     }
 
     // SAFETY: libibverbs' verbs are thread-safe (rdma-core's documented guarantee for
@@ -408,14 +455,71 @@ mod ffi {
     }
 
     impl Verbs {
+        /// Loads `library`.
+        fn load(library: &str) -> Result<Library, IbverbsError> {
+            // SAFETY: loading libibverbs runs its constructors, which only initialise its
+            // own state (no thread-unsafe global changes beyond what dlopen does).
+            unsafe { Library::new(library) }.map_err(|err| IbverbsError::LibraryNotLoaded {
+                library: library.to_owned(),
+                reason: err.to_string(),
+            })
+        }
+
+        /// The caller's protection domain `pd`, and its device's name.
+        ///
+        /// # Safety
+        ///
+        /// As `IbverbsRegistrar::from_raw_pd`.
+        pub(super) unsafe fn borrow(
+            library: &str,
+            pd: std::ptr::NonNull<c_void>,
+        ) -> Result<(Self, String), IbverbsError> {
+            let lib = Self::load(library)?;
+            macro_rules! sym {
+                ($name:literal, $ty:ty) => {{
+                    // SAFETY: $ty is the C prototype of $name in <infiniband/verbs.h>, and the
+                    // pointer is only used while `lib` is loaded (it is moved into Verbs).
+                    let s = unsafe { lib.get::<$ty>(concat!($name, "\0").as_bytes()) };
+                    *s.map_err(|err| IbverbsError::MissingSymbol {
+                        library: library.to_owned(),
+                        symbol: $name,
+                        reason: err.to_string(),
+                    })?
+                }};
+            }
+            let get_device_name = sym!("ibv_get_device_name", GetDeviceName);
+            let fns = Fns {
+                close_device: sym!("ibv_close_device", CloseDevice),
+                dealloc_pd: sym!("ibv_dealloc_pd", DeallocPd),
+                reg_dmabuf_mr: sym!("ibv_reg_dmabuf_mr", RegDmabufMr),
+                dereg_mr: sym!("ibv_dereg_mr", DeregMr),
+            };
+            let pd = pd.as_ptr();
+            // SAFETY: the caller promises a live ibv_pd of this library: its head holds its
+            // open context, whose head holds its device, whose name is a NUL-terminated string
+            // inside it, copied here.
+            let device = unsafe {
+                let context = (*pd.cast::<PdHead>()).context;
+                CStr::from_ptr(get_device_name((*context).device))
+            }
+            .to_string_lossy()
+            .into_owned();
+            // SAFETY: as above: the context of a live ibv_pd.
+            let context = unsafe { (*pd.cast::<PdHead>()).context.cast::<c_void>() };
+            Ok((
+                Self {
+                    fns,
+                    context,
+                    pd,
+                    owned: false,
+                    _library: lib,
+                },
+                device,
+            ))
+        }
+
         pub(super) fn open(library: &str, device: &str) -> Result<Self, IbverbsError> {
-            let lib =
-                // SAFETY: loading libibverbs runs its constructors, which only initialise its
-                // own state (no thread-unsafe global changes beyond what dlopen does).
-                unsafe { Library::new(library) }.map_err(|err| IbverbsError::LibraryNotLoaded {
-                    library: library.to_owned(),
-                    reason: err.to_string(),
-                })?;
+            let lib = Self::load(library)?;
             macro_rules! sym {
                 ($name:literal, $ty:ty) => {{
                     // SAFETY: $ty is the C prototype of $name in <infiniband/verbs.h>, and the
@@ -496,13 +600,9 @@ mod ffi {
                 fns,
                 context,
                 pd,
+                owned: true,
                 _library: lib,
             })
-        }
-
-        /// The protection domain's address, unique while it lives.
-        pub(super) fn pd_id(&self) -> u64 {
-            self.pd as u64
         }
 
         pub(super) fn reg_dmabuf_mr(
@@ -525,6 +625,8 @@ mod ffi {
                 mr: MrPtr(mr),
                 lkey,
                 rkey,
+                iova,
+                length: length as u64,
                 verbs: Arc::clone(this),
             })
         }
@@ -540,6 +642,11 @@ mod ffi {
 
     impl Drop for Verbs {
         fn drop(&mut self) {
+            if !self.owned {
+                // The caller's domain: theirs to deallocate, now that none of our memory
+                // regions is left in it.
+                return;
+            }
             // SAFETY: every memory region holds an Arc of this Verbs, so none is left when it
             // drops: the pd is empty and deallocated before its context is closed, once each.
             unsafe {

@@ -264,12 +264,6 @@ pub struct ProviderCaps {
     pub rma: bool,
 }
 
-/// A domain id no other registrar has, for the life of the process.
-fn next_domain_id() -> DomainId {
-    static NEXT_DOMAIN: AtomicU64 = AtomicU64::new(1);
-    DomainId(NEXT_DOMAIN.fetch_add(1, Relaxed))
-}
-
 /// The loaded library, or why it cannot be used.
 fn library() -> Result<&'static sys::Lib, LibfabricError> {
     let lib = sys::Lib::get().map_err(load_error)?;
@@ -398,7 +392,7 @@ impl Fabric {
             info: Some(info),
             caps,
             domain,
-            id: next_domain_id(),
+            id: DomainId::unique(),
         })
     }
 
@@ -437,7 +431,7 @@ impl Fabric {
                 rma: false,
             },
             domain,
-            id: next_domain_id(),
+            id: DomainId::unique(),
         })
     }
 

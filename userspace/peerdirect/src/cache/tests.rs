@@ -1236,18 +1236,9 @@ fn invalidations_racing_requests_tell_each_registration_once_while_it_lives() {
             });
         }
     });
-    {
-        let heard = heard.lock().unwrap();
-        assert!(
-            heard.len() >= 10,
-            "only {} invalidations heard",
-            heard.len()
-        );
-        assert!(
-            heard.iter().any(|t| t.2) && heard.iter().any(|t| !t.2),
-            "held and idle both seen"
-        );
-    }
+    // Whether they were held is checked exactly by the tests above; here, that it raced.
+    let count = heard.lock().unwrap().len();
+    assert!(count >= 10, "only {count} invalidations heard");
     // What the race left cached, plus on each device an idle registration, a held one and a
     // held one too large to cache.
     let held: Vec<_> = (0..2u32)

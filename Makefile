@@ -3,6 +3,7 @@
 #   make demo      set everything up, boot the test guest, show what peerdirect does
 #   make test      set everything up, run every test; ends with "N passed, N failed"
 #   make module [KDIR=/path/to/kernel/build]   build peerdirect.ko (default: the test kernel)
+#   make peermem KDIR=... OFED=DIR              the PeerDirect peer-memory client, for MLNX_OFED
 #   make userspace                              build the crate and the `peerdirect` CLI
 #   make install KDIR=... [DESTDIR=] [PREFIX=/usr/local]
 #   make bench     benchmarks (not tests): ratios against baselines measured in the same run
@@ -24,7 +25,8 @@ export PEERDIRECT_CACHE
 export CARGO_TARGET_DIR ?= $(PEERDIRECT_CACHE)/cargo-target
 BIN := $(CARGO_TARGET_DIR)/release
 
-.PHONY: all setup kernel module module-kunit test-modules userspace userland guest guest-default \
+.PHONY: all setup kernel module module-kunit test-modules peermem peermem-test userspace userland \
+	guest guest-default \
 	kernel-kasan module-kasan test-modules-kasan guest-kasan demo test stress bench install clean
 
 all: module userspace
@@ -45,6 +47,21 @@ module-kunit: kernel
 test-modules: kernel
 	@scripts/build-module $(ROOT)/tests/kmod $(BUILD)/tests-kmod ""
 
+# The PeerDirect peer-memory client (kmod/peermem/), only for hosts whose ib_core exports
+# ib_register_peer_memory_client (MLNX_OFED): linked against that core's Module.symvers and
+# peerdirect.ko's. OFED is the directory of the core's Module.symvers.
+peermem: module
+	@[ -n "$(OFED)" ] || { echo "make peermem needs OFED=DIR, DIR holding the Module.symvers of an ib_core with the peer-memory API (MLNX_OFED: /usr/src/ofa_kernel/default)"; exit 2; }
+	@[ -f "$(OFED)/Module.symvers" ] || { echo "no $(OFED)/Module.symvers: is MLNX_OFED's kernel part (mlnx-ofed-kernel-dkms or -modules) installed?"; exit 2; }
+	@scripts/build-module $(ROOT)/kmod/peermem $(BUILD)/peermem "$(KDIR)" \
+		KBUILD_EXTRA_SYMBOLS="$(realpath $(OFED))/Module.symvers $(BUILD)/kmod/Module.symvers"
+
+# The same client for the test guest, linked against the contract-test stand-in of that API
+# (tests/kmod/peerdirect_peermem_core.c), which exports it as MLNX_OFED does.
+peermem-test: module test-modules
+	@scripts/build-module $(ROOT)/kmod/peermem $(BUILD)/peermem-test "" \
+		KBUILD_EXTRA_SYMBOLS="$(BUILD)/tests-kmod/Module.symvers $(BUILD)/kmod/Module.symvers"
+
 # The workspace includes capi: libpeerdirect.so and libpeerdirect.a land in $(BIN) too.
 userspace:
 	@cd userspace && cargo build -q --release --workspace --locked
@@ -56,7 +73,7 @@ userland: setup
 
 guest: guest-default guest-kasan
 
-guest-default: kernel module module-kunit test-modules userspace userland
+guest-default: kernel module module-kunit test-modules peermem-test userspace userland
 	@scripts/mkinitramfs $(BUILD)/initramfs.cpio "$$(scripts/build-kernel)" $(BUILD) $(BIN)
 
 # The KASAN flavour of the test kernel (qemu/kernel-kasan.config, built with clang) and the

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The module's only raw FFI: the C helpers in `helpers.c`, the PeerDirect peer-memory client
-//! in `peer_mem.c` and raw access to `struct pci_dev`.
+//! The module's only raw FFI: the C helpers in `helpers.c` and raw access to `struct pci_dev`.
 //!
 //! Everything here is wrapped once in a safe function; no other file declares `extern "C"` or
 //! touches a raw pointer.
@@ -74,9 +73,6 @@ mod raw {
             importer: *mut bindings::device,
             reason: *const c_char,
         );
-        // Declared in peer_mem.h.
-        pub(super) fn peerdirect_peer_mem_register() -> c_int;
-        pub(super) fn peerdirect_peer_mem_unregister();
     }
 }
 
@@ -445,28 +441,4 @@ pub(crate) unsafe fn dmabuf_set_name(
 pub(crate) unsafe fn dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool {
     // SAFETY: forwarded from the caller.
     unsafe { raw::peerdirect_dmabuf_revoke(dmabuf) }
-}
-
-/// The PeerDirect peer-memory client (`peer_mem.c`): registered with ib_core for as long as
-/// this value lives, where the running ib_core offers `ib_register_peer_memory_client`
-/// (MLNX_OFED-style stacks); elsewhere it registers nothing (and says so in the log).
-pub(crate) struct PeerMemClient(());
-
-impl PeerMemClient {
-    /// Registers the client if ib_core offers the API. Fails only when out of memory; a
-    /// missing API or a refused registration leaves the module working without it.
-    pub(crate) fn register() -> Result<Self> {
-        // SAFETY: called once, from module init, before the matching unregister in `drop`;
-        // the C side keeps its state in its own statics.
-        kernel::error::to_result(unsafe { raw::peerdirect_peer_mem_register() })?;
-        Ok(Self(()))
-    }
-}
-
-impl Drop for PeerMemClient {
-    fn drop(&mut self) {
-        // SAFETY: pairs with the successful `register` that made `self` (a no-op when nothing
-        // was registered); called once, at module exit or when init fails later on.
-        unsafe { raw::peerdirect_peer_mem_unregister() }
-    }
 }

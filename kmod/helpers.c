@@ -9,6 +9,7 @@
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/huge_mm.h>
+#include <linux/export.h>
 #include <linux/mm.h>
 #include <linux/sched.h>
 #include <linux/slab.h>
@@ -214,8 +215,8 @@ static vm_fault_t peerdirect_dmabuf_fault(struct vm_fault *vmf)
 }
 
 /*
- * Also how the PeerDirect peer-memory client (peer_mem.c) recognises user mappings of our
- * dma-bufs: vma->vm_ops == &peerdirect_dmabuf_vm_ops.
+ * Also how the PeerDirect peer-memory client (peerdirect_peermem.ko, kmod/peermem/) recognises
+ * user mappings of our dma-bufs: vma->vm_ops == &peerdirect_dmabuf_vm_ops.
  */
 const struct vm_operations_struct peerdirect_dmabuf_vm_ops = {
 	.fault = peerdirect_dmabuf_fault,
@@ -223,6 +224,7 @@ const struct vm_operations_struct peerdirect_dmabuf_vm_ops = {
 	.huge_fault = peerdirect_dmabuf_huge_fault,
 #endif
 };
+EXPORT_SYMBOL_GPL(peerdirect_dmabuf_vm_ops);
 
 /*
  * Sets up a user mapping of @dmabuf's CPU window (offset from vm_pgoff), write-combined, to

@@ -10,8 +10,9 @@
 //! module knows of it, [`memory`] and [`heap`] keep and allocate its BAR, [`allocation`] is one range owned by a file
 //! and its dma-bufs, [`export`] is the DMA-BUF exporter over the small exporter abstraction in
 //! [`dmabuf`], [`chardev`] is the misc device and its ioctls, [`uapi`] the ABI, [`debugfs`]
-//! the debug files, [`index`] the `/dev/peerdirectN` numbering, [`ffi`] the C helpers and the
-//! PeerDirect peer-memory client (`peer_mem.c`, registered where ib_core offers that API).
+//! the debug files, [`index`] the `/dev/peerdirectN` numbering, [`ffi`] the C helpers. The
+//! PeerDirect peer-memory client is a C module of its own (`kmod/peermem/`), for hosts whose
+//! ib_core offers that API.
 
 mod allocation;
 mod chardev;
@@ -40,15 +41,11 @@ module! {
 }
 
 /// Fields drop in declaration order: the driver unregisters first (no probe can run after
-/// it, and every device is removed), then the peer-memory client, and only then the state
-/// devices share ([`Shared`]).
+/// it, and every device is removed), and only then the state devices share ([`Shared`]).
 #[pin_data]
 struct Peerdirect {
     #[pin]
     driver: Registration<pci::Adapter<driver::HbmDriver>>,
-    /// Registered after the driver, unregistered after it. No registration outlives the
-    /// module: each holds a dma-buf, and a dma-buf holds the module.
-    _peer_mem: ffi::PeerMemClient,
     _shared: Shared,
 }
 
@@ -77,7 +74,6 @@ impl kernel::InPlaceModule for Peerdirect {
         try_pin_init!(Self {
             _shared: Shared::new(),
             driver <- Registration::new(c"peerdirect", module),
-            _peer_mem: ffi::PeerMemClient::register()?,
         })
     }
 }

@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * Test-only CONTRACT TEST of peerdirect's PeerDirect peer-memory client: this module stands in
- * for an MLNX_OFED-style ib_core by providing the peer-memory API (kmod/peer_mem.h:
+ * for an MLNX_OFED-style ib_core by providing the peer-memory API (kmod/peermem/peer_mem.h:
  * ib_register_peer_memory_client / ib_unregister_peer_memory_client) and driving a registered
  * client the way that contract describes. It is NOT ib_core and knows no ib_device, MR or NIC
  * hardware: it checks the client against the contract, nothing more. Upstream ib_core has no
- * such API. Never installed, never loaded outside the test guest; it must be loaded before
- * peerdirect.ko, which looks the API up at load time (symbol_get, which only finds
- * EXPORT_SYMBOL_GPL symbols).
+ * such API. Never installed, never loaded outside the test guest. Like MLNX_OFED, it exports
+ * the API with plain EXPORT_SYMBOL, which symbol_get() does not resolve since Linux 6.6: the
+ * client, peerdirect_peermem.ko, links against it (built with this module's Module.symvers)
+ * and must be loaded after it and after peerdirect.ko.
  *
  * Interface: /sys/kernel/debug/peerdirect_peermem_core/run. Each open file keeps the result of
  * its last command; write a command line (in one write), then read the result back as
@@ -43,7 +44,7 @@
 
 #include "cmdfile.h"
 
-#include "../../kmod/peer_mem.h"
+#include "../../kmod/peermem/peer_mem.h"
 
 
 /* One registration, as a memory region of the core would hold it. */
@@ -135,7 +136,7 @@ void *ib_register_peer_memory_client(const struct peer_memory_client *peer_clien
 		peer_client->version);
 	return &pdpc_handle;
 }
-EXPORT_SYMBOL_GPL(ib_register_peer_memory_client);
+EXPORT_SYMBOL(ib_register_peer_memory_client);
 
 /* Ends a registration: releases it without pdpc_lock (the client may wait for its invalidate). */
 static void pdpc_release_unlocked(const struct peer_memory_client *client, struct pdpc_reg *reg)
@@ -173,7 +174,7 @@ void ib_unregister_peer_memory_client(void *reg_handle)
 	mutex_unlock(&pdpc_lock);
 	pr_info("peerdirect_peermem_core: peer-memory client unregistered\n");
 }
-EXPORT_SYMBOL_GPL(ib_unregister_peer_memory_client);
+EXPORT_SYMBOL(ib_unregister_peer_memory_client);
 
 struct pdpc_cmd {
 	const char *verb;
@@ -428,8 +429,8 @@ static int __init pdpc_init(void)
 }
 
 /*
- * A registered client holds this module (symbol_get), so no client and no registration is
- * left by the time this runs.
+ * A registered client's module links against this one and holds it, so no client and no
+ * registration is left by the time this runs.
  */
 static void __exit pdpc_exit(void)
 {

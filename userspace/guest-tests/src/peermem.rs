@@ -37,6 +37,8 @@ pub(crate) enum Topology {
 const CORE_MODULE: &str = "peerdirect_peermem_core";
 const CORE_PATH: &str = "/lib/peerdirect/tests/peerdirect_peermem_core.ko";
 const PEERDIRECT_PATH: &str = "/lib/peerdirect/peerdirect.ko";
+const CLIENT_MODULE: &str = "peerdirect_peermem";
+const CLIENT_PATH: &str = "/lib/peerdirect/peerdirect_peermem.ko";
 const RUN_FILE: &str = "/sys/kernel/debug/peerdirect_peermem_core/run";
 /// The HBM stand-in (ivshmem-plain) and the NIC (virtio-net, legacy and modern).
 const HBM_ID: (&str, &str) = ("0x1af4", "0x1110");
@@ -44,7 +46,7 @@ const MIB: u64 = 1 << 20;
 const EXPORT_LEN: u64 = 4 * MIB;
 const EOPNOTSUPP: i64 = 95;
 const EACCES: i64 = 13;
-/// The log lines of a registration: peerdirect's and the core's.
+/// The log lines of a registration: the client module's and the core's.
 const CLIENT_LOG: &str = "PeerDirect peer-memory client \"peerdirect\" registered with ib_core";
 const CORE_LOG: &str = "contract test: peer-memory client \"peerdirect\" version \"1\" registered";
 const UNBIND_TIMEOUT: Duration = Duration::from_secs(120);
@@ -169,8 +171,12 @@ fn steps(topology: Topology) -> Vec<Step> {
             load_core,
         ),
         (
-            "peerdirect.ko loads after it, binds the HBM device and logs that its peer-memory client registered".to_owned(),
+            "peerdirect.ko loads after it and binds the HBM device".to_owned(),
             load_peerdirect,
+        ),
+        (
+            format!("{CLIENT_MODULE}.ko, linked against the core's plain EXPORT_SYMBOL API (as MLNX_OFED exports it), loads and registers the client"),
+            load_client,
         ),
         (
             "alloc + export (RDWR) 4 MiB, mmap at a 2 MiB-aligned address".to_owned(),
@@ -207,7 +213,7 @@ fn steps(topology: Topology) -> Vec<Step> {
         )),
     }
     steps.push((
-        "rmmod peerdirect (client unregistered), then rmmod the core module".to_owned(),
+        format!("rmmod {CLIENT_MODULE} (client unregistered), then peerdirect and the core module"),
         unload,
     ));
     steps
@@ -308,6 +314,11 @@ fn load_peerdirect(s: &mut State) -> Outcome {
     let device = Device::open_index(INDEX).map_err(|err| err.to_string())?;
     s.info = Some(device.info().map_err(|err| err.to_string())?);
     s.device = Some(device);
+    Ok(())
+}
+
+fn load_client(_: &mut State) -> Outcome {
+    insmod(CLIENT_PATH)?;
     let log = dmesg()?;
     for line in [CLIENT_LOG, CORE_LOG] {
         if !log.contains(line) {
@@ -479,13 +490,16 @@ fn unload(s: &mut State) -> Outcome {
     s.dmabuf = None;
     s.info = None;
     s.device = None;
+    if module_loaded(CLIENT_MODULE) {
+        rmmod(CLIENT_MODULE)?;
+    }
+    if !dmesg()?.contains("peerdirect_peermem_core: peer-memory client unregistered") {
+        return Err("the core module did not log the client's unregistration".to_owned());
+    }
     if module_loaded("peerdirect") {
         rmmod("peerdirect")?;
     }
     s.core = None;
-    if !dmesg()?.contains("peerdirect_peermem_core: peer-memory client unregistered") {
-        return Err("the core module did not log the client's unregistration".to_owned());
-    }
     rmmod(CORE_MODULE)
 }
 

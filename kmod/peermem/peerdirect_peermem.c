@@ -1,20 +1,27 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * PeerDirect peer-memory client: lets an MLNX_OFED-style ib_core (one that exports
- * ib_register_peer_memory_client, see peer_mem.h) register user memory that maps our HBM, so
- * that ibv_reg_mr() on an mmapped peerdirect dma-buf works unmodified there.
+ * peerdirect_peermem.ko, the PeerDirect peer-memory client: lets an MLNX_OFED-style ib_core
+ * (one that exports ib_register_peer_memory_client, see peer_mem.h) register user memory that
+ * maps peerdirect's HBM, so that ibv_reg_mr() on an mmapped peerdirect dma-buf works
+ * unmodified there.
  *
- * The API is found at load time with symbol_get(): on kernels without it (upstream ib_core
- * imports dma-bufs itself and has no such API) nothing is registered and the module works as
- * before. The client is a dma-buf importer on ib_core's behalf, so the exporter's rules apply
+ * A module of its own, linked against the core's API: MLNX_OFED exports it with plain
+ * EXPORT_SYMBOL, which symbol_get() no longer resolves since Linux 6.6 (only _GPL symbols),
+ * so peerdirect.ko cannot look it up at run time. Built with the core's Module.symvers
+ * (KBUILD_EXTRA_SYMBOLS; `make peermem OFED=/usr/src/ofa_kernel/default`) and peerdirect.ko's,
+ * it loads only where that core runs (modprobe then loads ib_core and peerdirect first), as
+ * nvidia-peermem does; on an upstream host it is simply not built or loaded, and peerdirect.ko
+ * is the same either way.
+ *
+ * The client is a dma-buf importer on ib_core's behalf, so the exporter's rules apply
  * unchanged: attach checks peer-to-peer reachability from the HBM to the DMA device (refusal:
  * -EOPNOTSUPP from dma_map), the mapping is the exporter's, and revocation reaches the core
  * as the peer-memory invalidate callback.
  *
  * Only user mappings of peerdirect's dma-bufs are recognised (the misc device has no mmap):
- * they carry peerdirect_dmabuf_vm_ops (helpers.c).
+ * they carry peerdirect_dmabuf_vm_ops, exported by peerdirect.ko.
  */
-#define pr_fmt(fmt) "peerdirect: " fmt
+#define pr_fmt(fmt) "peerdirect_peermem: " fmt
 
 #include <linux/dma-buf.h>
 #include <linux/dma-resv.h>
@@ -26,8 +33,10 @@
 #include <linux/slab.h>
 #include <linux/workqueue.h>
 
-#include "helpers.h"
 #include "peer_mem.h"
+
+/* peerdirect.ko's (kmod/helpers.c). */
+extern const struct vm_operations_struct peerdirect_dmabuf_vm_ops;
 
 /* One registration the core asked for: a range of one of our dma-bufs. */
 struct pdpm_ctx {
@@ -50,7 +59,6 @@ struct pdpm_ctx {
 /* Written once at registration (before the core can call the client), read afterwards. */
 static void *pdpm_reg_handle;
 static invalidate_peer_memory pdpm_invalidate;
-static typeof(&ib_unregister_peer_memory_client) pdpm_unregister;
 static struct workqueue_struct *pdpm_wq;
 
 /* The largest of 2 MiB, 64 KiB and 4 KiB dividing the range's address, offset and length. */
@@ -350,60 +358,35 @@ static const struct peer_memory_client pdpm_client = {
 	.release = pdpm_release,
 };
 
-/*
- * Registers the client when ib_core offers the API; 0 also when it does not (nothing to do)
- * or when registration fails (a warning: the dma-buf path is unaffected).
- */
-int peerdirect_peer_mem_register(void)
+static int __init pdpm_init(void)
 {
-	typeof(&ib_register_peer_memory_client) reg;
-	typeof(&ib_unregister_peer_memory_client) unreg;
-	void *handle;
-
-	/* By name: no link-time (modpost) dependency on the symbol. */
-	reg = symbol_get(ib_register_peer_memory_client);
-	if (!reg) {
-		pr_info("ib_core offers no PeerDirect peer-memory API (ib_register_peer_memory_client): no peer-memory client; dma-buf importers are unaffected\n");
-		return 0;
-	}
-	unreg = symbol_get(ib_unregister_peer_memory_client);
-	if (!unreg) {
-		pr_warn("ib_register_peer_memory_client without ib_unregister_peer_memory_client: no peer-memory client\n");
-		symbol_put(ib_register_peer_memory_client);
-		return 0;
-	}
 	pdpm_wq = alloc_workqueue("peerdirect_peer_mem", WQ_UNBOUND, 0);
-	if (!pdpm_wq) {
-		symbol_put(ib_unregister_peer_memory_client);
-		symbol_put(ib_register_peer_memory_client);
+	if (!pdpm_wq)
 		return -ENOMEM;
-	}
-	handle = reg(&pdpm_client, &pdpm_invalidate);
-	if (!handle || !pdpm_invalidate) {
-		pr_warn("ib_register_peer_memory_client refused the peer-memory client\n");
-		if (handle)
-			unreg(handle);
+	pdpm_reg_handle = ib_register_peer_memory_client(&pdpm_client, &pdpm_invalidate);
+	if (!pdpm_reg_handle || !pdpm_invalidate) {
+		pr_err("ib_register_peer_memory_client refused the peer-memory client\n");
+		if (pdpm_reg_handle)
+			ib_unregister_peer_memory_client(pdpm_reg_handle);
 		destroy_workqueue(pdpm_wq);
-		pdpm_wq = NULL;
-		symbol_put(ib_unregister_peer_memory_client);
-		symbol_put(ib_register_peer_memory_client);
-		return 0;
+		return -EINVAL;
 	}
-	pdpm_reg_handle = handle;
-	pdpm_unregister = unreg;
 	pr_info("PeerDirect peer-memory client \"%s\" registered with ib_core\n", pdpm_client.name);
 	return 0;
 }
 
-void peerdirect_peer_mem_unregister(void)
+static void __exit pdpm_exit(void)
 {
-	if (!pdpm_reg_handle)
-		return;
-	pdpm_unregister(pdpm_reg_handle);
+	ib_unregister_peer_memory_client(pdpm_reg_handle);
 	/* Flushes invalidations still queued; none is left once the core released everything. */
 	destroy_workqueue(pdpm_wq);
-	pdpm_wq = NULL;
-	pdpm_reg_handle = NULL;
-	symbol_put(ib_unregister_peer_memory_client);
-	symbol_put(ib_register_peer_memory_client);
+	pr_info("PeerDirect peer-memory client unregistered\n");
 }
+
+module_init(pdpm_init);
+module_exit(pdpm_exit);
+
+MODULE_DESCRIPTION("PeerDirect peer-memory client for peerdirect's HBM dma-bufs (MLNX_OFED-style ib_core)");
+MODULE_AUTHOR("The peerdirect developers");
+MODULE_LICENSE("GPL");
+MODULE_IMPORT_NS("DMA_BUF");

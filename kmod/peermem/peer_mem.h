@@ -3,7 +3,7 @@
  * The PeerDirect peer-memory client contract, as MLNX_OFED-style ib_core stacks (5.x) define
  * it in their <rdma/peer_mem.h>: written here from that contract's description, so that
  * peerdirect can register a client where such an ib_core runs. Upstream Linux has no such
- * API; peerdirect finds it at run time (symbol_get), never links against it.
+ * API; only peerdirect_peermem.ko links against it, built where that core is installed.
  *
  * The flow, as the core drives it for one memory registration:
  *   acquire(addr, size)		is this user range the client's? 1 yes, 0 no, < 0 error
@@ -54,12 +54,5 @@ typedef int (*invalidate_peer_memory)(void *reg_handle, u64 core_context);
 void *ib_register_peer_memory_client(const struct peer_memory_client *peer_client,
 				     invalidate_peer_memory *invalidate_callback);
 void ib_unregister_peer_memory_client(void *reg_handle);
-
-/*
- * peerdirect's side (peer_mem.c, declared in ffi.rs): registers its client at load time when
- * the running ib_core offers the API above, unregisters it at unload.
- */
-int peerdirect_peer_mem_register(void);
-void peerdirect_peer_mem_unregister(void);
 
 #endif /* PEERDIRECT_PEER_MEM_H */

@@ -37,9 +37,10 @@ setup:
 kernel: setup
 	@scripts/build-kernel >/dev/null
 
-# With KDIR, build against that tree (a host's kernel); without, against the test kernel.
+# With KDIR, build against that tree (a host's kernel; distro headers without Rust metadata are
+# prepared once by scripts/prepare-kbuild); without, against the test kernel.
 module: $(if $(KDIR),,kernel)
-	@scripts/build-module $(ROOT) $(BUILD)/kmod "$(KDIR)"
+	@kdir=$(if $(KDIR),$$(scripts/prepare-kbuild $(KDIR)),) && scripts/build-module $(ROOT) $(BUILD)/kmod "$$kdir"
 
 module-kunit: kernel
 	@scripts/build-module $(ROOT) $(BUILD)/kmod-kunit "" PEERDIRECT_KUNIT=1
@@ -53,7 +54,7 @@ test-modules: kernel
 peermem: module
 	@[ -n "$(OFED)" ] || { echo "make peermem needs OFED=DIR, DIR holding the Module.symvers of an ib_core with the peer-memory API (MLNX_OFED: /usr/src/ofa_kernel/default)"; exit 2; }
 	@[ -f "$(OFED)/Module.symvers" ] || { echo "no $(OFED)/Module.symvers: is MLNX_OFED's kernel part (mlnx-ofed-kernel-dkms or -modules) installed?"; exit 2; }
-	@scripts/build-module $(ROOT)/kmod/peermem $(BUILD)/peermem "$(KDIR)" \
+	@kdir=$(if $(KDIR),$$(scripts/prepare-kbuild $(KDIR)),) && scripts/build-module $(ROOT)/kmod/peermem $(BUILD)/peermem "$$kdir" \
 		KBUILD_EXTRA_SYMBOLS="$(realpath $(OFED))/Module.symvers $(BUILD)/kmod/Module.symvers"
 
 # The same client for the test guest, linked against the contract-test stand-in of that API

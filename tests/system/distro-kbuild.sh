@@ -5,12 +5,13 @@
 # 1.85.1, the kernel's minimum Rust; gcc-14), built by scripts/build-userland trixie-kbuild,
 # `make module KDIR=/usr/src/linux-headers-RELEASE` is run as a user of that host would run it:
 # scripts/prepare-kbuild rebuilds the Rust metadata once (cached in $PEERDIRECT_CACHE/kbuild),
-# then peerdirect.ko builds with rustc 1.85.1. Checked: its vermagic is the release's, every
+# then peerdirect.ko builds with rustc 1.85.1, and with clippy 1.85 and warnings as errors.
+# Checked: its vermagic is the release's, every
 # Rust symbol it imports is in Debian's own Module.symvers with the same crate hash, and a
 # rustc that is not the kernel's is refused with what to install. (Booting Debian's kernel
 # with the module is the next step: not run here yet.)
 . "$(dirname "$0")/../lib.sh"
-echo "1..5"
+echo "1..6"
 failed=0
 fail() { failed=1; not_ok "$@"; }
 
@@ -63,6 +64,19 @@ if [ $rc = 0 ] && [ -f "$ko" ]; then
 	grep '^\[peerdirect\]' "$work/make.log" | sed 's/^/# /'
 else
 	fail "$desc" "make exited $rc" "$(tail -30 "$work/make.log")"
+fi
+
+# The kernel community's lint with the kernel's minimum Rust: clippy 1.85 (trixie's
+# rust-clippy), Rust and C warnings as errors, as make test does with rustup's toolchain.
+tree=$(in_root /peerdirect/scripts/prepare-kbuild "/$headers" 2>/dev/null)
+in_root /peerdirect/scripts/build-module /peerdirect /work/lint "$tree" CLIPPY=1 \
+	KRUSTFLAGS=-Dwarnings KCFLAGS=-Werror >"$work/lint.log" 2>&1
+rc=$?
+desc="peerdirect.ko builds with CLIPPY=1 and warnings as errors with $(in_root clippy-driver --version 2>&1 | head -1) (the kernel's minimum Rust)"
+if [ $rc = 0 ] && [ -f "$work/lint/peerdirect.ko" ]; then
+	ok "$desc"
+else
+	fail "$desc" "exit $rc" "$(tail -30 "$work/lint.log")"
 fi
 
 vermagic=$(in_root modinfo -F vermagic /work/build/kmod/peerdirect.ko 2>&1)

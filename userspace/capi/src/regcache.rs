@@ -198,9 +198,9 @@ fn tell(
         },
         held: u32::from(invalidated.held),
     };
-    // SAFETY: the caller of `pd_regcache_set_invalidate_callback` promised that the function
-    // may be called with its context from any thread until the callback is replaced or the
-    // cache freed; `event` lives for the call.
+    // The caller of `pd_regcache_set_invalidate_callback` promised that the function may be
+    // called with its context from any thread until the callback is replaced or the cache freed.
+    // SAFETY: that promise is the function's contract; `event` lives for the call.
     unsafe { (callback.function)(callback.ctx as *mut c_void, &event) };
 }
 

@@ -232,10 +232,10 @@ fn a_borrowed_protection_domain_stays_its_owners() {
     let fake = Fake::new("borrowed");
     let (context, pd) = fake.alloc_pd();
     let pd = std::ptr::NonNull::new(pd).expect("a protection domain");
-    // SAFETY: `pd` is a live ibv_pd of the stand-in at `fake.path()`, released below only
-    // once the registrar and its regions are gone; the stand-in is single-threaded here.
-    let registrar =
-        unsafe { IbverbsRegistrar::from_raw_pd(fake.path(), pd) }.expect("borrowing the pd");
+    // `pd` is released below only once the registrar and its regions are gone.
+    // SAFETY: `pd` is a live ibv_pd of the stand-in at `fake.path()`; single-threaded here.
+    let borrowed = unsafe { IbverbsRegistrar::from_raw_pd(fake.path(), pd) };
+    let registrar = borrowed.expect("borrowing the pd");
     assert_eq!(registrar.device(), "fake0");
     let source = source();
     let mrs: Vec<_> = (0..2)

@@ -481,14 +481,14 @@ mod ffi {
         fn load(library: &str) -> Result<(Library, Fns, GetDeviceName), IbverbsError> {
             // SAFETY: loading libibverbs runs its constructors, which only initialise its
             // own state (no thread-unsafe global changes beyond what dlopen does).
-            let lib =
-                unsafe { Library::new(library) }.map_err(|err| IbverbsError::LibraryNotLoaded {
-                    library: library.to_owned(),
-                    reason: err.to_string(),
-                })?;
-            // SAFETY: each type is the C prototype of its function in <infiniband/verbs.h>,
-            // and the pointers are only used while `lib` is loaded: the caller moves it into
-            // the `Verbs` that holds them.
+            let loaded = unsafe { Library::new(library) };
+            let lib = loaded.map_err(|err| IbverbsError::LibraryNotLoaded {
+                library: library.to_owned(),
+                reason: err.to_string(),
+            })?;
+            // The caller moves `lib` into the `Verbs` that holds these pointers.
+            // SAFETY: each type is its function's C prototype in <infiniband/verbs.h>, and the
+            // pointers are only used while `lib` is loaded.
             let (fns, get_device_name) = unsafe {
                 (
                     Fns {
@@ -514,9 +514,9 @@ mod ffi {
         ) -> Result<(Self, String), IbverbsError> {
             let (lib, fns, get_device_name) = Self::load(library)?;
             let pd = pd.as_ptr();
-            // SAFETY: the caller promises a live ibv_pd of this library: its head holds its
-            // open context, whose head holds its device, whose name is a NUL-terminated string
-            // inside it, copied here.
+            // A live ibv_pd's head holds its open context, whose head holds its device, whose
+            // name is a NUL-terminated string inside it, copied here.
+            // SAFETY: the caller promises a live ibv_pd of this library; see above.
             let device = unsafe {
                 let context = (*pd.cast::<PdHead>()).context;
                 CStr::from_ptr(get_device_name((*context).device))

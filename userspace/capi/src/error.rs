@@ -125,6 +125,30 @@ pub(crate) fn shield<T>(function: &str, on_panic: T, f: impl FnOnce() -> T) -> T
     guard(function, on_panic, |_| {}, || Ok(f()))
 }
 
+/// [`guard`] for functions that return a new handle, or NULL with the negative errno in `*err`
+/// (0 there on success; `err` may be NULL).
+///
+/// # Safety
+///
+/// `err` is NULL or valid for writing an `int`.
+pub(crate) unsafe fn handle_guard<T>(
+    function: &str,
+    err: *mut c_int,
+    f: impl FnOnce() -> Result<*mut T, Failure>,
+) -> *mut T {
+    let report = |code| {
+        if !err.is_null() {
+            // SAFETY: not NULL, and the caller promises it is valid for writing an `int`.
+            unsafe { err.write(code) };
+        }
+    };
+    let handle = guard(function, std::ptr::null_mut(), report, f);
+    if !handle.is_null() {
+        report(0);
+    }
+    handle
+}
+
 /// [`guard`] for functions that return 0 or a negative errno.
 pub(crate) fn guard_status(function: &str, f: impl FnOnce() -> Result<(), Failure>) -> c_int {
     let mut code = 0;

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use pd::{Device, Errno, RawExport, RawFree, Stats};
 
 pub use abi::{FidDomain, PdDeviceInfo, PdRegcacheStats, PdStats};
-use error::{guard, guard_status, shield, Failure};
+use error::{guard_status, handle_guard, shield, Failure};
 pub use regcache::{PdMr, PdRegCache};
 
 /// `pd_device`: an open `/dev/peerdirectN`. Allocations share it, so the file stays open until
@@ -96,22 +96,15 @@ unsafe fn open(
     err: *mut c_int,
     open: impl FnOnce() -> Result<Device, Failure>,
 ) -> *mut PdDevice {
-    let report = |code| {
-        if !err.is_null() {
-            // SAFETY: not NULL, and the caller promises it is valid for writing an `int`.
-            unsafe { err.write(code) };
-        }
-    };
-    let device = guard(function, std::ptr::null_mut(), report, || {
-        let device = open()?;
-        Ok(Box::into_raw(Box::new(PdDevice {
-            device: Arc::new(device),
-        })))
-    });
-    if !device.is_null() {
-        report(0);
+    // SAFETY: `err` is passed on under the same contract.
+    unsafe {
+        handle_guard(function, err, || {
+            let device = open()?;
+            Ok(Box::into_raw(Box::new(PdDevice {
+                device: Arc::new(device),
+            })))
+        })
     }
-    device
 }
 
 /// `pd_device *pd_device_open(unsigned index, int *err)`: opens `/dev/peerdirect<index>`.

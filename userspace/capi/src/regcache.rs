@@ -30,7 +30,7 @@ use pd::registrar::libfabric::{Fabric, LibfabricError, LibfabricRegistrar, Mappe
 use pd::{Cause, Errno, Invalidated, RawExport, RegPath, Registrar, Registration};
 
 use crate::abi::{self, FidDomain, IbvPd, PdInvalidateFn, PdInvalidation, PdRegcacheStats};
-use crate::error::{guard, guard_status, shield, Failure};
+use crate::error::{guard_status, handle_guard, shield, Failure};
 use crate::registrar::AnyRegistrar;
 use crate::{arg, put, PdAllocation};
 
@@ -143,13 +143,7 @@ impl From<LibfabricError> for Failure {
 /// `err` is NULL or valid for writing an `int`.
 #[no_mangle]
 pub unsafe extern "C" fn pd_regcache_new(err: *mut c_int) -> *mut PdRegCache {
-    let report = |code| {
-        if !err.is_null() {
-            // SAFETY: not NULL, and the caller promises it is valid for writing an `int`.
-            unsafe { err.write(code) };
-        }
-    };
-    let cache = guard("pd_regcache_new", std::ptr::null_mut(), report, || {
+    let make = || {
         let cache = RegCache::from_env()
             .map_err(|e| Failure::new(Errno::INVAL, format!("pd_regcache_new: {e}")))?;
         let shared = Shared {
@@ -166,11 +160,9 @@ pub unsafe extern "C" fn pd_regcache_new(err: *mut c_int) -> *mut PdRegCache {
         Ok(Box::into_raw(Box::new(PdRegCache {
             shared: Arc::new(shared),
         })))
-    });
-    if !cache.is_null() {
-        report(0);
-    }
-    cache
+    };
+    // SAFETY: `err` is passed on under the same contract.
+    unsafe { handle_guard("pd_regcache_new", err, make) }
 }
 
 /// Calls the caller's callback, if any, about a registration the cache invalidates.
@@ -248,13 +240,7 @@ pub unsafe extern "C" fn pd_domain_attach(
     err: *mut c_int,
 ) -> *mut PdDomain {
     const F: &str = "pd_domain_attach";
-    let report = |code| {
-        if !err.is_null() {
-            // SAFETY: not NULL, and the caller promises it is valid for writing an `int`.
-            unsafe { err.write(code) };
-        }
-    };
-    let handle = guard(F, std::ptr::null_mut(), report, || {
+    let make = || {
         // SAFETY: the caller promises NULL or a live handle.
         let cache = unsafe { arg(F, "cache", cache) }?;
         let domain = NonNull::new(domain).ok_or_else(|| Failure::null(F, "domain"))?;
@@ -263,11 +249,9 @@ pub unsafe extern "C" fn pd_domain_attach(
         let fabric = unsafe { Fabric::from_raw_domain(domain.cast::<c_void>(), "libfabric") }
             .map_err(|err| Failure::from(err).prefixed(F))?;
         Ok(cache.attach(AnyRegistrar::Fabric(LibfabricRegistrar::new(fabric))))
-    });
-    if !handle.is_null() {
-        report(0);
-    }
-    handle
+    };
+    // SAFETY: `err` is passed on under the same contract.
+    unsafe { handle_guard(F, err, make) }
 }
 
 /// `pd_domain *pd_domain_attach_verbs(pd_regcache *cache, struct ibv_pd *pd, int *err)`: a
@@ -286,13 +270,7 @@ pub unsafe extern "C" fn pd_domain_attach_verbs(
     err: *mut c_int,
 ) -> *mut PdDomain {
     const F: &str = "pd_domain_attach_verbs";
-    let report = |code| {
-        if !err.is_null() {
-            // SAFETY: not NULL, and the caller promises it is valid for writing an `int`.
-            unsafe { err.write(code) };
-        }
-    };
-    let handle = guard(F, std::ptr::null_mut(), report, || {
+    let make = || {
         // SAFETY: the caller promises NULL or a live handle.
         let cache = unsafe { arg(F, "cache", cache) }?;
         let pd = NonNull::new(pd).ok_or_else(|| Failure::null(F, "pd"))?;
@@ -301,11 +279,9 @@ pub unsafe extern "C" fn pd_domain_attach_verbs(
         let registrar = unsafe { IbverbsRegistrar::from_raw_pd(ibverbs::LIBRARY, pd.cast()) }
             .map_err(|err| Failure::from(err).prefixed(F))?;
         Ok(cache.attach(AnyRegistrar::Verbs(registrar)))
-    });
-    if !handle.is_null() {
-        report(0);
-    }
-    handle
+    };
+    // SAFETY: `err` is passed on under the same contract.
+    unsafe { handle_guard(F, err, make) }
 }
 
 impl PdRegCache {

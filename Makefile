@@ -8,9 +8,10 @@
 #   make install KDIR=... [DESTDIR=] [PREFIX=/usr/local]
 #   make bench     benchmarks (not tests): ratios against baselines measured in the same run
 #   make stress    the race suites (tests/system/race.sh) for 120 s each instead of 10
-#   make guest     everything the test guests need, for both test kernels: the default one (gcc)
-#                  and the KASAN one (clang 19; `qemu/run --kernel kasan`); guest-default and
-#                  guest-kasan build one of them
+#   make guest     everything the test guests need, for the three guest kernels: the default
+#                  test kernel (gcc), its KASAN flavour (clang 19; `qemu/run --kernel kasan`) and
+#                  Debian's own stock kernel (`qemu/run --kernel debian`); guest-default,
+#                  guest-kasan and guest-debian build one of them
 #
 # Expensive outputs (toolchain pieces, the test kernel, cargo's target dir) are cached in
 # $(PEERDIRECT_CACHE), ~/.cache/peerdirect by default, keyed by versions and config.
@@ -26,7 +27,7 @@ export CARGO_TARGET_DIR ?= $(PEERDIRECT_CACHE)/cargo-target
 BIN := $(CARGO_TARGET_DIR)/release
 
 .PHONY: all setup kernel module module-kunit test-modules peermem peermem-test userspace userland \
-	guest guest-default \
+	guest guest-default guest-debian \
 	kernel-kasan module-kasan test-modules-kasan guest-kasan demo test stress bench install clean
 
 all: module userspace
@@ -72,7 +73,7 @@ userspace:
 userland: setup
 	@scripts/build-userland trixie >/dev/null
 
-guest: guest-default guest-kasan
+guest: guest-default guest-kasan guest-debian
 
 guest-default: kernel module module-kunit test-modules peermem-test userspace userland
 	@scripts/mkinitramfs $(BUILD)/initramfs.cpio "$$(scripts/build-kernel)" $(BUILD) $(BIN)
@@ -90,6 +91,13 @@ test-modules-kasan: kernel-kasan
 
 guest-kasan: kernel-kasan module-kasan test-modules-kasan userspace userland
 	@scripts/mkinitramfs $(BUILD)/initramfs-kasan.cpio "$$(scripts/build-kernel kasan)" $(BUILD) $(BIN) -kasan
+
+# Debian's own stock kernel (`qemu/run --kernel debian`): its linux-binary and linux-modules
+# packages, unchanged, and peerdirect.ko and the test modules built for it in the trixie-kbuild
+# chroot, with its headers package and the rustc it was built with (1.85.1).
+guest-debian: userspace userland
+	@scripts/debian-modules $(BUILD)
+	@scripts/mkinitramfs $(BUILD)/initramfs-debian.cpio "$$(scripts/debian-kernel)" $(BUILD) $(BIN) -debian
 
 demo: guest
 	@PEERDIRECT_PREBUILT=1 scripts/demo

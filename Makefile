@@ -6,6 +6,8 @@
 #   make peermem KDIR=... OFED=DIR              the PeerDirect peer-memory client, for MLNX_OFED
 #   make userspace                              build the crate and the `peerdirect` CLI
 #   make install KDIR=... [DESTDIR=] [PREFIX=/usr/local]
+#   make deb       Debian packages in build/deb: peerdirect-dkms (the module, built by DKMS for
+#                  each kernel) and peerdirect (CLI, libpeerdirect, headers); packaging.md
 #   make bench     benchmarks (not tests): ratios against baselines measured in the same run
 #   make stress    the race suites (tests/system/race.sh) for 120 s each instead of 10
 #   make guest     everything the test guests need, for the three guest kernels: the default
@@ -28,7 +30,7 @@ BIN := $(CARGO_TARGET_DIR)/release
 
 .PHONY: all setup kernel module module-kunit test-modules peermem peermem-test userspace userland \
 	guest guest-default guest-debian \
-	kernel-kasan module-kasan test-modules-kasan guest-kasan demo test stress bench install clean
+	kernel-kasan module-kasan test-modules-kasan guest-kasan demo test stress bench install deb clean
 
 all: module userspace
 
@@ -124,6 +126,10 @@ install:
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e "s|@VERSION@|$$(sed -n 's/^version = \"\(.*\)\"$$/\1/p' userspace/Cargo.toml)|" \
 		userspace/capi/peerdirect.pc.in >$(DESTDIR)$(PREFIX)/lib/pkgconfig/peerdirect.pc
+
+# peerdirect-dkms_VERSION_all.deb and peerdirect_VERSION_ARCH.deb (Documentation/packaging.md).
+deb: userspace
+	@scripts/build-deb $(BUILD)/deb
 
 clean:
 	rm -rf $(BUILD)

@@ -4,6 +4,15 @@
 //! the locked-memory limit, and the settings Habana's documentation asks for when Gaudi
 //! uses host NICs (`RDMAV_FORK_SAFE=1`; `FI_EFA_USE_DEVICE_RDMA=1` with EFA).
 //!
+//! `module_build`: the peerdirect.ko modprobe would load for the running kernel (its
+//! `modules.dep` entry, as DKMS or `make install` put it there) must have been built for that
+//! kernel: its vermagic's release is `uname -r`, and the rustc that built it (`.comment`) is
+//! the kernel's (`CONFIG_RUSTC_VERSION_TEXT` of /boot/config-RELEASE or the headers'
+//! `.config`). When the module is loaded, its build id (or srcversion) from /sys/module tells
+//! whether it is that file or an older build (`module_file` reads both).
+//! `doctor --kernel RELEASE` checks the module installed for another kernel, e.g. one about to
+//! be booted.
+//!
 //! With an EFA device (skipped without one):
 //! - `efa_libfabric`: libfabric 2.5.0's efa provider refuses `FI_MR_DMABUF` registrations
 //!   of `FI_HMEM_SYSTEM` memory, which is how HBM is registered (fixed in 2.5.1). `fi_version()`
@@ -48,11 +57,18 @@ use serde::Serialize;
 use crate::devices::NO_DEVICE;
 use crate::topo::{self, Kind, PciPeer};
 
+mod module_file;
+use module_file::Build;
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Print JSON instead of a list.
     #[arg(long)]
     pub json: bool,
+    /// Check the peerdirect.ko installed for this kernel release instead of the running
+    /// kernel's (e.g. one about to be booted).
+    #[arg(long, value_name = "RELEASE")]
+    pub kernel: Option<String>,
 }
 
 /// How a check came out.
@@ -99,6 +115,17 @@ impl Check {
 pub struct Host {
     /// Whether /sys/module/peerdirect exists.
     pub module_loaded: bool,
+    /// The kernel release the installed module must match: the running kernel's, or
+    /// `doctor --kernel`'s; empty when it could not be read.
+    pub release: String,
+    /// Whether `release` is the running kernel's (only then does the loaded module count).
+    pub release_is_running: bool,
+    /// The peerdirect.ko of `release`'s modules.dep.
+    pub installed: Installed,
+    /// The loaded module's srcversion and build id (/sys/module/peerdirect).
+    pub loaded_build: Build,
+    /// `CONFIG_RUSTC_VERSION_TEXT` of `release` (/boot/config-RELEASE or its headers).
+    pub kernel_rustc: Option<String>,
     /// Per HBM device: its node, and per RDMA-capable peer its P2P verdict.
     pub devices: Vec<DeviceView>,
     /// Why the devices could not be read, if they could not.
@@ -122,6 +149,21 @@ pub struct Host {
     /// Whether /proc/kallsyms lists `ib_umem_dmabuf_get`: `None` when it could not be read
     /// or without a verbs NIC (only the verbs checks need it).
     pub kallsyms_dmabuf: Option<bool>,
+}
+
+/// The peerdirect.ko installed for a kernel release.
+#[derive(Debug, Default)]
+pub enum Installed {
+    /// Not looked for: no kernel release.
+    #[default]
+    Unknown,
+    /// Not in the release's modules.dep, or no modules.dep: why.
+    Missing(String),
+    /// The file modprobe loads, and what it says (or why it could not be read).
+    File {
+        path: String,
+        build: Result<Build, String>,
+    },
 }
 
 /// One HBM device as the checks see it.
@@ -152,15 +194,25 @@ const UMEM_DMABUF: &str = "ib_umem_dmabuf_get";
 const FI_INFO_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Host {
-    /// Reads this host.
-    pub fn gather() -> Self {
+    /// Reads this host; the installed module is checked against `kernel`, by default the
+    /// running kernel.
+    pub fn gather(kernel: Option<&str>) -> Self {
         let sysfs = Path::new("/sys");
+        let running = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|r| r.trim().to_owned())
+            .unwrap_or_default();
+        let release = kernel.map_or_else(|| running.clone(), str::to_owned);
         let peers = topo::scan(sysfs).unwrap_or_default();
         // First: it maps libfabric.so.1 (for good), whose file name /proc/self/maps then gives.
         let libfabric = libfabric::version().map_err(|e| e.to_string());
         let efa = peers.iter().any(is_efa);
         let mut host = Host {
             module_loaded: sysfs.join("module/peerdirect").exists(),
+            installed: installed(Path::new("/lib/modules"), &release),
+            loaded_build: loaded_build(&sysfs.join("module/peerdirect")),
+            kernel_rustc: kernel_rustc(&release),
+            release_is_running: !release.is_empty() && release == running,
+            release,
             libfabric: Some(libfabric),
             libfabric_file: std::fs::read_to_string("/proc/self/maps")
                 .ok()
@@ -191,6 +243,62 @@ impl Host {
         host.peers = peers;
         host
     }
+}
+
+/// The peerdirect.ko modprobe loads for `release`: the entry of `modules`/RELEASE/modules.dep.
+fn installed(modules: &Path, release: &str) -> Installed {
+    if release.is_empty() {
+        return Installed::Unknown;
+    }
+    let dir = modules.join(release);
+    let dep = dir.join("modules.dep");
+    let text = match std::fs::read_to_string(&dep) {
+        Ok(text) => text,
+        Err(e) => return Installed::Missing(format!("cannot read {}: {e}", dep.display())),
+    };
+    match module_file::modules_dep_entry(&text, "peerdirect") {
+        None => Installed::Missing(format!("{} lists no peerdirect.ko", dep.display())),
+        Some(entry) => {
+            let path = dir.join(entry);
+            Installed::File {
+                path: path.display().to_string(),
+                build: module_file::read(&path)
+                    .and_then(|elf| module_file::build_of(&elf))
+                    .map_err(|e| format!("{e:#}")),
+            }
+        }
+    }
+}
+
+/// The loaded module's srcversion and build id, from its sysfs directory.
+fn loaded_build(module: &Path) -> Build {
+    Build {
+        srcversion: std::fs::read_to_string(module.join("srcversion"))
+            .ok()
+            .map(|s| s.trim().to_owned()),
+        build_id: std::fs::read(module.join("notes/.note.gnu.build-id"))
+            .ok()
+            .and_then(|notes| module_file::build_id_of(&notes)),
+        ..Build::default()
+    }
+}
+
+/// `CONFIG_RUSTC_VERSION_TEXT` of kernel `release`: from /boot/config-RELEASE (the image
+/// package's) or its headers' `.config`.
+fn kernel_rustc(release: &str) -> Option<String> {
+    if release.is_empty() {
+        return None;
+    }
+    [
+        format!("/boot/config-{release}"),
+        format!("/lib/modules/{release}/build/.config"),
+    ]
+    .iter()
+    .find_map(|path| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|config| module_file::config_rustc(&config))
+    })
 }
 
 fn view(device: &Device, peers: &[PciPeer]) -> DeviceView {
@@ -419,13 +527,14 @@ pub fn checks(host: &Host) -> Vec<Check> {
         Check::new("module", Status::Ok, "peerdirect.ko is loaded")
     } else {
         Check::new("module", Status::Fail, "peerdirect.ko is not loaded")
-            .fix("modprobe peerdirect (after make install), or insmod peerdirect.ko")
+            .fix("modprobe peerdirect (installed by the peerdirect-dkms package or make install), or insmod peerdirect.ko")
     });
+    out.push(module_build(host));
 
     let hbm_total: u64 = host.devices.iter().map(|d| d.hbm_bytes).sum();
     out.push(match (&host.devices_error, host.devices.as_slice()) {
         (Some(e), _) => Check::new("devices", Status::Fail, e.clone())
-            .fix("run as root, or give your user access to /dev/peerdirect*"),
+            .fix("join the group peerdirect, which the peerdirect-dkms package's udev rule gives /dev/peerdirect* (adduser $USER peerdirect, then log in again), or run as root"),
         (None, []) => Check::new("devices", Status::Fail, "no /dev/peerdirectN").fix(NO_DEVICE),
         (None, devices) if devices.iter().any(|d| d.revoked) => Check::new(
             "devices",
@@ -581,6 +690,121 @@ pub fn checks(host: &Host) -> Vec<Check> {
         out.extend(verbs_checks(host, &verbs.join(", ")));
     }
     out
+}
+
+/// The installed peerdirect.ko against the kernel: built for its release, by its rustc, and
+/// the loaded module that very file.
+fn module_build(host: &Host) -> Check {
+    const NAME: &str = "module_build";
+    let release = host.release.as_str();
+    let install = format!("install the peerdirect-dkms package (DKMS builds peerdirect.ko for each kernel, with its headers), or make install KDIR=/lib/modules/{release}/build");
+    let rebuild = format!("rebuild it for {release}: dkms autoinstall -k {release} (peerdirect-dkms; needs linux-headers-{release}), or make install KDIR=/lib/modules/{release}/build");
+    let loaded = host.module_loaded && host.release_is_running;
+    let (path, build) = match &host.installed {
+        Installed::Unknown => {
+            return Check::new(
+                NAME,
+                Status::Skip,
+                "cannot read the kernel release (/proc/sys/kernel/osrelease)",
+            )
+        }
+        Installed::Missing(why) if loaded => {
+            return Check::new(
+                NAME,
+                Status::Warn,
+                format!("peerdirect is loaded, but {why}: it was loaded from elsewhere (insmod), and modprobe, boots and kernel upgrades will not find it"),
+            )
+            .fix(install)
+        }
+        Installed::Missing(why) => {
+            return Check::new(
+                NAME,
+                Status::Fail,
+                format!("no peerdirect.ko is installed for kernel {release}: {why}"),
+            )
+            .fix(install)
+        }
+        Installed::File {
+            path,
+            build: Err(e),
+        } => {
+            return Check::new(NAME, Status::Warn, format!("cannot read {path}: {e}"))
+                .fix("make it readable (run doctor as root; install the decompressor named above), or compare `modinfo -F vermagic peerdirect` with `uname -r` yourself")
+        }
+        Installed::File {
+            path,
+            build: Ok(build),
+        } => (path, build),
+    };
+    let vermagic = build.vermagic.as_deref().unwrap_or("none");
+    let rustc = build
+        .rustc
+        .as_deref()
+        .unwrap_or("no rustc named in .comment");
+    let facts = format!("{path}: vermagic \"{vermagic}\", built by {rustc}");
+    if build.release() != Some(release) {
+        return Check::new(
+            NAME,
+            Status::Fail,
+            format!(
+                "{facts}; it was built for kernel {}, not {release}, which refuses to load it",
+                build.release().unwrap_or("(none)")
+            ),
+        )
+        .fix(rebuild);
+    }
+    let module_rustc = build.rustc.as_deref().and_then(module_file::rustc_version);
+    let kernel_rustc = host.kernel_rustc.as_deref();
+    match (module_rustc, kernel_rustc) {
+        (Some(module), Some(kernel)) if module_file::rustc_version(kernel) != Some(module) => {
+            return Check::new(
+                NAME,
+                Status::Fail,
+                format!("{facts}; kernel {release} was built by {kernel}: Rust has no stable ABI, so its modules must be built by the same rustc"),
+            )
+            .fix(format!("{rebuild}, with the kernel's rustc first in PATH"));
+        }
+        _ => {}
+    }
+    let same_rustc = if kernel_rustc.is_some() && module_rustc.is_some() {
+        " (the kernel's too)"
+    } else {
+        ""
+    };
+    let facts = format!("{facts}{same_rustc}");
+    if !host.release_is_running {
+        return Check::new(
+            NAME,
+            Status::Ok,
+            format!("{facts}; {release} is not the running kernel, so the loaded module is not compared"),
+        );
+    }
+    if !host.module_loaded {
+        return Check::new(NAME, Status::Ok, format!("{facts}; not loaded"));
+    }
+    let same = |kind: &'static str, loaded: &Option<String>, file: &Option<String>| {
+        Some((kind, loaded.clone()?, file.clone()?))
+    };
+    match same("srcversion", &host.loaded_build.srcversion, &build.srcversion)
+        .or_else(|| same("build id", &host.loaded_build.build_id, &build.build_id))
+    {
+        Some((kind, loaded, file)) if loaded == file => Check::new(
+            NAME,
+            Status::Ok,
+            format!("{facts}; loaded, and the loaded module is this file ({kind} {file})"),
+        ),
+        Some((kind, loaded, file)) => Check::new(
+            NAME,
+            Status::Warn,
+            format!("{facts}; the loaded module is another build ({kind} {loaded}, the file's {file}): it was loaded before the file was replaced"),
+        )
+        .fix("load the installed one when no process has a device open: rmmod peerdirect && modprobe peerdirect (or reboot)"),
+        None => Check::new(
+            NAME,
+            Status::Ok,
+            format!("{facts}; loaded (no build id or srcversion of both to tell whether it is this file)"),
+        ),
+    }
 }
 
 /// What is unset or set to what, for a detail.
@@ -824,7 +1048,7 @@ fn verbs_checks(host: &Host, nics: &str) -> [Check; 3] {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let checks = checks(&Host::gather());
+    let checks = checks(&Host::gather(args.kernel.as_deref()));
     let mut out = io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &checks).context("writing JSON to stdout")?;
@@ -871,9 +1095,30 @@ mod tests {
         }
     }
 
+    const RELEASE: &str = "7.3.4+deb13-amd64";
+    const DKMS_PATH: &str = "/lib/modules/7.3.4+deb13-amd64/updates/dkms/peerdirect.ko.xz";
+
+    /// What Debian's DKMS build of peerdirect.ko says, as `module_file` reads it.
+    fn dkms_build() -> Build {
+        module_file::build_of(&module_file::tests::debian_module(&[0xb5, 0x56])).unwrap()
+    }
+
     fn healthy() -> Host {
         Host {
             module_loaded: true,
+            release: RELEASE.into(),
+            release_is_running: true,
+            installed: Installed::File {
+                path: DKMS_PATH.into(),
+                build: Ok(dkms_build()),
+            },
+            loaded_build: Build {
+                build_id: Some("b556".into()),
+                ..Build::default()
+            },
+            kernel_rustc: Some(
+                "rustc 1.85.1 (4eb161250 2025-03-15) (built from a source tarball)".into(),
+            ),
             devices: vec![DeviceView {
                 path: "/dev/peerdirect0".into(),
                 hbm_bytes: 32 << 30,
@@ -941,7 +1186,7 @@ mod tests {
     #[test]
     fn a_healthy_efa_host_passes_everything() {
         let checks = checks(&healthy());
-        assert_eq!(checks.len(), 13);
+        assert_eq!(checks.len(), 14);
         for c in &checks {
             let expected = if VERBS_CHECKS.contains(&c.name) {
                 Status::Skip
@@ -958,6 +1203,7 @@ mod tests {
         let checks = checks(&rxe_guest());
         for name in [
             "module",
+            "module_build",
             "devices",
             "p2p",
             "libfabric",
@@ -1345,6 +1591,166 @@ mod tests {
         assert_eq!(status(&checks(&host), "efa_device_rdma"), Status::Skip);
         host.devices[0].revoked = true;
         assert_eq!(status(&checks(&host), "devices"), Status::Fail);
+    }
+
+    #[test]
+    fn module_build_names_the_file_its_kernel_rustc_and_the_loaded_build() {
+        let c = check(&healthy(), "module_build");
+        assert_eq!((c.status, c.fix.as_deref()), (Status::Ok, None));
+        assert_eq!(
+            c.detail,
+            format!("{DKMS_PATH}: vermagic \"{RELEASE} SMP preempt mod_unload\", built by rustc version 1.85.1 (4eb161250 2025-03-15) (built from a source tarball) (the kernel's too); loaded, and the loaded module is this file (build id b556)")
+        );
+        let mut host = healthy();
+        host.module_loaded = false;
+        let c = check(&host, "module_build");
+        assert_eq!(c.status, Status::Ok);
+        assert!(c.detail.ends_with("; not loaded"), "{}", c.detail);
+        // srcversion, when both have one, is compared first.
+        let mut host = healthy();
+        host.loaded_build.srcversion = Some("A1".into());
+        if let Installed::File { build: Ok(b), .. } = &mut host.installed {
+            b.srcversion = Some("A1".into());
+        }
+        assert!(check(&host, "module_build")
+            .detail
+            .contains("(srcversion A1)"));
+        // Nothing to compare: said, not guessed.
+        host.loaded_build = Build::default();
+        let c = check(&host, "module_build");
+        assert_eq!(c.status, Status::Ok);
+        assert!(
+            c.detail.contains("no build id or srcversion"),
+            "{}",
+            c.detail
+        );
+    }
+
+    #[test]
+    fn module_build_for_another_kernel_fails_with_the_rebuild() {
+        let mut host = healthy();
+        host.release = "7.4.1+deb13-amd64".into();
+        let c = check(&host, "module_build");
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.detail.contains(&format!(
+                "built for kernel {RELEASE}, not 7.4.1+deb13-amd64"
+            )),
+            "{}",
+            c.detail
+        );
+        let fix = c.fix.unwrap();
+        assert!(
+            fix.contains("dkms autoinstall -k 7.4.1+deb13-amd64")
+                && fix.contains("make install KDIR=/lib/modules/7.4.1+deb13-amd64/build"),
+            "{fix}"
+        );
+        // Another rustc than the kernel's.
+        let mut host = healthy();
+        host.kernel_rustc = Some("rustc 1.88.0 (6b00bc388 2025-06-23)".into());
+        let c = check(&host, "module_build");
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(c.detail.contains("built by rustc 1.88.0"), "{}", c.detail);
+        assert!(c.fix.unwrap().contains("the kernel's rustc first in PATH"));
+        // The kernel's rustc unknown: not compared.
+        host.kernel_rustc = None;
+        let c = check(&host, "module_build");
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(!c.detail.contains("the kernel's too"), "{}", c.detail);
+    }
+
+    #[test]
+    fn module_build_warns_of_a_stale_load_and_of_modules_outside_modules_dep() {
+        let mut host = healthy();
+        host.loaded_build.build_id = Some("0bad".into());
+        let c = check(&host, "module_build");
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(
+            c.detail
+                .contains("another build (build id 0bad, the file's b556)"),
+            "{}",
+            c.detail
+        );
+        assert!(c
+            .fix
+            .unwrap()
+            .contains("rmmod peerdirect && modprobe peerdirect"));
+        // Another release than the running one: the loaded module does not count.
+        host.release_is_running = false;
+        let c = check(&host, "module_build");
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(
+            c.detail.contains("is not the running kernel"),
+            "{}",
+            c.detail
+        );
+        // As in the test guest: insmod of a file modules.dep does not list.
+        let mut host = healthy();
+        host.installed = Installed::Missing(format!(
+            "/lib/modules/{RELEASE}/modules.dep lists no peerdirect.ko"
+        ));
+        let c = check(&host, "module_build");
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(
+            c.detail.contains("loaded from elsewhere (insmod)"),
+            "{}",
+            c.detail
+        );
+        assert!(c.fix.unwrap().contains("peerdirect-dkms"));
+        host.module_loaded = false;
+        let c = check(&host, "module_build");
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.detail.starts_with(&format!(
+                "no peerdirect.ko is installed for kernel {RELEASE}"
+            )),
+            "{}",
+            c.detail
+        );
+        host.installed = Installed::File {
+            path: DKMS_PATH.into(),
+            build: Err("`xz -dc` cannot run (install xz-utils)".into()),
+        };
+        let c = check(&host, "module_build");
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(c.detail.contains("install xz-utils"), "{}", c.detail);
+    }
+
+    #[test]
+    fn the_installed_module_is_found_through_modules_dep() {
+        let modules =
+            std::env::temp_dir().join(format!("peerdirect-doctor-lib-{}", std::process::id()));
+        let dir = modules.join(RELEASE);
+        std::fs::create_dir_all(dir.join("updates/dkms")).unwrap();
+        assert!(matches!(installed(&modules, ""), Installed::Unknown));
+        let missing = |i: Installed| match i {
+            Installed::Missing(why) => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(missing(installed(&modules, RELEASE)).starts_with("cannot read"));
+        std::fs::write(dir.join("modules.dep"), "kernel/fs/fuse/fuse.ko.xz:\n").unwrap();
+        assert!(missing(installed(&modules, RELEASE)).ends_with("lists no peerdirect.ko"));
+        std::fs::write(
+            dir.join("modules.dep"),
+            "kernel/fs/fuse/fuse.ko.xz:\nupdates/dkms/peerdirect.ko:\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("updates/dkms/peerdirect.ko"),
+            module_file::tests::debian_module(&[0xb5, 0x56]),
+        )
+        .unwrap();
+        match installed(&modules, RELEASE) {
+            Installed::File { path, build } => {
+                assert_eq!(
+                    path,
+                    dir.join("updates/dkms/peerdirect.ko").display().to_string()
+                );
+                assert_eq!(build.unwrap(), dkms_build());
+            }
+            other => panic!("{other:?}"),
+        }
+        std::fs::remove_dir_all(&modules).unwrap();
     }
 
     #[test]

@@ -50,9 +50,9 @@ enum Command {
     /// Show which PCI devices (RDMA NICs, network devices, accelerators) can reach each HBM
     /// device peer-to-peer, as the kernel decides it when their drivers attach, and why not.
     Topo(topo::Args),
-    /// Check what this host needs for HBM-to-NIC transfers (module, devices, a NIC that reaches
-    /// the HBM peer-to-peer, libfabric, locked memory, RDMAV_FORK_SAFE, EFA settings), each
-    /// with what to do. Exits 1 if a check fails.
+    /// Check what this host needs for HBM-to-NIC transfers (the module and its build against
+    /// the running kernel, devices, a NIC that reaches the HBM peer-to-peer, libfabric, locked
+    /// memory, RDMAV_FORK_SAFE, EFA settings), each with what to do. Exits 1 if a check fails.
     Doctor(doctor::Args),
 }
 

@@ -216,7 +216,7 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
             "a device file's status page is read-only: map it with PROT_READ (Device::status)"
         }
         (_, Errno::ACCESS | Errno::PERM) => {
-            "permission denied: run as root, or give your user access to /dev/peerdirect* (e.g. with a udev rule)"
+            "permission denied: /dev/peerdirect* belong to the group peerdirect where the peerdirect-dkms package's udev rule is installed: join it (adduser $USER peerdirect, then log in again), or run as root"
         }
         (Open, Errno::NOENT | Errno::NXIO | Errno::NODEV) => {
             "is peerdirect.ko loaded and the HBM device bound? see README"

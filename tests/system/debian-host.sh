@@ -10,6 +10,8 @@
 # in the group uses the device, one outside it is refused with a message that says what to do;
 # `peerdirect doctor` passes; the packages purge cleanly.
 . "$(dirname "$0")/../lib.sh"
+# PEERDIRECT_CACHE as the scripts have it, also when this suite runs outside make.
+. "$ROOT/scripts/env.sh"
 failed=0
 fail() { failed=1; not_ok "$@"; }
 

@@ -13,6 +13,8 @@
 # test kernel) and the peer-memory client (needs the contract-test core's symbols).
 # PEERDIRECT_DEBIAN_SUITES="NAME..." runs only those suites after the first checks.
 . "$(dirname "$0")/../lib.sh"
+# PEERDIRECT_CACHE as the scripts have it, also when this suite runs outside make.
+. "$ROOT/scripts/env.sh"
 failed=0
 fail() { failed=1; not_ok "$@"; }
 export PEERDIRECT_KERNEL=debian

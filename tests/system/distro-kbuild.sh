@@ -11,6 +11,8 @@
 # rustc that is not the kernel's is refused with what to install. Booting Debian's kernel with
 # the module built this way, and the guest suites on it: tests/system/debian-kernel.sh.
 . "$(dirname "$0")/../lib.sh"
+# PEERDIRECT_CACHE as the scripts have it, also when this suite runs outside make.
+. "$ROOT/scripts/env.sh"
 echo "1..6"
 failed=0
 fail() { failed=1; not_ok "$@"; }

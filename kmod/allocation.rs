@@ -11,6 +11,9 @@ pub(crate) struct Allocation {
     handle: u32,
     /// Taken back in `drop`.
     range: Option<Range>,
+    /// A range of a companion device's BAR (offset, length): its owner's memory, not the
+    /// heap's, so nothing is given back.
+    borrowed: Option<(u64, u64)>,
 }
 
 impl Allocation {
@@ -33,6 +36,21 @@ impl Allocation {
                 hbm: hbm.clone(),
                 handle,
                 range: Some(range),
+                borrowed: None,
+            },
+            GFP_KERNEL,
+        )?)
+    }
+
+    /// `len` bytes at `offset` of a companion device's BAR (validated by the caller), which
+    /// its owner's runtime allocated: exported as they are, never given to the heap.
+    pub(crate) fn borrowed(hbm: &Arc<Hbm>, offset: u64, len: u64) -> Result<Arc<Self>> {
+        Ok(Arc::new(
+            Self {
+                hbm: hbm.clone(),
+                handle: 0,
+                range: None,
+                borrowed: Some((offset, len)),
             },
             GFP_KERNEL,
         )?)
@@ -48,11 +66,19 @@ impl Allocation {
 
     /// Offset of the range in the BAR.
     pub(crate) fn offset(&self) -> u64 {
-        self.range.as_ref().map_or(0, Range::offset)
+        match (&self.range, self.borrowed) {
+            (Some(range), _) => range.offset(),
+            (None, Some((offset, _))) => offset,
+            (None, None) => 0,
+        }
     }
 
     pub(crate) fn len(&self) -> u64 {
-        self.range.as_ref().map_or(0, Range::len)
+        match (&self.range, self.borrowed) {
+            (Some(range), _) => range.len(),
+            (None, Some((_, len))) => len,
+            (None, None) => 0,
+        }
     }
 }
 

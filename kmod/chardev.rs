@@ -12,11 +12,13 @@ use crate::{
     hbm::Hbm,
     p2p,
     uapi::{
-        peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info, peerdirect_p2p,
-        Request, PEERDIRECT_ALLOC_ALIGN_DEFAULT, PEERDIRECT_EXPORT_CLOEXEC, PEERDIRECT_EXPORT_RDWR,
-        PEERDIRECT_IOC_ALLOC, PEERDIRECT_IOC_EXPORT, PEERDIRECT_IOC_FREE, PEERDIRECT_IOC_INFO,
-        PEERDIRECT_IOC_P2P, PEERDIRECT_P2P_ACS_REDIRECT, PEERDIRECT_P2P_COMMON_BRIDGE,
-        PEERDIRECT_P2P_PEER_IOMMU, PEERDIRECT_P2P_SAME_HOST_BRIDGE, PEERDIRECT_PROVIDER_OWNED,
+        peerdirect_alloc, peerdirect_export, peerdirect_export_range, peerdirect_free,
+        peerdirect_info, peerdirect_p2p, Request, PEERDIRECT_ALLOC_ALIGN_DEFAULT,
+        PEERDIRECT_EXPORT_CLOEXEC, PEERDIRECT_EXPORT_RDWR, PEERDIRECT_IOC_ALLOC,
+        PEERDIRECT_IOC_EXPORT, PEERDIRECT_IOC_EXPORT_RANGE, PEERDIRECT_IOC_FREE,
+        PEERDIRECT_IOC_INFO, PEERDIRECT_IOC_P2P, PEERDIRECT_P2P_ACS_REDIRECT,
+        PEERDIRECT_P2P_COMMON_BRIDGE, PEERDIRECT_P2P_PEER_IOMMU, PEERDIRECT_P2P_SAME_HOST_BRIDGE,
+        PEERDIRECT_PROVIDER_COMPANION, PEERDIRECT_PROVIDER_OWNED,
     },
 };
 use kernel::{
@@ -134,7 +136,11 @@ impl HbmFile {
             vendor_id: info.vendor_id,
             device_id: info.device_id,
             index: info.index,
-            provider: PEERDIRECT_PROVIDER_OWNED,
+            provider: if self.hbm.is_companion() {
+                PEERDIRECT_PROVIDER_COMPANION
+            } else {
+                PEERDIRECT_PROVIDER_OWNED
+            },
             ..Default::default()
         };
         req.answer()
@@ -145,6 +151,10 @@ impl HbmFile {
         let mut req = Request::<peerdirect_alloc>::read(arg)?;
         check_flags_and_padding(req.value.flags, 0, &[req.value.__reserved0])?;
         let info = self.hbm.info()?;
+        // A companion's memory belongs to its owner's runtime: there is nothing to allocate.
+        if self.hbm.is_companion() {
+            return Err(EOPNOTSUPP);
+        }
         let length = alloc_length(req.value.length, info.bytes)?;
         let align = alloc_align(req.value.align)?;
 
@@ -221,6 +231,41 @@ impl HbmFile {
             ..Default::default()
         };
         req.answer()
+    }
+
+    /// `PEERDIRECT_IOC_EXPORT_RANGE`: a dma-buf fd for a range of a companion's BAR.
+    fn export_range(&self, arg: usize) -> Result {
+        let mut req = Request::<peerdirect_export_range>::read(arg)?;
+        check_flags_and_padding(
+            req.value.flags,
+            PEERDIRECT_EXPORT_CLOEXEC | PEERDIRECT_EXPORT_RDWR,
+            &[req.value.__reserved0],
+        )?;
+        let info = self.hbm.info()?;
+        if !self.hbm.is_companion() {
+            return Err(EOPNOTSUPP);
+        }
+        if !ffi::capable_sys_admin() {
+            return Err(EPERM);
+        }
+        if req.value.length == 0 {
+            return Err(EINVAL);
+        }
+        // The whole BAR is the "allocation" the range must lie in.
+        let (offset, length) = export_range(req.value.bar_offset, req.value.length, info.bytes)?;
+        let alloc = Allocation::borrowed(&self.hbm, offset, length)?;
+        let cloexec = req.value.flags & PEERDIRECT_EXPORT_CLOEXEC != 0;
+        let fd = FileDescriptorReservation::get_unused_fd_flags(if cloexec {
+            bindings::O_CLOEXEC
+        } else {
+            0
+        })?;
+        let writable = req.value.flags & PEERDIRECT_EXPORT_RDWR != 0;
+        let file = export::export(&alloc, 0, length, writable)?;
+        req.value.fd = i32::try_from(fd.reserved_fd()).map_err(|_| EMFILE)?;
+        req.answer()?;
+        fd.fd_install(file);
+        Ok(())
     }
 
     /// `PEERDIRECT_IOC_EXPORT`: a dma-buf fd for a range of one of this file's allocations.
@@ -337,6 +382,7 @@ impl MiscDevice for HbmFile {
             PEERDIRECT_IOC_FREE => me.free(arg)?,
             PEERDIRECT_IOC_EXPORT => me.export(arg)?,
             PEERDIRECT_IOC_P2P => me.p2p(arg)?,
+            PEERDIRECT_IOC_EXPORT_RANGE => me.export_range(arg)?,
             _ => return Err(ENOTTY),
         }
         Ok(0)

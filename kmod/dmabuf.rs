@@ -112,6 +112,48 @@ impl Attachment<'_> {
         NonNull::new(sgt).map(SgTable).ok_or(ENOMEM)
     }
 
+    /// Maps `len` bytes of a companion device's BAR at CPU physical address `paddr` (bus
+    /// address `paddr + bus_offset`), in segments of at most `seg` bytes: by bus address when
+    /// `bus_addr`, else through the host bridge.
+    pub(crate) fn map_companion(
+        &self,
+        paddr: u64,
+        bus_offset: u64,
+        len: u64,
+        seg: u64,
+        dir: DataDirection,
+        bus_addr: bool,
+    ) -> Result<SgTable> {
+        // SAFETY: the core holds the reservation lock while it maps (map_dma_buf's contract),
+        // `seg` is non-zero, and the caller holds the companion's live guard.
+        let sgt = unsafe {
+            ffi::map_companion(
+                self.raw.as_ptr(),
+                paddr,
+                bus_offset,
+                len,
+                seg,
+                dir,
+                bus_addr,
+            )
+        };
+        let sgt = from_err_ptr(sgt)?;
+        NonNull::new(sgt).map(SgTable).ok_or(ENOMEM)
+    }
+
+    /// Undoes [`Attachment::map_companion`].
+    pub(crate) fn unmap_companion(&self, sgt: SgTable, dir: DataDirection) {
+        // SAFETY: `sgt` came from `map_companion` on this attachment, under the reservation
+        // lock (unmap_dma_buf's contract).
+        unsafe { ffi::unmap_companion(self.raw.as_ptr(), sgt.0.as_ptr(), dir) }
+    }
+
+    /// The importer's PCI device, if it is one.
+    pub(crate) fn pci_device(&self) -> Option<ffi::PciDev<'_>> {
+        // SAFETY: the importer's device is valid while the attachment is (type invariant).
+        unsafe { ffi::pci_dev_of(self.dev()) }
+    }
+
     /// Undoes [`Attachment::map_range`].
     pub(crate) fn unmap(&self, sgt: SgTable, dir: DataDirection) {
         // SAFETY: `sgt` came from `map_range` on this attachment (the core hands back what

@@ -64,6 +64,18 @@ const OVERRIDE_ONLY: [(u16, u16, u32); 1] = [
     (0x1af4, 0x1110, 2),
 ];
 
+/// The HBM BAR of a device in the ID table (Gaudi), for a companion whose BAR is not given.
+pub(crate) fn table_hbm_bar(pdev: &pci::Device) -> Option<u32> {
+    const TABLE: [(u16, u32); 3] = [(0x1000, 4), (0x1010, 4), (0x1020, 4)];
+    if u32::from(pdev.vendor_id().as_raw()) != PCI_VENDOR_ID_HABANALABS {
+        return None;
+    }
+    TABLE
+        .iter()
+        .find(|&&(d, _)| d == pdev.device_id())
+        .map(|&(_, bar)| bar)
+}
+
 fn override_hbm_bar(pdev: &pci::Device) -> Option<u32> {
     let vendor = pdev.vendor_id().as_raw();
     OVERRIDE_ONLY
@@ -89,6 +101,19 @@ pub(crate) struct HbmDevice {
 }
 
 impl HbmDevice {
+    /// `/dev/peerdirectN` (N from `index`) for `hbm`, with its debugfs directory: for a device
+    /// peerdirect binds, and for a companion device.
+    pub(crate) fn new(index: DeviceIndex, hbm: Arc<Hbm>) -> impl PinInit<Self, Error> {
+        let name = index.name();
+        // The misc device registers last: an open may come at once.
+        try_pin_init!(HbmDevice {
+            debugfs <- debugfs::device_dir(name, hbm.clone()),
+            bound: Bound(hbm),
+            index,
+            misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name }),
+        })
+    }
+
     /// The device whose misc device `misc` is.
     ///
     /// Every `MiscDeviceRegistration<HbmFile>` is the `misc` field of an `HbmDevice`: it is
@@ -175,6 +200,12 @@ impl pci::Driver for HbmDriver {
                 })?,
             };
             let bar = BarIndex::new(bar)?;
+            // Served as a companion already (probe runs under the device lock, which adding a
+            // companion takes too): one provider per device.
+            if crate::companion::is_companion(pdev) {
+                dev_err!(pdev, "is a peerdirect companion device: remove it first\n");
+                return Err(EBUSY);
+            }
 
             pdev.enable_device_mem()?;
             pdev.set_master();
@@ -184,7 +215,7 @@ impl pci::Driver for HbmDriver {
             ffi::p2pdma_init(pdev)?;
             let provider = P2pProvider::new(pdev, bar)?;
             let pci_dev: &pci::Device = pdev;
-            let hbm = Hbm::new(info, ARef::from(pci_dev), provider)?;
+            let hbm = Hbm::new(info, ARef::from(pci_dev), Some(provider))?;
             dev_info!(
                 pdev,
                 "{}: HBM BAR{} {} MiB at bus address {:#x}\n",
@@ -193,15 +224,7 @@ impl pci::Driver for HbmDriver {
                 info.bytes >> 20,
                 info.bus_addr
             );
-            let name = index.name();
-
-            // The misc device registers last: an open may come at once.
-            Ok(try_pin_init!(HbmDevice {
-                debugfs <- debugfs::device_dir(name, hbm.clone()),
-                bound: Bound(hbm),
-                index,
-                misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name }),
-            }))
+            Ok(HbmDevice::new(index, hbm))
         })
     }
 }

@@ -107,7 +107,17 @@ impl Exporter for Export {
         let live = self.hbm().live()?;
         let page = PAGE_SIZE as u64;
         let seg = (attach.max_segment_size() & !(page - 1)).max(page);
-        let sgt = attach.map_range(live.provider(), self.phys_addr(), self.len, seg, dir)?;
+        let sgt = if self.hbm().is_companion() {
+            // No provider of ours: the path decides bus address or host bridge (attach has
+            // checked that the kernel allows P2P at all).
+            let peer = attach.pci_device().ok_or(EOPNOTSUPP)?;
+            let bus_addr = crate::p2p::by_bus_address(live.pci_device(), peer);
+            let info = self.hbm().recorded();
+            let bus_offset = info.bus_addr.wrapping_sub(info.phys_addr);
+            attach.map_companion(self.phys_addr(), bus_offset, self.len, seg, dir, bus_addr)?
+        } else {
+            attach.map_range(live.provider()?, self.phys_addr(), self.len, seg, dir)?
+        };
         self.hbm().mapped(attach.is_revocable());
         let entries = sgt.entries();
         self.hbm()
@@ -116,7 +126,11 @@ impl Exporter for Export {
     }
 
     fn unmap(&self, attach: &Attachment<'_>, sgt: SgTable, dir: DataDirection) {
-        attach.unmap(sgt, dir);
+        if self.hbm().is_companion() {
+            attach.unmap_companion(sgt, dir);
+        } else {
+            attach.unmap(sgt, dir);
+        }
         self.hbm().unmapped(attach.is_revocable());
         self.hbm().update_attachment(attach.id(), |r| r.entries = 0);
     }

@@ -6,7 +6,9 @@
 //! touches a raw pointer.
 
 use core::{marker::PhantomData, ptr::NonNull};
-use kernel::{bindings, ffi::c_int, mm::virt::VmaNew, page::Page, pci, prelude::*};
+use kernel::{
+    bindings, ffi::c_int, mm::virt::VmaNew, page::Page, pci, prelude::*, sync::aref::ARef,
+};
 
 mod raw {
     use kernel::{
@@ -34,6 +36,15 @@ mod raw {
         ) -> bool;
         pub(super) fn peerdirect_pci_host_bridge_ids(pdev: *mut bindings::pci_dev) -> u32;
         pub(super) fn peerdirect_pci_iommu_mapped(pdev: *mut bindings::pci_dev) -> bool;
+        pub(super) fn peerdirect_pci_bound_to(
+            pdev: *mut bindings::pci_dev,
+            driver: *const c_char,
+        ) -> bool;
+        pub(super) fn peerdirect_pci_device_lock(pdev: *mut bindings::pci_dev);
+        pub(super) fn peerdirect_pci_device_unlock(pdev: *mut bindings::pci_dev);
+        pub(super) fn peerdirect_capable_sys_admin() -> bool;
+        pub(super) fn peerdirect_pci_notifier_register() -> c_int;
+        pub(super) fn peerdirect_pci_notifier_unregister();
         pub(super) fn peerdirect_file_replace_fops(
             file: *mut bindings::file,
             fops: *const bindings::file_operations,
@@ -51,6 +62,21 @@ mod raw {
             seg: u64,
             dir: bindings::dma_data_direction,
         ) -> *mut bindings::sg_table;
+        pub(super) fn peerdirect_map_companion(
+            attach: *mut bindings::dma_buf_attachment,
+            paddr: bindings::phys_addr_t,
+            bus_offset: u64,
+            len: u64,
+            seg: u64,
+            dir: bindings::dma_data_direction,
+            bus_addr: bool,
+        ) -> *mut bindings::sg_table;
+        pub(super) fn peerdirect_unmap_companion(
+            attach: *mut bindings::dma_buf_attachment,
+            sgt: *mut bindings::sg_table,
+            dir: bindings::dma_data_direction,
+        );
+        pub(super) fn peerdirect_to_pci_dev(dev: *mut bindings::device) -> *mut bindings::pci_dev;
         pub(super) fn peerdirect_unmap_phys(
             attach: *mut bindings::dma_buf_attachment,
             sgt: *mut bindings::sg_table,
@@ -86,6 +112,78 @@ const PCI_STD_NUM_BARS: u32 = 6;
 /// is a pointer to the C struct. The pointer is valid for as long as the reference is.
 fn raw_pci_dev(pdev: &pci::Device) -> *mut bindings::pci_dev {
     core::ptr::from_ref(pdev).cast_mut().cast()
+}
+
+/// The identity of a PCI device (the address of its `struct pci_dev`), only to compare with
+/// what the bus notifier reports; never turned back into a pointer.
+pub(crate) fn pci_dev_key(pdev: &pci::Device) -> usize {
+    raw_pci_dev(pdev) as usize
+}
+
+/// Whether the calling task has `CAP_SYS_ADMIN` (in the initial user namespace).
+pub(crate) fn capable_sys_admin() -> bool {
+    // SAFETY: `capable` only reads the current task's credentials; any process context.
+    unsafe { raw::peerdirect_capable_sys_admin() }
+}
+
+/// A PCI device's lock (`device_lock`), which the driver core holds across probe, remove and
+/// bus notifications: while it is held, no driver binds to or unbinds from the device.
+pub(crate) struct DeviceLock<'a>(&'a pci::Device);
+
+impl<'a> DeviceLock<'a> {
+    pub(crate) fn lock(pdev: &'a pci::Device) -> Self {
+        // SAFETY: `raw_pci_dev` is valid while `pdev` is borrowed; process context (it may
+        // sleep). Unlocked once, by `drop`.
+        unsafe { raw::peerdirect_pci_device_lock(raw_pci_dev(pdev)) };
+        Self(pdev)
+    }
+
+    /// Whether the driver named `driver` is bound to the device.
+    pub(crate) fn bound_to(&self, driver: &CStr) -> bool {
+        // SAFETY: the device is valid while borrowed and its lock is held, as the helper needs
+        // (its driver cannot change); `driver` is a NUL-terminated string.
+        unsafe { raw::peerdirect_pci_bound_to(raw_pci_dev(self.0), driver.as_char_ptr()) }
+    }
+}
+
+impl Drop for DeviceLock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: locked in `lock` by this guard, unlocked once here.
+        unsafe { raw::peerdirect_pci_device_unlock(raw_pci_dev(self.0)) }
+    }
+}
+
+/// peerdirect's notifier on the PCI bus (helpers.c), registered while this value lives: it
+/// tells [`crate::companion`] when a device's driver unbinds or the device goes away.
+pub(crate) struct PciBusNotifier(());
+
+impl PciBusNotifier {
+    /// Registers the notifier; only the module initializer makes one.
+    pub(crate) fn register() -> Result<Self> {
+        // SAFETY: registers helpers.c's static notifier block, once (the only caller is the
+        // module initializer), unregistered in `drop`.
+        kernel::error::to_result(unsafe { raw::peerdirect_pci_notifier_register() })?;
+        Ok(Self(()))
+    }
+}
+
+impl Drop for PciBusNotifier {
+    fn drop(&mut self) {
+        // SAFETY: registered by `register`; `bus_unregister_notifier` returns once no
+        // notification is running, so none reaches the module after this.
+        unsafe { raw::peerdirect_pci_notifier_unregister() }
+    }
+}
+
+/// Called by helpers.c's PCI bus notifier when `pdev`'s driver is about to unbind or `pdev` is
+/// being deleted.
+///
+/// # Safety
+///
+/// Only the notifier calls it, with a valid `pdev` the driver core holds for the call.
+#[no_mangle]
+unsafe extern "C" fn peerdirect_companion_gone(pdev: *mut bindings::pci_dev) {
+    crate::companion::gone(pdev as usize);
 }
 
 /// A standard BAR index, `0..PCI_STD_NUM_BARS`.
@@ -224,6 +322,16 @@ impl PciDevRef {
     /// The device, borrowed for as long as the reference is held.
     pub(crate) fn as_dev(&self) -> PciDev<'_> {
         PciDev(self.0, PhantomData)
+    }
+
+    /// The device as the kernel crate's reference-counted `pci::Device`, which takes over
+    /// this reference.
+    pub(crate) fn into_device(self) -> ARef<pci::Device> {
+        // `pci::Device` is `#[repr(transparent)]` over `struct pci_dev` and counts references
+        // with `pci_dev_get`/`pci_dev_put`, as `PciDevRef` does.
+        let raw = core::mem::ManuallyDrop::new(self).0.cast::<pci::Device>();
+        // SAFETY: so the reference we hold (type invariant) moves into the `ARef`.
+        unsafe { ARef::from_raw(raw) }
     }
 }
 
@@ -385,6 +493,55 @@ pub(crate) unsafe fn map_phys(
 ) -> *mut bindings::sg_table {
     // SAFETY: forwarded from the caller.
     unsafe { raw::peerdirect_map_phys(attach, provider, paddr, len, seg, dir) }
+}
+
+/// Maps `len` bytes of a companion device's BAR at `paddr` for `attach`'s device: by bus
+/// address (`paddr + bus_offset`) when `bus_addr`, else through the host bridge
+/// (`dma_map_phys`).
+///
+/// # Safety
+///
+/// `attach` is being mapped under its buffer's reservation lock; `seg` is non-zero; the BAR
+/// stays (the caller holds the companion's live guard).
+pub(crate) unsafe fn map_companion(
+    attach: *mut bindings::dma_buf_attachment,
+    paddr: u64,
+    bus_offset: u64,
+    len: u64,
+    seg: u64,
+    dir: bindings::dma_data_direction,
+    bus_addr: bool,
+) -> *mut bindings::sg_table {
+    // SAFETY: forwarded from the caller.
+    unsafe { raw::peerdirect_map_companion(attach, paddr, bus_offset, len, seg, dir, bus_addr) }
+}
+
+/// Undoes [`map_companion`].
+///
+/// # Safety
+///
+/// `sgt` was returned by [`map_companion`] for `attach`, whose reservation lock is held.
+pub(crate) unsafe fn unmap_companion(
+    attach: *mut bindings::dma_buf_attachment,
+    sgt: *mut bindings::sg_table,
+    dir: bindings::dma_data_direction,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { raw::peerdirect_unmap_companion(attach, sgt, dir) }
+}
+
+/// The PCI device of `dev`, if it is one, borrowed for as long as `dev` is.
+///
+/// # Safety
+///
+/// `dev` is a valid `struct device` for `'a`.
+pub(crate) unsafe fn pci_dev_of<'a>(dev: *mut bindings::device) -> Option<PciDev<'a>> {
+    // SAFETY: `dev` is valid (the caller's contract).
+    if !unsafe { raw::peerdirect_dev_is_pci(dev) } {
+        return None;
+    }
+    // SAFETY: `dev` is a PCI device's embedded `struct device`, valid for `'a`.
+    NonNull::new(unsafe { raw::peerdirect_to_pci_dev(dev) }).map(|p| PciDev(p, PhantomData))
 }
 
 /// `dma_buf_free_sgt`.

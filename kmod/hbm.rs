@@ -136,7 +136,9 @@ pub(crate) struct Hbm {
     info: HbmInfo,
     present: Atomic<bool>,
     pdev: ARef<pci::Device>,
-    provider: P2pProvider,
+    /// The BAR as a P2P provider, for a device peerdirect owns; `None` for a companion
+    /// (another driver owns the device and its p2pdma state).
+    provider: Option<P2pProvider>,
     /// What userspace maps from the device file to see the device go.
     pub(crate) status: StatusPage,
     pub(crate) memory: Arc<HbmMemory>,
@@ -174,8 +176,9 @@ impl Live<'_> {
         &self.hbm.pdev
     }
 
-    pub(crate) fn provider(&self) -> &P2pProvider {
-        &self.hbm.provider
+    /// The P2P provider of an owned device; `EOPNOTSUPP` for a companion.
+    pub(crate) fn provider(&self) -> Result<&P2pProvider> {
+        self.hbm.provider.as_ref().ok_or(EOPNOTSUPP)
     }
 }
 
@@ -183,7 +186,7 @@ impl Hbm {
     pub(crate) fn new(
         info: HbmInfo,
         pdev: ARef<pci::Device>,
-        provider: P2pProvider,
+        provider: Option<P2pProvider>,
     ) -> Result<Arc<Self>> {
         Arc::pin_init(
             try_pin_init!(Self {
@@ -237,6 +240,11 @@ impl Hbm {
 
     pub(crate) fn is_present(&self) -> bool {
         self.present.load(Acquire)
+    }
+
+    /// Whether another driver owns the device (a companion device: no provider, no heap use).
+    pub(crate) fn is_companion(&self) -> bool {
+        self.provider.is_none()
     }
 
     /// Records a new export, unless the device is gone (`ENODEV`): a removal revokes every

@@ -2,6 +2,8 @@
 /*
  * C helpers for what kernel::bindings cannot reach (static inlines and macros).
  */
+#include <linux/capability.h>
+#include <linux/device.h>
 #include <linux/dma-buf.h>
 #include <linux/dma-buf-mapping.h>
 #include <linux/dma-mapping.h>
@@ -11,8 +13,10 @@
 #include <linux/huge_mm.h>
 #include <linux/export.h>
 #include <linux/mm.h>
+#include <linux/notifier.h>
 #include <linux/sched.h>
 #include <linux/slab.h>
+#include <linux/string.h>
 
 #include "helpers.h"
 
@@ -34,6 +38,59 @@ int peerdirect_pci_numa_node(struct pci_dev *pdev)
 bool peerdirect_pci_bar_is_mem(struct pci_dev *pdev, int bar)
 {
 	return pci_resource_flags(pdev, bar) & IORESOURCE_MEM;
+}
+
+/*
+ * Whether the driver named @driver is bound to @pdev. The caller holds the device lock
+ * (peerdirect_pci_device_lock), so the binding cannot change meanwhile.
+ */
+bool peerdirect_pci_bound_to(struct pci_dev *pdev, const char *driver)
+{
+	return pdev->dev.driver && !strcmp(pdev->dev.driver->name, driver);
+}
+
+/* The device lock, which the driver core holds across probe, remove and bus notifications. */
+void peerdirect_pci_device_lock(struct pci_dev *pdev)
+{
+	device_lock(&pdev->dev);
+}
+
+void peerdirect_pci_device_unlock(struct pci_dev *pdev)
+{
+	device_unlock(&pdev->dev);
+}
+
+bool peerdirect_capable_sys_admin(void)
+{
+	return capable(CAP_SYS_ADMIN);
+}
+
+/*
+ * A companion device's owner driver unbinds (BUS_NOTIFY_UNBIND_DRIVER: before its remove(),
+ * with the device lock held, so the BAR is still there), or the device is deleted: its
+ * companion must go first (companion.rs revokes everything exported from it).
+ */
+static int peerdirect_pci_notify(struct notifier_block *nb, unsigned long action, void *data)
+{
+	struct device *dev = data;
+
+	if (action == BUS_NOTIFY_UNBIND_DRIVER || action == BUS_NOTIFY_DEL_DEVICE)
+		peerdirect_companion_gone(to_pci_dev(dev));
+	return NOTIFY_DONE;
+}
+
+static struct notifier_block peerdirect_pci_nb = {
+	.notifier_call = peerdirect_pci_notify,
+};
+
+int peerdirect_pci_notifier_register(void)
+{
+	return bus_register_notifier(&pci_bus_type, &peerdirect_pci_nb);
+}
+
+void peerdirect_pci_notifier_unregister(void)
+{
+	bus_unregister_notifier(&pci_bus_type, &peerdirect_pci_nb);
 }
 
 /* bus << 8 | devfn, as lspci prints a device without its domain. */
@@ -161,6 +218,80 @@ void peerdirect_unmap_phys(struct dma_buf_attachment *attach, struct sg_table *s
 			   enum dma_data_direction dir)
 {
 	dma_buf_free_sgt(attach, sgt, dir);
+}
+
+/*
+ * A companion device's BAR has no p2pdma provider of ours (its owner driver holds the device
+ * and its device-managed state), so dma_buf_phys_vec_to_sgt() cannot be used. The caller
+ * has the kernel's P2P verdict and the path (p2p.rs) and says how the importer reaches the
+ * BAR: @bus_addr, behind a shared switch without ACS redirect, by bus address (the CPU
+ * physical address plus @bus_offset, what pci_p2pdma_bus_addr_map() computes); otherwise
+ * through the host bridge, mapped for the importer with dma_map_phys(DMA_ATTR_MMIO), as the
+ * core does without an IOVA range (and as habanalabs maps its BARs with dma_map_resource()).
+ */
+struct peerdirect_companion_sgt {
+	struct sg_table sgt;
+	bool mapped;
+};
+
+struct sg_table *peerdirect_map_companion(struct dma_buf_attachment *attach,
+					 phys_addr_t paddr, u64 bus_offset, u64 len, u64 seg,
+					 enum dma_data_direction dir, bool bus_addr)
+{
+	struct peerdirect_companion_sgt *m;
+	struct scatterlist *sg;
+	unsigned int i, nr = DIV_ROUND_UP(len, seg);
+	int ret;
+
+	dma_resv_assert_held(attach->dmabuf->resv);
+	m = kzalloc(sizeof(*m), GFP_KERNEL);
+	if (!m)
+		return ERR_PTR(-ENOMEM);
+	ret = sg_alloc_table(&m->sgt, nr, GFP_KERNEL | __GFP_ZERO);
+	if (ret) {
+		kfree(m);
+		return ERR_PTR(ret);
+	}
+	m->mapped = !bus_addr;
+	for_each_sgtable_dma_sg(&m->sgt, sg, i) {
+		u64 off = (u64)i * seg, n = min(seg, len - off);
+		dma_addr_t addr;
+
+		if (bus_addr) {
+			addr = paddr + off + bus_offset;
+		} else {
+			addr = dma_map_phys(attach->dev, paddr + off, n, dir, DMA_ATTR_MMIO);
+			if (dma_mapping_error(attach->dev, addr)) {
+				m->sgt.nents = i;
+				peerdirect_unmap_companion(attach, &m->sgt, dir);
+				return ERR_PTR(-EIO);
+			}
+		}
+		sg_dma_address(sg) = addr;
+		sg_dma_len(sg) = n;
+	}
+	return &m->sgt;
+}
+
+void peerdirect_unmap_companion(struct dma_buf_attachment *attach, struct sg_table *sgt,
+				enum dma_data_direction dir)
+{
+	struct peerdirect_companion_sgt *m = container_of(sgt, struct peerdirect_companion_sgt, sgt);
+	struct scatterlist *sg;
+	unsigned int i;
+
+	if (m->mapped)
+		for_each_sgtable_dma_sg(sgt, sg, i)
+			dma_unmap_phys(attach->dev, sg_dma_address(sg), sg_dma_len(sg), dir,
+				       DMA_ATTR_MMIO);
+	sg_free_table(sgt);
+	kfree(m);
+}
+
+/* The PCI device of @dev, which the caller checked is one (peerdirect_dev_is_pci). */
+struct pci_dev *peerdirect_to_pci_dev(struct device *dev)
+{
+	return to_pci_dev(dev);
 }
 
 /*

@@ -19,6 +19,15 @@ bool peerdirect_pci_acs_redirects(struct pci_dev *bridge);
 bool peerdirect_pci_same_host_bridge(struct pci_dev *a, struct pci_dev *b);
 u32 peerdirect_pci_host_bridge_ids(struct pci_dev *pdev);
 bool peerdirect_pci_iommu_mapped(struct pci_dev *pdev);
+bool peerdirect_pci_bound_to(struct pci_dev *pdev, const char *driver);
+void peerdirect_pci_device_lock(struct pci_dev *pdev);
+void peerdirect_pci_device_unlock(struct pci_dev *pdev);
+bool peerdirect_capable_sys_admin(void);
+
+/* Companion devices: the PCI bus notifier, and what it calls (companion.rs). */
+int peerdirect_pci_notifier_register(void);
+void peerdirect_pci_notifier_unregister(void);
+void peerdirect_companion_gone(struct pci_dev *pdev);
 
 struct dma_buf;
 struct dma_buf_attachment;
@@ -40,6 +49,12 @@ bool peerdirect_dev_is_pci(struct device *dev);
 struct sg_table *peerdirect_map_phys(struct dma_buf_attachment *attach,
 				     struct p2pdma_provider *provider, phys_addr_t paddr,
 				     u64 len, u64 seg, enum dma_data_direction dir);
+struct sg_table *peerdirect_map_companion(struct dma_buf_attachment *attach,
+					 phys_addr_t paddr, u64 bus_offset, u64 len, u64 seg,
+					 enum dma_data_direction dir, bool bus_addr);
+void peerdirect_unmap_companion(struct dma_buf_attachment *attach, struct sg_table *sgt,
+				enum dma_data_direction dir);
+struct pci_dev *peerdirect_to_pci_dev(struct device *dev);
 void peerdirect_unmap_phys(struct dma_buf_attachment *attach, struct sg_table *sgt,
 			   enum dma_data_direction dir);
 

@@ -39,6 +39,22 @@ fn common_upstream<'a>(a: PciDev<'a>, b: PciDev<'a>) -> Option<PciDev<'a>> {
     path_up(a, None).find(|x| path_up(b, None).any(|y| x.is(y)))
 }
 
+/// Whether `peer` reaches `hbm` by bus address: both below a bridge where their paths meet,
+/// with no bridge on the way redirecting P2P upstream (the p2pdma core's
+/// `PCI_P2PDMA_MAP_BUS_ADDR`); otherwise, when the kernel allows P2P at all, through the host
+/// bridge.
+pub(crate) fn by_bus_address(hbm: &pci::Device, peer: PciDev<'_>) -> bool {
+    let hbm_dev = PciDev::of(hbm);
+    match common_upstream(hbm_dev, peer) {
+        Some(common) => {
+            let below =
+                Iterator::chain(path_up(hbm_dev, Some(common)), path_up(peer, Some(common)));
+            !Iterator::chain(below, core::iter::once(common)).any(|d| d.acs_redirects())
+        }
+        None => false,
+    }
+}
+
 /// The path from `hbm` to the device at `domain`:`bus`:`devfn`; `ENXIO` if there is none.
 pub(crate) fn query(hbm: &pci::Device, domain: u32, bus: u8, devfn: u8) -> Result<P2pPath> {
     let peer_ref = PciDevRef::get(domain, bus, devfn).ok_or(ENXIO)?;

@@ -16,6 +16,7 @@
 
 mod allocation;
 mod chardev;
+mod companion;
 mod debugfs;
 mod dmabuf;
 mod driver;
@@ -29,7 +30,8 @@ mod p2p;
 mod status;
 mod uapi;
 
-use kernel::{driver::Registration, pci, prelude::*};
+use ffi::PciBusNotifier;
+use kernel::{driver::Registration, miscdevice::MiscDeviceRegistration, pci, prelude::*};
 
 module! {
     type: Peerdirect,
@@ -38,15 +40,41 @@ module! {
     description: "Accelerator HBM as DMA-BUF for peer-to-peer RDMA",
     license: "GPL v2",
     imports_ns: ["DMA_BUF"],
+    params: {
+        companion: bool {
+            default: false,
+            description: "Allow companion devices: HBM BARs of PCI devices another driver owns, named on /dev/peerdirect-ctl by CAP_SYS_ADMIN (Documentation/companion.md)",
+        },
+    },
 }
 
-/// Fields drop in declaration order: the driver unregisters first (no probe can run after
-/// it, and every device is removed), and only then the state devices share ([`Shared`]).
+/// Whether the module was loaded with `companion=1`.
+pub(crate) fn companion_mode() -> bool {
+    module_parameters::companion.value()
+}
+
+/// Fields drop in declaration order: first the control device (no companion is added after
+/// it) and the bus notifier, then the companions, then the driver unregisters (no probe can
+/// run after it, and every device is removed), and only then the state devices share
+/// ([`Shared`]).
 #[pin_data]
 struct Peerdirect {
     #[pin]
+    control: MiscDeviceRegistration<companion::ControlFile>,
+    _notifier: PciBusNotifier,
+    _companions: Companions,
+    #[pin]
     driver: Registration<pci::Adapter<driver::HbmDriver>>,
     _shared: Shared,
+}
+
+/// Removes the companion devices when dropped.
+struct Companions;
+
+impl Drop for Companions {
+    fn drop(&mut self) {
+        companion::remove_all();
+    }
 }
 
 /// What every device uses: the debugfs root and the BARs' heaps. Made before the driver
@@ -58,6 +86,7 @@ impl Shared {
     fn new() -> Self {
         debugfs::init_root();
         memory::init();
+        companion::init();
         Self
     }
 }
@@ -74,6 +103,9 @@ impl kernel::InPlaceModule for Peerdirect {
         try_pin_init!(Self {
             _shared: Shared::new(),
             driver <- Registration::new(c"peerdirect", module),
+            _companions: Companions,
+            _notifier: PciBusNotifier::register()?,
+            control <- companion::control_device(),
         })
     }
 }

@@ -24,11 +24,13 @@ mod generated {
 }
 
 pub(crate) use generated::{
-    peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info, peerdirect_p2p,
-    peerdirect_status, PEERDIRECT_ALLOC_ALIGN_DEFAULT, PEERDIRECT_EXPORT_CLOEXEC,
+    peerdirect_alloc, peerdirect_companion, peerdirect_export, peerdirect_export_range,
+    peerdirect_free, peerdirect_info, peerdirect_p2p, peerdirect_status,
+    PEERDIRECT_ALLOC_ALIGN_DEFAULT, PEERDIRECT_COMPANION_BAR_DEFAULT, PEERDIRECT_EXPORT_CLOEXEC,
     PEERDIRECT_EXPORT_RDWR, PEERDIRECT_P2P_ACS_REDIRECT, PEERDIRECT_P2P_COMMON_BRIDGE,
-    PEERDIRECT_P2P_PEER_IOMMU, PEERDIRECT_P2P_SAME_HOST_BRIDGE, PEERDIRECT_PROVIDER_OWNED,
-    PEERDIRECT_STATUS_OFFSET, PEERDIRECT_STATUS_REVOKED, PEERDIRECT_STATUS_VERSION,
+    PEERDIRECT_P2P_PEER_IOMMU, PEERDIRECT_P2P_SAME_HOST_BRIDGE, PEERDIRECT_PROVIDER_COMPANION,
+    PEERDIRECT_PROVIDER_OWNED, PEERDIRECT_STATUS_OFFSET, PEERDIRECT_STATUS_REVOKED,
+    PEERDIRECT_STATUS_VERSION,
 };
 
 pub(crate) const PEERDIRECT_IOC_INFO: u32 = _IO(
@@ -50,6 +52,18 @@ pub(crate) const PEERDIRECT_IOC_EXPORT: u32 = _IO(
 pub(crate) const PEERDIRECT_IOC_P2P: u32 = _IO(
     generated::PEERDIRECT_IOCTL_TYPE,
     generated::PEERDIRECT_CMD_P2P,
+);
+pub(crate) const PEERDIRECT_IOC_EXPORT_RANGE: u32 = _IO(
+    generated::PEERDIRECT_IOCTL_TYPE,
+    generated::PEERDIRECT_CMD_EXPORT_RANGE,
+);
+pub(crate) const PEERDIRECT_IOC_COMPANION_ADD: u32 = _IO(
+    generated::PEERDIRECT_IOCTL_TYPE,
+    generated::PEERDIRECT_CMD_COMPANION_ADD,
+);
+pub(crate) const PEERDIRECT_IOC_COMPANION_REMOVE: u32 = _IO(
+    generated::PEERDIRECT_IOCTL_TYPE,
+    generated::PEERDIRECT_CMD_COMPANION_REMOVE,
 );
 
 /// A request struct that grows only at its end and starts with its `__u32 size`.
@@ -85,6 +99,8 @@ extensible_struct! {
     peerdirect_free => PEERDIRECT_FREE_SIZE_VER0,
     peerdirect_export => PEERDIRECT_EXPORT_SIZE_VER0,
     peerdirect_p2p => PEERDIRECT_P2P_SIZE_VER0,
+    peerdirect_companion => PEERDIRECT_COMPANION_SIZE_VER0,
+    peerdirect_export_range => PEERDIRECT_EXPORT_RANGE_SIZE_VER0,
 }
 
 /// Larger requests are refused outright, so a caller cannot make us scan megabytes of zeros.
@@ -168,9 +184,19 @@ mod tests {
         assert_eq!(size_of::<peerdirect_alloc>(), peerdirect_alloc::SIZE_VER0);
         assert_eq!(size_of::<peerdirect_free>(), peerdirect_free::SIZE_VER0);
         assert_eq!(size_of::<peerdirect_export>(), peerdirect_export::SIZE_VER0);
+        assert_eq!(
+            size_of::<peerdirect_companion>(),
+            peerdirect_companion::SIZE_VER0
+        );
+        assert_eq!(
+            size_of::<peerdirect_export_range>(),
+            peerdirect_export_range::SIZE_VER0
+        );
         assert_eq!(PEERDIRECT_IOC_INFO, 0xbd00);
         assert_eq!(PEERDIRECT_IOC_ALLOC, 0xbd01);
         assert_eq!(PEERDIRECT_IOC_FREE, 0xbd02);
         assert_eq!(PEERDIRECT_IOC_EXPORT, 0xbd03);
+        assert_eq!(PEERDIRECT_IOC_COMPANION_ADD, 0xbd10);
+        assert_eq!(PEERDIRECT_IOC_COMPANION_REMOVE, 0xbd11);
     }
 }

@@ -22,6 +22,8 @@
 
 /* Character device: /dev/peerdirectN, one per HBM device. */
 #define PEERDIRECT_DEVICE_PREFIX "peerdirect"
+/* The control device, for administrators (CAP_SYS_ADMIN): /dev/peerdirect-ctl. */
+#define PEERDIRECT_CONTROL_DEVICE "peerdirect-ctl"
 
 /* ioctl type code (Documentation/userspace-api/ioctl/ioctl-number.rst has 0xBD free). */
 #define PEERDIRECT_IOCTL_TYPE 0xBD
@@ -32,9 +34,16 @@
 #define PEERDIRECT_CMD_FREE 0x02
 #define PEERDIRECT_CMD_EXPORT 0x03
 #define PEERDIRECT_CMD_P2P 0x04
+#define PEERDIRECT_CMD_EXPORT_RANGE 0x05
+/* On the control device. */
+#define PEERDIRECT_CMD_COMPANION_ADD 0x10
+#define PEERDIRECT_CMD_COMPANION_REMOVE 0x11
 
 /* How peerdirect reaches the device's HBM (struct peerdirect_info.provider). */
 #define PEERDIRECT_PROVIDER_OWNED 1 /* peerdirect is the PCI driver and owns the BAR */
+/* Another driver (or none) owns the device; peerdirect serves its BAR beside it, claims
+ * nothing, and has no allocator for it (PEERDIRECT_IOC_COMPANION_ADD). */
+#define PEERDIRECT_PROVIDER_COMPANION 2
 
 /**
  * struct peerdirect_info - PEERDIRECT_IOC_INFO: describe the HBM device behind this fd
@@ -218,6 +227,79 @@ struct peerdirect_p2p {
 #define PEERDIRECT_P2P_SIZE_VER0 40
 
 #define PEERDIRECT_IOC_P2P _IO(PEERDIRECT_IOCTL_TYPE, PEERDIRECT_CMD_P2P)
+
+/**
+ * struct peerdirect_export_range - PEERDIRECT_IOC_EXPORT_RANGE: export a range of a companion
+ * device's BAR, memory its owner's runtime allocated, as a DMA-BUF
+ * @size: in: sizeof(struct peerdirect_export_range) as the caller knows it; out: bytes written
+ * @flags: in: PEERDIRECT_EXPORT_* (CLOEXEC, RDWR)
+ * @bar_offset: in: start of the range from the start of the HBM BAR, a multiple of the page size
+ * @length: in: bytes, > 0, a multiple of the page size
+ * @fd: out: the dma-buf's file descriptor
+ * @__reserved0: padding, must be 0
+ *
+ * Only on a companion device (PEERDIRECT_PROVIDER_COMPANION; EOPNOTSUPP on a device peerdirect
+ * owns: use ALLOC and EXPORT there), and only for CAP_SYS_ADMIN (EPERM): there is no allocator
+ * to say who owns the range, so the caller vouches for it, as the owner's runtime does. EINVAL
+ * for a length of 0, an unaligned offset or length, or a range past the BAR's end; EOVERFLOW
+ * when bar_offset + length does not fit in 64 bits. The dma-buf is served like any other
+ * (P2P rules, pinned, dynamic and revocable importers, mmap) and revoked with the companion.
+ */
+struct peerdirect_export_range {
+	__u32 size;
+	__u32 flags;
+	__u64 bar_offset;
+	__u64 length;
+	__s32 fd;
+	__u32 __reserved0;
+};
+/* Size of the first version of struct peerdirect_export_range. */
+#define PEERDIRECT_EXPORT_RANGE_SIZE_VER0 32
+
+#define PEERDIRECT_IOC_EXPORT_RANGE _IO(PEERDIRECT_IOCTL_TYPE, PEERDIRECT_CMD_EXPORT_RANGE)
+
+/* struct peerdirect_companion.bar: the device's own HBM BAR, from peerdirect's ID table. */
+#define PEERDIRECT_COMPANION_BAR_DEFAULT 0xff
+
+/**
+ * struct peerdirect_companion - PEERDIRECT_IOC_COMPANION_ADD and _REMOVE, on the control
+ * device: serve (or stop serving) the HBM BAR of a PCI device that another driver owns
+ * @size: in: sizeof(struct peerdirect_companion) as the caller knows it; out: bytes written
+ * @flags: in: must be 0
+ * @pci_domain: in: PCI domain (segment) of the device
+ * @pci_bus: in: PCI bus number
+ * @pci_slot: in: PCI slot (device) number, below 32
+ * @pci_func: in: PCI function number, below 8
+ * @bar: in (ADD): index of the BAR that holds HBM, 0-5, or PEERDIRECT_COMPANION_BAR_DEFAULT
+ *       for a device in peerdirect's ID table (Gaudi: BAR 4); ignored by REMOVE
+ * @index: out (ADD): N of the new /dev/peerdirectN
+ * @__reserved0: padding, must be 0
+ *
+ * Needs CAP_SYS_ADMIN (EPERM) and the module loaded with companion=1 (EOPNOTSUPP otherwise).
+ * ADD fails with ENXIO when no PCI device has that address, EBUSY when peerdirect is the
+ * device's driver, EEXIST when it is a companion already, EINVAL for a BAR index above 5, an
+ * I/O or empty BAR, or PEERDIRECT_COMPANION_BAR_DEFAULT on a device outside the ID table.
+ * peerdirect then holds a reference on the device, claims none of its resources, and serves
+ * /dev/peerdirectN for it (PEERDIRECT_PROVIDER_COMPANION) until REMOVE (ENOENT if it is not
+ * a companion), until the owner driver unbinds or the device is removed, or until unload:
+ * each of those first revokes what was exported from it.
+ */
+struct peerdirect_companion {
+	__u32 size;
+	__u32 flags;
+	__u32 pci_domain;
+	__u8 pci_bus;
+	__u8 pci_slot;
+	__u8 pci_func;
+	__u8 bar;
+	__u32 index;
+	__u32 __reserved0;
+};
+/* Size of the first version of struct peerdirect_companion. */
+#define PEERDIRECT_COMPANION_SIZE_VER0 24
+
+#define PEERDIRECT_IOC_COMPANION_ADD _IO(PEERDIRECT_IOCTL_TYPE, PEERDIRECT_CMD_COMPANION_ADD)
+#define PEERDIRECT_IOC_COMPANION_REMOVE _IO(PEERDIRECT_IOCTL_TYPE, PEERDIRECT_CMD_COMPANION_REMOVE)
 
 /*
  * The status page: mmap(NULL, page size, PROT_READ, MAP_SHARED, fd, PEERDIRECT_STATUS_OFFSET)

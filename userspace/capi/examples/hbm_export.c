@@ -95,7 +95,8 @@ int main(void)
 	       ", %" PRIu64 " bytes of HBM at bus address %#" PRIx64 ", provider %s\n",
 	       info.index, info.pci_domain, info.pci_bus, info.pci_slot, info.pci_func,
 	       info.vendor_id, info.device_id, info.bar_index, info.hbm_bytes, info.hbm_bus_addr,
-	       info.provider == PD_PROVIDER_OWNED ? "owned" : "unknown");
+	       info.provider == PD_PROVIDER_OWNED ? "owned" :
+	       info.provider == PD_PROVIDER_COMPANION ? "companion" : "unknown");
 
 	err = pd_alloc(dev, LENGTH, 0, &alloc);
 	if (err)

@@ -48,6 +48,7 @@ struct ibv_pd;
 
 /* struct pd_device_info.provider: how peerdirect reaches the HBM. */
 #define PD_PROVIDER_OWNED 1u /* peerdirect is the device's PCI driver and owns the BAR */
+#define PD_PROVIDER_COMPANION 2u /* another driver owns the device; peerdirect serves its BAR */
 
 /* What the module tells about one HBM device (pd_device_info()). */
 struct pd_device_info {

@@ -9,6 +9,8 @@ pub const PD_EXPORT_CLOEXEC: u32 = 1;
 pub const PD_EXPORT_RDWR: u32 = 2;
 /// `PD_PROVIDER_OWNED`: peerdirect is the device's PCI driver and owns the BAR.
 pub const PD_PROVIDER_OWNED: u32 = 1;
+/// `PD_PROVIDER_COMPANION`: another driver owns the device; peerdirect serves its BAR.
+pub const PD_PROVIDER_COMPANION: u32 = 2;
 
 /// `PD_ACCESS_*`: what a registration lets the NIC do (`pd_register`), the crate's `Access`.
 pub const PD_ACCESS_LOCAL_READ: u32 = 1;
@@ -64,6 +66,7 @@ pub struct FidDomain {
 const _: () = assert!(PD_EXPORT_CLOEXEC == uapi::PEERDIRECT_EXPORT_CLOEXEC);
 const _: () = assert!(PD_EXPORT_RDWR == uapi::PEERDIRECT_EXPORT_RDWR);
 const _: () = assert!(PD_PROVIDER_OWNED == uapi::PEERDIRECT_PROVIDER_OWNED);
+const _: () = assert!(PD_PROVIDER_COMPANION == uapi::PEERDIRECT_PROVIDER_COMPANION);
 
 /// `struct pd_device_info`.
 #[repr(C)]
@@ -108,6 +111,7 @@ impl From<&pd::DeviceInfo> for PdDeviceInfo {
             device_id: info.device_id,
             provider: match info.provider {
                 pd::Provider::Owned => PD_PROVIDER_OWNED,
+                pd::Provider::Companion => PD_PROVIDER_COMPANION,
             },
             reserved1: 0,
         }

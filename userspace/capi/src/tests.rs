@@ -125,6 +125,7 @@ fn rust_layout() -> Vec<(String, u64)> {
         ("PD_EXPORT_CLOEXEC", PD_EXPORT_CLOEXEC),
         ("PD_EXPORT_RDWR", PD_EXPORT_RDWR),
         ("PD_PROVIDER_OWNED", PD_PROVIDER_OWNED),
+        ("PD_PROVIDER_COMPANION", PD_PROVIDER_COMPANION),
         ("PD_ACCESS_LOCAL_READ", PD_ACCESS_LOCAL_READ),
         ("PD_ACCESS_LOCAL_WRITE", PD_ACCESS_LOCAL_WRITE),
         ("PD_ACCESS_REMOTE_READ", PD_ACCESS_REMOTE_READ),
@@ -251,7 +252,7 @@ fn layout_matches_the_header() {
         &format!("#include <stddef.h>\n#include <peerdirect.h>\n\n{body}"),
     );
     // Guard against the comparison passing vacuously.
-    assert_eq!(values.len(), 2 + 15 + 2 + 4 + 2 + 13 + 2 + 6 + 3 + 10);
+    assert_eq!(values.len(), 2 + 15 + 2 + 4 + 2 + 13 + 2 + 6 + 3 + 11);
 }
 
 /// No panic may unwind into C: the body of every `extern "C"` function runs inside

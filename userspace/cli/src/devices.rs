@@ -54,14 +54,33 @@ fn write_table(out: &mut impl Write, infos: &[DeviceInfo]) -> Result<()> {
                 format!("{:#x}", info.hbm_bus_addr),
                 info.numa_node
                     .map_or_else(|| "-".to_owned(), |node| node.to_string()),
+                provider(info),
             ]
         })
         .collect();
     table::write(
         out,
-        &["DEVICE", "PCI", "ID", "BAR", "HBM", "BUS ADDRESS", "NUMA"],
+        &[
+            "DEVICE",
+            "PCI",
+            "ID",
+            "BAR",
+            "HBM",
+            "BUS ADDRESS",
+            "NUMA",
+            "PROVIDER",
+        ],
         &rows,
     )
+}
+
+/// "owned", or "companion of DRIVER" for a device another driver owns.
+pub fn provider(info: &DeviceInfo) -> String {
+    match (info.provider, &info.driver) {
+        (peerdirect::Provider::Companion, Some(driver)) => format!("companion of {driver}"),
+        (peerdirect::Provider::Companion, None) => "companion (no driver)".to_owned(),
+        (provider, _) => provider.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -92,6 +111,14 @@ mod tests {
         DeviceInfo::from_raw(&peerdirect::device_path(index), &raw).unwrap()
     }
 
+    fn companion(index: u32, numa_node: i32) -> DeviceInfo {
+        DeviceInfo {
+            provider: peerdirect::Provider::Companion,
+            driver: Some("vfio-pci".to_owned()),
+            ..info(index, numa_node)
+        }
+    }
+
     fn json_of(infos: &[DeviceInfo]) -> serde_json::Value {
         let mut out = Vec::new();
         write_json(&mut out, infos).unwrap();
@@ -101,7 +128,7 @@ mod tests {
     #[test]
     fn json_shape() {
         assert_eq!(
-            json_of(&[info(0, -1), info(1, 1)]),
+            json_of(&[info(0, -1), companion(1, 1)]),
             json!([
                 {
                     "path": "/dev/peerdirect0",
@@ -114,7 +141,8 @@ mod tests {
                     "hbm_bus_addr": 0x38_0000_0000u64,
                     "hbm_phys_addr": 0x38_0000_0000u64,
                     "numa_node": null,
-                    "provider": "owned"
+                    "provider": "owned",
+                    "driver": null
                 },
                 {
                     "path": "/dev/peerdirect1",
@@ -127,7 +155,8 @@ mod tests {
                     "hbm_bus_addr": 0x38_0000_0000u64,
                     "hbm_phys_addr": 0x38_0000_0000u64,
                     "numa_node": 1,
-                    "provider": "owned"
+                    "provider": "companion",
+                    "driver": "vfio-pci"
                 }
             ])
         );
@@ -143,15 +172,15 @@ mod tests {
     #[test]
     fn table() {
         let mut out = Vec::new();
-        write_table(&mut out, &[info(0, -1), info(1, 1)]).unwrap();
+        write_table(&mut out, &[info(0, -1), companion(1, 1)]).unwrap();
         let text = String::from_utf8(out).unwrap();
         let lines: Vec<_> = text.lines().collect();
         assert_eq!(
             lines,
             [
-                "DEVICE            PCI           ID         BAR  HBM                         BUS ADDRESS   NUMA",
-                "/dev/peerdirect0  0000:00:04.0  1b36:0010  2    16 GiB (17179869184 bytes)  0x3800000000  -",
-                "/dev/peerdirect1  0000:00:04.0  1b36:0010  2    16 GiB (17179869184 bytes)  0x3800000000  1",
+                "DEVICE            PCI           ID         BAR  HBM                         BUS ADDRESS   NUMA  PROVIDER",
+                "/dev/peerdirect0  0000:00:04.0  1b36:0010  2    16 GiB (17179869184 bytes)  0x3800000000  -     owned",
+                "/dev/peerdirect1  0000:00:04.0  1b36:0010  2    16 GiB (17179869184 bytes)  0x3800000000  1     companion of vfio-pci",
             ]
         );
     }

@@ -124,7 +124,7 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 /// Writes the pattern over the whole dma-buf; returns the bytes written.
-fn write_pattern(dma_buf: &DmaBuf, seed: u64) -> Result<u64> {
+pub(crate) fn write_pattern(dma_buf: &DmaBuf, seed: u64) -> Result<u64> {
     let mut map = dma_buf.mmap(true)?;
     let mut chunk = vec![0; CHUNK.min(map.length())];
     dma_buf.sync(SyncFlags::START_WRITE)?;
@@ -138,7 +138,7 @@ fn write_pattern(dma_buf: &DmaBuf, seed: u64) -> Result<u64> {
 }
 
 /// Compares the whole dma-buf with the pattern, up to the first byte that differs.
-fn verify_pattern(dma_buf: &DmaBuf, seed: u64) -> Result<Verified> {
+pub(crate) fn verify_pattern(dma_buf: &DmaBuf, seed: u64) -> Result<Verified> {
     let map = dma_buf.mmap(false)?;
     let mut chunk = vec![0; CHUNK.min(map.length())];
     let mut verified = Verified {
@@ -168,11 +168,11 @@ struct Written {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-struct Verified {
-    seed: u64,
+pub(crate) struct Verified {
+    pub(crate) seed: u64,
     /// Bytes found to match, up to the mismatch if any.
-    bytes: u64,
-    mismatch: Option<Mismatch>,
+    pub(crate) bytes: u64,
+    pub(crate) mismatch: Option<Mismatch>,
 }
 
 /// What `export` did, for printing.

@@ -1,6 +1,7 @@
 //! `peerdirect`: the command-line view of the HBM devices the peerdirect module exports.
 
 mod alloc;
+mod companion;
 mod devices;
 mod doctor;
 mod export;
@@ -54,6 +55,10 @@ enum Command {
     /// the running kernel, devices, a NIC that reaches the HBM peer-to-peer, libfabric, locked
     /// memory, RDMAV_FORK_SAFE, EFA settings), each with what to do. Exits 1 if a check fails.
     Doctor(doctor::Args),
+    /// Serve, stop serving or list companion devices: HBM of a PCI device that another driver
+    /// owns (habanalabs), exported beside it. For administrators (root); the module must be
+    /// loaded with companion=1.
+    Companion(companion::Args),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +73,7 @@ fn main() -> ExitCode {
         Command::Register(args) => register::run(&args),
         Command::Topo(args) => topo::run(&args),
         Command::Doctor(args) => doctor::run(&args),
+        Command::Companion(args) => companion::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -441,6 +441,7 @@ mod tests {
                 hbm_phys_addr: 0,
                 numa_node: None,
                 provider: peerdirect::Provider::Owned,
+                driver: Some("peerdirect".to_owned()),
             },
         }
     }

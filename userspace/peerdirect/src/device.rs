@@ -9,12 +9,12 @@ use std::sync::{Arc, Weak};
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::allocation::Allocation;
+use crate::allocation::{Allocation, ExportFlags};
 use crate::cache::ExportId;
 use crate::error::Operation;
 use crate::invalidation::{Hooks, Invalidate};
 use crate::sys::status::StatusPage;
-use crate::sys::{self, RawAlloc, RawExport, RawFree, RawInfo, RawP2p, RawRequest};
+use crate::sys::{self, RawAlloc, RawExport, RawExportRange, RawFree, RawInfo, RawP2p, RawRequest};
 use crate::uapi::{self, DEVICE_PREFIX};
 use crate::{DeviceInfo, DmaBuf, Error, P2pPath, PciAddress};
 
@@ -178,7 +178,9 @@ impl Device {
     pub fn info(&self) -> Result<DeviceInfo, Error> {
         let mut raw = RawInfo::<0>::new();
         self.info_raw(&mut raw)?;
-        DeviceInfo::from_raw(&self.path, &raw.info)
+        let mut info = DeviceInfo::from_raw(&self.path, &raw.info)?;
+        info.driver = crate::info::pci_driver(info.pci_address);
+        Ok(info)
     }
 
     /// Sends `PEERDIRECT_IOC_INFO` with an argument the caller built, malformed ones included,
@@ -248,6 +250,45 @@ impl Device {
         // a cache to have registered it under either.
         if let Ok(export) = self.export_id(&dma_buf) {
             self.hooks.exported(raw.export.handle, export);
+        }
+        Ok(dma_buf)
+    }
+
+    /// Exports `length` bytes at `bar_offset` of a companion device's BAR
+    /// (`PEERDIRECT_IOC_EXPORT_RANGE`): memory that the device's owner (its driver's runtime)
+    /// allocated, which the caller vouches for; needs `CAP_SYS_ADMIN`. Both numbers are
+    /// multiples of the page size. The dma-buf registers like any other.
+    pub fn export_range(
+        &self,
+        bar_offset: u64,
+        length: u64,
+        flags: ExportFlags,
+    ) -> Result<DmaBuf, Error> {
+        let mut raw = RawExportRange::<0>::new();
+        raw.export.bar_offset = bar_offset;
+        raw.export.length = length;
+        raw.export.flags = flags.bits();
+        self.export_range_raw(&mut raw)
+    }
+
+    /// Sends `PEERDIRECT_IOC_EXPORT_RANGE` with an argument the caller built, like
+    /// [`Device::export_raw`].
+    pub fn export_range_raw<const TAIL: usize>(
+        &self,
+        raw: &mut RawExportRange<TAIL>,
+    ) -> Result<DmaBuf, Error> {
+        self.check_size(Operation::ExportRange, raw)?;
+        raw.export.fd = -1;
+        let fd = sys::export_range(self.fd.as_fd(), raw)
+            .map_err(|errno| self.error(Operation::ExportRange, errno))?
+            .ok_or_else(|| {
+                self.invalid_reply(Operation::ExportRange, "fd", raw.export.fd.into())
+            })?;
+        let dma_buf = DmaBuf::from_fd(fd)?;
+        // Not made from an allocation (handle 0, which none has): only the device's revocation
+        // and the file's close tell the caches about it.
+        if let Ok(export) = self.export_id(&dma_buf) {
+            self.hooks.exported(0, export);
         }
         Ok(dma_buf)
     }

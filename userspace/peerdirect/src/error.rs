@@ -12,6 +12,8 @@ pub enum Operation {
     List,
     /// Opening a device node.
     Open,
+    /// Opening the control device (`/dev/peerdirect-ctl`).
+    OpenControl,
     /// `PEERDIRECT_IOC_INFO`.
     Info,
     /// A command without argument, `_IO(PEERDIRECT_IOCTL_TYPE, nr)`.
@@ -24,6 +26,12 @@ pub enum Operation {
     Export,
     /// `PEERDIRECT_IOC_P2P`.
     P2p,
+    /// `PEERDIRECT_IOC_EXPORT_RANGE`.
+    ExportRange,
+    /// `PEERDIRECT_IOC_COMPANION_ADD`.
+    CompanionAdd,
+    /// `PEERDIRECT_IOC_COMPANION_REMOVE`.
+    CompanionRemove,
     /// Finding the size of a dma-buf (`lseek(SEEK_END)`).
     Size,
     /// Taking a reference of a caller's dma-buf fd (`fstatfs`, `F_DUPFD_CLOEXEC`).
@@ -43,7 +51,7 @@ impl fmt::Display for Operation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::List => f.write_str("list"),
-            Self::Open => f.write_str("open"),
+            Self::Open | Self::OpenControl => f.write_str("open"),
             Self::Info => f.write_str("PEERDIRECT_IOC_INFO on"),
             Self::Command(nr) => write!(
                 f,
@@ -54,6 +62,9 @@ impl fmt::Display for Operation {
             Self::Free => f.write_str("PEERDIRECT_IOC_FREE on"),
             Self::Export => f.write_str("PEERDIRECT_IOC_EXPORT on"),
             Self::P2p => f.write_str("PEERDIRECT_IOC_P2P on"),
+            Self::ExportRange => f.write_str("PEERDIRECT_IOC_EXPORT_RANGE on"),
+            Self::CompanionAdd => f.write_str("PEERDIRECT_IOC_COMPANION_ADD on"),
+            Self::CompanionRemove => f.write_str("PEERDIRECT_IOC_COMPANION_REMOVE on"),
             Self::Size => f.write_str("lseek SEEK_END on"),
             Self::Adopt => f.write_str("adopting"),
             Self::Mmap => f.write_str("mmap"),
@@ -212,6 +223,42 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
             "the dma-buf was exported read-only: export it with ExportFlags::RDWR (PEERDIRECT_EXPORT_RDWR) to map it writable"
         }
         (Stats, Errno::ACCESS | Errno::PERM) => "debugfs is readable by root only: run as root",
+        (OpenControl, Errno::ACCESS | Errno::PERM) => {
+            "the control device is for administrators: run as root"
+        }
+        (OpenControl, Errno::NOENT | Errno::NXIO | Errno::NODEV) => {
+            "no control device: load the module (modprobe peerdirect companion=1)"
+        }
+        (ExportRange, Errno::OPNOTSUPP) => {
+            "only a companion device exports ranges of its BAR (peerdirect companion add); on a device peerdirect owns, allocate and export"
+        }
+        (ExportRange, Errno::PERM) => {
+            "exporting a companion's memory needs CAP_SYS_ADMIN: the caller vouches that the device's owner allocated that range"
+        }
+        (ExportRange, Errno::INVAL) => {
+            "the BAR offset and length must be multiples of the page size, the length above 0, and the range inside the BAR"
+        }
+        (ExportRange, Errno::OVERFLOW) => "offset + length does not fit in 64 bits",
+        (Alloc, Errno::OPNOTSUPP) => {
+            "a companion device has no allocator: the driver that owns it (see peerdirect devices) owns its memory; with another device, this tool and the loaded module disagree on the ABI: build both from the same tree"
+        }
+        (CompanionAdd | CompanionRemove, Errno::OPNOTSUPP) => {
+            "companion mode is off: load the module with companion=1 (modprobe peerdirect companion=1)"
+        }
+        (CompanionAdd | CompanionRemove, Errno::PERM | Errno::ACCESS) => {
+            "companion devices are for administrators: run as root (CAP_SYS_ADMIN)"
+        }
+        (CompanionAdd, Errno::NXIO) => {
+            "no PCI device has that address: list them with lspci -D or in /sys/bus/pci/devices"
+        }
+        (CompanionAdd, Errno::BUSY) => {
+            "peerdirect is that device's driver already (see peerdirect devices): a device is either peerdirect's or a companion"
+        }
+        (CompanionAdd, Errno::EXIST) => "that device is a companion already (see peerdirect devices)",
+        (CompanionAdd, Errno::INVAL) => {
+            "the HBM BAR must be a memory BAR 0-5 of the device; name it with --bar (only Gaudi devices have a default)"
+        }
+        (CompanionRemove, Errno::NOENT) => "that device is not a companion (see peerdirect devices)",
         (Mmap, Errno::PERM) => {
             "a device file's status page is read-only: map it with PROT_READ (Device::status)"
         }

@@ -88,12 +88,16 @@ impl Serialize for PciAddress {
 pub enum Provider {
     /// peerdirect is the device's PCI driver and owns the BAR.
     Owned,
+    /// Another driver (or none) owns the device; peerdirect serves its BAR beside it
+    /// ([`crate::Control::add_companion`]), with no allocator.
+    Companion,
 }
 
 impl Provider {
     fn from_raw(raw: u32) -> Option<Self> {
         match raw {
             uapi::PEERDIRECT_PROVIDER_OWNED => Some(Self::Owned),
+            uapi::PEERDIRECT_PROVIDER_COMPANION => Some(Self::Companion),
             _ => None,
         }
     }
@@ -103,6 +107,7 @@ impl fmt::Display for Provider {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Owned => "owned",
+            Self::Companion => "companion",
         })
     }
 }
@@ -132,6 +137,11 @@ pub struct DeviceInfo {
     pub numa_node: Option<u32>,
     /// How peerdirect reaches the HBM.
     pub provider: Provider,
+    /// The PCI driver bound to the device, from sysfs: `peerdirect` for an owned device, the
+    /// owner (`habanalabs`, `vfio-pci`) or `None` for a companion. Not part of
+    /// `PEERDIRECT_IOC_INFO`: [`crate::Device::info`] reads it, [`DeviceInfo::from_raw`] leaves
+    /// it `None`.
+    pub driver: Option<String>,
 }
 
 impl DeviceInfo {
@@ -165,8 +175,15 @@ impl DeviceInfo {
             hbm_phys_addr: raw.hbm_phys_addr,
             numa_node,
             provider,
+            driver: None,
         })
     }
+}
+
+/// The driver bound to the PCI device at `address`, as sysfs says (`None`: no driver).
+pub(crate) fn pci_driver(address: PciAddress) -> Option<String> {
+    let link = std::fs::read_link(format!("/sys/bus/pci/devices/{address}/driver")).ok()?;
+    Some(link.file_name()?.to_string_lossy().into_owned())
 }
 
 #[cfg(test)]
@@ -215,6 +232,7 @@ mod tests {
                 hbm_phys_addr: 0x3_8000_0000_0000,
                 numa_node: Some(1),
                 provider: Provider::Owned,
+                driver: None,
             }
         );
     }
@@ -293,7 +311,7 @@ mod tests {
 
     #[test]
     fn unknown_provider_is_an_error() {
-        for provider in [0, 2, u32::MAX] {
+        for provider in [0, 3, u32::MAX] {
             let raw = uapi::peerdirect_info { provider, ..raw() };
             let err = DeviceInfo::from_raw(Path::new("/dev/peerdirect3"), &raw).unwrap_err();
             match err {
@@ -314,5 +332,6 @@ mod tests {
     #[test]
     fn provider_names() {
         assert_eq!(Provider::Owned.to_string(), "owned");
+        assert_eq!(Provider::Companion.to_string(), "companion");
     }
 }

@@ -35,6 +35,7 @@
 
 mod allocation;
 pub mod cache;
+mod control;
 mod device;
 mod dma_buf;
 mod error;
@@ -50,6 +51,7 @@ pub mod uapi;
 
 pub use allocation::{Allocation, ExportFlags};
 pub use cache::{CacheStats, Cause, Invalidated, Listener, RegCache, Registrar, Registration};
+pub use control::{control_path, Control};
 pub use device::{device_path, devices, Device, DeviceStatus};
 pub use dma_buf::{DmaBuf, DmaBufMap, SyncFlags};
 pub use error::{Error, Operation};
@@ -59,4 +61,7 @@ pub use p2p::{P2pMapping, P2pPath};
 pub use registrar::RegPath;
 pub use rustix::io::Errno;
 pub use stats::{stats_path, Stats, DEBUGFS};
-pub use sys::{RawAlloc, RawExport, RawFree, RawInfo, RawP2p};
+pub use sys::{
+    RawAlloc, RawCompanionAdd, RawCompanionRemove, RawExport, RawExportRange, RawFree, RawInfo,
+    RawP2p,
+};

@@ -14,9 +14,10 @@ use rustix::io::Result;
 use rustix::ioctl::{ioctl, Ioctl, IoctlOutput, Opcode};
 
 use crate::uapi::{
-    self, peerdirect_alloc, peerdirect_export, peerdirect_free, peerdirect_info, peerdirect_p2p,
-    PEERDIRECT_IOC_ALLOC, PEERDIRECT_IOC_EXPORT, PEERDIRECT_IOC_FREE, PEERDIRECT_IOC_INFO,
-    PEERDIRECT_IOC_P2P,
+    self, peerdirect_alloc, peerdirect_companion, peerdirect_export, peerdirect_export_range,
+    peerdirect_free, peerdirect_info, peerdirect_p2p, PEERDIRECT_IOC_ALLOC,
+    PEERDIRECT_IOC_COMPANION_ADD, PEERDIRECT_IOC_COMPANION_REMOVE, PEERDIRECT_IOC_EXPORT,
+    PEERDIRECT_IOC_EXPORT_RANGE, PEERDIRECT_IOC_FREE, PEERDIRECT_IOC_INFO, PEERDIRECT_IOC_P2P,
 };
 
 /// A command's argument as it goes to the kernel: the command's struct, then bytes that stand
@@ -133,6 +134,30 @@ raw_request!(
     uapi::PEERDIRECT_P2P_SIZE_VER0
 );
 
+raw_request!(
+    /// A `PEERDIRECT_IOC_EXPORT_RANGE` argument under the caller's full control, like
+    /// [`RawInfo`]. [`crate::Device::export_range`] is the normal way.
+    RawExportRange { export: peerdirect_export_range },
+    PEERDIRECT_IOC_EXPORT_RANGE,
+    uapi::PEERDIRECT_EXPORT_RANGE_SIZE_VER0
+);
+
+raw_request!(
+    /// A `PEERDIRECT_IOC_COMPANION_ADD` argument under the caller's full control, like
+    /// [`RawInfo`]. [`crate::Control::add_companion`] is the normal way.
+    RawCompanionAdd { companion: peerdirect_companion },
+    PEERDIRECT_IOC_COMPANION_ADD,
+    uapi::PEERDIRECT_COMPANION_SIZE_VER0
+);
+
+raw_request!(
+    /// A `PEERDIRECT_IOC_COMPANION_REMOVE` argument under the caller's full control, like
+    /// [`RawInfo`]. [`crate::Control::remove_companion`] is the normal way.
+    RawCompanionRemove { companion: peerdirect_companion },
+    PEERDIRECT_IOC_COMPANION_REMOVE,
+    uapi::PEERDIRECT_COMPANION_SIZE_VER0
+);
+
 /// Sends `raw` with its command and leaves in it what the kernel wrote back.
 ///
 /// # Panics
@@ -165,6 +190,21 @@ pub(crate) fn export<const TAIL: usize>(
     // The export succeeded, so the kernel installed a new file descriptor in this process's
     // table and reported its number in `fd` (every accepted `size` covers `fd`).
     // SAFETY: nothing else in the process has seen that number: this is its only owner.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(new_fd) }))
+}
+
+/// `PEERDIRECT_IOC_EXPORT_RANGE`: like [`export`].
+pub(crate) fn export_range<const TAIL: usize>(
+    fd: BorrowedFd<'_>,
+    raw: &mut RawExportRange<TAIL>,
+) -> Result<Option<OwnedFd>> {
+    send(fd, raw)?;
+    let new_fd = raw.export.fd;
+    if new_fd < 0 {
+        return Ok(None);
+    }
+    // As in `export`: the kernel installed this number for us, and nothing else has seen it.
+    // SAFETY: so this is its only owner.
     Ok(Some(unsafe { OwnedFd::from_raw_fd(new_fd) }))
 }
 

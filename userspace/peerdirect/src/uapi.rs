@@ -22,6 +22,8 @@ const _: () = {
     assert!(PEERDIRECT_ALLOC_SIZE_VER0 as usize == size_of::<peerdirect_alloc>());
     assert!(PEERDIRECT_FREE_SIZE_VER0 as usize == size_of::<peerdirect_free>());
     assert!(PEERDIRECT_EXPORT_SIZE_VER0 as usize == size_of::<peerdirect_export>());
+    assert!(PEERDIRECT_COMPANION_SIZE_VER0 as usize == size_of::<peerdirect_companion>());
+    assert!(PEERDIRECT_EXPORT_RANGE_SIZE_VER0 as usize == size_of::<peerdirect_export_range>());
 };
 
 /// A type or command number of the header (a `u32` for bindgen) as the byte `_IO` takes;
@@ -91,3 +93,24 @@ pub const DMA_BUF_IOCTL_SYNC: Opcode = opcode::write::<dma_buf_sync>(DMA_BUF_BAS
 
 /// `DMA_BUF_SET_NAME`, `_IOW('b', 1, const char *)`; the argument is the string itself.
 pub const DMA_BUF_SET_NAME: Opcode = opcode::write::<*const core::ffi::c_char>(DMA_BUF_BASE, 1);
+
+/// `PEERDIRECT_IOC_EXPORT_RANGE` (companion devices), argument
+/// `*mut struct peerdirect_export_range`.
+pub const PEERDIRECT_IOC_EXPORT_RANGE: Opcode = command(ioctl_byte(PEERDIRECT_CMD_EXPORT_RANGE));
+
+/// `PEERDIRECT_IOC_COMPANION_ADD` (control device), argument `*mut struct peerdirect_companion`.
+pub const PEERDIRECT_IOC_COMPANION_ADD: Opcode = command(ioctl_byte(PEERDIRECT_CMD_COMPANION_ADD));
+
+/// `PEERDIRECT_IOC_COMPANION_REMOVE` (control device), argument
+/// `*mut struct peerdirect_companion`.
+pub const PEERDIRECT_IOC_COMPANION_REMOVE: Opcode =
+    command(ioctl_byte(PEERDIRECT_CMD_COMPANION_REMOVE));
+
+/// `PEERDIRECT_CONTROL_DEVICE` without its NUL: the control device is `/dev/peerdirect-ctl`.
+pub const CONTROL_DEVICE: &str = match PEERDIRECT_CONTROL_DEVICE.as_slice().split_last() {
+    Some((0, name)) => match core::str::from_utf8(name) {
+        Ok(name) => name,
+        Err(_) => panic!("PEERDIRECT_CONTROL_DEVICE is not UTF-8"),
+    },
+    _ => panic!("PEERDIRECT_CONTROL_DEVICE is not NUL-terminated"),
+};

@@ -13,7 +13,7 @@ use crate::{
     p2p,
     uapi::{
         peerdirect_alloc, peerdirect_export, peerdirect_export_range, peerdirect_free,
-        peerdirect_info, peerdirect_p2p, Request, PEERDIRECT_ALLOC_ALIGN_DEFAULT,
+        peerdirect_info, peerdirect_p2p, ExtensibleStruct, Request, PEERDIRECT_ALLOC_ALIGN_DEFAULT,
         PEERDIRECT_EXPORT_CLOEXEC, PEERDIRECT_EXPORT_RDWR, PEERDIRECT_IOC_ALLOC,
         PEERDIRECT_IOC_EXPORT, PEERDIRECT_IOC_EXPORT_RANGE, PEERDIRECT_IOC_FREE,
         PEERDIRECT_IOC_INFO, PEERDIRECT_IOC_P2P, PEERDIRECT_P2P_ACS_REDIRECT,
@@ -235,7 +235,7 @@ impl HbmFile {
 
     /// `PEERDIRECT_IOC_EXPORT_RANGE`: a dma-buf fd for a range of a companion's BAR.
     fn export_range(&self, arg: usize) -> Result {
-        let mut req = Request::<peerdirect_export_range>::read(arg)?;
+        let req = Request::<peerdirect_export_range>::read(arg)?;
         check_flags_and_padding(
             req.value.flags,
             PEERDIRECT_EXPORT_CLOEXEC | PEERDIRECT_EXPORT_RDWR,
@@ -254,23 +254,13 @@ impl HbmFile {
         // The whole BAR is the "allocation" the range must lie in.
         let (offset, length) = export_range(req.value.bar_offset, req.value.length, info.bytes)?;
         let alloc = Allocation::borrowed(&self.hbm, offset, length)?;
-        let cloexec = req.value.flags & PEERDIRECT_EXPORT_CLOEXEC != 0;
-        let fd = FileDescriptorReservation::get_unused_fd_flags(if cloexec {
-            bindings::O_CLOEXEC
-        } else {
-            0
-        })?;
-        let writable = req.value.flags & PEERDIRECT_EXPORT_RDWR != 0;
-        let file = export::export(&alloc, 0, length, writable)?;
-        req.value.fd = i32::try_from(fd.reserved_fd()).map_err(|_| EMFILE)?;
-        req.answer()?;
-        fd.fd_install(file);
-        Ok(())
+        let flags = req.value.flags;
+        export_fd(req, &alloc, 0, length, flags, |req, fd| req.value.fd = fd)
     }
 
     /// `PEERDIRECT_IOC_EXPORT`: a dma-buf fd for a range of one of this file's allocations.
     fn export(&self, arg: usize) -> Result {
-        let mut req = Request::<peerdirect_export>::read(arg)?;
+        let req = Request::<peerdirect_export>::read(arg)?;
         check_flags_and_padding(
             req.value.flags,
             PEERDIRECT_EXPORT_CLOEXEC | PEERDIRECT_EXPORT_RDWR,
@@ -283,22 +273,40 @@ impl HbmFile {
             .cloned()
             .ok_or(ENOENT)?;
         let (offset, length) = export_range(req.value.offset, req.value.length, alloc.len())?;
-
-        let cloexec = req.value.flags & PEERDIRECT_EXPORT_CLOEXEC != 0;
-        let fd = FileDescriptorReservation::get_unused_fd_flags(if cloexec {
-            bindings::O_CLOEXEC
-        } else {
-            0
-        })?;
-        let writable = req.value.flags & PEERDIRECT_EXPORT_RDWR != 0;
-        let file = export::export(&alloc, offset, length, writable)?;
-        req.value.fd = i32::try_from(fd.reserved_fd()).map_err(|_| EMFILE)?;
-        // The fd becomes visible only once the caller has its number; on failure both the
-        // reservation and the dma-buf are dropped.
-        req.answer()?;
-        fd.fd_install(file);
-        Ok(())
+        let flags = req.value.flags;
+        export_fd(req, &alloc, offset, length, flags, |req, fd| {
+            req.value.fd = fd
+        })
     }
+}
+
+/// Exports `length` bytes at `offset` of `alloc` with `PEERDIRECT_EXPORT_*` `flags`, puts the
+/// new fd's number into the answer (`set_fd`) and answers `req`. The fd becomes visible only
+/// once the caller has its number; on failure both the reservation and the dma-buf are
+/// dropped.
+fn export_fd<T: ExtensibleStruct>(
+    mut req: Request<T>,
+    alloc: &Arc<Allocation>,
+    offset: u64,
+    length: u64,
+    flags: u32,
+    set_fd: impl FnOnce(&mut Request<T>, i32),
+) -> Result {
+    let cloexec = flags & PEERDIRECT_EXPORT_CLOEXEC != 0;
+    let fd = FileDescriptorReservation::get_unused_fd_flags(if cloexec {
+        bindings::O_CLOEXEC
+    } else {
+        0
+    })?;
+    let writable = flags & PEERDIRECT_EXPORT_RDWR != 0;
+    let file = export::export(alloc, offset, length, writable)?;
+    set_fd(
+        &mut req,
+        i32::try_from(fd.reserved_fd()).map_err(|_| EMFILE)?,
+    );
+    req.answer()?;
+    fd.fd_install(file);
+    Ok(())
 }
 
 /// `poll` answers of a device file: none while the device is there; once it starts going

@@ -139,10 +139,9 @@ int main(int argc, char **argv)
 }
 EOF
 
-# The guest's half: runs the commands, prints "@name rc output..." records the host checks.
-cat >"$share/owner.sh" <<'EOF'
-gcc -Wall -Werror -o /tmp/probe /mnt/host/probe.c || echo "@probe_build 1 gcc failed"
-hbm=0000:03:00.0 nic=0000:04:00.0
+# What every guest script below uses: run NAME CMD... prints the record "@NAME RC OUTPUT"
+# (output lines joined by |) that the host checks.
+cat >"$share/lib.sh" <<'EOF'
 run() { # run NAME CMD...: one record
 	local name=$1 out rc
 	shift
@@ -150,6 +149,13 @@ run() { # run NAME CMD...: one record
 	rc=$?
 	printf '@%s %s %s\n' "$name" "$rc" "$(printf '%s' "$out" | tr '\n' '|')"
 }
+EOF
+
+# The guest's half: runs the commands, prints "@name rc output..." records the host checks.
+cat >"$share/owner.sh" <<'EOF'
+gcc -Wall -Werror -o /tmp/probe /mnt/host/probe.c || echo "@probe_build 1 gcc failed"
+hbm=0000:03:00.0 nic=0000:04:00.0
+. /mnt/host/lib.sh
 echo vfio-pci >/sys/bus/pci/devices/$hbm/driver_override
 echo $hbm >/sys/bus/pci/drivers_probe
 run owner readlink /sys/bus/pci/devices/$hbm/driver
@@ -189,13 +195,7 @@ EOF
 
 cat >"$share/exports.sh" <<'EOF'
 hbm=0000:03:00.0 nic=0000:04:00.0 dev=/dev/peerdirect0
-run() {
-	local name=$1 out rc
-	shift
-	out=$("$@" 2>&1)
-	rc=$?
-	printf '@%s %s %s\n' "$name" "$rc" "$(printf '%s' "$out" | tr '\n' '|')"
-}
+. /mnt/host/lib.sh
 gcc -Wall -Werror -o /tmp/probe /mnt/host/probe.c || echo "@probe_build 1 gcc failed"
 echo vfio-pci >/sys/bus/pci/devices/$hbm/driver_override
 echo $hbm >/sys/bus/pci/drivers_probe
@@ -241,13 +241,7 @@ EOF
 
 # Split topology: the HBM and the NIC on two root ports, which the kernel gives no P2P path.
 cat >"$share/split.sh" <<'EOF'
-run() {
-	local name=$1 out rc
-	shift
-	out=$("$@" 2>&1)
-	rc=$?
-	printf '@%s %s %s\n' "$name" "$rc" "$(printf '%s' "$out" | tr '\n' '|')"
-}
+. /mnt/host/lib.sh
 gcc -Wall -Werror -o /tmp/probe /mnt/host/probe.c || echo "@probe_build 1 gcc failed"
 insmod /usr/lib/peerdirect/peerdirect.ko companion=1
 insmod /usr/lib/peerdirect/tests/peerdirect_importer.ko
@@ -289,13 +283,7 @@ echo "@rmmod $? "
 EOF
 
 cat >"$share/owned.sh" <<'EOF'
-run() {
-	local name=$1 out rc
-	shift
-	out=$("$@" 2>&1)
-	rc=$?
-	printf '@%s %s %s\n' "$name" "$rc" "$(printf '%s' "$out" | tr '\n' '|')"
-}
+. /mnt/host/lib.sh
 gcc -Wall -Werror -o /tmp/probe /mnt/host/probe.c || echo "@probe_build 1 gcc failed"
 # hbm1 (0000:05:00.0) is peerdirect's own; hbm0 has no driver at all.
 echo peerdirect >/sys/bus/pci/devices/0000:05:00.0/driver_override

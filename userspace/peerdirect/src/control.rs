@@ -78,14 +78,7 @@ impl Control {
     }
 
     fn send<R: RawRequest>(&self, operation: Operation, raw: &mut R) -> Result<(), Error> {
-        if raw.size() as usize > R::CAPACITY {
-            return Err(Error::RequestTooLarge {
-                operation,
-                path: self.path.clone(),
-                size: raw.size(),
-                capacity: R::CAPACITY,
-            });
-        }
+        crate::device::check_request_size(operation, &self.path, raw)?;
         sys::send(self.fd.as_fd(), raw).map_err(|errno| Error::os(operation, &self.path, errno))
     }
 }

@@ -345,15 +345,7 @@ impl Device {
     }
 
     fn check_size<R: RawRequest>(&self, operation: Operation, raw: &R) -> Result<(), Error> {
-        if raw.size() as usize > R::CAPACITY {
-            return Err(Error::RequestTooLarge {
-                operation,
-                path: self.path.clone(),
-                size: raw.size(),
-                capacity: R::CAPACITY,
-            });
-        }
-        Ok(())
+        check_request_size(operation, &self.path, raw)
     }
 
     fn invalid_reply(&self, operation: Operation, field: &'static str, value: i64) -> Error {
@@ -425,6 +417,24 @@ fn device_index(name: &str) -> Option<u32> {
         return None;
     }
     digits.parse().ok()
+}
+
+/// Refuses a request whose `size` reaches past the memory `raw` has (the kernel would read and
+/// write beyond it), without a system call.
+pub(crate) fn check_request_size<R: RawRequest>(
+    operation: Operation,
+    path: &Path,
+    raw: &R,
+) -> Result<(), Error> {
+    if raw.size() as usize > R::CAPACITY {
+        return Err(Error::RequestTooLarge {
+            operation,
+            path: path.to_owned(),
+            size: raw.size(),
+            capacity: R::CAPACITY,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

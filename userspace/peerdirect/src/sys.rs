@@ -183,14 +183,7 @@ pub(crate) fn export<const TAIL: usize>(
     raw: &mut RawExport<TAIL>,
 ) -> Result<Option<OwnedFd>> {
     send(fd, raw)?;
-    let new_fd = raw.export.fd;
-    if new_fd < 0 {
-        return Ok(None);
-    }
-    // The export succeeded, so the kernel installed a new file descriptor in this process's
-    // table and reported its number in `fd` (every accepted `size` covers `fd`).
-    // SAFETY: nothing else in the process has seen that number: this is its only owner.
-    Ok(Some(unsafe { OwnedFd::from_raw_fd(new_fd) }))
+    Ok(adopt_new_fd(raw.export.fd))
 }
 
 /// `PEERDIRECT_IOC_EXPORT_RANGE`: like [`export`].
@@ -199,13 +192,18 @@ pub(crate) fn export_range<const TAIL: usize>(
     raw: &mut RawExportRange<TAIL>,
 ) -> Result<Option<OwnedFd>> {
     send(fd, raw)?;
-    let new_fd = raw.export.fd;
+    Ok(adopt_new_fd(raw.export.fd))
+}
+
+/// The dma-buf fd a successful export reported (`None` if negative).
+fn adopt_new_fd(new_fd: i32) -> Option<OwnedFd> {
     if new_fd < 0 {
-        return Ok(None);
+        return None;
     }
-    // As in `export`: the kernel installed this number for us, and nothing else has seen it.
-    // SAFETY: so this is its only owner.
-    Ok(Some(unsafe { OwnedFd::from_raw_fd(new_fd) }))
+    // The export succeeded, so the kernel installed a new file descriptor in this process's
+    // table and reported its number in `fd` (every accepted `size` covers `fd`).
+    // SAFETY: nothing else in the process has seen that number: this is its only owner.
+    Some(unsafe { OwnedFd::from_raw_fd(new_fd) })
 }
 
 /// The argument of [`send`]: a mutable borrow of the whole request.

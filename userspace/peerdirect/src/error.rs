@@ -421,6 +421,26 @@ mod tests {
     }
 
     #[test]
+    fn companion_commands_say_what_to_do() {
+        let hint = |operation, errno| os(operation, errno).hint().unwrap();
+        assert!(hint(Operation::CompanionAdd, Errno::OPNOTSUPP).contains("companion=1"));
+        assert!(hint(Operation::CompanionRemove, Errno::PERM).contains("CAP_SYS_ADMIN"));
+        assert!(hint(Operation::CompanionAdd, Errno::NXIO).contains("lspci -D"));
+        assert!(hint(Operation::CompanionAdd, Errno::BUSY).contains("driver already"));
+        assert!(hint(Operation::CompanionAdd, Errno::EXIST).contains("already"));
+        assert!(hint(Operation::CompanionAdd, Errno::INVAL).contains("--bar"));
+        assert!(hint(Operation::CompanionRemove, Errno::NOENT).contains("not a companion"));
+        assert!(hint(Operation::OpenControl, Errno::ACCESS).contains("run as root"));
+        assert!(hint(Operation::OpenControl, Errno::NOENT).contains("companion=1"));
+        assert!(hint(Operation::ExportRange, Errno::OPNOTSUPP).contains("only a companion"));
+        assert!(hint(Operation::ExportRange, Errno::PERM).contains("CAP_SYS_ADMIN"));
+        assert!(hint(Operation::ExportRange, Errno::INVAL).contains("page size"));
+        assert!(hint(Operation::ExportRange, Errno::OVERFLOW).contains("64 bits"));
+        // Open of a device node keeps its own hint.
+        assert!(hint(Operation::Open, Errno::ACCESS).contains("group peerdirect"));
+    }
+
+    #[test]
     fn argument_errors_of_the_hbm_commands() {
         assert!(os(Operation::Alloc, Errno::INVAL)
             .hint()
@@ -437,6 +457,15 @@ mod tests {
         for operation in [Operation::Alloc, Operation::Free, Operation::Export] {
             for errno in [Errno::TOOBIG, Errno::OPNOTSUPP] {
                 let hint = os(operation, errno).hint().unwrap();
+                if (operation, errno) == (Operation::Alloc, Errno::OPNOTSUPP) {
+                    // A companion device's answer first, the ABI's after it.
+                    assert!(
+                        hint.starts_with("a companion device has no allocator")
+                            && hint.contains("disagree on the ABI"),
+                        "{hint}"
+                    );
+                    continue;
+                }
                 assert!(
                     hint.starts_with("ABI mismatch"),
                     "{operation:?} {errno:?}: {hint}"

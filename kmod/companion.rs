@@ -27,6 +27,7 @@ use kernel::{
     miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     pci,
     prelude::*,
+    sync::aref::ARef,
 };
 
 /// One companion device.
@@ -34,8 +35,18 @@ struct Companion {
     /// The device's identity ([`ffi::pci_dev_key`]), as the bus notifier names it.
     key: usize,
     address: PciAddress,
-    /// Dropping it removes the companion (see [`HbmDevice`]).
+    /// Dropping it removes the companion (see [`HbmDevice`]); only with the device's lock held
+    /// ([`Companion::remove_locked`]), so that the owner cannot unbind, and tear the BAR down,
+    /// before every export is revoked.
     device: Pin<KBox<HbmDevice>>,
+    pdev: ARef<pci::Device>,
+}
+
+impl Companion {
+    /// Removes the companion; the caller holds its device's lock.
+    fn remove_locked(self, _lock: &DeviceLock<'_>) {
+        drop(self.device);
+    }
 }
 
 kernel::sync::global_lock! {
@@ -54,8 +65,13 @@ pub(crate) fn init() {
 /// are gone.
 pub(crate) fn remove_all() {
     let companions = core::mem::take(&mut *COMPANIONS.lock());
-    // Dropped outside the lock: removal may wait for importers.
-    drop(companions);
+    // Removed outside the lock (removal may wait for importers), each under its device's lock
+    // (the bus notifier is gone: an owner's unbind would not wait for us otherwise).
+    for companion in companions {
+        let pdev = companion.pdev.clone();
+        let lock = DeviceLock::lock(&pdev);
+        companion.remove_locked(&lock);
+    }
 }
 
 /// Whether `pdev` is served as a companion. Its owned probe calls this under the device lock,
@@ -80,7 +96,9 @@ pub(crate) fn gone(key: usize) {
             "companion {}: its driver unbinds or it is being removed: removing it\n",
             c.address
         );
-        // Revokes every export, waiting for importers, before the owner's remove() runs.
+        // Revokes every export, waiting for importers, before the owner's remove() runs. The
+        // driver core holds the device's lock for the notification; taking it again would
+        // deadlock, so the companion is dropped as it is.
         drop(c.device);
     }
 }
@@ -132,6 +150,7 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
             key,
             address: info.address,
             device,
+            pdev: pdev.clone(),
         })
         .map_err(|_| ENOMEM)?;
     drop(companions);
@@ -149,20 +168,28 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
 
 /// Stops serving the companion at `domain`:`bus`:`devfn`; `ENOENT` if it is none.
 fn remove(domain: u32, bus: u8, devfn: u8) -> Result {
+    let is_it = |c: &Companion| {
+        c.address.domain == domain
+            && c.address.bus == bus
+            && (c.address.slot << 3 | c.address.func) == devfn
+    };
+    let pdev = COMPANIONS
+        .lock()
+        .iter()
+        .find(|c| is_it(c))
+        .map(|c| c.pdev.clone())
+        .ok_or(ENOENT)?;
+    // The device's lock first (the order the bus notifier imposes), then the list again: the
+    // owner's unbind waits until the companion's exports are revoked; if it came first, the
+    // notifier removed the companion already.
+    let lock = DeviceLock::lock(&pdev);
     let companion = {
         let mut companions = COMPANIONS.lock();
-        let i = companions
-            .iter()
-            .position(|c| {
-                c.address.domain == domain
-                    && c.address.bus == bus
-                    && (c.address.slot << 3 | c.address.func) == devfn
-            })
-            .ok_or(ENOENT)?;
+        let i = companions.iter().position(is_it).ok_or(ENOENT)?;
         companions.remove(i).map_err(|_| ENOENT)?
     };
     pr_info!("companion {}: removed on request\n", companion.address);
-    drop(companion.device);
+    companion.remove_locked(&lock);
     Ok(())
 }
 

@@ -1,0 +1,23 @@
+#!/bin/bash
+# EXPORT_RANGE of a companion: refusals, a pattern, the NIC importing by bus address
+# (tests/system/companion.sh).
+hbm=0000:03:00.0 nic=0000:04:00.0 dev=/dev/peerdirect0
+. /mnt/host/guest-lib.sh
+gcc -Wall -Werror -o /tmp/probe /mnt/host/probe.c || echo "@probe_build 1 gcc failed"
+echo vfio-pci >/sys/bus/pci/devices/$hbm/driver_override
+echo $hbm >/sys/bus/pci/drivers_probe
+insmod /usr/lib/peerdirect/peerdirect.ko companion=1
+insmod /usr/lib/peerdirect/tests/peerdirect_importer.ko
+peerdirect companion add $hbm --bar 2 >/dev/null
+run unaligned /tmp/probe xr $dev 0x1000800 0x200000
+run unaligned_len /tmp/probe xr $dev 0x1000000 0x1800
+run zero /tmp/probe xr $dev 0x1000000 0
+run past_end /tmp/probe xr $dev 0xfe00000 0x400000
+run outside /tmp/probe xr $dev 0x10000000 0x200000
+run overflow /tmp/probe xr $dev 0x1000 0xfffffffffffff000
+run no_cap setpriv --inh-caps=-sys_admin --bounding-set=-sys_admin /tmp/probe xr $dev 0x1000000 0x200000
+run pattern peerdirect companion export --bar-offset 8M --size 4M --pattern 0x5eed0002 --verify 0x5eed0002
+run dynamic /tmp/probe imp $dev 0x2000000 0x4000000 "dev=$nic mode=dynamic hbm=$hbm hold=1"
+/tmp/probe cmd "release all" >/dev/null
+rmmod peerdirect_importer
+run rmmod rmmod peerdirect

@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: GPL-2.0
+/* The companion suites' probe (tests/companion/): raw requests the CLI does not make. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include "peerdirect.h"
+
+/*
+ * probe info FD | probe add-bar BAR DOMAIN BUS SLOT FUNC | probe xr DEV OFFSET LENGTH:
+ *	prints OK or the errno's name
+ * probe imp DEV OFFSET LENGTH "IMPORTER COMMAND": exports the range, then has the test
+ *	importer run the command with fd=N prepended; prints its answer on one line
+ * probe cmd "IMPORTER COMMAND": the same without an export
+ * probe cpu DEV OFFSET LENGTH GOFILE: exports and maps the range, writes it, says "mapped",
+ *	waits for GOFILE, then reads the mapping again (SIGBUS once revoked)
+ */
+static const char *errname(int e)
+{
+	switch (e) {
+	case ENODEV: return "ENODEV";
+	case EINVAL: return "EINVAL";
+	case EPERM: return "EPERM";
+	case EOPNOTSUPP: return "EOPNOTSUPP";
+	case EOVERFLOW: return "EOVERFLOW";
+	default: return strerror(e);
+	}
+}
+
+static int report(int rc)
+{
+	printf("%s\n", rc == 0 ? "OK" : errname(errno));
+	return 0;
+}
+
+static int export_range(const char *dev, const char *off, const char *len)
+{
+	struct peerdirect_export_range x = {
+		.size = sizeof(x), .flags = PEERDIRECT_EXPORT_RDWR,
+		.bar_offset = strtoull(off, 0, 0), .length = strtoull(len, 0, 0),
+	};
+	int fd = open(dev, O_RDWR);
+
+	if (fd < 0 || ioctl(fd, PEERDIRECT_IOC_EXPORT_RANGE, &x))
+		return -1;
+	return x.fd;
+}
+
+static int importer(const char *line)
+{
+	char buf[8192];
+	int fd = open("/sys/kernel/debug/peerdirect_importer/run", O_RDWR);
+	ssize_t n;
+
+	if (fd < 0 || write(fd, line, strlen(line)) < 0)
+		return printf("importer: %s\n", strerror(errno)), 1;
+	n = read(fd, buf, sizeof(buf) - 1);
+	buf[n > 0 ? n : 0] = 0;
+	for (char *c = buf; *c; c++)
+		if (*c == '\n')
+			*c = ' ';
+	printf("%s\n", buf);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && !strcmp(argv[1], "info")) {
+		struct peerdirect_info info = { .size = sizeof(info) };
+		return report(ioctl(atoi(argv[2]), PEERDIRECT_IOC_INFO, &info));
+	}
+	if (argc == 7 && !strcmp(argv[1], "add-bar")) {
+		struct peerdirect_companion c = {
+			.size = sizeof(c), .bar = atoi(argv[2]), .pci_domain = strtoul(argv[3], 0, 16),
+			.pci_bus = strtoul(argv[4], 0, 16), .pci_slot = strtoul(argv[5], 0, 16),
+			.pci_func = strtoul(argv[6], 0, 16),
+		};
+		int fd = open("/dev/" PEERDIRECT_CONTROL_DEVICE, O_RDWR);
+		return report(fd < 0 ? fd : ioctl(fd, PEERDIRECT_IOC_COMPANION_ADD, &c));
+	}
+	if (argc == 5 && !strcmp(argv[1], "xr")) {
+		int fd = export_range(argv[2], argv[3], argv[4]);
+		return report(fd < 0 ? -1 : 0);
+	}
+	if (argc == 6 && !strcmp(argv[1], "imp")) {
+		char line[512];
+		int fd = export_range(argv[2], argv[3], argv[4]);
+
+		if (fd < 0)
+			return printf("export: %s\n", errname(errno)), 1;
+		snprintf(line, sizeof(line), "fd=%d %s", fd, argv[5]);
+		return importer(line);
+	}
+	if (argc == 3 && !strcmp(argv[1], "cmd"))
+		return importer(argv[2]);
+	if (argc == 6 && !strcmp(argv[1], "cpu")) {
+		size_t len = strtoull(argv[4], 0, 0);
+		int fd = export_range(argv[2], argv[3], argv[4]);
+		volatile unsigned char *p;
+
+		if (fd < 0)
+			return printf("export: %s\n", errname(errno)), 1;
+		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (p == MAP_FAILED)
+			return printf("mmap: %s\n", errname(errno)), 1;
+		p[0] = 0xa5;
+		printf("mapped %x\n", p[0]);
+		fflush(stdout);
+		while (access(argv[5], F_OK))
+			usleep(10000);
+		printf("read %x\n", p[0]);
+		return 0;
+	}
+	return 2;
+}

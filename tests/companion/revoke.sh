@@ -1,0 +1,83 @@
+#!/bin/bash
+# revoke.sh WAY: a companion's exports, in use, when the companion goes. Three dma-bufs of its
+# BAR are imported by the NIC through the test importer, each holding a mapped attachment:
+# dynamic (mlx5's way), revocable pinned (irdma's) and pinned (EFA's); a fourth is mapped by
+# a process (the probe's `cpu`), which touches it again once the companion is gone. WAY:
+#   unbind  the owner driver unbinds (sysfs unbind of vfio-pci)
+#   unplug  the device is hot-unplugged (QEMU device_del, answered by qemu/run --hotplug)
+#   remove  the administrator removes the companion, after rmmod was refused while the
+#           exports were in use (their files hold the module)
+# Records for the host (tests/system/companion-revoke.sh).
+way=$1
+hbm=0000:03:00.0 nic=0000:04:00.0 dev=/dev/peerdirect0
+. /mnt/host/guest-lib.sh
+gcc -Wall -Werror -o /tmp/probe /mnt/host/probe.c || echo "@probe_build 1 gcc failed"
+echo vfio-pci >/sys/bus/pci/devices/$hbm/driver_override
+echo $hbm >/sys/bus/pci/drivers_probe
+insmod /usr/lib/peerdirect/peerdirect.ko companion=1
+insmod /usr/lib/peerdirect/tests/peerdirect_importer.ko
+run add peerdirect companion add $hbm --bar 2
+run dynamic /tmp/probe imp $dev 0x2000000 0x4000000 "dev=$nic mode=dynamic hbm=$hbm hold=1"
+run revocable /tmp/probe imp $dev 0x6000000 0x200000 "dev=$nic mode=revocable hbm=$hbm hold=1"
+run pinned /tmp/probe imp $dev 0x6200000 0x200000 "dev=$nic mode=pinned hbm=$hbm hold=1"
+rm -f /tmp/go
+/tmp/probe cpu $dev 0x6400000 0x200000 /tmp/go >/tmp/cpu.out 2>&1 &
+cpu=$!
+while ! grep -q mapped /tmp/cpu.out 2>/dev/null; do sleep 0.1; done
+
+# removed: whether the removal has completed: the unbind or remove returned, or the unplugged
+# device is gone (the device file goes first, when the removal starts)
+removed() {
+	if [ $way = unplug ]; then [ ! -e /sys/bus/pci/devices/$hbm ]; else ! kill -0 $pid 2>/dev/null; fi
+}
+state() { if removed; then echo done; else echo waiting; fi; }
+# wait_for SECONDS CMD...: polls CMD every 0.1 s; its status
+wait_for() {
+	local n=$(($1 * 10))
+	shift
+	while ! "$@"; do
+		n=$((n - 1))
+		[ $n -gt 0 ] || return 1
+		sleep 0.1
+	done
+}
+
+case $way in
+unbind)
+	echo $hbm >/sys/bus/pci/drivers/vfio-pci/unbind &
+	pid=$! ;;
+unplug)
+	echo "@@peerdirect-unplug hbm0" ;;
+remove)
+	run rmmod_busy rmmod peerdirect
+	run busy_status /tmp/probe cmd "status id=1"
+	peerdirect companion remove $hbm >/tmp/remove.out 2>&1 &
+	pid=$! ;;
+esac
+# The removal starts (pciehp takes 5 s to act on the unplug request) and says in the kernel
+# log that it waits for the pinned importer.
+run waits_log wait_for 30 sh -c 'dmesg | grep -q "peerdirect0: removal waits"'
+run pending state
+run status1 /tmp/probe cmd "status id=1"
+run status2 /tmp/probe cmd "status id=2"
+run status3 /tmp/probe cmd "status id=3"
+run log_names sh -c 'dmesg | grep -A3 "peerdirect0: removal waits" | tr -s " "'
+run release3 /tmp/probe cmd "release id=3"
+run removed wait_for 30 removed
+run dev_gone sh -c "test ! -e $dev && echo gone"
+[ -z "$pid" ] || { wait $pid; echo "@removal_rc $? $(cat /tmp/remove.out 2>/dev/null | tr '\n' '|')"; }
+touch /tmp/go
+wait $cpu
+echo "@cpu $? $(tr '\n' '|' </tmp/cpu.out)"
+run remap1 /tmp/probe cmd "remap id=1"
+run list peerdirect companion list
+[ $way != remove ] || run rmmod_held rmmod peerdirect
+run release_all /tmp/probe cmd "release all"
+case $way in
+unbind) echo $hbm >/sys/bus/pci/drivers_probe
+	run rebound_list sh -c "readlink /sys/bus/pci/devices/$hbm/driver; peerdirect companion list" ;;
+remove) run owner readlink /sys/bus/pci/devices/$hbm/driver ;;
+esac
+rmmod peerdirect_importer
+run rmmod wait_for 5 rmmod peerdirect
+run log sh -c 'dmesg | grep "companion 0000:03:00.0"'

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Revocation of a companion's exports (Documentation/companion.md, "Lifetime"): with a dynamic,
+# a revocable pinned and a pinned importer (the NIC, through the test importer module) each
+# mapping a dma-buf of the companion's BAR, and a process mapping a fourth, the companion goes
+# in each of the three ways it can (tests/companion/revoke.sh): its owner driver unbinds, the
+# device is hot-unplugged, or the administrator removes it (rmmod being refused while the
+# exports are in use). Each time: the removal waits for the pinned importer and the kernel log
+# names it; the dynamic importer is invalidated and the revocable one revoked meanwhile; the
+# removal completes once the pinned importer lets go; the CPU mapping faults with SIGBUS;
+# revoked imports cannot map again; nothing comes back; the module unloads; kmemleak scans
+# after, and the run fails on any kernel splat (qemu/run exits 99).
+. "$(dirname "$0")/../lib.sh"
+. "$ROOT/tests/companion/host-lib.sh"
+
+# checks WAY WHAT: the checks every way shares; WHAT says how the companion went.
+checks() {
+	local way=$1 what=$2
+	expect "$way: the companion is named" "$way" add 0 '^/dev/peerdirect0$'
+	expect "$way: a dynamic importer (the NIC, below the same switch) maps 64 MiB at BAR offset 32 MiB by bus address" \
+		"$way" dynamic 0 'attach=0 .*map=0 .*sg0=0xd2000000\+.*dma_total=67108864 .*id=1'
+	expect "$way: a revocable pinned importer maps 2 MiB" "$way" revocable 0 'attach=0 .*pin=0 .*map=0 .*sg0=0xd6000000\+.*id=2'
+	expect "$way: a pinned importer (EFA's way) maps 2 MiB" "$way" pinned 0 'attach=0 .*pin=0 .*map=0 .*sg0=0xd6200000\+.*id=3'
+	expect "$way: $what: the removal says in the kernel log that it waits for the pinned mapping" "$way" waits_log 0 '^$'
+	expect "$way: and it has not completed while the pinned importer maps the BAR" "$way" pending 0 '^waiting$'
+	expect "$way: meanwhile the dynamic importer was invalidated and dropped its mapping" "$way" status1 0 'invalidations=[1-9].*mapped=0 '
+	expect "$way: and the revocable pinned one was revoked" "$way" status2 0 'invalidations=[1-9].*mapped=0 .*pinned=0 .*revoked=1'
+	expect "$way: the pinned one still maps it" "$way" status3 0 'mapped=1 .*pinned=1'
+	expect "$way: the kernel log names the process that exported the held range and the importing NIC" \
+		"$way" log_names 0 'exported by pid [0-9]+.*0000:04:00.0'
+	expect "$way: releasing the pinned import lets the removal complete" "$way" removed 0 '^$'
+	expect "$way: /dev/peerdirect0 is gone" "$way" dev_gone 0 '^gone$'
+	expect "$way: a CPU mapping of a companion export faults with SIGBUS once the companion is gone" "$way" cpu 135 '^mapped a5\|$'
+	expect "$way: a revoked import cannot map again (ENODEV)" "$way" remap1 0 'map=-19'
+	expect "$way: no companion is listed afterwards" "$way" list 0 '^$'
+	expect "$way: rmmod afterwards unloads cleanly" "$way" rmmod 0 '^$'
+}
+
+guest_run unbind "revocation by the owner's unbind" --topology switch-iommu --no-bind \
+	--userland trixie --kmemleak --share "$share" -- bash /mnt/host/revoke.sh unbind
+checks unbind "the owner driver unbinds"
+expect "unbind: the owner's unbind returned only after the removal" unbind removal_rc 0 '^$'
+expect "unbind: the owner bound again, still no companion (it must be named again)" unbind rebound_list 0 '^.*drivers/vfio-pci$'
+expect "unbind: the kernel log says why the companion went" unbind log 0 'companion 0000:03:00.0: its driver unbinds or it is being removed'
+
+guest_run unplug "revocation by hot-unplug" --topology switch-iommu --no-bind --hotplug \
+	--userland trixie --kmemleak --share "$share" -- bash /mnt/host/revoke.sh unplug
+checks unplug "the device is hot-unplugged (QEMU device_del)"
+expect "unplug: the kernel log says why the companion went" unplug log 0 'companion 0000:03:00.0: its driver unbinds or it is being removed'
+
+guest_run remove "revocation by companion remove" --topology switch-iommu --no-bind \
+	--userland trixie --kmemleak --share "$share" -- bash /mnt/host/revoke.sh remove
+expect "remove: rmmod while the exports are in use is refused: their files hold the module" \
+	remove rmmod_busy 1 'Module peerdirect is in use'
+expect "remove: and the dynamic import still maps the BAR" remove busy_status 0 'mapped=1 '
+checks remove "companion remove"
+expect "remove: companion remove returned only after the removal, successfully" remove removal_rc 0 '^$'
+expect "remove: rmmod is still refused while the importers hold the revoked dma-bufs" \
+	remove rmmod_held 1 'Module peerdirect is in use'
+expect "remove: the owner keeps its device" remove owner 0 'drivers/vfio-pci$'
+expect "remove: the kernel log says why the companion went" remove log 0 'companion 0000:03:00.0: removed on request'
+
+echo "1..$tap_n"
+exit $failed

@@ -7,22 +7,24 @@
 # with the provider's reason and the same exchange runs through the staging buffers. After
 # each exchange the receiver's HBM is checked on the host in the --hbm-backing file. Last,
 # `peerdirect doctor` on the rxe host: passing, warning (no RDMAV_FORK_SAFE) and failing
-# (device unbound).
+# (device unbound). Then the tcp cases again on a companion device (--companion: ranges of
+# its BAR exported with EXPORT_RANGE, the device bound to vfio-pci), checked the same way.
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 hbm=/dev/shm/peerdirect-fabric-$$
 hbm_rxe=/dev/shm/peerdirect-fabric-rxe-$$
-trap 'rm -rf "$work" "$hbm" "$hbm_rxe"' EXIT
+hbm_companion=/dev/shm/peerdirect-fabric-companion-$$
+trap 'rm -rf "$work" "$hbm" "$hbm_rxe" "$hbm_companion"' EXIT
 failed=0
 fail() { failed=1; not_ok "$@"; }
 
 # guest TAP, renumbered into ours
-relay() {
+relay() { # relay [PREFIX]: PREFIX before each description
 	local line
 	while IFS= read -r line; do
 		case $line in
-		"ok "*) ok "${line#ok [0-9]* - }" ;;
-		"not ok "*) failed=1; tap_n=$((tap_n + 1)); echo "not ok $tap_n - ${line#not ok [0-9]* - }" ;;
+		"ok "*) ok "${1-}${line#ok [0-9]* - }" ;;
+		"not ok "*) failed=1; tap_n=$((tap_n + 1)); echo "not ok $tap_n - ${1-}${line#not ok [0-9]* - }" ;;
 		"#"*) echo "$line" ;;
 		esac
 	done
@@ -66,13 +68,17 @@ receiver_hbm() {
 	[ $n = 4 ] || fail "host: the guest reported the HBM of 4 receivers for $1 (the exchange, two concurrent transfers, the exchange after a truncated receive), got $n"
 }
 receiver_hbm tcp "$hbm"
-# And the HBM that tcp's fi_read filled (its "# rma-hbm" line).
-read -r offset length seed < <(sed -n 's/^# rma-hbm offset=\(0x[0-9a-f]*\) length=\(0x[0-9a-f]*\) seed=\(0x[0-9a-f]*\)$/\1 \2 \3/p' "$work/tap.out")
-if [ -n "$offset" ] && "$ROOT/tests/hbm-pattern" check "$hbm" "$offset" "$length" "$seed"; then
-	ok "host: the HBM that tcp's fi_read filled (backing file at $offset, $((length >> 20)) MiB) holds the peer's bytes"
-else
-	fail "host: the HBM that tcp's fi_read filled holds the peer's bytes" "offset '$offset' length '$length'"
-fi
+# rma_hbm WHAT BACKING: the HBM that tcp's fi_read filled (its "# rma-hbm" line in tap.out).
+rma_hbm() {
+	local offset length seed
+	read -r offset length seed < <(sed -n 's/^# rma-hbm offset=\(0x[0-9a-f]*\) length=\(0x[0-9a-f]*\) seed=\(0x[0-9a-f]*\)$/\1 \2 \3/p' "$work/tap.out")
+	if [ -n "$offset" ] && "$ROOT/tests/hbm-pattern" check "$2" "$offset" "$length" "$seed"; then
+		ok "host: the HBM that $1's fi_read filled (backing file at $offset, $((length >> 20)) MiB) holds the peer's bytes"
+	else
+		fail "host: the HBM that $1's fi_read filled holds the peer's bytes" "offset '$offset' length '$length'"
+	fi
+}
+rma_hbm tcp "$hbm"
 
 rm -f "$work"/*.out "$work"/*.rc
 cat >"$work/rxe.sh" <<'EOS'
@@ -146,5 +152,31 @@ if [ "$(cat "$work/doctor-fail.rc" 2>/dev/null)" = 1 ] &&
 else
 	fail "$desc" "$(cat "$work/doctor-fail.json" "$work/doctor-fail.err" 2>/dev/null)"
 fi
+# The same tcp cases on a companion device (Documentation/companion.md): the HBM device bound
+# to vfio-pci as its owner, peerdirect loaded with companion=1 and the device named; the HBM
+# comes from ranges of its BAR exported with EXPORT_RANGE instead of allocations.
+rm -f "$work"/*.out "$work"/*.rc
+cat >"$work/companion.sh" <<'EOS'
+cd /mnt/host
+hbm=0000:03:00.0
+echo vfio-pci >/sys/bus/pci/devices/$hbm/driver_override
+echo $hbm >/sys/bus/pci/drivers_probe
+insmod /usr/lib/peerdirect/peerdirect.ko companion=1
+peerdirect companion add $hbm --bar 2 >companion.add 2>&1
+peerdirect-guest-tests --fabric tcp --companion >tap.out 2>&1
+echo $? >tap.rc
+EOS
+out=$(guest --topology switch-iommu --no-bind --userland trixie --hbm 8G --hbm-backing "$hbm_companion" \
+	--share "$work" -- sh /mnt/host/companion.sh 2>&1)
+rc=$?
+if [ $rc != 0 ] || [ ! -s "$work/tap.out" ]; then
+	fail "guest (HBM device on vfio-pci, a companion) runs peerdirect-guest-tests --fabric tcp --companion" \
+		"qemu/run exited $rc" "$out" "$(cat "$work/companion.add" 2>/dev/null)"
+fi
+relay "companion: " <"$work/tap.out"
+if [ "$(cat "$work/tap.rc" 2>/dev/null)" != 0 ]; then failed=1; fi
+receiver_hbm "tcp on a companion" "$hbm_companion"
+rma_hbm "tcp on a companion" "$hbm_companion"
+
 echo "1..$tap_n"
 exit $failed

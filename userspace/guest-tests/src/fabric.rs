@@ -21,6 +21,7 @@
 //!   the module's export count where they were; a registration over 4 GiB when the HBM is
 //!   large enough.
 
+use std::cell::RefCell;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,7 +31,10 @@ use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId, RegCache};
 use peerdirect::registrar::libfabric::{
     Endpoint, Fabric, FabricMr, LibfabricRegistrar, MappedDmaBuf, Peer, CHUNK,
 };
-use peerdirect::{pattern, Device, ExportFlags, RegPath, Registration, Stats};
+use peerdirect::{pattern, Device, DmaBuf, ExportFlags, RegPath, Registration, Stats};
+
+/// The kernel's page size here: EXPORT_RANGE takes whole pages.
+const PAGE: u64 = 4096;
 
 const SEED: u64 = 0x5eed_fab1;
 const EXCHANGE: u64 = 8 << 20;
@@ -39,19 +43,132 @@ const CYCLES: usize = 10_000;
 type Outcome = Result<String, String>;
 type Case<'a> = (&'static str, Box<dyn Fn() -> Outcome + 'a>);
 
-fn mapped(
-    device: &Device,
-    len: u64,
-) -> Result<(peerdirect::Allocation<'_>, MappedDmaBuf, ExportId), String> {
-    let allocation = device
-        .alloc(len, None)
-        .map_err(|e| format!("alloc {len}: {e}"))?;
-    let dma_buf = allocation
-        .export(0, 0, ExportFlags::CLOEXEC | ExportFlags::RDWR)
-        .map_err(|e| format!("export: {e}"))?;
+/// Where the cases' HBM comes from: allocations of a device peerdirect owns, or, with
+/// `--companion`, ranges of a companion's BAR (Documentation/companion.md) that this program
+/// hands out itself, as the owner's runtime would, exported with `EXPORT_RANGE`.
+enum Hbm<'d> {
+    Owned(&'d Device),
+    Companion {
+        device: &'d Device,
+        /// The BAR's size.
+        bytes: u64,
+        /// The ranges handed out, as (offset, length).
+        taken: RefCell<Vec<(u64, u64)>>,
+    },
+}
+
+impl<'d> Hbm<'d> {
+    fn device(&self) -> &'d Device {
+        match self {
+            Self::Owned(device) | Self::Companion { device, .. } => device,
+        }
+    }
+
+    /// `len` bytes of HBM: an allocation, or the first free range of the companion's BAR.
+    fn take(&self, len: u64) -> Result<Region<'_>, String> {
+        match self {
+            Self::Owned(device) => {
+                let alloc = device
+                    .alloc(len, None)
+                    .map_err(|e| format!("alloc {len}: {e}"))?;
+                Ok(Region {
+                    hbm: self,
+                    offset: alloc.hbm_offset(),
+                    length: alloc.length(),
+                    alloc: Some(alloc),
+                })
+            }
+            Self::Companion { bytes, taken, .. } => {
+                let length = len.next_multiple_of(PAGE);
+                let mut taken = taken.borrow_mut();
+                let mut offset = 0;
+                for &(start, taken_len) in taken.iter() {
+                    if offset + length <= start {
+                        break;
+                    }
+                    offset = offset.max(start + taken_len);
+                }
+                if offset + length > *bytes {
+                    return Err(format!(
+                        "no free range of {length} bytes in the companion's {bytes}-byte BAR"
+                    ));
+                }
+                let at = taken.partition_point(|&(start, _)| start < offset);
+                taken.insert(at, (offset, length));
+                Ok(Region {
+                    hbm: self,
+                    alloc: None,
+                    offset,
+                    length,
+                })
+            }
+        }
+    }
+}
+
+/// A range of HBM from [`Hbm::take`]; given back when dropped.
+struct Region<'h> {
+    hbm: &'h Hbm<'h>,
+    /// The allocation, on an owned device.
+    alloc: Option<peerdirect::Allocation<'h>>,
+    offset: u64,
+    length: u64,
+}
+
+impl Region<'_> {
+    /// Its offset from the start of the HBM BAR.
+    fn hbm_offset(&self) -> u64 {
+        self.offset
+    }
+
+    fn length(&self) -> u64 {
+        self.length
+    }
+
+    /// A dma-buf of the whole range: EXPORT of the allocation, or EXPORT_RANGE on a
+    /// companion.
+    fn export(&self, flags: ExportFlags) -> Result<DmaBuf, String> {
+        match &self.alloc {
+            Some(alloc) => alloc.export(0, 0, flags),
+            None => self
+                .hbm
+                .device()
+                .export_range(self.offset, self.length, flags),
+        }
+        .map_err(|e| format!("export: {e}"))
+    }
+
+    /// Keeps the range until the program ends (an allocation until the device file closes),
+    /// so that no later case reuses it before the host has read it.
+    fn keep(mut self) {
+        match self.alloc.take() {
+            Some(alloc) => {
+                let _ = alloc.into_handle();
+            }
+            None => self.length = 0,
+        }
+    }
+}
+
+impl Drop for Region<'_> {
+    fn drop(&mut self) {
+        if let Hbm::Companion { taken, .. } = self.hbm {
+            if self.alloc.is_none() && self.length > 0 {
+                taken
+                    .borrow_mut()
+                    .retain(|&(start, _)| start != self.offset);
+            }
+        }
+    }
+}
+
+/// `len` bytes of HBM, exported RDWR and mapped for the CPU.
+fn mapped<'h>(hbm: &'h Hbm<'_>, len: u64) -> Result<(Region<'h>, MappedDmaBuf, ExportId), String> {
+    let region = hbm.take(len)?;
+    let dma_buf = region.export(ExportFlags::CLOEXEC | ExportFlags::RDWR)?;
     let export = ExportId::of_dma_buf(0, &dma_buf).map_err(|e| format!("fstat: {e}"))?;
-    let hbm = MappedDmaBuf::new(dma_buf).map_err(|e| e.to_string())?;
-    Ok((allocation, hbm, export))
+    let mapped = MappedDmaBuf::new(dma_buf).map_err(|e| e.to_string())?;
+    Ok((region, mapped, export))
 }
 
 fn registrar(provider: &str, node: Option<&str>) -> Result<Arc<LibfabricRegistrar>, String> {
@@ -74,9 +191,9 @@ fn endpoint_pair(fabric: &Fabric) -> Result<(Endpoint, Endpoint, Peer), String> 
     Ok((first, second, peer))
 }
 
-fn path_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
+fn path_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     let registrar = registrar(provider, node)?;
-    let (allocation, hbm, export) = mapped(device, 4 << 20)?;
+    let (allocation, hbm, export) = mapped(hbm, 4 << 20)?;
     let cache = RegCache::new(CacheLimits::default());
     let range = ByteRange::new(0, allocation.length()).map_err(|e| e.to_string())?;
     let mr = cache
@@ -136,10 +253,10 @@ fn exchange_path(provider: &str, side: &str, mr: &FabricMr) -> Result<String, St
     }
 }
 
-fn exchange_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
+fn exchange_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     let registrar = registrar(provider, node)?;
-    let (src_alloc, src, src_export) = mapped(device, EXCHANGE)?;
-    let (dst_alloc, dst, dst_export) = mapped(device, EXCHANGE)?;
+    let (src_alloc, src, src_export) = mapped(hbm, EXCHANGE)?;
+    let (dst_alloc, dst, dst_export) = mapped(hbm, EXCHANGE)?;
     let mut data = vec![0u8; EXCHANGE as usize];
     pattern::fill(SEED, 0, &mut data);
     src.write(0, &data);
@@ -187,8 +304,8 @@ fn exchange_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome
         elapsed.as_secs_f64(),
         (EXCHANGE >> 20) as f64 / elapsed.as_secs_f64()
     );
-    let _ = src_alloc.into_handle();
-    let _ = dst_alloc.into_handle();
+    src_alloc.keep();
+    dst_alloc.keep();
     Ok(format!(
         "{provider} on {}: two endpoints exchanged {} MiB HBM to HBM with tagged send/recv in {} MiB chunks ({}); the receiver's HBM holds the sender's pattern",
         fabric.caps().domain,
@@ -203,11 +320,11 @@ fn exchange_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome
 /// the owner's registration gives. The owner's memory is host memory: libfabric 2.1's tcp
 /// cannot be the target of RMA on `FI_MR_DMABUF` registrations (Documentation/rdma.md). A
 /// host-bounce HBM registration must offer no RMA address (a peer would reach staging).
-fn rma_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
+fn rma_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     const LEN: u64 = 4 << 20;
     let registrar = registrar(provider, node)?;
     let caps = registrar.fabric().caps().clone();
-    let (dst_alloc, dst, dst_export) = mapped(device, LEN)?;
+    let (dst_alloc, dst, dst_export) = mapped(hbm, LEN)?;
     dst.write(0, &vec![0u8; LEN as usize]);
     let cache = RegCache::new(CacheLimits::default());
     let dst_mr = cache
@@ -267,7 +384,7 @@ fn rma_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
         dst_alloc.hbm_offset(),
         SEED ^ 1
     );
-    let _ = dst_alloc.into_handle();
+    dst_alloc.keep();
     Ok(format!(
         "{provider}: fi_read of {} MiB from a peer's registration (key {:#x}, FI_MR_VIRT_ADDR {}) straight into HBM through its FI_MR_DMABUF registration's descriptor, in {:.3} s: the bytes are the peer's",
         LEN >> 20,
@@ -287,7 +404,7 @@ fn exports() -> Result<u64, String> {
     Stats::read(0).map(|s| s.exports).map_err(|e| e.to_string())
 }
 
-fn leak_case(device: &Device, max_count: usize) -> Outcome {
+fn leak_case(hbm: &Hbm<'_>, max_count: usize) -> Outcome {
     let registrar = registrar("tcp", Some("127.0.0.1"))?;
     let before = (fd_count()?, exports()?);
     let limits = CacheLimits {
@@ -296,7 +413,7 @@ fn leak_case(device: &Device, max_count: usize) -> Outcome {
     };
     let cache = RegCache::new(limits);
     for i in 0..CYCLES {
-        let (allocation, hbm, export) = mapped(device, 64 << 10)?;
+        let (allocation, hbm, export) = mapped(hbm, 64 << 10)?;
         let range = ByteRange::new(0, allocation.length()).map_err(|e| e.to_string())?;
         let mr = cache
             .get(&registrar, &hbm, export, range, Access::all())
@@ -326,8 +443,8 @@ fn leak_case(device: &Device, max_count: usize) -> Outcome {
     ))
 }
 
-fn large_case(device: &Device) -> Outcome {
-    let hbm_bytes = device.info().map_err(|e| e.to_string())?.hbm_bytes;
+fn large_case(hbm: &Hbm<'_>) -> Outcome {
+    let hbm_bytes = hbm.device().info().map_err(|e| e.to_string())?.hbm_bytes;
     let len: u64 = (4 << 30) + (64 << 20);
     if hbm_bytes < len + (64 << 20) {
         return Ok(format!(
@@ -335,7 +452,7 @@ fn large_case(device: &Device) -> Outcome {
         ));
     }
     let registrar = registrar("tcp", Some("127.0.0.1"))?;
-    let (allocation, hbm, export) = mapped(device, len)?;
+    let (allocation, hbm, export) = mapped(hbm, len)?;
     let tail = len - 4096;
     hbm.write(tail as usize, b"past 4 GiB");
     let cache = RegCache::new(CacheLimits::default());
@@ -380,16 +497,16 @@ fn large_case(device: &Device) -> Outcome {
     Ok(format!("a {len}-byte (> 4 GiB) registration through the crate: path dma_buf, and a message from its last MiB arrived"))
 }
 
-/// An HBM allocation holding `pattern::fill(seed)`, mapped, registered for `access`.
-struct Buffer<'d> {
-    alloc: peerdirect::Allocation<'d>,
+/// A range of HBM holding `pattern::fill(seed)`, mapped, registered for `access`.
+struct Buffer<'h> {
+    alloc: Region<'h>,
     hbm: MappedDmaBuf,
     export: ExportId,
 }
 
-impl<'d> Buffer<'d> {
-    fn new(device: &'d Device, len: u64, seed: Option<u64>) -> Result<Self, String> {
-        let (alloc, hbm, export) = mapped(device, len)?;
+impl<'h> Buffer<'h> {
+    fn new(source: &'h Hbm<'_>, len: u64, seed: Option<u64>) -> Result<Self, String> {
+        let (alloc, hbm, export) = mapped(source, len)?;
         let mut data = vec![0u8; len as usize];
         if let Some(seed) = seed {
             pattern::fill(seed, 0, &mut data);
@@ -416,10 +533,9 @@ impl<'d> Buffer<'d> {
         Ok(())
     }
 
-    /// Keeps the allocation until the device file closes, so that no later case reuses the
-    /// range before the host has read it.
+    /// Keeps the range, so that no later case reuses it before the host has read it.
     fn keep(self) {
-        let _ = self.alloc.into_handle();
+        self.alloc.keep();
     }
 
     /// Its first `len` bytes registered through `cache` with `access`.
@@ -441,8 +557,8 @@ impl<'d> Buffer<'d> {
             })
     }
 
-    /// Closes the dma-buf (its fd and this process's mapping handle), keeping the allocation.
-    fn close(self) -> peerdirect::Allocation<'d> {
+    /// Closes the dma-buf (its fd and this process's mapping handle), keeping the range.
+    fn close(self) -> Region<'h> {
         drop(self.hbm);
         self.alloc
     }
@@ -451,17 +567,17 @@ impl<'d> Buffer<'d> {
 /// Two threads send on one endpoint at once, and two threads receive on another: each
 /// transfer must see its own completions only, so that each destination ends up with its
 /// source's bytes.
-fn concurrent_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
+fn concurrent_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     const LEN: u64 = 4 << 20;
     let registrar = registrar(provider, node)?;
     let seeds = [SEED + 1, SEED + 2];
     let tags = [0x7b00_0000u64, 0x7c00_0000];
     let sources = seeds
         .iter()
-        .map(|&seed| Buffer::new(device, LEN, Some(seed)))
+        .map(|&seed| Buffer::new(hbm, LEN, Some(seed)))
         .collect::<Result<Vec<_>, _>>()?;
     let destinations = (0..2)
-        .map(|_| Buffer::new(device, LEN, None))
+        .map(|_| Buffer::new(hbm, LEN, None))
         .collect::<Result<Vec<_>, _>>()?;
     let cache = RegCache::new(CacheLimits::default());
     let register = |b: &Buffer<'_>, access| b.register(&cache, &registrar, LEN, access);
@@ -508,14 +624,14 @@ fn concurrent_case(device: &Device, provider: &str, node: Option<&str>) -> Outco
 
 /// A receive that asks for less than the peer sends fails with a truncation error, and a
 /// good exchange after it on the same endpoints gets its own bytes.
-fn truncated_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
+fn truncated_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     const SENT: u64 = 3 << 20;
     const ASKED: u64 = SENT - (CHUNK as u64) / 2;
     let registrar = registrar(provider, node)?;
     let (first_seed, second_seed) = (SEED + 3, SEED + 4);
-    let first = Buffer::new(device, SENT, Some(first_seed))?;
-    let second = Buffer::new(device, SENT, Some(second_seed))?;
-    let destination = Buffer::new(device, SENT, None)?;
+    let first = Buffer::new(hbm, SENT, Some(first_seed))?;
+    let second = Buffer::new(hbm, SENT, Some(second_seed))?;
+    let destination = Buffer::new(hbm, SENT, None)?;
     let cache = RegCache::new(CacheLimits::default());
     let register = |b: &Buffer<'_>, access| b.register(&cache, &registrar, SENT, access);
     let (first_mr, second_mr) = (
@@ -564,15 +680,15 @@ fn truncated_case(device: &Device, provider: &str, node: Option<&str>) -> Outcom
 /// registration keeps working (a transfer through it lands in HBM), and over 10,000 cycles
 /// nothing leaks (libfabric issue 12828's failure mode: a registration that needs the
 /// caller's fd later).
-fn closed_fd_case(device: &Device) -> Outcome {
+fn closed_fd_case(hbm: &Hbm<'_>) -> Outcome {
     const LEN: u64 = 2 << 20;
     let registrar = registrar("tcp", Some("127.0.0.1"))?;
     let cache = RegCache::new(CacheLimits::default());
     let whole = ByteRange::new(0, LEN).map_err(|e| e.to_string())?;
     let seed = SEED + 5;
     // Working: both ends registered, then their dma-bufs closed, then a transfer.
-    let source = Buffer::new(device, LEN, Some(seed))?;
-    let destination = Buffer::new(device, LEN, None)?;
+    let source = Buffer::new(hbm, LEN, Some(seed))?;
+    let destination = Buffer::new(hbm, LEN, None)?;
     let src_mr = cache
         .get(
             &registrar,
@@ -604,8 +720,8 @@ fn closed_fd_case(device: &Device) -> Outcome {
     })?;
     let mut got = vec![0u8; LEN as usize];
     dst_alloc
-        .export(0, 0, ExportFlags::CLOEXEC)
-        .and_then(|dma_buf| dma_buf.mmap(false))
+        .export(ExportFlags::CLOEXEC)?
+        .mmap(false)
         .map_err(|e| format!("mapping the destination again: {e}"))?
         .read(0, &mut got);
     if let Some(m) = pattern::first_mismatch(seed, 0, &got) {
@@ -619,7 +735,7 @@ fn closed_fd_case(device: &Device) -> Outcome {
     // Leaks: register, close the dma-buf at once, release.
     let before = (fd_count()?, exports()?);
     for i in 0..CYCLES {
-        let buffer = Buffer::new(device, 64 << 10, None)?;
+        let buffer = Buffer::new(hbm, 64 << 10, None)?;
         let range = ByteRange::new(0, 64 << 10).map_err(|e| e.to_string())?;
         let mr = cache
             .get(&registrar, &buffer.hbm, buffer.export, range, Access::all())
@@ -648,7 +764,7 @@ fn closed_fd_case(device: &Device) -> Outcome {
 /// export): it registers through the cache under its foreign identity, a second request
 /// inside it is a hit, and invalidating it on request deregisters it; a transfer into it
 /// arrives.
-fn foreign_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
+fn foreign_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     const LEN: u64 = 4 << 20;
     let udmabuf = crate::bench_exporters::open_udmabuf()?;
     let registrar = registrar(provider, node)?;
@@ -675,7 +791,7 @@ fn foreign_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome 
     // It works: a message from HBM into the foreign buffer.
     let (sender, receiver, to_receiver) = endpoint_pair(registrar.fabric())?;
     let seed = SEED + 6;
-    let source = Buffer::new(device, 1 << 20, Some(seed))?;
+    let source = Buffer::new(hbm, 1 << 20, Some(seed))?;
     let src_mr = cache
         .get(
             &registrar,
@@ -726,12 +842,12 @@ fn foreign_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome 
 /// A receive whose chunk gets a shorter message than it asked for fails and says so, instead
 /// of reporting success (on host bounce it would have copied a whole staging slot, stale bytes
 /// included, into HBM).
-fn short_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
+fn short_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     const ASKED: u64 = 1 << 20;
     const SENT: u64 = ASKED / 2;
     let registrar = registrar(provider, node)?;
-    let source = Buffer::new(device, SENT, Some(SEED + 7))?;
-    let destination = Buffer::new(device, ASKED, None)?;
+    let source = Buffer::new(hbm, SENT, Some(SEED + 7))?;
+    let destination = Buffer::new(hbm, ASKED, None)?;
     let cache = RegCache::new(CacheLimits::default());
     let src_mr = source.register(&cache, &registrar, SENT, Access::LOCAL_READ)?;
     let dst_mr = destination.register(&cache, &registrar, ASKED, Access::LOCAL_WRITE)?;
@@ -756,7 +872,9 @@ fn short_case(device: &Device, provider: &str, node: Option<&str>) -> Outcome {
     }
 }
 
-pub fn run(provider: &str) -> ExitCode {
+/// The cases on `/dev/peerdirect0`: its allocations, or with `companion` ranges of its BAR
+/// (a companion device, named by the caller).
+pub fn run(provider: &str, companion: bool) -> ExitCode {
     let device = match Device::open_index(0) {
         Ok(d) => d,
         Err(e) => {
@@ -764,10 +882,25 @@ pub fn run(provider: &str) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let hbm = if companion {
+        match device.info() {
+            Ok(info) => Hbm::Companion {
+                device: &device,
+                bytes: info.hbm_bytes,
+                taken: RefCell::new(Vec::new()),
+            },
+            Err(e) => {
+                println!("Bail out! {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        Hbm::Owned(&device)
+    };
     let tcp = provider == "tcp";
     let node = tcp.then_some("127.0.0.1");
-    // Every provider: each case takes the device, the provider and the node.
-    type ProviderCase = fn(&Device, &str, Option<&str>) -> Outcome;
+    // Every provider: each case takes the HBM, the provider and the node.
+    type ProviderCase = fn(&Hbm<'_>, &str, Option<&str>) -> Outcome;
     let every: [(&'static str, ProviderCase); 7] = [
         ("registration path", path_case),
         ("tagged exchange HBM to HBM", exchange_case),
@@ -777,25 +910,19 @@ pub fn run(provider: &str) -> ExitCode {
         ("a dma-buf exported elsewhere", foreign_case),
         ("a short message", short_case),
     ];
-    let device = &device;
+    let hbm = &hbm;
     let mut cases: Vec<Case<'_>> = every
         .into_iter()
-        .map(|(name, case)| -> Case<'_> { (name, Box::new(move || case(device, provider, node))) })
+        .map(|(name, case)| -> Case<'_> { (name, Box::new(move || case(hbm, provider, node))) })
         .collect();
     if tcp {
-        cases.push((
-            "no leaks, cache enabled",
-            Box::new(|| leak_case(device, 4096)),
-        ));
-        cases.push((
-            "no leaks, cache disabled",
-            Box::new(|| leak_case(device, 0)),
-        ));
+        cases.push(("no leaks, cache enabled", Box::new(|| leak_case(hbm, 4096))));
+        cases.push(("no leaks, cache disabled", Box::new(|| leak_case(hbm, 0))));
         cases.push((
             "the caller's dma-buf closed right after registering",
-            Box::new(|| closed_fd_case(device)),
+            Box::new(|| closed_fd_case(hbm)),
         ));
-        cases.push(("registration over 4 GiB", Box::new(|| large_case(device))));
+        cases.push(("registration over 4 GiB", Box::new(|| large_case(hbm))));
     }
     println!("1..{}", cases.len());
     let mut failed = false;

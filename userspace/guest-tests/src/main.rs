@@ -70,6 +70,10 @@ struct Args {
     /// --userland trixie`, `verbs;ofi_rxm` under `--rxe`).
     #[arg(long, value_name = "PROVIDER")]
     fabric: Option<String>,
+    /// With --fabric: take the HBM from /dev/peerdirect0 as a companion device (ranges of its
+    /// BAR this program hands out, exported with EXPORT_RANGE) instead of its allocations.
+    #[arg(long, requires = "fabric")]
+    companion: bool,
     /// Import dma-bufs with ib_core's own functions through the test module
     /// peerdirect_ibimport.ko, ibv_reg_dmabuf_mr on rxe0, and imports held across unbind
     /// instead (`qemu/run --rxe --hbm 8G`, switch topology; see [`ibimport`]).
@@ -400,7 +404,7 @@ fn main() -> ExitCode {
         return ibimport::run_tests();
     }
     if let Some(provider) = &args.fabric {
-        return fabric::run(provider);
+        return fabric::run(provider, args.companion);
     }
     if args.bench_exporters {
         return bench_exporters::run();

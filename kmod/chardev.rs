@@ -8,7 +8,8 @@
 use crate::{
     allocation::Allocation,
     driver::HbmDevice,
-    export, ffi,
+    export,
+    ffi::{self, DriverName},
     hbm::Hbm,
     p2p,
     uapi::{
@@ -110,6 +111,16 @@ pub(crate) fn devfn(slot: u8, func: u8) -> Result<u8> {
     Ok(slot << 3 | func)
 }
 
+/// `name` as `PEERDIRECT_IOC_INFO` reports a driver's name: NUL-padded (and cut short, which
+/// no name of ours needs).
+fn driver_name(name: &CStr) -> DriverName {
+    let mut padded = DriverName::default();
+    let bytes = name.to_bytes();
+    let n = bytes.len().min(padded.len() - 1);
+    padded[..n].copy_from_slice(&bytes[..n]);
+    padded
+}
+
 impl HbmFile {
     /// `PEERDIRECT_IOC_INFO`: describe the HBM device.
     fn info(&self, arg: usize) -> Result {
@@ -140,6 +151,11 @@ impl HbmFile {
                 PEERDIRECT_PROVIDER_COMPANION
             } else {
                 PEERDIRECT_PROVIDER_OWNED
+            },
+            driver: if self.hbm.is_companion() {
+                crate::companion::owner_driver(self.hbm.pdev())
+            } else {
+                driver_name(c"peerdirect")
             },
             ..Default::default()
         };

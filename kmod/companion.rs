@@ -14,7 +14,7 @@
 
 use crate::{
     driver::{table_hbm_bar, HbmDevice},
-    ffi::{self, BarIndex, DeviceLock, PciDevRef},
+    ffi::{self, BarIndex, DeviceLock, DriverName, PciDevRef},
     hbm::{Hbm, HbmInfo, PciAddress},
     index::DEVICES,
     uapi::{
@@ -35,6 +35,8 @@ struct Companion {
     /// The device's identity ([`ffi::pci_dev_key`]), as the bus notifier names it.
     key: usize,
     address: PciAddress,
+    /// The owner driver's name (`PEERDIRECT_IOC_INFO`), all NULs while none is bound.
+    driver: DriverName,
     /// Dropping it removes the companion (see [`HbmDevice`]); only with the device's lock held
     /// ([`Companion::remove_locked`]), so that the owner cannot unbind, and tear the BAR down,
     /// before every export is revoked.
@@ -81,6 +83,25 @@ pub(crate) fn is_companion(pdev: &pci::Device) -> bool {
     COMPANIONS.lock().iter().any(|c| c.key == key)
 }
 
+/// The name of the driver that owns the companion `pdev`; all NULs if none does, or if `pdev`
+/// is no companion (any more).
+pub(crate) fn owner_driver(pdev: &pci::Device) -> DriverName {
+    let key = ffi::pci_dev_key(pdev);
+    COMPANIONS
+        .lock()
+        .iter()
+        .find(|c| c.key == key)
+        .map_or_else(DriverName::default, |c| c.driver)
+}
+
+/// The bus notifier's report: `driver` is now bound to the device `key`. A companion that had
+/// no owner has one now (a companion goes when its owner unbinds, so it has no other).
+pub(crate) fn bound(key: usize, driver: DriverName) {
+    if let Some(c) = COMPANIONS.lock().iter_mut().find(|c| c.key == key) {
+        c.driver = driver;
+    }
+}
+
 /// The bus notifier's report: the driver of the device `key` is about to unbind, or the
 /// device is being deleted. Its companion, if any, goes now, while the BAR is still there.
 pub(crate) fn gone(key: usize) {
@@ -122,6 +143,7 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
         return Err(EBUSY);
     }
     let key = ffi::pci_dev_key(&pdev);
+    let driver = lock.driver_name();
     let mut companions = COMPANIONS.lock();
     if companions.iter().any(|c| c.key == key) {
         return Err(EEXIST);
@@ -149,6 +171,7 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
         .push_within_capacity(Companion {
             key,
             address: info.address,
+            driver,
             device,
             pdev: pdev.clone(),
         })

@@ -5,6 +5,7 @@
 //! Everything here is wrapped once in a safe function; no other file declares `extern "C"` or
 //! touches a raw pointer.
 
+use crate::uapi::PEERDIRECT_DRIVER_NAME_LEN;
 use core::{marker::PhantomData, ptr::NonNull};
 use kernel::{
     bindings, ffi::c_int, mm::virt::VmaNew, page::Page, pci, prelude::*, sync::aref::ARef,
@@ -40,6 +41,11 @@ mod raw {
             pdev: *mut bindings::pci_dev,
             driver: *const c_char,
         ) -> bool;
+        pub(super) fn peerdirect_pci_driver_name(
+            pdev: *mut bindings::pci_dev,
+            name: *mut u8,
+            len: usize,
+        );
         pub(super) fn peerdirect_pci_device_lock(pdev: *mut bindings::pci_dev);
         pub(super) fn peerdirect_pci_device_unlock(pdev: *mut bindings::pci_dev);
         pub(super) fn peerdirect_capable_sys_admin() -> bool;
@@ -138,6 +144,12 @@ impl<'a> DeviceLock<'a> {
         Self(pdev)
     }
 
+    /// The name of the driver bound to the device, NUL-padded (all NULs if none).
+    pub(crate) fn driver_name(&self) -> DriverName {
+        // SAFETY: the device's lock is held, which the helper needs.
+        unsafe { driver_name(raw_pci_dev(self.0)) }
+    }
+
     /// Whether the driver named `driver` is bound to the device.
     pub(crate) fn bound_to(&self, driver: &CStr) -> bool {
         // SAFETY: the device is valid while borrowed and its lock is held, as the helper needs
@@ -184,6 +196,36 @@ impl Drop for PciBusNotifier {
 #[no_mangle]
 unsafe extern "C" fn peerdirect_companion_gone(pdev: *mut bindings::pci_dev) {
     crate::companion::gone(pdev as usize);
+}
+
+/// Called by helpers.c's PCI bus notifier once a driver is bound to `pdev`.
+///
+/// # Safety
+///
+/// Only the notifier calls it, with a valid `pdev` the driver core holds, and whose device
+/// lock it holds, for the call.
+#[no_mangle]
+unsafe extern "C" fn peerdirect_companion_bound(pdev: *mut bindings::pci_dev) {
+    // SAFETY: `pdev` is valid and its lock held for the notification, as the function's
+    // contract says.
+    let name = unsafe { driver_name(pdev) };
+    crate::companion::bound(pdev as usize, name);
+}
+
+/// A PCI driver's name as `PEERDIRECT_IOC_INFO` reports it: NUL-padded, at most 31 bytes.
+pub(crate) type DriverName = [u8; PEERDIRECT_DRIVER_NAME_LEN as usize];
+
+/// The name of the driver bound to `pdev`.
+///
+/// # Safety
+///
+/// `pdev` is valid, and its device lock is held (or a bus notification of it is running).
+unsafe fn driver_name(pdev: *mut bindings::pci_dev) -> DriverName {
+    let mut name = [0; PEERDIRECT_DRIVER_NAME_LEN as usize];
+    // SAFETY: `pdev` is valid and its driver cannot change (the caller's contract); `name` is
+    // writable for its length.
+    unsafe { raw::peerdirect_pci_driver_name(pdev, name.as_mut_ptr(), name.len()) };
+    name
 }
 
 /// A standard BAR index, `0..PCI_STD_NUM_BARS`.

@@ -242,6 +242,11 @@ impl Hbm {
         self.present.load(Acquire)
     }
 
+    /// The PCI device.
+    pub(crate) fn pdev(&self) -> &pci::Device {
+        &self.pdev
+    }
+
     /// Whether another driver owns the device (a companion device: no provider, no heap use).
     pub(crate) fn is_companion(&self) -> bool {
         self.provider.is_none()

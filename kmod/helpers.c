@@ -49,6 +49,16 @@ bool peerdirect_pci_bound_to(struct pci_dev *pdev, const char *driver)
 	return pdev->dev.driver && !strcmp(pdev->dev.driver->name, driver);
 }
 
+/*
+ * The name of the driver bound to @pdev, NUL-padded into @len bytes at @name (all NULs if
+ * none). The caller holds the device lock, or is a bus notification (which the driver core
+ * sends with it held): the driver cannot unbind, nor its module go, meanwhile.
+ */
+void peerdirect_pci_driver_name(struct pci_dev *pdev, u8 *name, size_t len)
+{
+	strscpy_pad((char *)name, pdev->dev.driver ? pdev->dev.driver->name : "", len);
+}
+
 /* The device lock, which the driver core holds across probe, remove and bus notifications. */
 void peerdirect_pci_device_lock(struct pci_dev *pdev)
 {
@@ -76,6 +86,8 @@ static int peerdirect_pci_notify(struct notifier_block *nb, unsigned long action
 
 	if (action == BUS_NOTIFY_UNBIND_DRIVER || action == BUS_NOTIFY_DEL_DEVICE)
 		peerdirect_companion_gone(to_pci_dev(dev));
+	else if (action == BUS_NOTIFY_BOUND_DRIVER)
+		peerdirect_companion_bound(to_pci_dev(dev));
 	return NOTIFY_DONE;
 }
 

@@ -20,6 +20,7 @@ bool peerdirect_pci_same_host_bridge(struct pci_dev *a, struct pci_dev *b);
 u32 peerdirect_pci_host_bridge_ids(struct pci_dev *pdev);
 bool peerdirect_pci_iommu_mapped(struct pci_dev *pdev);
 bool peerdirect_pci_bound_to(struct pci_dev *pdev, const char *driver);
+void peerdirect_pci_driver_name(struct pci_dev *pdev, u8 *name, size_t len);
 void peerdirect_pci_device_lock(struct pci_dev *pdev);
 void peerdirect_pci_device_unlock(struct pci_dev *pdev);
 bool peerdirect_capable_sys_admin(void);
@@ -28,6 +29,7 @@ bool peerdirect_capable_sys_admin(void);
 int peerdirect_pci_notifier_register(void);
 void peerdirect_pci_notifier_unregister(void);
 void peerdirect_companion_gone(struct pci_dev *pdev);
+void peerdirect_companion_bound(struct pci_dev *pdev);
 
 struct dma_buf;
 struct dma_buf_attachment;

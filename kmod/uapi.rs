@@ -26,11 +26,11 @@ mod generated {
 pub(crate) use generated::{
     peerdirect_alloc, peerdirect_companion, peerdirect_export, peerdirect_export_range,
     peerdirect_free, peerdirect_info, peerdirect_p2p, peerdirect_status,
-    PEERDIRECT_ALLOC_ALIGN_DEFAULT, PEERDIRECT_COMPANION_BAR_DEFAULT, PEERDIRECT_EXPORT_CLOEXEC,
-    PEERDIRECT_EXPORT_RDWR, PEERDIRECT_P2P_ACS_REDIRECT, PEERDIRECT_P2P_COMMON_BRIDGE,
-    PEERDIRECT_P2P_PEER_IOMMU, PEERDIRECT_P2P_SAME_HOST_BRIDGE, PEERDIRECT_PROVIDER_COMPANION,
-    PEERDIRECT_PROVIDER_OWNED, PEERDIRECT_STATUS_OFFSET, PEERDIRECT_STATUS_REVOKED,
-    PEERDIRECT_STATUS_VERSION,
+    PEERDIRECT_ALLOC_ALIGN_DEFAULT, PEERDIRECT_COMPANION_BAR_DEFAULT, PEERDIRECT_DRIVER_NAME_LEN,
+    PEERDIRECT_EXPORT_CLOEXEC, PEERDIRECT_EXPORT_RDWR, PEERDIRECT_P2P_ACS_REDIRECT,
+    PEERDIRECT_P2P_COMMON_BRIDGE, PEERDIRECT_P2P_PEER_IOMMU, PEERDIRECT_P2P_SAME_HOST_BRIDGE,
+    PEERDIRECT_PROVIDER_COMPANION, PEERDIRECT_PROVIDER_OWNED, PEERDIRECT_STATUS_OFFSET,
+    PEERDIRECT_STATUS_REVOKED, PEERDIRECT_STATUS_VERSION,
 };
 
 pub(crate) const PEERDIRECT_IOC_INFO: u32 = _IO(
@@ -180,7 +180,10 @@ mod tests {
 
     #[test]
     fn structs_match_the_header() {
-        assert_eq!(size_of::<peerdirect_info>(), peerdirect_info::SIZE_VER0);
+        assert_eq!(
+            size_of::<peerdirect_info>(),
+            generated::PEERDIRECT_INFO_SIZE_VER1 as usize
+        );
         assert_eq!(size_of::<peerdirect_alloc>(), peerdirect_alloc::SIZE_VER0);
         assert_eq!(size_of::<peerdirect_free>(), peerdirect_free::SIZE_VER0);
         assert_eq!(size_of::<peerdirect_export>(), peerdirect_export::SIZE_VER0);

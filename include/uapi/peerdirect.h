@@ -44,6 +44,8 @@
 /* Another driver (or none) owns the device; peerdirect serves its BAR beside it, claims
  * nothing, and has no allocator for it (PEERDIRECT_IOC_COMPANION_ADD). */
 #define PEERDIRECT_PROVIDER_COMPANION 2
+/* Bytes of struct peerdirect_info.driver, its NUL padding included. */
+#define PEERDIRECT_DRIVER_NAME_LEN 32
 
 /**
  * struct peerdirect_info - PEERDIRECT_IOC_INFO: describe the HBM device behind this fd
@@ -64,6 +66,12 @@
  * @index: out: N of /dev/peerdirectN
  * @provider: out: PEERDIRECT_PROVIDER_*
  * @__reserved1: padding, must be 0
+ * @driver: out (since PEERDIRECT_INFO_SIZE_VER1): name of the PCI driver bound to the device,
+ *          NUL-padded: "peerdirect" for a device peerdirect owns; for a companion its owner
+ *          driver's (habanalabs, vfio-pci), empty if none is bound
+ *
+ * A caller that passes PEERDIRECT_INFO_SIZE_VER0 gets no @driver; a kernel older than
+ * @driver answers @size = PEERDIRECT_INFO_SIZE_VER0 to a caller that passes more.
  */
 struct peerdirect_info {
 	__u32 size;
@@ -83,9 +91,11 @@ struct peerdirect_info {
 	__u32 index;
 	__u32 provider;
 	__u32 __reserved1;
+	__u8 driver[PEERDIRECT_DRIVER_NAME_LEN];
 };
-/* Size of the first version of struct peerdirect_info. */
+/* Size of the first version of struct peerdirect_info, and of the one with @driver. */
 #define PEERDIRECT_INFO_SIZE_VER0 64
+#define PEERDIRECT_INFO_SIZE_VER1 96
 
 #define PEERDIRECT_IOC_INFO _IO(PEERDIRECT_IOCTL_TYPE, PEERDIRECT_CMD_INFO)
 

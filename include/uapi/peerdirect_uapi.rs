@@ -16,7 +16,9 @@ pub const PEERDIRECT_CMD_COMPANION_ADD: u32 = 16;
 pub const PEERDIRECT_CMD_COMPANION_REMOVE: u32 = 17;
 pub const PEERDIRECT_PROVIDER_OWNED: u32 = 1;
 pub const PEERDIRECT_PROVIDER_COMPANION: u32 = 2;
+pub const PEERDIRECT_DRIVER_NAME_LEN: u32 = 32;
 pub const PEERDIRECT_INFO_SIZE_VER0: u32 = 64;
+pub const PEERDIRECT_INFO_SIZE_VER1: u32 = 96;
 pub const PEERDIRECT_ALLOC_ALIGN_DEFAULT: u32 = 2097152;
 pub const PEERDIRECT_ALLOC_SIZE_VER0: u32 = 40;
 pub const PEERDIRECT_FREE_SIZE_VER0: u32 = 16;
@@ -39,7 +41,7 @@ pub type __u16 = core::ffi::c_ushort;
 pub type __s32 = core::ffi::c_int;
 pub type __u32 = core::ffi::c_uint;
 pub type __u64 = core::ffi::c_ulonglong;
-#[doc = " struct peerdirect_info - PEERDIRECT_IOC_INFO: describe the HBM device behind this fd\n @size: in: sizeof(struct peerdirect_info) as the caller knows it; out: bytes the kernel wrote\n @flags: in: must be 0\n @hbm_bytes: out: size of the HBM BAR in bytes\n @hbm_bus_addr: out: PCI bus address of the HBM BAR (what a peer device DMAs to)\n @hbm_phys_addr: out: CPU physical address of the HBM BAR\n @bar_index: out: index of the HBM BAR\n @numa_node: out: NUMA node of the device, -1 if none\n @pci_domain: out: PCI domain (segment) of the device\n @pci_bus: out: PCI bus number\n @pci_slot: out: PCI slot (device) number\n @pci_func: out: PCI function number\n @__reserved0: padding, must be 0\n @vendor_id: out: PCI vendor ID\n @device_id: out: PCI device ID\n @index: out: N of /dev/peerdirectN\n @provider: out: PEERDIRECT_PROVIDER_*\n @__reserved1: padding, must be 0"]
+#[doc = " struct peerdirect_info - PEERDIRECT_IOC_INFO: describe the HBM device behind this fd\n @size: in: sizeof(struct peerdirect_info) as the caller knows it; out: bytes the kernel wrote\n @flags: in: must be 0\n @hbm_bytes: out: size of the HBM BAR in bytes\n @hbm_bus_addr: out: PCI bus address of the HBM BAR (what a peer device DMAs to)\n @hbm_phys_addr: out: CPU physical address of the HBM BAR\n @bar_index: out: index of the HBM BAR\n @numa_node: out: NUMA node of the device, -1 if none\n @pci_domain: out: PCI domain (segment) of the device\n @pci_bus: out: PCI bus number\n @pci_slot: out: PCI slot (device) number\n @pci_func: out: PCI function number\n @__reserved0: padding, must be 0\n @vendor_id: out: PCI vendor ID\n @device_id: out: PCI device ID\n @index: out: N of /dev/peerdirectN\n @provider: out: PEERDIRECT_PROVIDER_*\n @__reserved1: padding, must be 0\n @driver: out (since PEERDIRECT_INFO_SIZE_VER1): name of the PCI driver bound to the device,\n          NUL-padded: \"peerdirect\" for a device peerdirect owns; for a companion its owner\n          driver's (habanalabs, vfio-pci), empty if none is bound\n\n A caller that passes PEERDIRECT_INFO_SIZE_VER0 gets no @driver; a kernel older than\n @driver answers @size = PEERDIRECT_INFO_SIZE_VER0 to a caller that passes more."]
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct peerdirect_info {
@@ -60,10 +62,11 @@ pub struct peerdirect_info {
     pub index: __u32,
     pub provider: __u32,
     pub __reserved1: __u32,
+    pub driver: [__u8; 32usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of peerdirect_info"][::core::mem::size_of::<peerdirect_info>() - 64usize];
+    ["Size of peerdirect_info"][::core::mem::size_of::<peerdirect_info>() - 96usize];
     ["Alignment of peerdirect_info"][::core::mem::align_of::<peerdirect_info>() - 8usize];
     ["Offset of field: peerdirect_info::size"]
         [::core::mem::offset_of!(peerdirect_info, size) - 0usize];
@@ -99,6 +102,8 @@ const _: () = {
         [::core::mem::offset_of!(peerdirect_info, provider) - 56usize];
     ["Offset of field: peerdirect_info::__reserved1"]
         [::core::mem::offset_of!(peerdirect_info, __reserved1) - 60usize];
+    ["Offset of field: peerdirect_info::driver"]
+        [::core::mem::offset_of!(peerdirect_info, driver) - 64usize];
 };
 #[doc = " struct peerdirect_alloc - PEERDIRECT_IOC_ALLOC: allocate a range of HBM\n @size: in: sizeof(struct peerdirect_alloc) as the caller knows it; out: bytes the kernel wrote\n @flags: in: must be 0\n @length: in: bytes wanted, > 0; out: bytes allocated (rounded up to the page size)\n @align: in: alignment of the range in the BAR, a power of two >= the page size;\n         0 means PEERDIRECT_ALLOC_ALIGN_DEFAULT\n @handle: out: names the allocation in later commands on the same open file\n @__reserved0: padding, must be 0\n @hbm_offset: out: offset of the range from the start of the HBM BAR\n\n The allocation belongs to the open file that made it: other files cannot name it. Closing\n the file frees it; the memory is reused only once every dma-buf exported from it is gone."]
 #[repr(C)]

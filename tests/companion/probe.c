@@ -11,6 +11,7 @@
 #include "peerdirect.h"
 
 /*
+ * probe driver DEV: INFO's answer size and driver name, as "size=N driver=NAME"
  * probe info FD | probe add-bar BAR DOMAIN BUS SLOT FUNC | probe xr DEV OFFSET LENGTH:
  *	prints OK or the errno's name
  * probe imp DEV OFFSET LENGTH "IMPORTER COMMAND": exports the range, then has the test
@@ -69,6 +70,15 @@ static int importer(const char *line)
 
 int main(int argc, char **argv)
 {
+	if (argc == 3 && !strcmp(argv[1], "driver")) {
+		struct peerdirect_info info = { .size = sizeof(info) };
+		int fd = open(argv[2], O_RDWR);
+
+		if (fd < 0 || ioctl(fd, PEERDIRECT_IOC_INFO, &info))
+			return report(-1);
+		printf("size=%u driver=%.*s\n", info.size, (int)sizeof(info.driver), (char *)info.driver);
+		return 0;
+	}
 	if (argc == 3 && !strcmp(argv[1], "info")) {
 		struct peerdirect_info info = { .size = sizeof(info) };
 		return report(ioctl(atoi(argv[2]), PEERDIRECT_IOC_INFO, &info));

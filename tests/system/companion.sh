@@ -90,12 +90,17 @@ expect "a dynamic importer (the NIC, below the same switch) maps 64 MiB at BAR o
 	exports dynamic 0 'attach=0 .*map=0 .*sg0=0xd2000000\+.*dma_total=67108864 .*over_max_seg=0 .*id=1'
 expect "rmmod afterwards unloads cleanly" exports rmmod 0 '^$'
 
-guest_run owned "a second HBM device peerdirect owns" --topology switch --second-hbm --no-bind \
+guest_run owned "a second HBM device peerdirect owns" --topology switch-iommu --second-hbm --no-bind \
 	--userland trixie --share "$share" -- bash /mnt/host/owned.sh
 expect "a device peerdirect is the driver of: EBUSY" owned owned 1 'os error 16\); peerdirect is that device'"'"'s driver already'
 expect "EXPORT_RANGE on a device peerdirect owns: EOPNOTSUPP (allocate and export there)" owned owned_xr 0 '^EOPNOTSUPP$'
 expect "a device no driver owns can be a companion" owned unowned 0 '^/dev/peerdirect1'
 expect "peerdirect devices lists both: owned and companion (no driver)" owned devices 0 'peerdirect0 .* owned.*peerdirect1 .* companion \(no driver\)'
+expect "INFO on the owned device: driver peerdirect (size 96: the struct with driver)" owned info_owned 0 '^size=96 driver=peerdirect$'
+expect "INFO on the companion no driver owns: driver empty" owned info_none 0 '^size=96 driver=$'
+expect "once vfio-pci binds to it, INFO on the companion names vfio-pci (the bus notifier's BOUND_DRIVER)" \
+	owned info_bound 0 '^size=96 driver=vfio-pci$'
+expect "and peerdirect devices says companion of vfio-pci" owned devices_bound 0 'peerdirect1 .* companion of vfio-pci'
 expect "rmmod with an owned device and a companion unloads cleanly" owned rmmod 0 '^$'
 guest_run split "split topology" --topology split --no-bind --userland trixie --share "$share" -- \
 	bash /mnt/host/split.sh

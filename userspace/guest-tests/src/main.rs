@@ -26,8 +26,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use peerdirect::uapi::{
-    peerdirect_info, PEERDIRECT_INFO_SIZE_VER0, PEERDIRECT_PROVIDER_OWNED,
-    PEERDIRECT_STATUS_VERSION,
+    peerdirect_info, PEERDIRECT_DRIVER_NAME_LEN, PEERDIRECT_INFO_SIZE_VER0,
+    PEERDIRECT_INFO_SIZE_VER1, PEERDIRECT_PROVIDER_OWNED, PEERDIRECT_STATUS_VERSION,
 };
 use peerdirect::{Device, Errno, PciAddress, Provider, RawInfo, RawP2p};
 
@@ -136,8 +136,8 @@ fn tests(args: &Args) -> Vec<Test> {
     vec![
         test(
             match expected_bytes {
-                Some(bytes) => format!("INFO with size 64 succeeds, hbm_bytes == {bytes}"),
-                None => "INFO with size 64 succeeds, hbm_bytes > 0".to_owned(),
+                Some(bytes) => format!("INFO with size 96 succeeds, hbm_bytes == {bytes}"),
+                None => "INFO with size 96 succeeds, hbm_bytes > 0".to_owned(),
             },
             move |device| {
                 let info = info_ok(device, &mut RawInfo::<0>::new())?;
@@ -152,13 +152,17 @@ fn tests(args: &Args) -> Vec<Test> {
             let info = info_ok(device, &mut RawInfo::<0>::new())?;
             expect_eq("index", INDEX, info.index)
         }),
-        test("INFO provider is owned", |device| {
+        test("INFO provider is owned, driver peerdirect", |device| {
             let info = info_ok(device, &mut RawInfo::<0>::new())?;
             expect_eq("raw provider", PEERDIRECT_PROVIDER_OWNED, info.provider)?;
+            let mut driver = [0; PEERDIRECT_DRIVER_NAME_LEN as usize];
+            driver[..10].copy_from_slice(b"peerdirect");
+            expect_eq("raw driver", driver, info.driver)?;
             let info = device
                 .info()
                 .map_err(|err| format!("Device::info failed: {err}"))?;
-            expect_eq("provider", Provider::Owned, info.provider)
+            expect_eq("provider", Provider::Owned, info.provider)?;
+            expect_eq("driver", Some("peerdirect"), info.driver.as_deref())
         }),
         test(
             format!("INFO pci_address and IDs name a device bound in {SYSFS_DRIVER}"),
@@ -195,21 +199,44 @@ fn tests(args: &Args) -> Vec<Test> {
             expect_errno(device.info_raw(&mut raw), Errno::INVAL)
         }),
         test(
-            "INFO with size 72 and a zero tail succeeds, same fields as size 64, tail untouched",
+            "INFO with size 104 and a zero tail succeeds, same fields as size 96, tail untouched, answers size 96",
             |device| {
-                let ver0 = info_ok(device, &mut RawInfo::<0>::new())?;
+                let ver1 = info_ok(device, &mut RawInfo::<0>::new())?;
                 let mut raw = RawInfo::<8>::new();
-                raw.info.size = 72;
+                raw.info.size = PEERDIRECT_INFO_SIZE_VER1 + 8;
                 let longer = info_ok(device, &mut raw)?;
-                expect_eq("fields (size aside)", fields(&ver0), fields(&longer))?;
+                expect_eq("fields (size aside)", fields(&ver1), fields(&longer))?;
+                expect_eq("size answered", PEERDIRECT_INFO_SIZE_VER1, longer.size)?;
                 expect_eq("tail", [0; 8], raw.tail)
             },
         ),
         test(
-            "INFO with size 72 and a nonzero tail fails with E2BIG",
+            "INFO with size 64 (a caller older than driver) succeeds, answers size 64, and leaves driver's bytes alone",
+            |device| {
+                let ver1 = info_ok(device, &mut RawInfo::<0>::new())?;
+                let mut raw = RawInfo::<0>::new();
+                raw.info.size = PEERDIRECT_INFO_SIZE_VER0;
+                raw.info.driver = [0xa5; PEERDIRECT_DRIVER_NAME_LEN as usize];
+                let older = info_ok(device, &mut raw)?;
+                expect_eq("size answered", PEERDIRECT_INFO_SIZE_VER0, older.size)?;
+                expect_eq(
+                    "driver's bytes",
+                    [0xa5; PEERDIRECT_DRIVER_NAME_LEN as usize],
+                    older.driver,
+                )?;
+                let driver = [0; PEERDIRECT_DRIVER_NAME_LEN as usize];
+                expect_eq(
+                    "other fields (size aside)",
+                    fields(&peerdirect_info { driver, ..ver1 }),
+                    fields(&peerdirect_info { driver, ..older }),
+                )
+            },
+        ),
+        test(
+            "INFO with size 104 and a nonzero tail fails with E2BIG",
             |device| {
                 let mut raw = RawInfo::<8>::new();
-                raw.info.size = 72;
+                raw.info.size = PEERDIRECT_INFO_SIZE_VER1 + 8;
                 raw.tail[7] = 1;
                 expect_errno(device.info_raw(&mut raw), Errno::TOOBIG)
             },
@@ -351,13 +378,13 @@ fn tests(args: &Args) -> Vec<Test> {
             },
         ),
         test(
-            "INFO with size 64 writes nothing past the struct (canary in bytes 64..72 survives)",
+            "INFO with size 96 writes nothing past the struct (canary in bytes 96..104 survives)",
             |device| {
                 const CANARY: [u8; 8] = [0xa5, 0x5a, 0xc3, 0x3c, 0xde, 0xad, 0xbe, 0xef];
                 let mut raw = RawInfo::<8>::new();
                 raw.tail = CANARY;
                 info_ok(device, &mut raw)?;
-                expect_eq("bytes 64..72", CANARY, raw.tail)
+                expect_eq("bytes 96..104", CANARY, raw.tail)
             },
         ),
     ]

@@ -179,7 +179,10 @@ impl Device {
         let mut raw = RawInfo::<0>::new();
         self.info_raw(&mut raw)?;
         let mut info = DeviceInfo::from_raw(&self.path, &raw.info)?;
-        info.driver = crate::info::pci_driver(info.pci_address);
+        if raw.info.size < uapi::PEERDIRECT_INFO_SIZE_VER1 {
+            // A module older than the field: sysfs says it.
+            info.driver = crate::info::pci_driver(info.pci_address);
+        }
         Ok(info)
     }
 
@@ -548,14 +551,14 @@ mod tests {
         fs::write(&path, b"").unwrap();
         let device = Device::open(&path).unwrap();
         let mut raw = RawInfo::<8>::new();
-        raw.info.size = 73;
+        raw.info.size = uapi::PEERDIRECT_INFO_SIZE_VER1 + 8 + 1;
         let err = device.info_raw(&mut raw).unwrap_err();
         assert!(
             matches!(
                 err,
                 Error::RequestTooLarge {
-                    size: 73,
-                    capacity: 72,
+                    size: 105,
+                    capacity: 104,
                     ..
                 }
             ),

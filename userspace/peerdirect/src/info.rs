@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Serialize, Serializer};
 
+use crate::error::Operation;
 use crate::uapi;
 use crate::Error;
 
@@ -137,10 +138,11 @@ pub struct DeviceInfo {
     pub numa_node: Option<u32>,
     /// How peerdirect reaches the HBM.
     pub provider: Provider,
-    /// The PCI driver bound to the device, from sysfs: `peerdirect` for an owned device, the
-    /// owner (`habanalabs`, `vfio-pci`) or `None` for a companion. Not part of
-    /// `PEERDIRECT_IOC_INFO`: [`crate::Device::info`] reads it, [`DeviceInfo::from_raw`] leaves
-    /// it `None`.
+    /// The PCI driver bound to the device: `peerdirect` for an owned device, the owner
+    /// (`habanalabs`, `vfio-pci`) or `None` for a companion. `PEERDIRECT_IOC_INFO` says it
+    /// since `PEERDIRECT_INFO_SIZE_VER1`; with a module older than that,
+    /// [`crate::Device::info`] reads it from sysfs and [`DeviceInfo::from_raw`] leaves it
+    /// `None`.
     pub driver: Option<String>,
 }
 
@@ -158,6 +160,23 @@ impl DeviceInfo {
         };
         let provider = Provider::from_raw(raw.provider)
             .ok_or_else(|| unknown("provider", raw.provider.into()))?;
+        // NUL-padded; a module older than the field answered a smaller size.
+        let driver = if raw.size >= uapi::PEERDIRECT_INFO_SIZE_VER1 {
+            let end =
+                raw.driver
+                    .iter()
+                    .position(|&b| b == 0)
+                    .ok_or_else(|| Error::InvalidReply {
+                        operation: Operation::Info,
+                        path: path.to_owned(),
+                        field: "driver (no NUL)",
+                        value: raw.driver.len() as i64,
+                    })?;
+            let name = &raw.driver[..end];
+            (!name.is_empty()).then(|| String::from_utf8_lossy(name).into_owned())
+        } else {
+            None
+        };
         Ok(Self {
             path: path.to_owned(),
             index: raw.index,
@@ -175,7 +194,7 @@ impl DeviceInfo {
             hbm_phys_addr: raw.hbm_phys_addr,
             numa_node,
             provider,
-            driver: None,
+            driver,
         })
     }
 }
@@ -302,6 +321,40 @@ mod tests {
                 Error::UnknownValue {
                     field: "numa_node",
                     value: -2,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn driver_comes_from_a_module_that_knows_the_field() {
+        let with = |size: u32, name: &[u8]| {
+            let mut raw = uapi::peerdirect_info { size, ..raw() };
+            raw.driver[..name.len()].copy_from_slice(name);
+            DeviceInfo::from_raw(Path::new("/dev/peerdirect3"), &raw)
+        };
+        let ver1 = uapi::PEERDIRECT_INFO_SIZE_VER1;
+        assert_eq!(
+            with(ver1, b"vfio-pci").unwrap().driver.as_deref(),
+            Some("vfio-pci")
+        );
+        // A companion with no driver bound.
+        assert_eq!(with(ver1, b"").unwrap().driver, None);
+        // An older module answers the first version's size: its bytes past it mean nothing.
+        assert_eq!(
+            with(uapi::PEERDIRECT_INFO_SIZE_VER0, b"stale")
+                .unwrap()
+                .driver,
+            None
+        );
+        let err = with(ver1, &[b'x'; uapi::PEERDIRECT_DRIVER_NAME_LEN as usize]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidReply {
+                    field: "driver (no NUL)",
                     ..
                 }
             ),

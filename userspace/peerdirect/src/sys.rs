@@ -99,7 +99,7 @@ raw_request!(
     /// way.
     RawInfo { info: peerdirect_info },
     PEERDIRECT_IOC_INFO,
-    uapi::PEERDIRECT_INFO_SIZE_VER0
+    uapi::PEERDIRECT_INFO_SIZE_VER1
 );
 
 raw_request!(

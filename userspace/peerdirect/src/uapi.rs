@@ -18,7 +18,7 @@ include!(concat!(
 
 const _: () = {
     use core::mem::size_of;
-    assert!(PEERDIRECT_INFO_SIZE_VER0 as usize == size_of::<peerdirect_info>());
+    assert!(PEERDIRECT_INFO_SIZE_VER1 as usize == size_of::<peerdirect_info>());
     assert!(PEERDIRECT_ALLOC_SIZE_VER0 as usize == size_of::<peerdirect_alloc>());
     assert!(PEERDIRECT_FREE_SIZE_VER0 as usize == size_of::<peerdirect_free>());
     assert!(PEERDIRECT_EXPORT_SIZE_VER0 as usize == size_of::<peerdirect_export>());

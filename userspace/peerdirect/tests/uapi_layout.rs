@@ -60,6 +60,7 @@ fn rust_fields() -> Vec<(&'static str, &'static str, usize, usize)> {
         index,
         provider,
         __reserved1,
+        driver,
     });
     fields.extend(fields!(peerdirect_alloc {
         size,
@@ -118,6 +119,14 @@ fn rust_constants() -> Vec<(&'static str, u64)> {
         (
             "PEERDIRECT_INFO_SIZE_VER0",
             uapi::PEERDIRECT_INFO_SIZE_VER0.into(),
+        ),
+        (
+            "PEERDIRECT_INFO_SIZE_VER1",
+            uapi::PEERDIRECT_INFO_SIZE_VER1.into(),
+        ),
+        (
+            "PEERDIRECT_DRIVER_NAME_LEN",
+            uapi::PEERDIRECT_DRIVER_NAME_LEN.into(),
         ),
         (
             "PEERDIRECT_ALLOC_SIZE_VER0",
@@ -287,7 +296,7 @@ fn rust_and_c_agree_on_the_abi() {
         c.len(),
         rust_constants().len() + 2 * rust_structs().len() + 2 * rust_fields().len()
     );
-    assert_eq!(rust_fields().len(), 17 + 7 + 4 + 6 + 16 + 2 + 1);
+    assert_eq!(rust_fields().len(), 18 + 7 + 4 + 6 + 16 + 2 + 1);
 }
 
 /// An independent spelling of the expected number, on architectures where `_IOC_NONE` is 0.

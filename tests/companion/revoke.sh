@@ -6,7 +6,8 @@
 #   unbind  the owner driver unbinds (sysfs unbind of vfio-pci)
 #   unplug  the device is hot-unplugged (QEMU device_del, answered by qemu/run --hotplug)
 #   remove  the administrator removes the companion, after rmmod was refused while the
-#           exports were in use (their files hold the module)
+#           exports were in use (their files hold the module); while the removal waits, the
+#           owner unbinds too, and must wait for it (the BAR stays until all is revoked)
 # Records for the host (tests/system/companion-revoke.sh).
 way=$1
 hbm=0000:03:00.0 nic=0000:04:00.0 dev=/dev/peerdirect0
@@ -58,6 +59,13 @@ esac
 # log that it waits for the pinned importer.
 run waits_log wait_for 30 sh -c 'dmesg | grep -q "peerdirect0: removal waits"'
 run pending state
+if [ $way = remove ]; then
+	run owner_during readlink /sys/bus/pci/devices/$hbm/driver
+	echo $hbm >/sys/bus/pci/drivers/vfio-pci/unbind &
+	owner_unbind=$!
+	sleep 2
+	run owner_waits sh -c "kill -0 $owner_unbind 2>/dev/null && echo waiting || echo returned"
+fi
 run status1 /tmp/probe cmd "status id=1"
 run status2 /tmp/probe cmd "status id=2"
 run status3 /tmp/probe cmd "status id=3"
@@ -76,7 +84,10 @@ run release_all /tmp/probe cmd "release all"
 case $way in
 unbind) echo $hbm >/sys/bus/pci/drivers_probe
 	run rebound_list sh -c "readlink /sys/bus/pci/devices/$hbm/driver; peerdirect companion list" ;;
-remove) run owner readlink /sys/bus/pci/devices/$hbm/driver ;;
+remove) wait $owner_unbind
+	run owner_unbound sh -c "test ! -e /sys/bus/pci/devices/$hbm/driver && echo unbound"
+	echo $hbm >/sys/bus/pci/drivers_probe
+	run owner readlink /sys/bus/pci/devices/$hbm/driver ;;
 esac
 rmmod peerdirect_importer
 run rmmod wait_for 5 rmmod peerdirect

@@ -56,7 +56,11 @@ checks remove "companion remove"
 expect "remove: companion remove returned only after the removal, successfully" remove removal_rc 0 '^$'
 expect "remove: rmmod is still refused while the importers hold the revoked dma-bufs" \
 	remove rmmod_held 1 'Module peerdirect is in use'
-expect "remove: the owner keeps its device" remove owner 0 'drivers/vfio-pci$'
+expect "remove: the owner keeps its device while the companion goes" remove owner_during 0 'drivers/vfio-pci$'
+expect "remove: the owner's unbind meanwhile waits for the removal (the BAR stays until every export is revoked)" \
+	remove owner_waits 0 '^waiting$'
+expect "remove: and completes after it" remove owner_unbound 0 '^unbound$'
+expect "remove: the owner binds again" remove owner 0 'drivers/vfio-pci$'
 expect "remove: the kernel log says why the companion went" remove log 0 'companion 0000:03:00.0: removed on request'
 
 echo "1..$tap_n"

@@ -47,14 +47,18 @@ const fn habana(device: u32) -> pci::DeviceId {
     unsafe { core::mem::transmute::<bindings::pci_device_id, pci::DeviceId>(id) }
 }
 
-// Gaudi and Gaudi2 expose their HBM through BAR 4 (`HBM_BAR_ID` / `DRAM_BAR_ID` in habanalabs).
+/// Habana devices and their HBM BAR: Gaudi, Gaudi (secured) and Gaudi2 expose their HBM
+/// through BAR 4 (`HBM_BAR_ID` / `DRAM_BAR_ID` in habanalabs). The ID table and the companion
+/// default both come from here.
+const GAUDI: [(u32, u32); 3] = [(0x1000, 4), (0x1010, 4), (0x1020, 4)];
+
 kernel::pci_device_table!(
     PCI_TABLE,
     <HbmDriver as pci::Driver>::IdInfo,
     [
-        (habana(0x1000), HbmBar(4)), // Gaudi
-        (habana(0x1010), HbmBar(4)), // Gaudi (secured)
-        (habana(0x1020), HbmBar(4)), // Gaudi2
+        (habana(GAUDI[0].0), HbmBar(GAUDI[0].1)),
+        (habana(GAUDI[1].0), HbmBar(GAUDI[1].1)),
+        (habana(GAUDI[2].0), HbmBar(GAUDI[2].1)),
     ]
 );
 
@@ -66,13 +70,12 @@ const OVERRIDE_ONLY: [(u16, u16, u32); 1] = [
 
 /// The HBM BAR of a device in the ID table (Gaudi), for a companion whose BAR is not given.
 pub(crate) fn table_hbm_bar(pdev: &pci::Device) -> Option<u32> {
-    const TABLE: [(u16, u32); 3] = [(0x1000, 4), (0x1010, 4), (0x1020, 4)];
     if u32::from(pdev.vendor_id().as_raw()) != PCI_VENDOR_ID_HABANALABS {
         return None;
     }
-    TABLE
+    GAUDI
         .iter()
-        .find(|&&(d, _)| d == pdev.device_id())
+        .find(|&&(d, _)| d == u32::from(pdev.device_id()))
         .map(|&(_, bar)| bar)
 }
 

@@ -182,6 +182,29 @@ int pd_export(const pd_allocation *alloc, uint64_t offset, uint64_t length, uint
 	      int *fd_out);
 
 /*
+ * Companion devices only (struct pd_device_info.provider == PD_PROVIDER_COMPANION: another
+ * driver, such as habanalabs, owns the device and its runtime allocates the HBM): exports
+ * bytes [bar_offset, bar_offset + length) of the device's HBM BAR as a dma-buf
+ * (PEERDIRECT_IOC_EXPORT_RANGE). No allocator records that range, so the caller vouches that
+ * its runtime owns it and keeps it allocated while the dma-buf and any registration of it
+ * live; this needs CAP_SYS_ADMIN. bar_offset and length are multiples of the page size,
+ * length above 0, the range inside the BAR. flags: PD_EXPORT_*. Stores the dma-buf's fd in
+ * *fd_out, owned by the caller as for pd_export(); register it with pd_register_dmabuf() like
+ * any dma-buf exported elsewhere.
+ * -EPERM: no CAP_SYS_ADMIN; -EINVAL: unaligned, empty or outside the BAR, or unknown flags;
+ * -EOVERFLOW: bar_offset + length overflows; -EOPNOTSUPP: a device peerdirect owns (use
+ * pd_alloc() and pd_export() there); -ENODEV: the device is gone.
+ * The dma-buf is revoked when the companion goes (its owner driver unbinds, the device is
+ * removed, or an administrator removes the companion): importers are invalidated, CPU
+ * mappings of it then fault with SIGBUS, and this device's calls fail with -ENODEV. The
+ * registration cache is not told (pd_register_dmabuf() knows no device): on -ENODEV, or
+ * before the runtime frees the range, call pd_regcache_invalidate_dmabuf(), which tells the
+ * invalidation callback of each registration of it (PD_INVALIDATED_MEMORY).
+ */
+int pd_export_range(const pd_device *dev, uint64_t bar_offset, uint64_t length, uint32_t flags,
+		    int *fd_out);
+
+/*
  * Fills *out with the counters of /dev/peerdirect<index> from debugfs
  * (/sys/kernel/debug/peerdirect/peerdirect<index>/stats). Needs root and debugfs mounted.
  */

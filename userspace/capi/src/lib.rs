@@ -34,7 +34,7 @@ use std::os::fd::{IntoRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, Mutex};
 
-use pd::{Device, Errno, RawExport, RawFree, Stats};
+use pd::{Device, Errno, ExportFlags, RawExport, RawFree, Stats};
 
 pub use abi::{FidDomain, PdDeviceInfo, PdRegcacheStats, PdStats};
 use error::{guard_status, handle_guard, shield, Failure};
@@ -298,23 +298,61 @@ pub unsafe extern "C" fn pd_export(
         if fd_out.is_null() {
             return Err(Failure::null(F, "fd_out"));
         }
-        let unknown = flags & !(abi::PD_EXPORT_CLOEXEC | abi::PD_EXPORT_RDWR);
-        if unknown != 0 {
-            return Err(Failure::new(
-                Errno::INVAL,
-                format!("{F}: unknown flags {unknown:#x}; only PD_EXPORT_CLOEXEC and PD_EXPORT_RDWR exist"),
-            ));
-        }
+        let flags = export_flags(F, flags)?;
         let mut raw = RawExport::<0>::new();
         raw.export.handle = alloc.handle;
         raw.export.offset = offset;
         raw.export.length = length;
-        raw.export.flags = flags;
+        raw.export.flags = flags.bits();
         let dma_buf = alloc.device.export_raw(&mut raw)?;
         let fd = OwnedFd::from(dma_buf).into_raw_fd();
         // SAFETY: `fd_out` is not NULL, and the caller promises it is valid for writing.
         unsafe { put(F, "fd_out", fd_out, fd) }
     })
+}
+
+/// `int pd_export_range(const pd_device *dev, uint64_t bar_offset, uint64_t length,
+/// uint32_t flags, int *fd_out)`: a dma-buf of bytes `[bar_offset, bar_offset + length)` of a
+/// companion device's BAR (`PEERDIRECT_IOC_EXPORT_RANGE`), owned by the caller. Memory the
+/// device's owner allocated, which the caller vouches for: it needs `CAP_SYS_ADMIN`.
+///
+/// # Safety
+///
+/// `dev` is NULL or a live handle; `fd_out` is NULL or valid for writing an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn pd_export_range(
+    dev: *const PdDevice,
+    bar_offset: u64,
+    length: u64,
+    flags: u32,
+    fd_out: *mut c_int,
+) -> c_int {
+    const F: &str = "pd_export_range";
+    guard_status(F, || {
+        // SAFETY: the caller promises `dev` is NULL or a live handle.
+        let dev = unsafe { arg(F, "dev", dev) }?;
+        if fd_out.is_null() {
+            return Err(Failure::null(F, "fd_out"));
+        }
+        let flags = export_flags(F, flags)?;
+        let dma_buf = dev.device.export_range(bar_offset, length, flags)?;
+        let fd = OwnedFd::from(dma_buf).into_raw_fd();
+        // SAFETY: `fd_out` is not NULL, and the caller promises it is valid for writing.
+        unsafe { put(F, "fd_out", fd_out, fd) }
+    })
+}
+
+/// The `PD_EXPORT_*` flags of `function`; any other bit is `-EINVAL` here, since the
+/// module's `EOPNOTSUPP` for it would come with the hint for a device that cannot export.
+fn export_flags(function: &str, flags: u32) -> Result<ExportFlags, Failure> {
+    let unknown = flags & !(abi::PD_EXPORT_CLOEXEC | abi::PD_EXPORT_RDWR);
+    if unknown != 0 {
+        return Err(Failure::new(
+            Errno::INVAL,
+            format!("{function}: unknown flags {unknown:#x}; only PD_EXPORT_CLOEXEC and PD_EXPORT_RDWR exist"),
+        ));
+    }
+    Ok(ExportFlags::from_bits_truncate(flags))
 }
 
 /// `int pd_stats(unsigned index, struct pd_stats *out)`: the module's counters for

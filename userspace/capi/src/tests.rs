@@ -1,5 +1,6 @@
 //! The hand-written header against this crate: every function's C type and every struct's
-//! layout and constant, compiled with the C compiler (`cc`, or `$CC`) and compared.
+//! layout and constant, compiled with the C compiler (`cc`, or `$CC`) and compared. Also the
+//! checks the C functions make before calling into the crate, where no C test reaches them.
 
 use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -71,6 +72,7 @@ fn signatures() -> Vec<(&'static str, String)> {
         pd_allocation_hbm_offset(*const PdAllocation) -> u64;
         pd_allocation_handle(*const PdAllocation) -> u32;
         pd_export(*const PdAllocation, u64, u64, u32, *mut c_int) -> c_int;
+        pd_export_range(*const PdDevice, u64, u64, u32, *mut c_int) -> c_int;
         pd_stats(c_uint, *mut PdStats) -> c_int;
         pd_regcache_new(*mut c_int) -> *mut PdRegCache;
         pd_regcache_free(*mut PdRegCache) -> ();
@@ -230,7 +232,7 @@ fn header_rust_and_table_name_the_same_functions() {
         in_table, in_rust,
         "signature table vs. extern \"C\" fns of lib.rs"
     );
-    assert_eq!(in_rust.len(), 35);
+    assert_eq!(in_rust.len(), 36);
 }
 
 #[test]
@@ -302,5 +304,64 @@ fn every_c_function_runs_inside_the_guard() {
         );
         seen += 1;
     }
-    assert_eq!(seen, 35);
+    assert_eq!(seen, 36);
+}
+
+/// `pd_export` and `pd_export_range` refuse bits other than `PD_EXPORT_*` with `-EINVAL`,
+/// naming the function, before any command is sent; the known bits go on to the module, here
+/// a regular file that answers `ENOTTY`.
+#[test]
+fn export_functions_refuse_unknown_flags_before_the_command() {
+    let file = std::env::temp_dir().join(format!(
+        "peerdirect-capi-{}-export-flags",
+        std::process::id()
+    ));
+    std::fs::write(&file, b"").unwrap();
+    let device = Arc::new(Device::open(&file).unwrap());
+    std::fs::remove_file(&file).unwrap();
+    let dev = PdDevice {
+        device: Arc::clone(&device),
+    };
+    let alloc = PdAllocation {
+        device,
+        handle: 1,
+        hbm_offset: 0,
+        length: 4096,
+        source: Mutex::default(),
+    };
+    let last_error = || {
+        // SAFETY: `pd_last_error` returns this thread's NUL-terminated message, which lives
+        // until the next failure on this thread; it is copied out at once.
+        unsafe { CStr::from_ptr(pd_last_error()) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let known = PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR;
+    let (einval, enotty) = (-Errno::INVAL.raw_os_error(), -Errno::NOTTY.raw_os_error());
+    let mut fd: c_int = -7;
+
+    // SAFETY: `alloc` is a live handle and `fd` a writable `int`, for the whole call.
+    let status = unsafe { pd_export(&alloc, 0, 0, known | 0x8, &mut fd) };
+    assert_eq!(status, einval);
+    assert_eq!(
+        last_error(),
+        "pd_export: unknown flags 0x8; only PD_EXPORT_CLOEXEC and PD_EXPORT_RDWR exist"
+    );
+    // SAFETY: as above.
+    let status = unsafe { pd_export(&alloc, 0, 0, known, &mut fd) };
+    assert_eq!(status, enotty);
+    assert!(last_error().starts_with("PEERDIRECT_IOC_EXPORT on "));
+
+    // SAFETY: `dev` is a live handle and `fd` a writable `int`, for the whole call.
+    let status = unsafe { pd_export_range(&dev, 0, 4096, known | 0x8000_0000, &mut fd) };
+    assert_eq!(status, einval);
+    assert_eq!(
+        last_error(),
+        "pd_export_range: unknown flags 0x80000000; only PD_EXPORT_CLOEXEC and PD_EXPORT_RDWR exist"
+    );
+    // SAFETY: as above.
+    let status = unsafe { pd_export_range(&dev, 0, 4096, known, &mut fd) };
+    assert_eq!(status, enotty);
+    assert!(last_error().starts_with("PEERDIRECT_IOC_EXPORT_RANGE on "));
+    assert_eq!(fd, -7, "a failed export left fd_out alone");
 }

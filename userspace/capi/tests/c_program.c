@@ -75,6 +75,20 @@ int main(int argc, char **argv)
 	CHECK(contains(pd_last_error(), "PEERDIRECT_IOC_ALLOC on "));
 	CHECK(pd_alloc(dev, 4096, 0, NULL) == -EINVAL);
 	CHECK(pd_alloc(NULL, 4096, 0, &alloc) == -EINVAL);
+
+	/* Ranges of a companion's BAR: arguments are checked before the ioctl, which the
+	 * regular file then refuses. fd_out is left alone on failure. */
+	CHECK(pd_export_range(dev, 0, 4096, PD_EXPORT_RDWR, &fd) == -ENOTTY);
+	CHECK(fd == -7);
+	CHECK(contains(pd_last_error(), "PEERDIRECT_IOC_EXPORT_RANGE on "));
+	CHECK(pd_export_range(NULL, 0, 4096, PD_EXPORT_RDWR, &fd) == -EINVAL);
+	CHECK(strcmp(pd_last_error(), "pd_export_range: dev is NULL; pass a valid pointer") == 0);
+	CHECK(pd_export_range(dev, 0, 4096, PD_EXPORT_RDWR, NULL) == -EINVAL);
+	CHECK(strcmp(pd_last_error(), "pd_export_range: fd_out is NULL; pass a valid pointer") == 0);
+	CHECK(pd_export_range(dev, 0, 4096, PD_EXPORT_RDWR | 0x4u, &fd) == -EINVAL);
+	CHECK(strcmp(pd_last_error(), "pd_export_range: unknown flags 0x4; only PD_EXPORT_CLOEXEC "
+				      "and PD_EXPORT_RDWR exist") == 0);
+	CHECK(fd == -7);
 	pd_device_close(dev);
 	pd_device_close(NULL);
 

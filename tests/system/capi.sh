@@ -24,10 +24,14 @@
 # take the other branch of the program, which is not run). And userspace/capi/examples/hcl_style.cpp, built with
 # g++: it registers two peerdirect exports as Habana's HCL registers device memory
 # (fi_mr_dmabuf: fd, offset 0, base_addr = the buffer, iov_count 1) and moves 4 MiB over tcp.
+# Last, userspace/capi/examples/companion_export.c on a companion device (the HBM device bound
+# to vfio-pci): pd_export_range refused without CAP_SYS_ADMIN (-EPERM), then a BAR range
+# exported, the pattern written through its mapping (checked on the host), and registered
+# with libfabric tcp through the cache (a miss, then a hit).
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "1..13"
+echo "1..17"
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -221,6 +225,59 @@ PY
 	sed "s/^/# /" hcl.out
 else
 	fail "$desc" "$(show hcl)"
+fi
+
+# The companion export (Documentation/companion.md): the HBM device bound to vfio-pci as its
+# owner, peerdirect loaded with companion=1 and the device named; companion_export.c exports a
+# BAR range with pd_export_range, writes the pattern through its mapping and registers it
+# with libfabric's tcp through the cache; without CAP_SYS_ADMIN it is refused with -EPERM.
+cd /
+cp "$ROOT/userspace/capi/examples/companion_export.c" "$work/share/"
+cat >"$work/share/companion.sh" <<'EOS'
+cd /mnt/host
+run() { name=$1; shift; "$@" >"$name.out" 2>&1; echo $? >"$name.rc"; }
+export PKG_CONFIG_PATH=/mnt/host/stage/usr/local/lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=/mnt/host/stage
+export LD_LIBRARY_PATH=/mnt/host/stage/usr/local/lib
+hbm=0000:03:00.0
+echo vfio-pci >/sys/bus/pci/devices/$hbm/driver_override
+echo $hbm >/sys/bus/pci/drivers_probe
+insmod /usr/lib/peerdirect/peerdirect.ko companion=1
+peerdirect companion add $hbm --bar 2 >/dev/null
+run cbuild sh -c 'gcc -std=gnu11 -Wall -Wextra -Werror -o /tmp/companion_export companion_export.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/companion_export .'
+run cnocap setpriv --inh-caps=-sys_admin --bounding-set=-sys_admin ./companion_export 0 0x1000000 0x400000 0x5eed0003 --expect-errno EPERM
+run companion ./companion_export 0 0x1000000 0x400000 0x5eed0003
+EOS
+hbm_companion=$work/hbm-companion
+out=$(guest --topology switch-iommu --no-bind --userland trixie --hbm-backing "$hbm_companion" \
+	--share "$work/share" -- sh /mnt/host/companion.sh 2>&1)
+rc=$?
+cd "$work/share"
+desc="trixie's gcc builds companion_export.c (-Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"
+if [ "$(cat cbuild.rc 2>/dev/null)" = 0 ]; then
+	ok "$desc"
+else
+	fail "$desc" "qemu/run exited $rc (99: kernel splat, 98: guest died, 124: timeout)" "$out" "$(show cbuild)"
+fi
+desc="companion_export without CAP_SYS_ADMIN: pd_export_range refused with -EPERM, and pd_last_error says why"
+if [ "$(cat cnocap.rc 2>/dev/null)" = 0 ] && grep -q '^ok - refused with EPERM: .*needs CAP_SYS_ADMIN' cnocap.out; then
+	ok "$desc"
+	sed "s/^/# /" cnocap.out
+else
+	fail "$desc" "$(show cnocap)"
+fi
+desc="companion_export: pd_device_info says companion, pd_export_range exports 4 MiB at BAR offset 16 MiB, the pattern written through its mapping reads back, libfabric tcp registers it through the cache (a miss, then a hit on the same key, path dma_buf)"
+if [ $rc = 0 ] && [ "$(cat companion.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' companion.out &&
+	grep -qi 'companion' companion.out && grep -q 'dma_buf' companion.out; then
+	ok "$desc"
+	sed "s/^/# /" companion.out
+else
+	fail "$desc" "qemu/run exited $rc" "$out" "$(show companion)"
+fi
+desc="the host finds companion_export's pattern in the HBM backing file at BAR offset 16 MiB"
+if "$ROOT/tests/hbm-pattern" check "$hbm_companion" $((16 << 20)) $((4 << 20)) 0x5eed0003 >check.out 2>&1; then
+	ok "$desc"
+else
+	fail "$desc" "$(cat check.out)" "$(show companion)"
 fi
 cd /
 exit $failed

@@ -9,7 +9,7 @@
  * "key=value" lines: reads after a write return the result from its start up to its end.
  *
  *   fd=N dev=DDDD:BB:SS.F mode=dynamic|pinned|revocable|static [hbm=DDDD:BB:SS.F]
- *        [dir=bidir|to_device|from_device] [p2p=0|1] [hold=0|1] [stall=MS]
+ *        [dir=bidir|to_device|from_device] [p2p=0|1] [hold=0|1] [stall=MS] [max_seg=BYTES]
  *	attach dma-buf fd N (an fd of the writing process) to PCI device dev, (pin,) map, walk
  *	the sg table, then unmap, (unpin,) detach, unless hold=1: then the attachment stays
  *	mapped until "release id=I". With hbm=, also reports the kernel's P2P distance from
@@ -18,6 +18,9 @@
  *	stall=MS (dynamic and revocable only) makes each invalidation of the attachment sleep MS
  *	milliseconds first, as a NIC does that waits for its hardware to stop using a mapping;
  *	the exporter's revocation then holds whatever locks it holds for that long.
+ *	max_seg=BYTES (not with hold=1) sets dev's DMA max segment size for the command, and
+ *	puts the old one back after: an RDMA NIC's (EFA: UINT_MAX, mlx5: 2 GiB) where the
+ *	stand-in has the PCI default (64 KiB).
  *   stalls		how many stalled invalidations have started (takes no lock)
  *   status id=I	invalidations seen, whether mapped, whether revoked
  *   remap id=I		map again an attachment whose mapping the exporter invalidated
@@ -162,7 +165,7 @@ struct pdi_cmd {
 	bool has_mode;
 	enum dma_data_direction dir;
 	bool p2p, hold;
-	unsigned int stall_ms;
+	unsigned int stall_ms, max_seg;
 	u32 id;
 };
 
@@ -232,6 +235,10 @@ static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 			ret = kstrtobool(val, &cmd->hold);
 		} else if (!strcmp(tok, "stall")) {
 			ret = kstrtouint(val, 10, &cmd->stall_ms);
+		} else if (!strcmp(tok, "max_seg")) {
+			ret = kstrtouint(val, 0, &cmd->max_seg);
+			if (!ret && cmd->max_seg < PAGE_SIZE)
+				ret = -EINVAL;
 		} else {
 			seq_buf_printf(out, "error=unknown key '%s'\n", tok);
 			return -EINVAL;
@@ -245,6 +252,10 @@ static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 	if (!strcmp(cmd->verb, "run")) {
 		if (!cmd->has_fd || !cmd->has_dev || !cmd->has_mode) {
 			seq_buf_puts(out, "error=run needs fd=, dev= and mode=\n");
+			return -EINVAL;
+		}
+		if (cmd->max_seg && cmd->hold) {
+			seq_buf_puts(out, "error=max_seg= needs hold=0\n");
 			return -EINVAL;
 		}
 		if (cmd->stall_ms && cmd->mode != PDI_DYNAMIC && cmd->mode != PDI_REVOCABLE) {
@@ -341,16 +352,13 @@ static struct pci_dev *pdi_pci_dev(const unsigned int *bdf)
 	return pci_get_domain_bus_and_slot(bdf[0], bdf[1], PCI_DEVFN(bdf[2], bdf[3]));
 }
 
+static int pdi_run_on(const struct pdi_cmd *cmd, struct seq_buf *out, struct pci_dev *nic);
+
+/* "run": on the PCI device dev=, with its max segment size set for the command if asked. */
 static int pdi_run(const struct pdi_cmd *cmd, struct seq_buf *out)
 {
-	struct pdi_attachment *p;
-	struct dma_buf *dmabuf;
+	unsigned int old_max_seg;
 	struct pci_dev *nic;
-	struct dma_resv *resv;
-	struct sg_table *sgt;
-	struct device *dev;
-	u64 t0, t1;
-	long wait;
 	int ret;
 
 	nic = pdi_pci_dev(cmd->dev);
@@ -359,7 +367,27 @@ static int pdi_run(const struct pdi_cmd *cmd, struct seq_buf *out)
 			       cmd->dev[1], cmd->dev[2], cmd->dev[3]);
 		return -ENODEV;
 	}
-	dev = &nic->dev;
+	old_max_seg = dma_get_max_seg_size(&nic->dev);
+	if (cmd->max_seg)
+		dma_set_max_seg_size(&nic->dev, cmd->max_seg);
+	/* pdi_run_on() takes this reference over; ours keeps nic until the old size is back. */
+	ret = pdi_run_on(cmd, out, pci_dev_get(nic));
+	if (cmd->max_seg)
+		dma_set_max_seg_size(&nic->dev, old_max_seg);
+	pci_dev_put(nic);
+	return ret;
+}
+
+static int pdi_run_on(const struct pdi_cmd *cmd, struct seq_buf *out, struct pci_dev *nic)
+{
+	struct device *dev = &nic->dev;
+	struct pdi_attachment *p;
+	struct dma_buf *dmabuf;
+	struct dma_resv *resv;
+	struct sg_table *sgt;
+	u64 t0, t1;
+	long wait;
+	int ret;
 
 	seq_buf_printf(out, "mode=%s\n", pdi_mode_names[cmd->mode]);
 	seq_buf_printf(out, "importer=%s\n", pci_name(nic));

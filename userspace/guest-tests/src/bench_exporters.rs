@@ -1,8 +1,11 @@
 //! `--bench-exporters`: a benchmark, not a test. The NIC's PCI device (virtio-net) imports
 //! 2 MiB, 64 MiB and 1 GiB dma-bufs from three exporters through the test importer module
-//! (`tests/kmod/peerdirect_importer.c`), and one table reports the sg entries and the best of
+//! (`tests/kmod/peerdirect_importer.c`), with the DMA max segment size of the PCI default
+//! (64 KiB, the stand-in's own) and of real RDMA NICs (mlx5: 2 GiB; EFA: `UINT_MAX`), which
+//! the importer sets for each attachment. One table reports the sg entries and the best of
 //! [`RUNS`] attach, map and unmap+detach times of each, with the ratios of peerdirect to the
-//! other two:
+//! other two, and whether peerdirect meets its goal against vfio-pci with real NICs' max
+//! segment ([`GOAL`]):
 //!
 //! 1. peerdirect: `Device::alloc` + `Allocation::export` of the HBM BAR;
 //! 2. udmabuf: `UDMABUF_CREATE` over a sealed memfd (guest RAM, mapped through the IOMMU);
@@ -38,6 +41,17 @@ const SIZES: [u64; 3] = [2 * MIB, 64 * MIB, 1 << 30];
 const RUNS: usize = 5;
 /// The HBM BAR (ivshmem-plain's BAR 2), as vfio-pci's region index.
 const HBM_BAR: u32 = 2;
+/// The importer's DMA max segment sizes, and whose they are.
+const MAX_SEGS: [(u64, &str); 3] = [
+    (64 << 10, "PCI default"),
+    (2 << 30, "mlx5"),
+    (u32::MAX as u64, "EFA"),
+];
+/// With a real NIC's max segment, peerdirect's attach, map and unmap+detach each within this
+/// ratio of vfio-pci's, and one sg entry per `min(size, max segment)`.
+const GOAL: f64 = 1.2;
+/// The page size: peerdirect cuts at the max segment rounded down to it.
+const PAGE: u64 = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Exporter {
@@ -85,10 +99,11 @@ fn measure(
     nic: &str,
     hbm: Option<PciAddress>,
     dmabuf: &DmaBuf,
+    max_seg: u64,
 ) -> Result<Measured, String> {
     let hbm = hbm.map_or(String::new(), |hbm| format!(" hbm={hbm}"));
     let line = format!(
-        "fd={} dev={nic} mode=dynamic{hbm}",
+        "fd={} dev={nic} mode=dynamic{hbm} max_seg={max_seg}",
         dmabuf.as_fd().as_raw_fd()
     );
     let mut best: Option<Measured> = None;
@@ -152,7 +167,27 @@ fn size_name(bytes: u64) -> String {
     }
 }
 
-type Results = BTreeMap<(Exporter, u64), Result<Measured, String>>;
+/// By exporter, importer max segment and size.
+type Results = BTreeMap<(Exporter, u64, u64), Result<Measured, String>>;
+
+/// Measures `dmabuf` (made by `make`, once per size) with each max segment.
+fn measure_each_seg(
+    importer: &mut TestModule,
+    nic: &str,
+    hbm: Option<PciAddress>,
+    exporter: Exporter,
+    len: u64,
+    dmabuf: Result<DmaBuf, String>,
+    results: &mut Results,
+) {
+    for (seg, _) in MAX_SEGS {
+        let measured = dmabuf
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|dmabuf| measure(importer, nic, hbm, dmabuf, seg));
+        results.insert((exporter, seg, len), measured);
+    }
+}
 
 /// peerdirect: a fresh allocation of each size, exported whole.
 fn bench_peerdirect(
@@ -164,16 +199,22 @@ fn bench_peerdirect(
     results: &mut Results,
 ) {
     for &len in sizes {
-        let measured = (|| {
-            let allocation = device
-                .alloc(len, None)
-                .map_err(|err| format!("alloc of {} failed: {err}", size_name(len)))?;
-            let dmabuf = allocation
-                .export(0, len, ExportFlags::CLOEXEC | ExportFlags::RDWR)
-                .map_err(|err| format!("export of {} failed: {err}", size_name(len)))?;
-            measure(importer, nic, Some(hbm), &dmabuf)
-        })();
-        results.insert((Exporter::Peerdirect, len), measured);
+        let allocation = device
+            .alloc(len, None)
+            .map_err(|err| format!("alloc of {} failed: {err}", size_name(len)));
+        let dmabuf = allocation.as_ref().map_err(Clone::clone).and_then(|a| {
+            a.export(0, len, ExportFlags::CLOEXEC | ExportFlags::RDWR)
+                .map_err(|err| format!("export of {} failed: {err}", size_name(len)))
+        });
+        measure_each_seg(
+            importer,
+            nic,
+            Some(hbm),
+            Exporter::Peerdirect,
+            len,
+            dmabuf,
+            results,
+        );
     }
 }
 
@@ -220,12 +261,11 @@ fn bench_udmabuf(importer: &mut TestModule, nic: &str, sizes: &[u64], results: &
 fn bench_udmabuf_sizes(importer: &mut TestModule, nic: &str, sizes: &[u64], results: &mut Results) {
     let udmabuf = open_udmabuf();
     for &len in sizes {
-        let measured = udmabuf
+        let dmabuf = udmabuf
             .as_ref()
             .map_err(Clone::clone)
-            .and_then(|udmabuf| udmabuf_of(udmabuf, len))
-            .and_then(|dmabuf| measure(importer, nic, None, &dmabuf));
-        results.insert((Exporter::Udmabuf, len), measured);
+            .and_then(|udmabuf| udmabuf_of(udmabuf, len));
+        measure_each_seg(importer, nic, None, Exporter::Udmabuf, len, dmabuf, results);
     }
 }
 
@@ -387,7 +427,7 @@ fn bench_vfio(
         println!("# vfio-pci: {err}");
     }
     for &len in sizes {
-        let measured = vfio
+        let dmabuf = vfio
             .as_ref()
             .map_err(|err| format!("vfio-pci setup failed: {err}"))
             .and_then(|vfio| {
@@ -398,10 +438,17 @@ fn bench_vfio(
                             size_name(len)
                         )
                     })?;
-                let dmabuf = DmaBuf::from_fd(fd).map_err(|err| err.to_string())?;
-                measure(importer, nic, Some(hbm), &dmabuf)
+                DmaBuf::from_fd(fd).map_err(|err| err.to_string())
             });
-        results.insert((Exporter::VfioPci, len), measured);
+        measure_each_seg(
+            importer,
+            nic,
+            Some(hbm),
+            Exporter::VfioPci,
+            len,
+            dmabuf,
+            results,
+        );
     }
 }
 
@@ -417,61 +464,90 @@ fn ratio(ours: u64, theirs: u64) -> String {
     }
 }
 
-/// The table: one line per exporter and size, failures in place of numbers.
+/// The table: one line per exporter, max segment and size, failures in place of numbers.
 fn table(results: &Results, sizes: &[u64]) -> Vec<String> {
     let mut lines = vec![format!(
-        "{:<11} {:>7} {:>6} {:>8} {:>10} {:>10} {:>16}",
-        "exporter", "size", "nents", "max_seg", "attach µs", "map µs", "unmap+detach µs"
+        "{:<11} {:>10} {:>7} {:>6} {:>10} {:>10} {:>16}",
+        "exporter", "max_seg", "size", "nents", "attach µs", "map µs", "unmap+detach µs"
     )];
     for exporter in Exporter::ALL {
-        for &len in sizes {
-            let line = match results.get(&(exporter, len)) {
-                Some(Ok(m)) => format!(
-                    "{:<11} {:>7} {:>6} {:>8} {:>10} {:>10} {:>16}",
-                    exporter.name(),
-                    size_name(len),
-                    m.nents,
-                    m.max_seg,
-                    micros(m.attach_ns),
-                    micros(m.map_ns),
-                    micros(m.unmap_detach_ns)
-                ),
-                Some(Err(err)) => format!(
-                    "{:<11} {:>7} failed: {err}",
-                    exporter.name(),
-                    size_name(len)
-                ),
-                None => format!("{:<11} {:>7} not run", exporter.name(), size_name(len)),
-            };
-            lines.push(line);
+        for (seg, _) in MAX_SEGS {
+            for &len in sizes {
+                let head = format!("{:<11} {seg:>10} {:>7}", exporter.name(), size_name(len));
+                let line = match results.get(&(exporter, seg, len)) {
+                    Some(Ok(m)) => format!(
+                        "{head} {:>6} {:>10} {:>10} {:>16}",
+                        m.nents,
+                        micros(m.attach_ns),
+                        micros(m.map_ns),
+                        micros(m.unmap_detach_ns)
+                    ),
+                    Some(Err(err)) => format!("{head} failed: {err}"),
+                    None => format!("{head} not run"),
+                };
+                lines.push(line);
+            }
         }
     }
     lines
 }
 
-/// peerdirect's times divided by another exporter's, per size (below 1: peerdirect is faster).
+/// The sg entries peerdirect owes an importer: one per `min(len, max segment)`, the max
+/// segment rounded down to the page size.
+fn expected_nents(len: u64, max_seg: u64) -> u64 {
+    len.div_ceil(len.min((max_seg & !(PAGE - 1)).max(PAGE)))
+}
+
+/// Whether peerdirect meets [`GOAL`] against vfio-pci with a real NIC's max segment:
+/// `None` where there is no goal (the PCI default) or nothing to compare.
+fn goal(ours: &Measured, vfio: &Measured, len: u64, max_seg: u64) -> Option<bool> {
+    if max_seg < 2 << 30 {
+        return None;
+    }
+    let within = |a: u64, b: u64| b > 0 && a as f64 <= GOAL * b as f64;
+    Some(
+        within(ours.attach_ns, vfio.attach_ns)
+            && within(ours.map_ns, vfio.map_ns)
+            && within(ours.unmap_detach_ns, vfio.unmap_detach_ns)
+            && ours.nents == expected_nents(len, max_seg),
+    )
+}
+
+/// peerdirect's times divided by another exporter's, per max segment and size (below 1:
+/// peerdirect is faster), and against vfio-pci whether the goal is met.
 fn ratios(results: &Results, sizes: &[u64]) -> Vec<String> {
     let mut lines = vec![format!(
-        "{:<21} {:>7} {:>7} {:>7} {:>13}",
-        "ratio", "size", "attach", "map", "unmap+detach"
+        "{:<21} {:>10} {:>7} {:>7} {:>7} {:>13} {:>8}",
+        "ratio", "max_seg", "size", "attach", "map", "unmap+detach", "goal"
     )];
     for other in [Exporter::VfioPci, Exporter::Udmabuf] {
-        for &len in sizes {
-            let name = format!("peerdirect/{}", other.name());
-            let (Some(Ok(ours)), Some(Ok(theirs))) = (
-                results.get(&(Exporter::Peerdirect, len)),
-                results.get(&(other, len)),
-            ) else {
-                lines.push(format!("{name:<21} {:>7} -", size_name(len)));
-                continue;
-            };
-            lines.push(format!(
-                "{name:<21} {:>7} {:>7} {:>7} {:>13}",
-                size_name(len),
-                ratio(ours.attach_ns, theirs.attach_ns),
-                ratio(ours.map_ns, theirs.map_ns),
-                ratio(ours.unmap_detach_ns, theirs.unmap_detach_ns)
-            ));
+        for (seg, _) in MAX_SEGS {
+            for &len in sizes {
+                let name = format!("peerdirect/{}", other.name());
+                let head = format!("{name:<21} {seg:>10} {:>7}", size_name(len));
+                let (Some(Ok(ours)), Some(Ok(theirs))) = (
+                    results.get(&(Exporter::Peerdirect, seg, len)),
+                    results.get(&(other, seg, len)),
+                ) else {
+                    lines.push(format!("{head} -"));
+                    continue;
+                };
+                let verdict = match other {
+                    Exporter::VfioPci => goal(ours, theirs, len, seg),
+                    _ => None,
+                };
+                lines.push(format!(
+                    "{head} {:>7} {:>7} {:>13} {:>8}",
+                    ratio(ours.attach_ns, theirs.attach_ns),
+                    ratio(ours.map_ns, theirs.map_ns),
+                    ratio(ours.unmap_detach_ns, theirs.unmap_detach_ns),
+                    match verdict {
+                        Some(true) => "met",
+                        Some(false) => "not met",
+                        None => "-",
+                    }
+                ));
+            }
         }
     }
     lines
@@ -481,36 +557,24 @@ fn ratios(results: &Results, sizes: &[u64]) -> Vec<String> {
 fn notes(results: &Results, sizes: &[u64], hbm_bus_addr: u64) -> Vec<String> {
     let mut lines = Vec::new();
     for exporter in Exporter::ALL {
-        let Some(Ok(m)) = sizes
-            .iter()
-            .map(|&len| results.get(&(exporter, len)))
-            .find(|m| matches!(m, Some(Ok(_))))
-            .flatten()
-        else {
+        let of_exporter = || {
+            results
+                .iter()
+                .filter(move |((e, _, len), _)| *e == exporter && sizes.contains(len))
+                .filter_map(|(_, m)| m.as_ref().ok())
+        };
+        let Some(m) = of_exporter().next() else {
             continue;
         };
-        let largest = sizes
-            .iter()
-            .filter_map(|&len| match results.get(&(exporter, len)) {
-                Some(Ok(m)) => Some(m.max_entry),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
-        let over: u64 = sizes
-            .iter()
-            .filter_map(|&len| match results.get(&(exporter, len)) {
-                Some(Ok(m)) => Some(m.over_max_seg),
-                _ => None,
-            })
-            .sum();
+        let largest = of_exporter().map(|m| m.max_entry).max().unwrap_or(0);
+        let over: u64 = of_exporter().map(|m| m.over_max_seg).sum();
         let whence = if m.dma_first == hbm_bus_addr {
             " = the HBM BAR's bus address: P2P through the switch, no IOMMU in the path"
         } else {
             ""
         };
         lines.push(format!(
-            "# {}: exp_name={} dma_first={:#x}{whence}; largest sg entry {} bytes, {} entries longer than max_seg (all sizes); importer_iommu={}{}",
+            "# {}: exp_name={} dma_first={:#x}{whence}; largest sg entry {} bytes, {} entries longer than max_seg (all runs); importer_iommu={}{}",
             exporter.name(),
             m.exp_name,
             m.dma_first,
@@ -581,9 +645,16 @@ pub(crate) fn run() -> ExitCode {
         println!("{line}");
     }
     println!(
-        "# max_seg is the NIC's DMA max segment size (64 KiB, the PCI default): peerdirect cuts \
-         its ranges there, as habanalabs does; vfio-pci gives one entry per range; udmabuf's \
-         entries are what the IOMMU mapping merged"
+        "# max_seg is the NIC's DMA max segment size, set by the importer for each attachment: \
+         {}. peerdirect cuts its ranges there (rounded down to the page size), as habanalabs \
+         does; vfio-pci gives one entry per range (up to 4 GiB); udmabuf's entries are what the \
+         IOMMU mapping merged. goal: with a real NIC's max segment, attach, map and \
+         unmap+detach each within {GOAL}x of vfio-pci's, and one entry per min(size, max_seg)",
+        MAX_SEGS
+            .iter()
+            .map(|(seg, whose)| format!("{seg} ({whose})"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     if results.values().all(Result::is_ok) {
         ExitCode::SUCCESS
@@ -853,48 +924,94 @@ mod tests {
     #[test]
     fn ratios_divide_peerdirect_by_the_other() {
         let mut results = Results::new();
+        const SEG: u64 = 64 << 10;
         results.insert(
-            (Exporter::Peerdirect, 2 * MIB),
+            (Exporter::Peerdirect, SEG, 2 * MIB),
             Ok(measured(1000, 3000, 500)),
         );
-        results.insert((Exporter::VfioPci, 2 * MIB), Ok(measured(500, 1000, 1000)));
-        results.insert((Exporter::Udmabuf, 2 * MIB), Err("no".to_owned()));
+        results.insert(
+            (Exporter::VfioPci, SEG, 2 * MIB),
+            Ok(measured(500, 1000, 1000)),
+        );
+        results.insert((Exporter::Udmabuf, SEG, 2 * MIB), Err("no".to_owned()));
         let lines = ratios(&results, &[2 * MIB]);
-        assert_eq!(lines.len(), 3);
+        // A header, then per other exporter one line per max segment.
+        assert_eq!(lines.len(), 1 + 2 * MAX_SEGS.len());
         let vfio: Vec<&str> = lines[1].split_whitespace().collect();
         assert_eq!(
             vfio,
-            ["peerdirect/vfio-pci", "2", "MiB", "2.00", "3.00", "0.50"]
+            [
+                "peerdirect/vfio-pci",
+                "65536",
+                "2",
+                "MiB",
+                "2.00",
+                "3.00",
+                "0.50",
+                "-"
+            ]
         );
         assert!(lines[2].ends_with('-'), "{}", lines[2]);
+        assert!(lines[4].ends_with('-'), "{}", lines[4]);
+    }
+
+    #[test]
+    fn goal_needs_a_real_nics_max_segment_every_ratio_within_and_the_entries_owed() {
+        const GIB: u64 = 1 << 30;
+        let efa = u64::from(u32::MAX);
+        let vfio = measured(1000, 1000, 1000);
+        let fast = Measured {
+            nents: 1,
+            ..measured(1200, 1100, 900)
+        };
+        assert_eq!(goal(&fast, &vfio, GIB, 64 << 10), None);
+        assert_eq!(goal(&fast, &vfio, GIB, efa), Some(true));
+        assert_eq!(goal(&fast, &vfio, GIB, 2 * GIB), Some(true));
+        let slow_map = Measured {
+            map_ns: 1201,
+            ..fast.clone()
+        };
+        assert_eq!(goal(&slow_map, &vfio, GIB, efa), Some(false));
+        let cut = Measured { nents: 2, ..fast };
+        assert_eq!(goal(&cut, &vfio, GIB, efa), Some(false));
+        // 16 GiB with EFA's max segment: cut below 4 GiB, at a page boundary.
+        assert_eq!(expected_nents(16 * GIB, efa), 5);
+        assert_eq!(expected_nents(2 * MIB, 64 << 10), 32);
+        assert_eq!(expected_nents(GIB, 2 * GIB), 1);
     }
 
     #[test]
     fn table_shows_numbers_and_failures() {
         let mut results = Results::new();
+        const SEG: u64 = 64 << 10;
         results.insert(
-            (Exporter::Peerdirect, 2 * MIB),
+            (Exporter::Peerdirect, SEG, 2 * MIB),
             Ok(measured(1234, 5678, 90)),
         );
-        results.insert((Exporter::Udmabuf, 2 * MIB), Err("boom".to_owned()));
+        results.insert((Exporter::Udmabuf, SEG, 2 * MIB), Err("boom".to_owned()));
         let lines = table(&results, &[2 * MIB]);
-        assert_eq!(lines.len(), 4);
+        assert_eq!(lines.len(), 1 + Exporter::ALL.len() * MAX_SEGS.len());
         let peerdirect: Vec<&str> = lines[1].split_whitespace().collect();
         assert_eq!(
             peerdirect,
             [
                 "peerdirect",
+                "65536",
                 "2",
                 "MiB",
                 "32",
-                "65536",
                 "1.23",
                 "5.68",
                 "0.09"
             ]
         );
-        assert!(lines[2].contains("failed: boom"), "{}", lines[2]);
-        assert!(lines[3].contains("not run"), "{}", lines[3]);
+        assert!(lines[2].contains("not run"), "{}", lines[2]);
+        let udmabuf = 1 + MAX_SEGS.len();
+        assert!(
+            lines[udmabuf].contains("failed: boom"),
+            "{}",
+            lines[udmabuf]
+        );
     }
 
     #[test]

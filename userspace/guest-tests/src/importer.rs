@@ -484,6 +484,22 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
             ));
         }
     }
+    // Real RDMA NICs' max segment (the importer sets it for the attachment): one entry.
+    for (extra, whose) in [
+        ("max_seg=2147483648", "mlx5's (2 GiB)"),
+        ("max_seg=4294967295", "EFA's (UINT_MAX)"),
+    ] {
+        cases.push((
+            format!("{topology}: dynamic attach of 64 MiB by a NIC with {whose} max segment agrees with the kernel's P2P verdict (mapped: one sg entry)"),
+            Case {
+                mode: Mode::Dynamic,
+                alloc_len: 64 * MIB,
+                offset: 0,
+                len: 64 * MIB,
+                extra,
+            },
+        ));
+    }
     cases.push((
         format!("{topology}: dynamic attach of 2 MiB at offset 0x101000 of a 64 MiB allocation agrees with the kernel's P2P verdict (mapped: starts at that offset)"),
         Case {

@@ -27,11 +27,13 @@
 # Last, userspace/capi/examples/companion_export.c on a companion device (the HBM device bound
 # to vfio-pci): pd_export_range refused without CAP_SYS_ADMIN (-EPERM), then a BAR range
 # exported, the pattern written through its mapping (checked on the host), and registered
-# with libfabric tcp through the cache (a miss, then a hit).
+# with libfabric tcp through the cache (pd_register_export: a miss, then a hit); then held
+# registered and mapped while the companion is removed: the invalidation callback hears of it
+# (PD_INVALIDATED_DEVICE) and the mapping faults.
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "1..17"
+echo "1..18"
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -246,6 +248,15 @@ peerdirect companion add $hbm --bar 2 >/dev/null
 run cbuild sh -c 'gcc -std=gnu11 -Wall -Wextra -Werror -o /tmp/companion_export companion_export.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/companion_export .'
 run cnocap setpriv --inh-caps=-sys_admin --bounding-set=-sys_admin ./companion_export 0 0x1000000 0x400000 0x5eed0003 --expect-errno EPERM
 run companion ./companion_export 0 0x1000000 0x400000 0x5eed0003
+# Registered and mapped while the companion goes.
+./companion_export 0 0x2000000 0x200000 0x5eed0004 --hold /tmp/go >hold.out 2>&1 &
+pid=$!
+n=0
+while ! grep -q 'registered, waiting' hold.out && [ $n -lt 600 ]; do sleep 0.1; n=$((n + 1)); done
+run cremove peerdirect companion remove $hbm
+touch /tmp/go
+wait $pid
+echo $? >hold.rc
 EOS
 hbm_companion=$work/hbm-companion
 out=$(guest --topology switch-iommu --no-bind --userland trixie --hbm-backing "$hbm_companion" \
@@ -272,6 +283,15 @@ if [ $rc = 0 ] && [ "$(cat companion.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL'
 	sed "s/^/# /" companion.out
 else
 	fail "$desc" "qemu/run exited $rc" "$out" "$(show companion)"
+fi
+desc="companion remove while companion_export holds a registration (pd_register_export) and a mapping: the invalidation callback hears of it with PD_INVALIDATED_DEVICE and its key, and touching the mapping then gets SIGBUS"
+if [ "$(cat cremove.rc 2>/dev/null)" = 0 ] && [ "$(cat hold.rc 2>/dev/null)" = 0 ] &&
+	grep -q '^ok - invalidated: [0-9]* callback(s), cause PD_INVALIDATED_DEVICE' hold.out &&
+	grep -q '^ok - touching the mapping after the companion went: SIGBUS$' hold.out; then
+	ok "$desc"
+	sed "s/^/# /" hold.out
+else
+	fail "$desc" "$(show cremove)" "$(show hold)"
 fi
 desc="the host finds companion_export's pattern in the HBM backing file at BAR offset 16 MiB"
 if "$ROOT/tests/hbm-pattern" check "$hbm_companion" $((16 << 20)) $((4 << 20)) 0x5eed0003 >check.out 2>&1; then

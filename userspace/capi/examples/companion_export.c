@@ -6,7 +6,7 @@
  * allocated from the owner's driver; the caller vouches for it, so this needs CAP_SYS_ADMIN),
  * maps the dma-buf, writes the test pattern with SEED through the mapping and reads it back,
  * opens libfabric's tcp provider on 127.0.0.1, registers the dma-buf twice with
- * pd_register_dmabuf (a miss, then a hit), prints the path and key, then releases everything:
+ * pd_register_export (a miss, then a hit), prints the path and key, then releases everything:
  * the registrations, the cache's entry (pd_regcache_invalidate_dmabuf), the cache, the
  * domain, the mapping and the dma-buf. Each step prints one line, "ok - ..." or
  * "FAIL - ... : <why>"; exit status 0 iff every step was ok (2 for a usage error).
@@ -18,8 +18,14 @@
  * With --expect-errno NAME (EPERM, say), the program only tries the export, and succeeds iff
  * pd_export_range returns -NAME: what a caller without CAP_SYS_ADMIN must be told.
  *
+ * With --hold GOFILE, the program keeps a registration and its mapping after registering,
+ * says "ok - registered, waiting", and waits (up to 120 s) for GOFILE to exist, meanwhile
+ * the test removes the companion; then the invalidation callback must have heard of the
+ * registration with PD_INVALIDATED_DEVICE, and a child touching the mapping must die of
+ * SIGBUS.
+ *
  *   cc -o companion_export companion_export.c $(pkg-config --cflags --libs peerdirect libfabric)
- *   ./companion_export DEVICE_INDEX BAR_OFFSET LENGTH SEED [--expect-errno NAME]
+ *   ./companion_export DEVICE_INDEX BAR_OFFSET LENGTH SEED [--expect-errno NAME | --hold GOFILE]
  *
  * Numbers are decimal, or hexadecimal with 0x.
  */
@@ -33,7 +39,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <linux/dma-buf.h>
@@ -220,13 +228,85 @@ static int cache_counted(const pd_regcache *cache, uint64_t hits, uint64_t misse
 static int usage(void)
 {
 	fprintf(stderr, "usage: companion_export DEVICE_INDEX BAR_OFFSET LENGTH SEED "
-			"[--expect-errno NAME]\n");
+			"[--expect-errno NAME | --hold GOFILE]\n");
 	return 2;
+}
+
+/* What the invalidation callback heard (--hold); calls is published last (release). */
+struct heard {
+	int calls;
+	uint32_t cause;
+	uint32_t held;
+	uint64_t key;
+};
+
+static void on_invalidate(void *ctx, const struct pd_invalidation *invalidation)
+{
+	struct heard *heard = ctx;
+
+	heard->cause = invalidation->cause;
+	heard->held = invalidation->held;
+	heard->key = invalidation->key;
+	__atomic_store_n(&heard->calls, heard->calls + 1, __ATOMIC_RELEASE);
+}
+
+/*
+ * --hold: waits for go to exist, then checks that the callback heard of the registration
+ * (key) because its device went, and that touching the mapping now kills a child with SIGBUS.
+ * 0 iff both.
+ */
+static int hold_until_gone(const char *go, const struct heard *heard, uint64_t key, void *map)
+{
+	int tries, wstatus;
+	pid_t child;
+
+	printf("ok - registered, waiting\n");
+	fflush(stdout);
+	for (tries = 0; access(go, F_OK) != 0; tries++) {
+		if (tries == 12000) {
+			printf("FAIL - waiting for %s : not there after 120 s\n", go);
+			return 1;
+		}
+		usleep(10000);
+	}
+	/* The cache hears of the removal on a thread of its own: give it 5 s. */
+	for (tries = 0; tries < 500 && __atomic_load_n(&heard->calls, __ATOMIC_ACQUIRE) < 1; tries++)
+		usleep(10000);
+	if (__atomic_load_n(&heard->calls, __ATOMIC_ACQUIRE) < 1 ||
+	    heard->cause != PD_INVALIDATED_DEVICE || heard->key != key) {
+		printf("FAIL - invalidation : %d callback(s), cause %u, key %#" PRIx64
+		       "; expected the registration's key %#" PRIx64 " with PD_INVALIDATED_DEVICE\n",
+		       heard->calls, heard->cause, heard->key, key);
+		return 1;
+	}
+	printf("ok - invalidated: %d callback(s), cause PD_INVALIDATED_DEVICE, held %u, key %#" PRIx64
+	       "\n",
+	       heard->calls, heard->held, heard->key);
+	fflush(stdout);
+	child = fork();
+	if (child == 0) {
+		(void)*(volatile unsigned char *)map;
+		_exit(0);
+	}
+	if (child < 0 || waitpid(child, &wstatus, 0) != child) {
+		printf("FAIL - fork or wait : %s\n", strerror(errno));
+		return 1;
+	}
+	if (!WIFSIGNALED(wstatus) || WTERMSIG(wstatus) != SIGBUS) {
+		printf("FAIL - touching the mapping after the companion went : child status %#x, "
+		       "expected SIGBUS\n",
+		       wstatus);
+		return 1;
+	}
+	printf("ok - touching the mapping after the companion went: SIGBUS\n");
+	return 0;
 }
 
 int main(int argc, char **argv)
 {
 	uint64_t index, bar_offset, length, seed;
+	const char *go = NULL;
+	struct heard heard = { 0 };
 	int expected = 0;
 	char what[128];
 	struct pd_device_info info;
@@ -246,8 +326,10 @@ int main(int argc, char **argv)
 	if (!parse_u64(argv[1], &index) || index > UINT_MAX || !parse_u64(argv[2], &bar_offset) ||
 	    !parse_u64(argv[3], &length) || !parse_u64(argv[4], &seed))
 		return usage();
-	if (argc == 7 && (strcmp(argv[5], "--expect-errno") != 0 ||
-			  (expected = errno_value(argv[6])) == 0))
+	if (argc == 7 && strcmp(argv[5], "--hold") == 0)
+		go = argv[6];
+	else if (argc == 7 && (strcmp(argv[5], "--expect-errno") != 0 ||
+			       (expected = errno_value(argv[6])) == 0))
 		return usage();
 
 	dev = pd_device_open((unsigned)index, &err);
@@ -347,10 +429,14 @@ int main(int argc, char **argv)
 	}
 	printf("ok - attached the domain\n");
 
-	/* The dma-buf registers like any other exported elsewhere. */
-	err = pd_register_dmabuf(dom, fd, 0, 0, ALL_ACCESS, &first);
+	if (go && (err = pd_regcache_set_invalidate_callback(cache, on_invalidate, &heard))) {
+		pd_failed("pd_regcache_set_invalidate_callback", err);
+		goto out;
+	}
+	/* Registered as the device's export: the cache watches the device. */
+	err = pd_register_export(dom, dev, fd, 0, 0, ALL_ACCESS, &first);
 	if (err) {
-		pd_failed("pd_register_dmabuf", err);
+		pd_failed("pd_register_export", err);
 		goto out;
 	}
 	printf("ok - registered %" PRIu64 " bytes: path %s, key %#" PRIx64 "\n", length,
@@ -362,9 +448,9 @@ int main(int argc, char **argv)
 	}
 	if (!cache_counted(cache, 0, 1))
 		goto out;
-	err = pd_register_dmabuf(dom, fd, 0, 0, ALL_ACCESS, &second);
+	err = pd_register_export(dom, dev, fd, 0, 0, ALL_ACCESS, &second);
 	if (err) {
-		pd_failed("pd_register_dmabuf(again)", err);
+		pd_failed("pd_register_export(again)", err);
 		goto out;
 	}
 	if (pd_mr_key(second) != pd_mr_key(first)) {
@@ -377,6 +463,10 @@ int main(int argc, char **argv)
 	       path_name(pd_mr_path(second)), pd_mr_key(second));
 	if (!cache_counted(cache, 1, 1))
 		goto out;
+	if (go) {
+		status = hold_until_gone(go, &heard, pd_mr_key(first), map);
+		goto out;
+	}
 
 	pd_mr_release(first);
 	pd_mr_release(second);

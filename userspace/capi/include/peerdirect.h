@@ -189,17 +189,16 @@ int pd_export(const pd_allocation *alloc, uint64_t offset, uint64_t length, uint
  * its runtime owns it and keeps it allocated while the dma-buf and any registration of it
  * live; this needs CAP_SYS_ADMIN. bar_offset and length are multiples of the page size,
  * length above 0, the range inside the BAR. flags: PD_EXPORT_*. Stores the dma-buf's fd in
- * *fd_out, owned by the caller as for pd_export(); register it with pd_register_dmabuf() like
- * any dma-buf exported elsewhere.
+ * *fd_out, owned by the caller as for pd_export(); register it with pd_register_export().
  * -EPERM: no CAP_SYS_ADMIN; -EINVAL: unaligned, empty or outside the BAR, or unknown flags;
  * -EOVERFLOW: bar_offset + length overflows; -EOPNOTSUPP: a device peerdirect owns (use
  * pd_alloc() and pd_export() there); -ENODEV: the device is gone.
  * The dma-buf is revoked when the companion goes (its owner driver unbinds, the device is
  * removed, or an administrator removes the companion): importers are invalidated, CPU
- * mappings of it then fault with SIGBUS, and this device's calls fail with -ENODEV. The
- * registration cache is not told (pd_register_dmabuf() knows no device): on -ENODEV, or
- * before the runtime frees the range, call pd_regcache_invalidate_dmabuf(), which tells the
- * invalidation callback of each registration of it (PD_INVALIDATED_MEMORY).
+ * mappings of it then fault with SIGBUS, this device's calls fail with -ENODEV, and the
+ * registration cache drops the registrations made with pd_register_export(), telling the
+ * invalidation callback (PD_INVALIDATED_DEVICE). Before the runtime frees the range, call
+ * pd_regcache_invalidate_dmabuf() (PD_INVALIDATED_MEMORY), then close the fd.
  */
 int pd_export_range(const pd_device *dev, uint64_t bar_offset, uint64_t length, uint32_t flags,
 		    int *fd_out);
@@ -294,10 +293,22 @@ int pd_register_dmabuf(pd_domain *domain, int fd, uint64_t offset, uint64_t leng
 		       uint32_t access, pd_mr **out);
 
 /*
- * Drops every cached registration of the dma-buf fd (registered with pd_register_dmabuf) and
- * the cache's duplicate of it, telling the invalidation callback of each registration of it
- * (PD_INVALIDATED_MEMORY); registrations still held by pd_mr handles go when those are
- * released. Returns how many cached entries were dropped, or a negative errno.
+ * As pd_register_dmabuf, for a dma-buf that dev exported (pd_export_range() on a companion
+ * device, or pd_export()): it is registered under its identity on that device, and the cache
+ * watches dev, so that the device's removal drops the registration and tells the invalidation
+ * callback (PD_INVALIDATED_DEVICE), as for pd_register().
+ * -EINVAL: fd is not a dma-buf dev exported (or is registered with pd_register_dmabuf
+ * already), or as for pd_register_dmabuf.
+ */
+int pd_register_export(pd_domain *domain, const pd_device *dev, int fd, uint64_t offset,
+		       uint64_t length, uint32_t access, pd_mr **out);
+
+/*
+ * Drops every cached registration of the dma-buf fd (registered with pd_register_dmabuf or
+ * pd_register_export) and the cache's duplicate of it, telling the invalidation callback of
+ * each registration of it (PD_INVALIDATED_MEMORY); registrations still held by pd_mr handles
+ * go when those are released. Returns how many cached entries were dropped, or a negative
+ * errno.
  */
 int pd_regcache_invalidate_dmabuf(pd_regcache *cache, int fd);
 

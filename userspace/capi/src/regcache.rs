@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CString};
+use std::os::fd::{AsFd, AsRawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -27,12 +28,12 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use pd::cache::{Access, ByteRange, DomainId, ExportId, RegCache};
 use pd::registrar::ibverbs::{self, IbverbsRegistrar};
 use pd::registrar::libfabric::{Fabric, LibfabricError, LibfabricRegistrar, MappedDmaBuf};
-use pd::{Cause, Errno, Invalidated, RawExport, RegPath, Registrar, Registration};
+use pd::{Cause, Device, Errno, Invalidated, RawExport, RegPath, Registrar, Registration};
 
 use crate::abi::{self, FidDomain, IbvPd, PdInvalidateFn, PdInvalidation, PdRegcacheStats};
 use crate::error::{guard_status, handle_guard, shield, Failure};
 use crate::registrar::AnyRegistrar;
-use crate::{arg, put, PdAllocation};
+use crate::{arg, put, PdAllocation, PdDevice};
 
 /// What `pd_register` registers an allocation from: its export and that export's identity.
 pub(crate) struct Source {
@@ -54,8 +55,9 @@ struct Shared {
     domains: Arc<Mutex<HashMap<DomainId, Attached>>>,
     /// Whether registrations may fall back to host bounce (`pd_regcache_set_host_bounce`).
     host_bounce: AtomicBool,
-    /// Dma-bufs exported elsewhere (`pd_register_dmabuf`): a duplicate of the caller's fd,
-    /// mapped, by inode number, until `pd_regcache_invalidate_dmabuf` or the cache's end.
+    /// Dma-bufs the caller passed by fd (`pd_register_dmabuf`: exported elsewhere;
+    /// `pd_register_export`: by a peerdirect device): a duplicate of the caller's fd, mapped,
+    /// by inode number, until `pd_regcache_invalidate_dmabuf` or the cache's end.
     foreign: Mutex<HashMap<u64, Arc<Source>>>,
     /// The caller's invalidation callback, read by the cache's listener.
     callback: Arc<Mutex<Option<Callback>>>,
@@ -437,12 +439,67 @@ pub unsafe extern "C" fn pd_register_dmabuf(
             return Err(Failure::null(F, "out"));
         }
         let access = checked_access(access)?;
-        let source = domain.shared.foreign_source(F, fd)?;
+        let source = domain.shared.fd_source(F, fd, None)?;
         let size = source.mapped.dma_buf().length();
         let range = checked_range(size, offset, length)?;
         // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
         unsafe { domain.register_into(F, &source, range, access, out) }
     })
+}
+
+/// `int pd_register_export(pd_domain *domain, const pd_device *dev, int fd, uint64_t offset,
+/// uint64_t length, uint32_t access, pd_mr **out)`: as `pd_register_dmabuf`, for a dma-buf
+/// that `dev` exported (`pd_export_range` on a companion, or `pd_export`): registered under
+/// its identity on that device, with the cache watching the device, so that its removal
+/// invalidates the registration (and tells the callback) as for `pd_register`.
+///
+/// # Safety
+///
+/// `domain` and `dev` are NULL or live handles; `fd` is open for the call; `out` as for
+/// `pd_register`.
+#[no_mangle]
+pub unsafe extern "C" fn pd_register_export(
+    domain: *mut PdDomain,
+    dev: *const PdDevice,
+    fd: c_int,
+    offset: u64,
+    length: u64,
+    access: u32,
+    out: *mut *mut PdMr,
+) -> c_int {
+    const F: &str = "pd_register_export";
+    guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let domain = unsafe { arg(F, "domain", domain.cast_const()) }?;
+        // SAFETY: the caller promises NULL or a live handle.
+        let dev = unsafe { arg(F, "dev", dev) }?;
+        if out.is_null() {
+            return Err(Failure::null(F, "out"));
+        }
+        let access = checked_access(access)?;
+        let source = domain.shared.fd_source(F, fd, Some(&dev.device))?;
+        let size = source.mapped.dma_buf().length();
+        let range = checked_range(size, offset, length)?;
+        domain.shared.cache.attach(&dev.device);
+        // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
+        unsafe { domain.register_into(F, &source, range, access, out) }
+    })
+}
+
+/// Whether `dma_buf` was exported by the peerdirect device `index`: its exporter and the name
+/// peerdirect gives its dma-bufs (`peerdirectN:...`), as `/proc/self/fdinfo` shows them.
+fn exported_by(dma_buf: &pd::DmaBuf, index: u32) -> bool {
+    let fd = dma_buf.as_fd().as_raw_fd();
+    let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")) else {
+        return false;
+    };
+    let field = |key: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(key))
+            .map(str::trim)
+    };
+    field("exp_name:") == Some("peerdirect")
+        && field("name:").is_some_and(|name| name.starts_with(&format!("peerdirect{index}:")))
 }
 
 /// `int pd_regcache_invalidate_dmabuf(pd_regcache *cache, int fd)`: drops every cached
@@ -459,11 +516,13 @@ pub unsafe extern "C" fn pd_regcache_invalidate_dmabuf(cache: *mut PdRegCache, f
     let status = guard_status(F, || {
         // SAFETY: the caller promises NULL or a live handle.
         let cache = unsafe { arg(F, "cache", cache) }?;
-        let export = ExportId::foreign(&borrowed_dma_buf(F, fd)?)
+        let foreign = ExportId::foreign(&borrowed_dma_buf(F, fd)?)
             .map_err(|errno| Failure::new(errno, format!("{F}: fstat of fd {fd}: {errno}")))?;
-        let count = cache.shared.cache.invalidate_export(export);
+        // Registered with pd_register_export, it is known under its device's identity.
+        let source = lock(&cache.shared.foreign).remove(&foreign.dma_buf_inode());
+        let export = source.map_or(foreign, |source| source.export);
         // Its mapping and duplicate fd go once no registration uses them.
-        lock(&cache.shared.foreign).remove(&export.dma_buf_inode());
+        let count = cache.shared.cache.invalidate_export(export);
         dropped = c_int::try_from(count).unwrap_or(c_int::MAX);
         Ok(())
     });
@@ -578,15 +637,51 @@ impl PdDomain {
 }
 
 impl Shared {
-    /// The cache's source for the foreign dma-buf `fd`: its own duplicate, mapped, made on
-    /// first use.
-    fn foreign_source(&self, function: &str, fd: c_int) -> Result<Arc<Source>, Failure> {
+    /// The cache's source for the dma-buf `fd`: its own duplicate, mapped, made on first use;
+    /// known as a foreign export, or as one of `device`'s (`EINVAL` if `device` did not export
+    /// it).
+    fn fd_source(
+        &self,
+        function: &str,
+        fd: c_int,
+        device: Option<&Device>,
+    ) -> Result<Arc<Source>, Failure> {
         let dma_buf = borrowed_dma_buf(function, fd)?;
-        let export = ExportId::foreign(&dma_buf)
-            .map_err(|errno| Failure::new(errno, format!("{function}: fstat: {errno}")))?;
+        let export = match device {
+            None => ExportId::foreign(&dma_buf),
+            Some(device) => {
+                if !exported_by(&dma_buf, device.index()) {
+                    return Err(Failure::new(
+                        Errno::INVAL,
+                        format!(
+                            "{function}: fd {fd} is not a dma-buf exported by /dev/peerdirect{}: \
+                             register other dma-bufs with pd_register_dmabuf",
+                            device.index()
+                        ),
+                    ));
+                }
+                device.export_id(&dma_buf)
+            }
+        }
+        .map_err(|errno| Failure::new(errno, format!("{function}: fstat: {errno}")))?;
         let mut foreign = lock(&self.foreign);
         if let Some(source) = foreign.get(&export.dma_buf_inode()) {
-            return Ok(Arc::clone(source));
+            if source.export == export {
+                return Ok(Arc::clone(source));
+            }
+            // Known under the other identity: registered both ways, each is its own export.
+            return Err(Failure::new(
+                Errno::INVAL,
+                format!(
+                    "{function}: fd {fd} is registered with {} already; register a dma-buf one \
+                     way only",
+                    if device.is_some() {
+                        "pd_register_dmabuf"
+                    } else {
+                        "pd_register_export"
+                    }
+                ),
+            ));
         }
         let mapped = MappedDmaBuf::new(dma_buf)?;
         let source = Arc::new(Source { mapped, export });

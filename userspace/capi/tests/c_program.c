@@ -157,6 +157,8 @@ int main(int argc, char **argv)
 		}
 		CHECK(pd_regcache_invalidate_dmabuf(cache, -1) == -EBADF);
 		CHECK(pd_register_dmabuf(NULL, 0, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
+		CHECK(pd_register_export(NULL, NULL, 0, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
+		CHECK(contains(pd_last_error(), "pd_register_export"));
 		CHECK(pd_regcache_invalidate_dmabuf(NULL, 0) == -EINVAL);
 		CHECK(mr == (pd_mr *)&err);
 		CHECK(pd_regcache_set_host_bounce(cache, 1) == 0);

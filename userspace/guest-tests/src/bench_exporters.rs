@@ -348,6 +348,11 @@ struct Vfio {
 /// Moves the HBM device to vfio-pci (the NIC to no driver, so that their shared group is
 /// viable) and opens it through the container/group interface.
 fn open_vfio(hbm: &str, nic: &str) -> Result<Vfio, String> {
+    // Modules on a distribution's kernel (Debian's), built in on the test kernel: a failure
+    // to load them shows below, when the device does not bind.
+    for module in ["vfio_pci", "vfio_iommu_type1"] {
+        let _ = std::process::Command::new("modprobe").arg(module).status();
+    }
     unbind(hbm)?;
     unbind(nic)?;
     write_sysfs(
@@ -608,6 +613,11 @@ pub(crate) fn run() -> ExitCode {
         .into_iter()
         .filter(|&len| len <= info.hbm_bytes)
         .collect();
+    println!(
+        "# kernel {}",
+        fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map_or_else(|err| format!("unknown ({err})"), |r| r.trim().to_owned())
+    );
     println!(
         "# exporters → NIC {nic} (virtio-net) through peerdirect_importer, mode=dynamic \
          (allow_peer2peer + invalidate_mappings: vfio-pci refuses importers it cannot revoke, so \

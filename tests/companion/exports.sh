@@ -3,11 +3,9 @@
 # (tests/system/companion.sh).
 hbm=0000:03:00.0 nic=0000:04:00.0 dev=/dev/peerdirect0
 . /mnt/host/guest-lib.sh
-gcc -Wall -Werror -o /tmp/probe /mnt/host/probe.c || echo "@probe_build 1 gcc failed"
-echo vfio-pci >/sys/bus/pci/devices/$hbm/driver_override
-echo $hbm >/sys/bus/pci/drivers_probe
-insmod /usr/lib/peerdirect/peerdirect.ko companion=1
-insmod /usr/lib/peerdirect/tests/peerdirect_importer.ko
+build_probe
+owned_by_vfio $hbm
+load_companion_mode
 peerdirect companion add $hbm --bar 2 >/dev/null
 run unaligned /tmp/probe xr $dev 0x1000800 0x200000
 run unaligned_len /tmp/probe xr $dev 0x1000000 0x1800

@@ -2,7 +2,7 @@
 # A device peerdirect owns cannot be a companion; one no driver owns can, and INFO names the
 # driver bound to it later (tests/system/companion.sh).
 . /mnt/host/guest-lib.sh
-gcc -Wall -Werror -o /tmp/probe /mnt/host/probe.c || echo "@probe_build 1 gcc failed"
+build_probe
 # hbm1 (0000:05:00.0) is peerdirect's own; hbm0 has no driver at all.
 echo peerdirect >/sys/bus/pci/devices/0000:05:00.0/driver_override
 insmod /usr/lib/peerdirect/peerdirect.ko companion=1

@@ -1,11 +1,10 @@
 #!/bin/bash
 # The HBM device bound to vfio-pci and named as a companion: listing, refusals, the owner's
 # unbind and rebind, remove, unload (tests/system/companion.sh).
-gcc -Wall -Werror -o /tmp/probe /mnt/host/probe.c || echo "@probe_build 1 gcc failed"
 hbm=0000:03:00.0 nic=0000:04:00.0
 . /mnt/host/guest-lib.sh
-echo vfio-pci >/sys/bus/pci/devices/$hbm/driver_override
-echo $hbm >/sys/bus/pci/drivers_probe
+build_probe
+owned_by_vfio $hbm
 run owner readlink /sys/bus/pci/devices/$hbm/driver
 insmod /usr/lib/peerdirect/peerdirect.ko
 run mode_off peerdirect companion add $hbm --bar 2

@@ -2,11 +2,10 @@
 # race.sh SECONDS: the companion, its owner, exports, imports, opens and listing raced on the
 # KASAN kernel (tests/system/companion.sh).
 hbm=0000:03:00.0 nic=0000:04:00.0 dev=/dev/peerdirect0 secs=$1
-gcc -Wall -Werror -o /tmp/probe /mnt/host/probe.c || echo "@probe_build 1 gcc failed"
-echo vfio-pci >/sys/bus/pci/devices/$hbm/driver_override
-echo $hbm >/sys/bus/pci/drivers_probe
-insmod /usr/lib/peerdirect/peerdirect.ko companion=1
-insmod /usr/lib/peerdirect/tests/peerdirect_importer.ko
+. /mnt/host/guest-lib.sh
+build_probe
+owned_by_vfio $hbm
+load_companion_mode
 end=$(($(date +%s) + secs))
 loop() { # loop NAME CMD...: runs CMD until the end, counts runs
 	local name=$1 n=0

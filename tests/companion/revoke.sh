@@ -12,11 +12,9 @@
 way=$1
 hbm=0000:03:00.0 nic=0000:04:00.0 dev=/dev/peerdirect0
 . /mnt/host/guest-lib.sh
-gcc -Wall -Werror -o /tmp/probe /mnt/host/probe.c || echo "@probe_build 1 gcc failed"
-echo vfio-pci >/sys/bus/pci/devices/$hbm/driver_override
-echo $hbm >/sys/bus/pci/drivers_probe
-insmod /usr/lib/peerdirect/peerdirect.ko companion=1
-insmod /usr/lib/peerdirect/tests/peerdirect_importer.ko
+build_probe
+owned_by_vfio $hbm
+load_companion_mode
 run add peerdirect companion add $hbm --bar 2
 run dynamic /tmp/probe imp $dev 0x2000000 0x4000000 "dev=$nic mode=dynamic hbm=$hbm hold=1"
 run revocable /tmp/probe imp $dev 0x6000000 0x200000 "dev=$nic mode=revocable hbm=$hbm hold=1"

@@ -3,7 +3,11 @@
 //! debugfs: `/sys/kernel/debug/peerdirect/peerdirectN/` with `stats`, `allocations` and
 //! `exports` (with their importers' attachments).
 
-use crate::hbm::Hbm;
+use crate::{
+    dmabuf,
+    ffi::AttachInfo,
+    hbm::{Hbm, MAX_LISTED},
+};
 use kernel::{
     debugfs::{Dir, Scope, Writer},
     fmt,
@@ -43,7 +47,11 @@ impl Writer for Stats {
         writeln!(f, "allocations: {allocations}")?;
         writeln!(f, "allocated_bytes: {allocated}")?;
         writeln!(f, "exports: {}", hbm.exports.load(Relaxed))?;
-        writeln!(f, "mappings_revocable: {}", hbm.mappings.lock().revocable)?;
+        writeln!(
+            f,
+            "mappings_revocable: {}",
+            hbm.mappings.revocable.load(Relaxed)
+        )?;
         writeln!(
             f,
             "mappings_pinned: {}",
@@ -74,21 +82,24 @@ pub(crate) struct Exports(Arc<Hbm>);
 
 impl Writer for Exports {
     fn write(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // `exported` then `attachments`: the order removal and map take them in.
+        // A recorded buffer's release waits for `exported`, so its attachments can be read
+        // under it (the reservation lock is taken under `exported`, as removal does).
         let exported = self.0.exported.lock();
-        let attachments = self.0.attachments.lock();
-        for (key, export) in exported.iter() {
+        for export in exported.values() {
             writeln!(
                 f,
                 "handle={} offset={:#x} length={:#x}",
                 export.handle, export.offset, export.len
             )?;
-            for a in attachments.values().filter(|a| a.export == *key) {
-                let end = a.importer.iter().position(|&b| b == 0).unwrap_or(32);
-                let importer = core::str::from_utf8(&a.importer[..end]).unwrap_or("?");
+            let mut infos = [AttachInfo::EMPTY; MAX_LISTED];
+            // SAFETY: a recorded buffer's release has not completed (we hold `exported`), and
+            // we do not hold its reservation lock.
+            let n = unsafe { dmabuf::attachments(export.id, &mut infos) };
+            for a in &infos[..n.min(MAX_LISTED)] {
                 writeln!(
                     f,
-                    "  importer={importer} {} pinned={} mapped_entries={}",
+                    "  importer={} {} pinned={} mapped_entries={}",
+                    a.importer(),
                     if a.revocable {
                         "revocable"
                     } else {
@@ -97,6 +108,9 @@ impl Writer for Exports {
                     u8::from(a.pinned),
                     a.entries
                 )?;
+            }
+            if n > MAX_LISTED {
+                writeln!(f, "  ({} more importers)", n - MAX_LISTED)?;
             }
         }
         Ok(())

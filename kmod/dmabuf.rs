@@ -65,20 +65,25 @@ impl Attachment<'_> {
         ffi::log_refused_attach(hbm, self.dev(), reason);
     }
 
-    /// Identifies the attachment while it exists (its address).
-    pub(crate) fn id(&self) -> usize {
-        self.raw.as_ptr() as usize
+    /// Records whether the importer pinned the attachment (for debugfs and removal's log).
+    ///
+    /// # Safety
+    ///
+    /// Called from the `pin` or `unpin` callback (the reservation lock is held).
+    pub(crate) unsafe fn set_pinned(&self, pinned: bool) {
+        // SAFETY: an attachment to one of our dma-bufs (type invariant), lock held (caller).
+        unsafe { ffi::attach_set_pinned(self.raw.as_ptr(), pinned) }
     }
 
-    /// The importer's device name (e.g. its PCI address), truncated to fit `buf`, NUL-padded.
-    pub(crate) fn importer_name(&self, buf: &mut [u8]) {
-        // SAFETY: `dev` is the attachment's device, alive while attached (it is referenced by
-        // the attachment for its whole life).
-        let dev: &kernel::device::Device = unsafe { kernel::device::Device::from_raw(self.dev()) };
-        let name = dev.name().to_bytes();
-        let n = name.len().min(buf.len().saturating_sub(1));
-        buf.fill(0);
-        buf[..n].copy_from_slice(&name[..n]);
+    /// Records how many DMA segments the attachment's current mapping has (0: none).
+    ///
+    /// # Safety
+    ///
+    /// Called from the `map_dma_buf` or `unmap_dma_buf` callback (the reservation lock is
+    /// held).
+    pub(crate) unsafe fn set_entries(&self, entries: u32) {
+        // SAFETY: as in `set_pinned`.
+        unsafe { ffi::attach_set_entries(self.raw.as_ptr(), entries) }
     }
 
     /// Whether the importer drops its mappings when told to (`dma_buf_attach_revocable`):
@@ -196,8 +201,6 @@ struct Exported<T> {
 pub(crate) trait Exporter: Send + Sync + Sized {
     /// An importer attaches: refuse what cannot work.
     fn attach(&self, attach: &Attachment<'_>) -> Result;
-    /// An importer detaches.
-    fn detach(&self, _attach: &Attachment<'_>) {}
     /// A pinned importer pins (reservation lock held).
     fn pin(&self, _attach: &Attachment<'_>) -> Result {
         Ok(())
@@ -306,7 +309,7 @@ struct Ops<T>(PhantomData<T>);
 impl<T: Exporter> Ops<T> {
     const OPS: bindings::dma_buf_ops = bindings::dma_buf_ops {
         attach: Some(Self::attach),
-        detach: Some(Self::detach),
+        detach: None,
         pin: Some(Self::pin),
         unpin: Some(Self::unpin),
         map_dma_buf: Some(Self::map),
@@ -351,21 +354,6 @@ impl<T: Exporter> Ops<T> {
             exporter.attach(&attach.ok_or(EINVAL)?)?;
             Ok(0)
         })
-    }
-
-    /// # Safety
-    ///
-    /// Only called by the dma-buf core as `dma_buf_ops.detach`: the core passes one of our
-    /// dma-bufs and an attachment to it that is going away.
-    unsafe extern "C" fn detach(
-        dmabuf: *mut bindings::dma_buf,
-        attach: *mut bindings::dma_buf_attachment,
-    ) {
-        // SAFETY: the core calls `detach` on our dma-buf with a valid attachment.
-        let (exporter, attach) = unsafe { (Self::exporter(dmabuf), Attachment::from_raw(attach)) };
-        if let Some(attach) = attach {
-            exporter.detach(&attach);
-        }
     }
 
     /// # Safety
@@ -501,4 +489,15 @@ pub(crate) struct DmaBufId(usize);
 pub(crate) unsafe fn revoke(id: DmaBufId) -> bool {
     // SAFETY: forwarded from the caller.
     unsafe { ffi::dmabuf_revoke(id.0 as *mut bindings::dma_buf) }
+}
+
+/// Describes up to `out.len()` of the importers attached to the dma-buf `id`; returns how many
+/// there are.
+///
+/// # Safety
+///
+/// As for [`revoke`].
+pub(crate) unsafe fn attachments(id: DmaBufId, out: &mut [ffi::AttachInfo]) -> usize {
+    // SAFETY: forwarded from the caller.
+    unsafe { ffi::dmabuf_attachments(id.0 as *mut bindings::dma_buf, out) }
 }

@@ -11,7 +11,8 @@
 //! - a read-only export (no `PEERDIRECT_EXPORT_RDWR`) maps only `DMA_TO_DEVICE`: `EACCES` for
 //!   a mapping that lets the peer write;
 //! - the range never moves, so pinning costs nothing (EFA's pinned import works); pins are
-//!   only recorded for debugfs;
+//!   only recorded for debugfs, in the attachment's own exporter-private word: attach and
+//!   detach allocate nothing and take no lock of ours;
 //! - mmap maps the range write-combined for the CPU, filled at fault time (2 MiB and 1 GiB
 //!   entries where aligned), so that revocation can close it without a race;
 //! - release drops the allocation reference: the memory is reused only after the last dma-buf;
@@ -20,7 +21,7 @@
 use crate::{
     allocation::Allocation,
     dmabuf::{Attachment, DataDirection, DmaBuf, Exporter, SgTable},
-    hbm::{AttachRecord, ExportRecord, Hbm},
+    hbm::{ExportRecord, Hbm},
 };
 use kernel::{
     fs::File,
@@ -69,33 +70,21 @@ impl Exporter for Export {
             );
             return Err(EOPNOTSUPP);
         }
-        let mut importer = [0; 32];
-        attach.importer_name(&mut importer);
-        let record = AttachRecord {
-            export: self.key(),
-            importer,
-            revocable: attach.is_revocable(),
-            pinned: false,
-            entries: 0,
-        };
-        let node = RBTreeNodeReservation::new(GFP_KERNEL)?;
-        self.hbm().attached(attach.id(), record, node);
+        // Nothing to record: what debugfs shows of the attachment lives in its own
+        // exporter-private word (see `Attachment::set_pinned`), so attach allocates nothing
+        // and detach has nothing to undo.
         Ok(())
     }
 
-    fn detach(&self, attach: &Attachment<'_>) {
-        self.hbm().detached(attach.id());
-    }
-
     fn pin(&self, attach: &Attachment<'_>) -> Result {
-        self.hbm()
-            .update_attachment(attach.id(), |r| r.pinned = true);
+        // SAFETY: the `pin` callback, called with the reservation lock held.
+        unsafe { attach.set_pinned(true) };
         Ok(())
     }
 
     fn unpin(&self, attach: &Attachment<'_>) {
-        self.hbm()
-            .update_attachment(attach.id(), |r| r.pinned = false);
+        // SAFETY: the `unpin` callback, called with the reservation lock held.
+        unsafe { attach.set_pinned(false) };
     }
 
     fn map(&self, attach: &Attachment<'_>, dir: DataDirection) -> Result<SgTable> {
@@ -119,9 +108,8 @@ impl Exporter for Export {
             attach.map_range(live.provider()?, self.phys_addr(), self.len, seg, dir)?
         };
         self.hbm().mapped(attach.is_revocable());
-        let entries = sgt.entries();
-        self.hbm()
-            .update_attachment(attach.id(), |r| r.entries = entries);
+        // SAFETY: the `map_dma_buf` callback, called with the reservation lock held.
+        unsafe { attach.set_entries(sgt.entries()) };
         Ok(sgt)
     }
 
@@ -132,7 +120,8 @@ impl Exporter for Export {
             attach.unmap(sgt, dir);
         }
         self.hbm().unmapped(attach.is_revocable());
-        self.hbm().update_attachment(attach.id(), |r| r.entries = 0);
+        // SAFETY: the `unmap_dma_buf` callback, called with the reservation lock held.
+        unsafe { attach.set_entries(0) };
     }
 
     fn mmap(&self) -> Result {

@@ -100,6 +100,19 @@ mod raw {
             len: u64,
         ) -> c_int;
         pub(super) fn peerdirect_dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool;
+        pub(super) fn peerdirect_attach_set_pinned(
+            attach: *mut bindings::dma_buf_attachment,
+            pinned: bool,
+        );
+        pub(super) fn peerdirect_attach_set_entries(
+            attach: *mut bindings::dma_buf_attachment,
+            entries: u32,
+        );
+        pub(super) fn peerdirect_dmabuf_attachments(
+            dmabuf: *mut bindings::dma_buf,
+            out: *mut super::AttachInfo,
+            max: usize,
+        ) -> usize;
         pub(super) fn peerdirect_log_refused_attach(
             hbm: *mut bindings::pci_dev,
             importer: *mut bindings::device,
@@ -640,4 +653,69 @@ pub(crate) unsafe fn dmabuf_set_name(
 pub(crate) unsafe fn dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool {
     // SAFETY: forwarded from the caller.
     unsafe { raw::peerdirect_dmabuf_revoke(dmabuf) }
+}
+
+/// Records whether the importer pinned `attach` (in its exporter-private word).
+///
+/// # Safety
+///
+/// `attach` is an attachment to one of our dma-bufs, whose reservation lock the caller holds
+/// (it is in the `pin` or `unpin` callback).
+pub(crate) unsafe fn attach_set_pinned(attach: *mut bindings::dma_buf_attachment, pinned: bool) {
+    // SAFETY: forwarded from the caller.
+    unsafe { raw::peerdirect_attach_set_pinned(attach, pinned) }
+}
+
+/// Records the number of DMA segments of `attach`'s current mapping (0: unmapped).
+///
+/// # Safety
+///
+/// As for [`attach_set_pinned`], from the `map_dma_buf` or `unmap_dma_buf` callback.
+pub(crate) unsafe fn attach_set_entries(attach: *mut bindings::dma_buf_attachment, entries: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe { raw::peerdirect_attach_set_entries(attach, entries) }
+}
+
+/// One importer's attachment as `peerdirect_dmabuf_attachments` describes it (mirrors
+/// `struct peerdirect_attach_info` in `helpers.h`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct AttachInfo {
+    /// The importer's device name, NUL-terminated and NUL-padded.
+    pub(crate) importer: [u8; 32],
+    /// DMA segments of its current mapping, 0 when unmapped.
+    pub(crate) entries: u32,
+    /// Whether it drops its mappings when told to (else it is a pinned importer).
+    pub(crate) revocable: bool,
+    pub(crate) pinned: bool,
+}
+
+impl AttachInfo {
+    pub(crate) const EMPTY: Self = Self {
+        importer: [0; 32],
+        entries: 0,
+        revocable: false,
+        pinned: false,
+    };
+
+    /// The importer's device name.
+    pub(crate) fn importer(&self) -> &str {
+        let end = self.importer.iter().position(|&b| b == 0).unwrap_or(32);
+        core::str::from_utf8(&self.importer[..end]).unwrap_or("?")
+    }
+}
+
+/// Describes up to `out.len()` of `dmabuf`'s attachments in `out`; returns how many it has.
+///
+/// # Safety
+///
+/// As for [`dmabuf_revoke`]: `dmabuf`'s memory is valid for the call and the caller does not
+/// hold its reservation lock.
+pub(crate) unsafe fn dmabuf_attachments(
+    dmabuf: *mut bindings::dma_buf,
+    out: &mut [AttachInfo],
+) -> usize {
+    // SAFETY: forwarded from the caller; `out` is valid for writes of `out.len()` entries,
+    // whose layout `AttachInfo` mirrors.
+    unsafe { raw::peerdirect_dmabuf_attachments(dmabuf, out.as_mut_ptr(), out.len()) }
 }

@@ -9,7 +9,7 @@
 
 use crate::{
     dmabuf::{self, DmaBufId},
-    ffi::{BarIndex, P2pProvider},
+    ffi::{AttachInfo, BarIndex, P2pProvider},
     memory::{self, HbmMemory},
     status::StatusPage,
     uapi::PEERDIRECT_STATUS_REVOKED,
@@ -86,26 +86,13 @@ pub(crate) struct ExportRecord {
     pub(crate) pid: i32,
 }
 
-/// An importer's attachment as debugfs lists it.
-pub(crate) struct AttachRecord {
-    /// The export's key in [`Hbm::register_export`].
-    pub(crate) export: usize,
-    /// The importer's device name, NUL-padded.
-    pub(crate) importer: [u8; 32],
-    pub(crate) revocable: bool,
-    pub(crate) pinned: bool,
-    /// DMA segments of its current mapping, 0 when unmapped.
-    pub(crate) entries: u32,
-}
-
 /// Mappings handed to importers, counted so that removal can wait for them: revocable ones
 /// (they provide `invalidate_mappings`) unmap when told to; the others (EFA's pinned memory
 /// registrations) only when their owner lets go. The latter are also counted per BAR, across
-/// bindings, in [`HbmMemory`].
-#[derive(Default)]
+/// bindings, in [`HbmMemory`]. Counted with atomics: map and unmap take no lock of ours.
 pub(crate) struct Mappings {
-    pub(crate) revocable: u64,
-    pub(crate) pinned: u64,
+    pub(crate) revocable: Atomic<u64>,
+    pub(crate) pinned: Atomic<u64>,
 }
 
 /// Allocation handles of a device: counted up, never 0, and never one the caller still uses.
@@ -148,13 +135,11 @@ pub(crate) struct Hbm {
     /// The live exports, by the address of their exporter state, to revoke on removal.
     #[pin]
     pub(crate) exported: Mutex<RBTree<usize, ExportRecord>>,
-    /// Attachments to this device's exports, by attachment. Taken under a dma-buf's
-    /// reservation lock (map), so never held while taking one.
+    pub(crate) mappings: Mappings,
+    /// Taken to signal `unmapped` and to wait on it.
     #[pin]
-    pub(crate) attachments: Mutex<RBTree<usize, AttachRecord>>,
-    #[pin]
-    pub(crate) mappings: Mutex<Mappings>,
-    /// Signalled when a revocable mapping goes away.
+    unmapped_lock: Mutex<()>,
+    /// Signalled when the last revocable mapping goes away.
     #[pin]
     unmapped: CondVar,
     /// Wakes those polling the device's files when it starts going away.
@@ -199,8 +184,11 @@ impl Hbm {
                 handles: Handles::new(1),
                 exports: Atomic::new(0),
                 exported <- new_mutex!(RBTree::new()),
-                attachments <- new_mutex!(RBTree::new()),
-                mappings <- new_mutex!(Mappings::default()),
+                mappings: Mappings {
+                    revocable: Atomic::new(0),
+                    pinned: Atomic::new(0),
+                },
+                unmapped_lock <- new_mutex!(()),
                 unmapped <- new_condvar!(),
                 events <- new_poll_condvar!("Hbm::events"),
                 gate <- new_srcu!("Hbm::gate"),
@@ -266,49 +254,25 @@ impl Hbm {
         Ok(())
     }
 
-    /// Records an importer's attachment.
-    pub(crate) fn attached(
-        &self,
-        key: usize,
-        record: AttachRecord,
-        node: RBTreeNodeReservation<usize, AttachRecord>,
-    ) {
-        self.attachments.lock().insert(node.into_node(key, record));
-    }
-
-    /// Forgets an importer's attachment.
-    pub(crate) fn detached(&self, key: usize) {
-        self.attachments.lock().remove(&key);
-    }
-
-    /// Updates an attachment's record.
-    pub(crate) fn update_attachment(&self, key: usize, f: impl FnOnce(&mut AttachRecord)) {
-        if let Some(record) = self.attachments.lock().get_mut(&key) {
-            f(record);
-        }
-    }
-
     /// Counts a mapping made for an importer.
     pub(crate) fn mapped(&self, revocable: bool) {
-        let mut mappings = self.mappings.lock();
         if revocable {
-            mappings.revocable += 1;
+            self.mappings.revocable.fetch_add(1, Relaxed);
         } else {
-            mappings.pinned += 1;
+            self.mappings.pinned.fetch_add(1, Relaxed);
             self.memory.pinned_mappings.fetch_add(1, Relaxed);
         }
     }
 
     /// Counts a mapping undone by an importer.
     pub(crate) fn unmapped(&self, revocable: bool) {
-        let mut mappings = self.mappings.lock();
-        if revocable {
-            mappings.revocable -= 1;
-        } else {
-            mappings.pinned -= 1;
+        if !revocable {
+            self.mappings.pinned.fetch_sub(1, Release);
             self.memory.pinned_mappings.fetch_sub(1, Relaxed);
-        }
-        if mappings.revocable == 0 && mappings.pinned == 0 {
+        } else if self.mappings.revocable.fetch_sub(1, Release) == 1 {
+            // Removal checks the count under this lock before it sleeps, so it either sees 0
+            // or is asleep by the time the lock is ours: the signal is never lost.
+            let _lock = self.unmapped_lock.lock();
             self.unmapped.notify_all();
         }
     }
@@ -358,16 +322,19 @@ impl Hbm {
         }
         // Revocable importers unmap in bounded time once invalidated (the dma-buf contract);
         // the BAR must not go away under their DMA.
-        let mut mappings = self.mappings.lock();
-        while mappings.revocable > 0 {
-            self.unmapped.wait(&mut mappings);
+        let mut lock = self.unmapped_lock.lock();
+        while self.mappings.revocable.load(Acquire) > 0 {
+            self.unmapped.wait(&mut lock);
         }
+        drop(lock);
         // The others must be let go of by userspace; no peer may DMA into the BAR once
         // removal returns (the BAR may be handed to another driver, or be gone).
         let (mut waited, mut nag_at) = (Delta::ZERO, Delta::ZERO);
-        while mappings.pinned > 0 {
-            let pinned = mappings.pinned;
-            drop(mappings);
+        loop {
+            let pinned = self.mappings.pinned.load(Acquire);
+            if pinned == 0 {
+                break;
+            }
             if waited >= nag_at {
                 self.log_pinned_holders(pinned, waited);
                 // Pollers that came after the first wake-up (a process that just opened the
@@ -379,7 +346,6 @@ impl Hbm {
             // signal to the process that asked for it.
             fsleep(PINNED_POLL);
             waited += PINNED_POLL;
-            mappings = self.mappings.lock();
         }
         if waited > Delta::ZERO {
             dev_info!(
@@ -401,18 +367,20 @@ impl Hbm {
             waited.as_millis() / 1000,
             pinned
         );
-        // In this order: revocation takes a buffer's reservation lock under `exported`, and
-        // pinning updates `attachments` under it.
+        // A recorded buffer's release waits for `exported` (see `remove`), so its attachment
+        // list can be read under it; the reservation lock is taken under `exported`, as
+        // revocation does.
         let exported = self.exported.lock();
-        let attachments = self.attachments.lock();
-        for a in attachments
-            .values()
-            .filter(|a| !a.revocable && a.entries > 0)
-        {
-            let end = a.importer.iter().position(|&b| b == 0).unwrap_or(32);
-            let importer = core::str::from_utf8(&a.importer[..end]).unwrap_or("?");
-            match exported.get(&a.export) {
-                Some(e) => dev_warn!(
+        for e in exported.values() {
+            let mut infos = [AttachInfo::EMPTY; MAX_LISTED];
+            // SAFETY: a recorded buffer's release has not completed (we hold `exported`), and
+            // we do not hold its reservation lock.
+            let n = unsafe { dmabuf::attachments(e.id, &mut infos) };
+            for a in infos[..n.min(MAX_LISTED)]
+                .iter()
+                .filter(|a| !a.revocable && a.entries > 0)
+            {
+                dev_warn!(
                     self.pdev.as_ref(),
                     "peerdirect{}:   dma-buf h{} [{:#x}+{:#x}] exported by pid {}, mapped by {}\n",
                     index,
@@ -420,18 +388,24 @@ impl Hbm {
                     e.offset,
                     e.len,
                     e.pid,
-                    importer
-                ),
-                None => dev_warn!(
+                    a.importer()
+                );
+            }
+            if n > MAX_LISTED {
+                dev_warn!(
                     self.pdev.as_ref(),
-                    "peerdirect{}:   a released dma-buf, mapped by {}\n",
+                    "peerdirect{}:   dma-buf h{}: {} more attachment(s) not listed\n",
                     index,
-                    importer
-                ),
+                    e.handle,
+                    n - MAX_LISTED
+                );
             }
         }
     }
 }
+
+/// How many attachments of one dma-buf removal's log and debugfs list.
+pub(crate) const MAX_LISTED: usize = 16;
 
 /// How often removal checks whether pinned mappings are gone.
 const PINNED_POLL: Delta = Delta::from_millis(50);

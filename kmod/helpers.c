@@ -440,6 +440,54 @@ bool peerdirect_dmabuf_revoke(struct dma_buf *dmabuf)
 	return true;
 }
 
+/* attach->priv: bit 0 pinned, the bits above it the entries of the current mapping. */
+#define PEERDIRECT_ATTACH_PINNED 1UL
+#define PEERDIRECT_ATTACH_ENTRIES_SHIFT 1
+
+void peerdirect_attach_set_pinned(struct dma_buf_attachment *attach, bool pinned)
+{
+	uintptr_t word = (uintptr_t)attach->priv;
+
+	dma_resv_assert_held(attach->dmabuf->resv);
+	word = pinned ? word | PEERDIRECT_ATTACH_PINNED : word & ~PEERDIRECT_ATTACH_PINNED;
+	attach->priv = (void *)word;
+}
+
+void peerdirect_attach_set_entries(struct dma_buf_attachment *attach, u32 entries)
+{
+	uintptr_t word = (uintptr_t)attach->priv & PEERDIRECT_ATTACH_PINNED;
+
+	dma_resv_assert_held(attach->dmabuf->resv);
+	attach->priv = (void *)(word | (uintptr_t)entries << PEERDIRECT_ATTACH_ENTRIES_SHIFT);
+}
+
+/*
+ * Describes up to @max of @dmabuf's attachments in @out (in attach order) and returns how many
+ * it has. The dma-buf core keeps the list under the reservation lock; the caller keeps
+ * @dmabuf's memory valid (its release has not completed) and does not hold that lock.
+ */
+size_t peerdirect_dmabuf_attachments(struct dma_buf *dmabuf, struct peerdirect_attach_info *out,
+				     size_t max)
+{
+	struct dma_buf_attachment *attach;
+	size_t n = 0;
+
+	dma_resv_lock(dmabuf->resv, NULL);
+	list_for_each_entry(attach, &dmabuf->attachments, node) {
+		uintptr_t word = (uintptr_t)attach->priv;
+
+		if (n < max) {
+			strscpy_pad(out[n].importer, dev_name(attach->dev));
+			out[n].entries = word >> PEERDIRECT_ATTACH_ENTRIES_SHIFT;
+			out[n].revocable = dma_buf_attach_revocable(attach);
+			out[n].pinned = word & PEERDIRECT_ATTACH_PINNED;
+		}
+		n++;
+	}
+	dma_resv_unlock(dmabuf->resv);
+	return n;
+}
+
 void peerdirect_log_refused_attach(struct pci_dev *hbm, struct device *importer,
 				   const char *reason)
 {

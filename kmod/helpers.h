@@ -76,6 +76,27 @@ int peerdirect_dmabuf_mmap(struct dma_buf *dmabuf, struct vm_area_struct *vma);
 int peerdirect_dmabuf_set_name(struct dma_buf *dmabuf, u32 index, u32 handle, u64 offset,
 			       u64 len);
 bool peerdirect_dmabuf_revoke(struct dma_buf *dmabuf);
+
+/*
+ * What the exporter keeps of an attachment lives in its exporter-private word
+ * (attach->priv), so that attach allocates nothing and detach has nothing to undo: whether the
+ * importer pinned it, and how many DMA segments its current mapping has. It is written and
+ * read under the buffer's reservation lock only (pin, unpin, map and unmap run under it; a new
+ * attachment's word is zero: unpinned, unmapped).
+ */
+void peerdirect_attach_set_pinned(struct dma_buf_attachment *attach, bool pinned);
+void peerdirect_attach_set_entries(struct dma_buf_attachment *attach, u32 entries);
+
+/* One attachment as debugfs and removal's log describe it. */
+struct peerdirect_attach_info {
+	char importer[32];
+	u32 entries;
+	bool revocable;
+	bool pinned;
+};
+
+size_t peerdirect_dmabuf_attachments(struct dma_buf *dmabuf, struct peerdirect_attach_info *out,
+				     size_t max);
 void peerdirect_log_refused_attach(struct pci_dev *hbm, struct device *importer,
 				   const char *reason);
 

@@ -13,7 +13,8 @@
 //!   device is unbound, in rounds; nothing may be left exported afterwards.
 //! - `import-unbind`: two threads have the NIC attach, pin, map, unmap and detach dma-bufs
 //!   through the test importer module (dynamic, revocable and pinned importers in turn)
-//!   while the device is unbound and rebound in a loop.
+//!   while a third reads debugfs's `exports` (which walks each dma-buf's attachments under its
+//!   reservation lock) and the device is unbound and rebound in a loop.
 //! - `bind-two` (`qemu/run --second-hbm`): two devices, each unbound and bound again in a loop
 //!   by a thread of its own; every bind must succeed. A device's index and names are given
 //!   back only once its node and debugfs directory are gone, so the other device never gets
@@ -779,18 +780,45 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
             })
         })
         .collect();
+    let (reads, listed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut threads = threads;
+    threads.push({
+        let (stop, reads, listed, unexpected) = (
+            stop.clone(),
+            reads.clone(),
+            listed.clone(),
+            unexpected.clone(),
+        );
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match read_exports() {
+                    Ok(Some(n)) => {
+                        reads.fetch_add(1, Ordering::Relaxed);
+                        listed.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Ok(None) => thread::yield_now(),
+                    Err(err) => return unexpected.record_message(err),
+                }
+            }
+        })
+    });
     let (cycles, outcome) = cycle_against(bdf, budget, &stop, threads);
     let (imported, refused) = (
         imported.load(Ordering::Relaxed),
         refused.load(Ordering::Relaxed),
     );
+    let (reads, listed) = (
+        reads.load(Ordering::Relaxed),
+        listed.load(Ordering::Relaxed),
+    );
     let outcome = outcome
         .and_then(|()| unexpected.outcome())
         .and_then(|()| expect_raced("unbind/rebind cycles", cycles, 5))
-        .and_then(|()| expect_raced("imports", imported, 20));
+        .and_then(|()| expect_raced("imports", imported, 20))
+        .and_then(|()| expect_raced("debugfs exports reads", reads, 20));
     tap.report(
         &format!(
-            "2 threads have the NIC attach, pin, map, unmap and detach dma-bufs while the device is unbound and rebound ({cycles} cycles, {imported} imports, {refused} refused with ENODEV)"
+            "2 threads have the NIC attach, pin, map, unmap and detach dma-bufs while debugfs's exports is read and the device is unbound and rebound ({cycles} cycles, {imported} imports, {refused} refused with ENODEV, {reads} reads listing {listed} attachments)"
         ),
         &outcome,
     );
@@ -798,6 +826,35 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
         "afterwards the device works, with nothing allocated or exported and all HBM free",
         &expect_idle(),
     );
+}
+
+/// Reads debugfs's `exports` of the device: the number of attachment lines, each checked for
+/// its form; `None` while the device (and so its directory) is away.
+fn read_exports() -> Result<Option<u64>, String> {
+    let path = format!("/sys/kernel/debug/peerdirect/peerdirect{INDEX}/exports");
+    let text = match fs::read_to_string(&path) {
+        Ok(text) => text,
+        // The directory goes with the device (ENOENT); a file removed while open reads EIO.
+        Err(err) if matches!(err.raw_os_error(), Some(2 | 5)) => return Ok(None),
+        Err(err) => return Err(format!("{path}: {err}")),
+    };
+    let mut listed = 0;
+    for line in text.lines().filter(|l| l.starts_with(' ')) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let well_formed = matches!(
+            fields.as_slice(),
+            [importer, kind, pinned, entries]
+                if importer.starts_with("importer=")
+                    && (*kind == "revocable" || *kind == "not-revocable")
+                    && (*pinned == "pinned=0" || *pinned == "pinned=1")
+                    && entries.strip_prefix("mapped_entries=").is_some_and(|n| n.parse::<u32>().is_ok())
+        ) || line.trim_start().starts_with('(');
+        if !well_formed {
+            return Err(format!("{path}: malformed attachment line {line:?}"));
+        }
+        listed += 1;
+    }
+    Ok(Some(listed))
 }
 
 /// Reading a mapping that may fault, without dying of it.

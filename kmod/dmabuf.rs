@@ -93,6 +93,11 @@ impl Attachment<'_> {
         unsafe { bindings::dma_buf_attach_revocable(self.raw.as_ptr()) }
     }
 
+    /// Whether the importer's DMA is translated by an IOMMU (its device is in a DMA domain).
+    pub(crate) fn dma_translated(&self) -> bool {
+        ffi::dev_dma_translated(self.dev())
+    }
+
     /// The largest DMA segment the importer's device handles.
     pub(crate) fn max_segment_size(&self) -> u64 {
         u64::from(ffi::dma_max_seg_size(self.dev()))

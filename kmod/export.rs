@@ -57,6 +57,15 @@ impl Export {
     }
 }
 
+/// Whether `attach`'s importer reaches `hbm` through the host bridge with its DMA translated
+/// by an IOMMU (an IOVA mapping), not by bus address nor untranslated.
+fn through_iommu(attach: &Attachment<'_>, hbm: &kernel::pci::Device) -> bool {
+    attach
+        .pci_device()
+        .is_some_and(|peer| !crate::p2p::by_bus_address(hbm, peer))
+        && attach.dma_translated()
+}
+
 impl Exporter for Export {
     fn attach(&self, attach: &Attachment<'_>) -> Result {
         if !attach.peer2peer() {
@@ -105,6 +114,16 @@ impl Exporter for Export {
             let bus_offset = info.bus_addr.wrapping_sub(info.phys_addr);
             attach.map_companion(self.phys_addr(), bus_offset, self.len, seg, dir, bus_addr)?
         } else {
+            // Through the host bridge into an importer behind a translating IOMMU, the core
+            // links every range into one IOVA range and hands out one entry per 4 GiB, so a
+            // cut is undone there and only costs a `dma_iova_link()` per segment: the range
+            // goes whole (Documentation/exporter.md). Asked only when the range is longer
+            // than a segment, which no RDMA NIC's max segment makes it.
+            let seg = if self.len > seg && through_iommu(attach, live.pci_device()) {
+                self.len
+            } else {
+                seg
+            };
             attach.map_range(live.provider()?, self.phys_addr(), self.len, seg, dir)?
         };
         self.hbm().mapped(attach.is_revocable());

@@ -59,6 +59,7 @@ mod raw {
         pub(super) fn peerdirect_page_set_bits(page: *mut bindings::page, offset: usize, bits: u32);
         pub(super) fn peerdirect_vma_pgoff(vma: *mut bindings::vm_area_struct) -> usize;
         pub(super) fn peerdirect_dma_max_seg_size(dev: *mut bindings::device) -> c_uint;
+        pub(super) fn peerdirect_dev_dma_translated(dev: *mut bindings::device) -> bool;
         pub(super) fn peerdirect_dev_is_pci(dev: *mut bindings::device) -> bool;
         pub(super) fn peerdirect_map_phys(
             attach: *mut bindings::dma_buf_attachment,
@@ -523,6 +524,13 @@ pub(crate) fn dev_is_pci(dev: *mut bindings::device) -> bool {
 pub(crate) fn dma_max_seg_size(dev: *mut bindings::device) -> u32 {
     // SAFETY: as in `dev_is_pci`.
     unsafe { raw::peerdirect_dma_max_seg_size(dev) }
+}
+
+/// Whether the DMA API maps `dev`'s DMA through an IOMMU (a DMA domain). `dev` must be a live
+/// `struct device` (an attachment's).
+pub(crate) fn dev_dma_translated(dev: *mut bindings::device) -> bool {
+    // SAFETY: as in `dev_is_pci`.
+    unsafe { raw::peerdirect_dev_dma_translated(dev) }
 }
 
 /// Rate-limited log line on `hbm`'s device naming the refused importer `dev` and why.

@@ -11,6 +11,7 @@
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/huge_mm.h>
+#include <linux/iommu.h>
 #include <linux/export.h>
 #include <linux/mm.h>
 #include <linux/notifier.h>
@@ -194,6 +195,14 @@ pid_t peerdirect_current_tgid(void)
 unsigned int peerdirect_dma_max_seg_size(struct device *dev)
 {
 	return dma_get_max_seg_size(dev);
+}
+
+/* Whether the DMA API maps @dev's DMA through an IOMMU (a DMA domain, not identity). */
+bool peerdirect_dev_dma_translated(struct device *dev)
+{
+	struct iommu_domain *domain = iommu_get_domain_for_dev(dev);
+
+	return domain && iommu_is_dma_domain(domain);
 }
 
 bool peerdirect_dev_is_pci(struct device *dev)

@@ -47,6 +47,7 @@ pid_t peerdirect_current_tgid(void);
 void peerdirect_page_set_bits(struct page *page, size_t offset, u32 bits);
 unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma);
 unsigned int peerdirect_dma_max_seg_size(struct device *dev);
+bool peerdirect_dev_dma_translated(struct device *dev);
 bool peerdirect_dev_is_pci(struct device *dev);
 struct sg_table *peerdirect_map_phys(struct dma_buf_attachment *attach,
 				     struct p2pdma_provider *provider, phys_addr_t paddr,

@@ -2,11 +2,13 @@
 # An RDMA NIC's view of peerdirect's dma-bufs: the test module peerdirect_importer.ko attaches
 # them to the guest's NIC (dynamic, pinned, revocable; 2 MiB, 64 MiB, 1 GiB) in each topology,
 # and the result must agree with the kernel's P2P verdict (acs: refused because the root port
-# redirects P2P), as must PEERDIRECT_IOC_P2P about the NIC. Prints `# timing:` lines.
+# redirects P2P; host-bridge: allowed through the host bridge and mapped through the IOMMU, one
+# entry whatever the NIC's max segment), as must PEERDIRECT_IOC_P2P about the NIC. Prints
+# `# timing:` lines.
 . "$(dirname "$0")/../lib.sh"
 
 rc=0
-for topology in switch split iommu acs; do
+for topology in switch split iommu acs host-bridge; do
 	echo "# topology $topology"
 	guest --topology "$topology" --hbm 2G -- peerdirect-guest-tests --importer --topology "$topology"
 	r=$?

@@ -27,6 +27,9 @@ pub(crate) enum Topology {
     /// HBM and NIC as two functions below one root port whose ACS redirect the kernel turns
     /// on for intel-iommu: P2P refused.
     Acs,
+    /// `iommu` with a CPU the kernel trusts for P2P through the host bridge (AMD Zen): P2P
+    /// allowed, the NIC reaching the BAR through the IOMMU, one IOVA range per mapping.
+    HostBridge,
 }
 
 impl fmt::Display for Topology {
@@ -36,6 +39,7 @@ impl fmt::Display for Topology {
             Self::Split => "split",
             Self::Iommu => "iommu",
             Self::Acs => "acs",
+            Self::HostBridge => "host-bridge",
         })
     }
 }
@@ -188,6 +192,12 @@ fn run_case(setup: &mut Setup, case: &Case) -> Outcome {
                 first.get("p2p_distance")?
             ))
         }
+        (Topology::HostBridge, false) => {
+            return Err(format!(
+                "the kernel refuses P2P through the host bridge of an AMD Zen CPU (p2p_distance={}): the harness's topology is wrong",
+                first.get("p2p_distance")?
+            ))
+        }
         (Topology::Split | Topology::Acs, true) => {
             return Err(format!(
                 "the kernel allows P2P between HBM and NIC on separate root ports or below an ACS-redirecting one (p2p_distance={}): the harness's topology is wrong",
@@ -200,10 +210,15 @@ fn run_case(setup: &mut Setup, case: &Case) -> Outcome {
         // Behind a shared switch the NIC DMAs straight to the BAR's bus addresses.
         Topology::Switch => Some(setup.info.hbm_bus_addr + exported.bar_offset),
         // Through the host bridge an IOMMU may hand out IOVAs instead.
-        Topology::Split | Topology::Iommu | Topology::Acs => None,
+        Topology::Split | Topology::Iommu | Topology::Acs | Topology::HostBridge => None,
     };
     if allowed {
         check_mapped(first, case, expected_first)?;
+        // Through the IOMMU the range is one IOVA range: one entry, whatever the NIC's max
+        // segment (the core undoes any cut there, and fails on one: Documentation/exporter.md).
+        if setup.topology == Topology::HostBridge {
+            expect_eq("nents through the IOMMU", 1, first.uint("nents")?)?;
+        }
     } else {
         check_refused(first)?;
     }
@@ -349,7 +364,7 @@ fn run_p2p_query(setup: &mut Setup) -> Outcome {
     }
     let facts_fit = match setup.topology {
         Topology::Switch => path.common_bridge.is_some() && path.acs_bridge.is_none(),
-        Topology::Split | Topology::Iommu => path.common_bridge.is_none(),
+        Topology::Split | Topology::Iommu | Topology::HostBridge => path.common_bridge.is_none(),
         Topology::Acs => path.common_bridge.is_some() && path.acs_bridge == path.common_bridge,
     };
     if !facts_fit {

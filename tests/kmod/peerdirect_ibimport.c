@@ -34,6 +34,15 @@
  *	size, walk the DMA blocks, report; then release unless hold=1 ("id=I").
  *   status id=I	revoke_calls, revoke_saw_mapped, invalidations, revoked, mapped, pinned
  *   release id=I | release all
+ *   bench fd=N nic=DDDD:BB:SS.F mode=pinned|revocable [offset=O] [size=S] [iova=V] [reps=R]
+ *         [max_seg=BYTES]
+ *	a memory registration as a driver performs it, R times (default 5): get the umem
+ *	(pinned: EFA's ib_umem_dmabuf_get_pinned path; revocable: irdma's, unlocked after the
+ *	revoke callback is set), choose the page size, walk every DMA block as a driver fills
+ *	its page list; then ib_umem_release. Reports the best of each in ns (reg_ns,
+ *	dereg_ns), with pgsz and blocks. Uses a test-owned ib_device whose DMA device is the NIC.
+ *	max_seg=BYTES sets the NIC's DMA max segment size for the command and puts the old one
+ *	back after: EFA's (UINT_MAX) where the stand-in has the PCI default (64 KiB).
  *
  * Failures of ib_core calls are results ("get=-95"), not write errors; the write fails only
  * when the command is malformed or names no such fd, device or id. Nothing here WARNs; every
@@ -64,6 +73,8 @@ MODULE_IMPORT_NS("DMA_BUF");
 
 /* EFA-like: every power of two from 4 KiB to 2 GiB. */
 #define PIB_PGSZ_BITMAP GENMASK(31, 12)
+/* Most repetitions one bench command makes. */
+#define PIB_MAX_REPS 1000
 
 enum pib_mode { PIB_PINNED, PIB_REVOCABLE, PIB_DYNAMIC };
 
@@ -154,6 +165,7 @@ struct pib_cmd {
 	bool has_fd, has_nic, has_mode, has_id, all, has_size, hold;
 	bool want_rxe, want_own;
 	unsigned int nic[4];
+	unsigned int reps, max_seg;
 	enum pib_mode mode;
 	u64 offset, size, iova;
 	u32 id;
@@ -161,7 +173,7 @@ struct pib_cmd {
 
 static int pib_parse(char *line, struct pib_cmd *cmd, struct seq_buf *out)
 {
-	static const char *const verbs[] = { "run", "info", "status", "release" };
+	static const char *const verbs[] = { "run", "info", "status", "release", "bench" };
 	bool first = true;
 	char *tok, *val;
 	int ret = 0;
@@ -219,6 +231,14 @@ static int pib_parse(char *line, struct pib_cmd *cmd, struct seq_buf *out)
 			ret = kstrtou64(val, 0, &cmd->iova);
 		} else if (!strcmp(tok, "hold")) {
 			ret = kstrtobool(val, &cmd->hold);
+		} else if (!strcmp(tok, "max_seg")) {
+			ret = kstrtouint(val, 0, &cmd->max_seg);
+			if (!ret && cmd->max_seg < PAGE_SIZE)
+				ret = -ERANGE;
+		} else if (!strcmp(tok, "reps")) {
+			ret = kstrtouint(val, 10, &cmd->reps);
+			if (!ret && (cmd->reps < 1 || cmd->reps > PIB_MAX_REPS))
+				ret = -ERANGE;
 		} else if (!strcmp(tok, "id")) {
 			ret = kstrtou32(val, 10, &cmd->id);
 			cmd->has_id = true;
@@ -232,9 +252,19 @@ static int pib_parse(char *line, struct pib_cmd *cmd, struct seq_buf *out)
 		}
 	}
 
-	if (!strcmp(cmd->verb, "run")) {
+	if (!strcmp(cmd->verb, "run") || !strcmp(cmd->verb, "bench")) {
 		if (!cmd->has_fd || !cmd->has_nic || !cmd->has_mode) {
-			seq_buf_puts(out, "error=run needs fd=, nic= and mode=\n");
+			seq_buf_printf(out, "error=%s needs fd=, nic= and mode=\n", cmd->verb);
+			return -EINVAL;
+		}
+		if (cmd->max_seg && strcmp(cmd->verb, "bench")) {
+			seq_buf_puts(out, "error=max_seg= only with bench\n");
+			return -EINVAL;
+		}
+		if (!strcmp(cmd->verb, "bench") &&
+		    (cmd->mode == PIB_DYNAMIC || cmd->want_rxe || cmd->hold)) {
+			seq_buf_puts(out,
+				     "error=bench takes mode=pinned or mode=revocable, no ibdev= or hold=\n");
 			return -EINVAL;
 		}
 		if (cmd->want_rxe && cmd->mode != PIB_PINNED) {
@@ -457,6 +487,115 @@ static int pib_run(const struct pib_cmd *cmd, struct seq_buf *out)
 	return 0;
 }
 
+/* No revocation is expected while a bench runs: the exporter's device stays. */
+static void pib_bench_revoke(void *priv)
+{
+}
+
+/* The size "run" would import: the dma-buf's less @offset unless size= was given. */
+static int pib_size(const struct pib_cmd *cmd, u64 *size, struct seq_buf *out)
+{
+	struct dma_buf *dmabuf = dma_buf_get(cmd->fd);
+
+	if (IS_ERR(dmabuf)) {
+		seq_buf_printf(out, "error=fd %d is not a dma-buf (%ld)\n", cmd->fd,
+			       PTR_ERR(dmabuf));
+		return PTR_ERR(dmabuf);
+	}
+	seq_buf_printf(out, "exporter=%s\n", dmabuf->exp_name ?: "");
+	if (cmd->has_size)
+		*size = cmd->size;
+	else
+		*size = cmd->offset < dmabuf->size ? dmabuf->size - cmd->offset : 0;
+	dma_buf_put(dmabuf);
+	return 0;
+}
+
+static int pib_bench(const struct pib_cmd *cmd, struct seq_buf *out)
+{
+	int access = IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_WRITE;
+	u64 best_reg = U64_MAX, best_dereg = U64_MAX, size, sum = 0;
+	unsigned int i, reps = cmd->reps ?: 5, old_max_seg;
+	unsigned long pgsz = 0;
+	struct ib_device *own;
+	struct pci_dev *nic;
+	size_t blocks = 0;
+	int ret;
+
+	ret = pib_size(cmd, &size, out);
+	if (ret)
+		return ret;
+	nic = pci_get_domain_bus_and_slot(cmd->nic[0], cmd->nic[1],
+					  PCI_DEVFN(cmd->nic[2], cmd->nic[3]));
+	if (!nic) {
+		seq_buf_printf(out, "error=no PCI device %04x:%02x:%02x.%x\n", cmd->nic[0],
+			       cmd->nic[1], cmd->nic[2], cmd->nic[3]);
+		return -ENODEV;
+	}
+	own = pib_alloc_own(&nic->dev);
+	if (!own) {
+		pci_dev_put(nic);
+		return -ENOMEM;
+	}
+	old_max_seg = dma_get_max_seg_size(&nic->dev);
+	if (cmd->max_seg)
+		dma_set_max_seg_size(&nic->dev, cmd->max_seg);
+	seq_buf_printf(out, "max_seg=%u\n", dma_get_max_seg_size(&nic->dev));
+	for (i = 0; i < reps; i++) {
+		struct ib_umem_dmabuf *umem;
+		struct ib_block_iter biter;
+		u64 t0, t1, t2;
+
+		t0 = ktime_get_ns();
+		if (cmd->mode == PIB_PINNED) {
+			umem = ib_umem_dmabuf_get_pinned_with_dma_device(own, &nic->dev,
+									 cmd->offset, size,
+									 cmd->fd, access);
+		} else {
+			umem = ib_umem_dmabuf_get_pinned_revocable_and_lock(own, cmd->offset, size,
+									    cmd->fd, access);
+			if (!IS_ERR(umem)) {
+				ib_umem_dmabuf_set_revoke_locked(umem, pib_bench_revoke, NULL);
+				dma_resv_unlock(umem->attach->dmabuf->resv);
+			}
+		}
+		if (IS_ERR(umem)) {
+			seq_buf_printf(out, "get=%ld\n", PTR_ERR(umem));
+			goto out;
+		}
+		/* As the driver fills its page list: pinned, so no reservation lock needed. */
+		pgsz = ib_umem_find_best_pgsz(&umem->umem, PIB_PGSZ_BITMAP, cmd->iova);
+		blocks = 0;
+		if (pgsz) {
+			rdma_umem_for_each_dma_block(&umem->umem, &biter, pgsz) {
+				sum += rdma_block_iter_dma_address(&biter);
+				blocks++;
+			}
+		}
+		t1 = ktime_get_ns();
+		ib_umem_release(&umem->umem);
+		t2 = ktime_get_ns();
+		best_reg = min(best_reg, t1 - t0);
+		best_dereg = min(best_dereg, t2 - t1);
+	}
+	seq_buf_puts(out, "get=0\n");
+	seq_buf_printf(out, "mode=%s\n", pib_mode_names[cmd->mode]);
+	seq_buf_printf(out, "size=%llu\n", size);
+	seq_buf_printf(out, "reps=%u\n", reps);
+	seq_buf_printf(out, "pgsz=%lu\n", pgsz);
+	seq_buf_printf(out, "blocks=%zu\n", blocks);
+	/* Keeps the walk from being optimised away; meaningless otherwise. */
+	seq_buf_printf(out, "block_sum=0x%llx\n", sum);
+	seq_buf_printf(out, "reg_ns=%llu\n", best_reg);
+	seq_buf_printf(out, "dereg_ns=%llu\n", best_dereg);
+out:
+	if (cmd->max_seg)
+		dma_set_max_seg_size(&nic->dev, old_max_seg);
+	ib_dealloc_device(own);
+	pci_dev_put(nic);
+	return 0;
+}
+
 static void pib_release_one(struct pib_import *p, struct seq_buf *out)
 {
 	list_del(&p->node);
@@ -530,6 +669,8 @@ static int pib_handle(char *line, struct seq_buf *out)
 		return ret;
 	if (!strcmp(cmd.verb, "run"))
 		return pib_run(&cmd, out);
+	if (!strcmp(cmd.verb, "bench"))
+		return pib_bench(&cmd, out);
 	if (!strcmp(cmd.verb, "info")) {
 		pib_info(out);
 		return 0;

@@ -11,6 +11,14 @@
 //! 2. udmabuf: `UDMABUF_CREATE` over a sealed memfd (guest RAM, mapped through the IOMMU);
 //! 3. vfio-pci: its own dma-buf of a range of the same HBM BAR (`VFIO_DEVICE_FEATURE_DMA_BUF`).
 //!
+//! A second table times a whole memory registration of each dma-buf as RDMA drivers make one,
+//! through ib_core's own functions (`tests/kmod/peerdirect_ibimport.c`, `bench`): get the umem
+//! (EFA's pinned path, `ib_umem_dmabuf_get_pinned_with_dma_device`; irdma's revocable pinned
+//! path), choose the best page size (4 KiB to 2 GiB, as EFA offers), walk every DMA block as
+//! the driver fills its page list, then release it. vfio-pci refuses the pinned path (it
+//! takes only importers it can revoke), so the goal compares peerdirect's pinned and
+//! revocable registrations with vfio-pci's revocable one ([`REG_GOAL`], [`REG_UDMABUF_GOAL`]).
+//!
 //! All three attach in the importer's `dynamic` mode (`allow_peer2peer` and an
 //! `invalidate_mappings` callback, as mlx5 does): vfio-pci refuses importers it cannot revoke,
 //! so that is the one mode all three take, and the comparison stays like for like.
@@ -50,6 +58,12 @@ const MAX_SEGS: [(u64, &str); 3] = [
 /// With a real NIC's max segment, peerdirect's attach, map and unmap+detach each within this
 /// ratio of vfio-pci's, and one sg entry per `min(size, max segment)`.
 const GOAL: f64 = 1.2;
+/// The NIC's max segment for registrations: EFA's, which registers this way.
+const EFA_MAX_SEG: u64 = u32::MAX as u64;
+/// A registration of 1 GiB or more: peerdirect's within this ratio of vfio-pci's, ...
+const REG_GOAL: f64 = 1.2;
+/// ... and at least this many times faster than udmabuf's (guest RAM, pinned page by page).
+const REG_UDMABUF_GOAL: f64 = 100.0;
 /// The page size: peerdirect cuts at the max segment rounded down to it.
 const PAGE: u64 = 4096;
 
@@ -170,33 +184,138 @@ fn size_name(bytes: u64) -> String {
 /// By exporter, importer max segment and size.
 type Results = BTreeMap<(Exporter, u64, u64), Result<Measured, String>>;
 
-/// Measures `dmabuf` (made by `make`, once per size) with each max segment.
-fn measure_each_seg(
-    importer: &mut TestModule,
+/// How a registration imports the dma-buf.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum RegMode {
+    /// EFA's: `ib_umem_dmabuf_get_pinned_with_dma_device`, not revocable.
+    Pinned,
+    /// irdma's: pinned, with a revoke callback.
+    Revocable,
+}
+
+impl RegMode {
+    const ALL: [RegMode; 2] = [RegMode::Pinned, RegMode::Revocable];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Pinned => "pinned",
+            Self::Revocable => "revocable",
+        }
+    }
+}
+
+/// One registration: the best of [`RUNS`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Registered {
+    reg_ns: u64,
+    dereg_ns: u64,
+    pgsz: u64,
+    blocks: u64,
+}
+
+/// By exporter, mode and size; `Ok(None)`: refused as expected (vfio-pci's pinned path).
+type Registrations = BTreeMap<(Exporter, RegMode, u64), Result<Option<Registered>, String>>;
+
+/// What the benchmark drives: the two test importers and the NIC they import for.
+struct Importers {
+    importer: TestModule,
+    /// ib_core's importer; `Err` says why the registration table is missing.
+    ibimport: Result<TestModule, String>,
+    nic: String,
+}
+
+/// Registers `dmabuf` in each mode, best of [`RUNS`] each.
+fn register_each_mode(
+    importers: &mut Importers,
+    exporter: Exporter,
+    len: u64,
+    dmabuf: &Result<DmaBuf, String>,
+    regs: &mut Registrations,
+) {
+    for mode in RegMode::ALL {
+        let registered = match (&mut importers.ibimport, dmabuf) {
+            (Err(err), _) => Err(err.clone()),
+            (_, Err(err)) => Err(err.clone()),
+            (Ok(ibimport), Ok(dmabuf)) => register(ibimport, &importers.nic, dmabuf, mode)
+                .and_then(|r| match (r, exporter, mode) {
+                    (Err(errno), Exporter::VfioPci, RegMode::Pinned)
+                        if errno == -EOPNOTSUPP_ERRNO =>
+                    {
+                        Ok(None)
+                    }
+                    (Err(errno), _, _) => Err(format!(
+                        "{} registration failed: {}",
+                        mode.name(),
+                        std::io::Error::from_raw_os_error(i32::try_from(-errno).unwrap_or(0))
+                    )),
+                    (Ok(r), _, _) => Ok(Some(r)),
+                }),
+        };
+        regs.insert((exporter, mode, len), registered);
+    }
+}
+
+/// `EOPNOTSUPP`, as ib_core's `get=` reports it (negated).
+const EOPNOTSUPP_ERRNO: i64 = 95;
+
+/// One `bench` command: `Ok(Err(errno))` when ib_core refused the import.
+fn register(
+    ibimport: &mut TestModule,
     nic: &str,
+    dmabuf: &DmaBuf,
+    mode: RegMode,
+) -> Result<Result<Registered, i64>, String> {
+    let report = ibimport.command(&format!(
+        "bench fd={} nic={nic} mode={} reps={RUNS} max_seg={EFA_MAX_SEG}",
+        dmabuf.as_fd().as_raw_fd(),
+        mode.name()
+    ))?;
+    let get = report.int("get")?;
+    if get != 0 {
+        return Ok(Err(get));
+    }
+    Ok(Ok(Registered {
+        reg_ns: report.uint("reg_ns")?,
+        dereg_ns: report.uint("dereg_ns")?,
+        pgsz: report.uint("pgsz")?,
+        blocks: report.uint("blocks")?,
+    }))
+}
+
+/// What the runs found: imports by max segment, registrations by mode.
+#[derive(Default)]
+struct Found {
+    results: Results,
+    regs: Registrations,
+}
+
+/// Measures `dmabuf` (made once per size) with each max segment, then registers it in each
+/// mode.
+fn measure_each(
+    importers: &mut Importers,
     hbm: Option<PciAddress>,
     exporter: Exporter,
     len: u64,
     dmabuf: Result<DmaBuf, String>,
-    results: &mut Results,
+    found: &mut Found,
 ) {
     for (seg, _) in MAX_SEGS {
         let measured = dmabuf
             .as_ref()
             .map_err(Clone::clone)
-            .and_then(|dmabuf| measure(importer, nic, hbm, dmabuf, seg));
-        results.insert((exporter, seg, len), measured);
+            .and_then(|dmabuf| measure(&mut importers.importer, &importers.nic, hbm, dmabuf, seg));
+        found.results.insert((exporter, seg, len), measured);
     }
+    register_each_mode(importers, exporter, len, &dmabuf, &mut found.regs);
 }
 
 /// peerdirect: a fresh allocation of each size, exported whole.
 fn bench_peerdirect(
-    importer: &mut TestModule,
-    nic: &str,
+    importers: &mut Importers,
     device: &Device,
     hbm: PciAddress,
     sizes: &[u64],
-    results: &mut Results,
+    found: &mut Found,
 ) {
     for &len in sizes {
         let allocation = device
@@ -206,14 +325,13 @@ fn bench_peerdirect(
             a.export(0, len, ExportFlags::CLOEXEC | ExportFlags::RDWR)
                 .map_err(|err| format!("export of {} failed: {err}", size_name(len)))
         });
-        measure_each_seg(
-            importer,
-            nic,
+        measure_each(
+            importers,
             Some(hbm),
             Exporter::Peerdirect,
             len,
             dmabuf,
-            results,
+            found,
         );
     }
 }
@@ -235,7 +353,7 @@ fn read_u32(path: &str) -> Option<u32> {
 /// harness counts as a failed run. That is upstream udmabuf's doing, not this benchmark's: the
 /// warnings are turned off (`num_errors` 0) for udmabuf's runs only, and the errors counted
 /// meanwhile are printed instead.
-fn bench_udmabuf(importer: &mut TestModule, nic: &str, sizes: &[u64], results: &mut Results) {
+fn bench_udmabuf(importers: &mut Importers, sizes: &[u64], found: &mut Found) {
     let num_errors = read_u32(DMA_API_NUM_ERRORS);
     let errors_before = read_u32(DMA_API_ERROR_COUNT);
     if num_errors.is_some() {
@@ -243,7 +361,7 @@ fn bench_udmabuf(importer: &mut TestModule, nic: &str, sizes: &[u64], results: &
             println!("# udmabuf: {err}");
         }
     }
-    bench_udmabuf_sizes(importer, nic, sizes, results);
+    bench_udmabuf_sizes(importers, sizes, found);
     if let Some(num_errors) = num_errors {
         if let Err(err) = write_sysfs(DMA_API_NUM_ERRORS, &num_errors.to_string()) {
             println!("# udmabuf: {err}");
@@ -258,14 +376,14 @@ fn bench_udmabuf(importer: &mut TestModule, nic: &str, sizes: &[u64], results: &
     }
 }
 
-fn bench_udmabuf_sizes(importer: &mut TestModule, nic: &str, sizes: &[u64], results: &mut Results) {
+fn bench_udmabuf_sizes(importers: &mut Importers, sizes: &[u64], found: &mut Found) {
     let udmabuf = open_udmabuf();
     for &len in sizes {
         let dmabuf = udmabuf
             .as_ref()
             .map_err(Clone::clone)
             .and_then(|udmabuf| udmabuf_of(udmabuf, len));
-        measure_each_seg(importer, nic, None, Exporter::Udmabuf, len, dmabuf, results);
+        measure_each(importers, None, Exporter::Udmabuf, len, dmabuf, found);
     }
 }
 
@@ -339,15 +457,15 @@ fn iommu_group(bdf: &str) -> Result<(String, Vec<String>), String> {
 
 /// An open vfio-pci device in a type1 container. Fields drop in order: device, group,
 /// container.
-struct Vfio {
-    device: OwnedFd,
+pub(crate) struct Vfio {
+    pub(crate) device: OwnedFd,
     _group: File,
     _container: File,
 }
 
 /// Moves the HBM device to vfio-pci (the NIC to no driver, so that their shared group is
 /// viable) and opens it through the container/group interface.
-fn open_vfio(hbm: &str, nic: &str) -> Result<Vfio, String> {
+pub(crate) fn open_vfio(hbm: &str, nic: &str) -> Result<Vfio, String> {
     // Modules on a distribution's kernel (Debian's), built in on the test kernel: a failure
     // to load them shows below, when the device does not bind.
     for module in ["vfio_pci", "vfio_iommu_type1"] {
@@ -420,14 +538,8 @@ fn open_vfio(hbm: &str, nic: &str) -> Result<Vfio, String> {
 }
 
 /// vfio-pci: BAR 2 bytes `0..len` of the HBM device as one-range dma-bufs.
-fn bench_vfio(
-    importer: &mut TestModule,
-    nic: &str,
-    hbm: PciAddress,
-    sizes: &[u64],
-    results: &mut Results,
-) {
-    let vfio = open_vfio(&hbm.to_string(), nic);
+fn bench_vfio(importers: &mut Importers, hbm: PciAddress, sizes: &[u64], found: &mut Found) {
+    let vfio = open_vfio(&hbm.to_string(), &importers.nic);
     if let Err(err) = &vfio {
         println!("# vfio-pci: {err}");
     }
@@ -445,15 +557,7 @@ fn bench_vfio(
                     })?;
                 DmaBuf::from_fd(fd).map_err(|err| err.to_string())
             });
-        measure_each_seg(
-            importer,
-            nic,
-            Some(hbm),
-            Exporter::VfioPci,
-            len,
-            dmabuf,
-            results,
-        );
+        measure_each(importers, Some(hbm), Exporter::VfioPci, len, dmabuf, found);
     }
 }
 
@@ -558,6 +662,100 @@ fn ratios(results: &Results, sizes: &[u64]) -> Vec<String> {
     lines
 }
 
+/// Whether peerdirect's registration of `len` bytes in `mode` meets its goal: from 1 GiB,
+/// within [`REG_GOAL`] of vfio-pci's revocable registration, [`REG_UDMABUF_GOAL`] times
+/// faster than udmabuf's in the same mode (when udmabuf could be measured), and with a
+/// 1 GiB page where the DMA address and size allow one. `None` below 1 GiB or without vfio.
+fn reg_goal(regs: &Registrations, mode: RegMode, len: u64) -> Option<bool> {
+    if len < 1 << 30 {
+        return None;
+    }
+    let get = |e: Exporter, m: RegMode| match regs.get(&(e, m, len)) {
+        Some(Ok(Some(r))) => Some(r.clone()),
+        _ => None,
+    };
+    let ours = get(Exporter::Peerdirect, mode)?;
+    let vfio = get(Exporter::VfioPci, RegMode::Revocable)?;
+    let within = ours.reg_ns as f64 <= REG_GOAL * vfio.reg_ns as f64
+        && ours.dereg_ns as f64 <= REG_GOAL * vfio.dereg_ns as f64;
+    let faster = get(Exporter::Udmabuf, mode)
+        .is_none_or(|u| ours.reg_ns as f64 * REG_UDMABUF_GOAL <= u.reg_ns as f64);
+    Some(within && faster && ours.pgsz >= vfio.pgsz.min(1 << 30))
+}
+
+/// The registration table: one line per mode and size, each exporter's registration and
+/// release (page size, blocks), peerdirect's ratios, and the goal.
+fn reg_table(regs: &Registrations, sizes: &[u64]) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{:<9} {:>7} {:>30} {:>30} {:>30} {:>11} {:>11} {:>8}",
+        "mode",
+        "size",
+        "peerdirect reg/dereg (pgsz, blocks)",
+        "vfio-pci",
+        "udmabuf",
+        "p/vfio reg",
+        "udmabuf/p",
+        "goal"
+    )];
+    for mode in RegMode::ALL {
+        for &len in sizes {
+            let cell = |e: Exporter| match regs.get(&(e, mode, len)) {
+                Some(Ok(Some(r))) => format!(
+                    "{}/{} ({}, {})",
+                    micros(r.reg_ns),
+                    micros(r.dereg_ns),
+                    size_name(r.pgsz),
+                    r.blocks
+                ),
+                Some(Ok(None)) => "refused (not revocable)".to_owned(),
+                Some(Err(_)) => "failed".to_owned(),
+                None => "not run".to_owned(),
+            };
+            let reg = |e: Exporter, m: RegMode| match regs.get(&(e, m, len)) {
+                Some(Ok(Some(r))) => r.reg_ns,
+                _ => 0,
+            };
+            let ours = reg(Exporter::Peerdirect, mode);
+            lines.push(format!(
+                "{:<9} {:>7} {:>30} {:>30} {:>30} {:>11} {:>11} {:>8}",
+                mode.name(),
+                size_name(len),
+                cell(Exporter::Peerdirect),
+                cell(Exporter::VfioPci),
+                cell(Exporter::Udmabuf),
+                ratio(ours, reg(Exporter::VfioPci, RegMode::Revocable)),
+                if ours == 0 {
+                    "-".to_owned()
+                } else {
+                    ratio(reg(Exporter::Udmabuf, mode), ours)
+                },
+                match reg_goal(regs, mode, len) {
+                    Some(true) => "met",
+                    Some(false) => "not met",
+                    None => "-",
+                }
+            ));
+        }
+    }
+    for ((e, m, len), r) in regs {
+        if let Err(err) = r {
+            lines.push(format!(
+                "# {} {} {}: {err}",
+                e.name(),
+                m.name(),
+                size_name(*len)
+            ));
+        }
+    }
+    lines.push(format!(
+        "# p/vfio: peerdirect's registration time over vfio-pci's revocable one (vfio-pci \
+         refuses the pinned path); udmabuf/p: how many times faster peerdirect registers than \
+         udmabuf. goal from 1 GiB: within {REG_GOAL}x of vfio-pci (registration and release), \
+         at least {REG_UDMABUF_GOAL}x faster than udmabuf, 1 GiB pages where aligned"
+    ));
+    lines
+}
+
 /// Where each exporter's mapping points, as the importer saw it (the first size of each).
 fn notes(results: &Results, sizes: &[u64], hbm_bus_addr: u64) -> Vec<String> {
     let mut lines = Vec::new();
@@ -602,7 +800,7 @@ pub(crate) fn run() -> ExitCode {
         let info = device.info().map_err(|err| err.to_string())?;
         Ok::<_, String>((importer, nic, device, info))
     })();
-    let (mut importer, nic, device, info) = match setup {
+    let (importer, nic, device, info) = match setup {
         Ok(setup) => setup,
         Err(err) => {
             println!("# setup failed: {err}");
@@ -627,19 +825,28 @@ pub(crate) fn run() -> ExitCode {
         info.hbm_bus_addr
     );
 
-    let mut results = Results::new();
+    let ibimport = crate::ibimport::load_module();
+    if let Err(err) = &ibimport {
+        println!("# registrations: {err}");
+    }
+    let mut importers = Importers {
+        importer,
+        ibimport,
+        nic,
+    };
+    let mut found = Found::default();
     bench_peerdirect(
-        &mut importer,
-        &nic,
+        &mut importers,
         &device,
         info.pci_address,
         &sizes,
-        &mut results,
+        &mut found,
     );
-    bench_udmabuf(&mut importer, &nic, &sizes, &mut results);
+    bench_udmabuf(&mut importers, &sizes, &mut found);
     // vfio-pci takes the device over: peerdirect must let go of it first.
     drop(device);
-    bench_vfio(&mut importer, &nic, info.pci_address, &sizes, &mut results);
+    bench_vfio(&mut importers, info.pci_address, &sizes, &mut found);
+    let Found { results, regs } = found;
 
     for line in table(&results, &sizes) {
         println!("{line}");
@@ -656,8 +863,9 @@ pub(crate) fn run() -> ExitCode {
     }
     println!(
         "# max_seg is the NIC's DMA max segment size, set by the importer for each attachment: \
-         {}. peerdirect cuts its ranges there (rounded down to the page size), as habanalabs \
-         does; vfio-pci gives one entry per range (up to 4 GiB); udmabuf's entries are what the \
+         {}. peerdirect cuts its ranges there (rounded down to the page size) where the NIC \
+         DMAs to bus addresses, as habanalabs does, and maps them whole through an IOMMU; \
+         vfio-pci gives one entry per range (up to 4 GiB); udmabuf's entries are what the \
          IOMMU mapping merged. goal: with a real NIC's max segment, attach, map and \
          unmap+detach each within {GOAL}x of vfio-pci's, and one entry per min(size, max_seg)",
         MAX_SEGS
@@ -666,7 +874,18 @@ pub(crate) fn run() -> ExitCode {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    if results.values().all(Result::is_ok) {
+    println!();
+    println!(
+        "# a memory registration as RDMA drivers make one, through ib_core \
+         (peerdirect_ibimport bench), the NIC's max segment EFA's ({EFA_MAX_SEG}): get the \
+         umem (pinned: EFA's ib_umem_dmabuf_get_pinned_with_dma_device; revocable: irdma's), \
+         best page size of 4 KiB..2 GiB, every DMA block walked; then ib_umem_release. Best of \
+         {RUNS}, µs"
+    );
+    for line in reg_table(&regs, &sizes) {
+        println!("{line}");
+    }
+    if results.values().all(Result::is_ok) && regs.values().all(Result::is_ok) {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -929,6 +1148,69 @@ mod tests {
             importer_iommu: "1".to_owned(),
             p2p_distance: Some(4),
         }
+    }
+
+    fn registered(reg_ns: u64, dereg_ns: u64, pgsz: u64) -> Result<Option<Registered>, String> {
+        Ok(Some(Registered {
+            reg_ns,
+            dereg_ns,
+            pgsz,
+            blocks: 1,
+        }))
+    }
+
+    #[test]
+    fn registration_goal_from_1_gib_against_vfio_revocable_and_udmabuf() {
+        const GIB: u64 = 1 << 30;
+        let regs = |ours: (u64, u64, u64), udmabuf_ns: u64| {
+            let mut regs = Registrations::new();
+            for len in [2 * MIB, GIB] {
+                let (reg, dereg, pgsz) = ours;
+                regs.insert(
+                    (Exporter::Peerdirect, RegMode::Pinned, len),
+                    registered(reg, dereg, pgsz),
+                );
+                regs.insert((Exporter::VfioPci, RegMode::Pinned, len), Ok(None));
+                regs.insert(
+                    (Exporter::VfioPci, RegMode::Revocable, len),
+                    registered(100, 50, GIB),
+                );
+                regs.insert(
+                    (Exporter::Udmabuf, RegMode::Pinned, len),
+                    registered(udmabuf_ns, 500, 4096),
+                );
+            }
+            regs
+        };
+        let good = regs((110, 55, GIB), 20_000);
+        assert_eq!(reg_goal(&good, RegMode::Pinned, 2 * MIB), None);
+        assert_eq!(reg_goal(&good, RegMode::Pinned, GIB), Some(true));
+        // No vfio-pci revocable registration to compare with: no verdict.
+        assert_eq!(reg_goal(&good, RegMode::Revocable, GIB), None);
+        // Too slow against vfio-pci, in registration or release.
+        assert_eq!(
+            reg_goal(&regs((130, 55, GIB), 20_000), RegMode::Pinned, GIB),
+            Some(false)
+        );
+        assert_eq!(
+            reg_goal(&regs((110, 61, GIB), 20_000), RegMode::Pinned, GIB),
+            Some(false)
+        );
+        // Less than 100x faster than udmabuf.
+        assert_eq!(
+            reg_goal(&regs((110, 55, GIB), 10_000), RegMode::Pinned, GIB),
+            Some(false)
+        );
+        // A smaller page than vfio-pci's 1 GiB.
+        assert_eq!(
+            reg_goal(&regs((110, 55, 2 * MIB), 20_000), RegMode::Pinned, GIB),
+            Some(false)
+        );
+        let table = reg_table(&good, &[GIB]);
+        assert!(table.iter().any(|l| l.contains("refused (not revocable)")));
+        assert!(table
+            .iter()
+            .any(|l| l.starts_with("pinned") && l.contains("met")));
     }
 
     #[test]

@@ -67,7 +67,7 @@ pub(crate) fn num_blocks(iova: u64, len: u64, pgsz: u64) -> u64 {
 }
 
 /// Loads ib_core and the module unless they are loaded already, and opens its command file.
-fn load_module() -> Result<TestModule, String> {
+pub(crate) fn load_module() -> Result<TestModule, String> {
     if !Path::new("/sys/module/ib_core").exists() {
         run("modprobe", &["ib_core"])?;
     }

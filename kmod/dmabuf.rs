@@ -7,7 +7,11 @@
 //! `struct dma_buf_attachment` and `struct vm_area_struct` pointers; `export.rs` holds
 //! peerdirect's exporter logic in safe code.
 
-use crate::ffi::{self, P2pProvider};
+use crate::{
+    ffi::{self, P2pProvider},
+    hbm::Live,
+    p2p::Verdicts,
+};
 use core::{marker::PhantomData, ptr::NonNull};
 use kernel::{
     bindings,
@@ -15,7 +19,7 @@ use kernel::{
     ffi::{c_int, c_void},
     fs::File,
     prelude::*,
-    sync::aref::ARef,
+    sync::{aref::ARef, SpinLock},
     types::Opaque,
 };
 
@@ -51,13 +55,29 @@ impl Attachment<'_> {
         unsafe { (*self.raw.as_ptr()).peer2peer }
     }
 
-    /// The kernel's P2P distance from `hbm` to the importer, `None` when its P2P rules give
-    /// no path (or the importer is not a PCI device).
-    pub(crate) fn p2p_distance(&self, hbm: &kernel::pci::Device) -> Option<u32> {
+    /// The kernel's P2P distance from the HBM device to the importer, `None` when its P2P
+    /// rules give no path (or the importer is not a PCI device). `live` gives the HBM device
+    /// while it is bound; it is asked only when `verdicts`, the device's cache, does not know
+    /// the importer's device (the verdict reads the HBM device's p2pdma state, which goes
+    /// with its binding).
+    pub(crate) fn p2p_distance<'h>(
+        &self,
+        verdicts: &SpinLock<Verdicts>,
+        live: impl FnOnce() -> Result<Live<'h>>,
+    ) -> Result<Option<u32>> {
+        // Only PCI devices: the generation counts PCI devices alone.
         if !ffi::dev_is_pci(self.dev()) {
-            return None;
+            return Ok(None);
         }
-        ffi::p2p_distance(hbm, self.dev())
+        // Taken before the verdict: a device deleted meanwhile makes it stale at once.
+        let (device, generation) = (self.dev() as usize, ffi::pci_generation());
+        if let Some(distance) = verdicts.lock().get(device, generation) {
+            return Ok(distance);
+        }
+        let live = live()?;
+        let distance = ffi::p2p_distance(live.pci_device(), self.dev());
+        verdicts.lock().put(device, generation, distance);
+        Ok(distance)
     }
 
     /// Logs (rate-limited) why an attach from this importer to `hbm` was refused.

@@ -71,10 +71,13 @@ impl Exporter for Export {
         if !attach.peer2peer() {
             return Err(EOPNOTSUPP);
         }
-        let live = self.hbm().live()?;
-        if attach.p2p_distance(live.pci_device()).is_none() {
+        let hbm = self.hbm();
+        // Gone: ENODEV. An attach that passes this while the device goes is harmless: its maps
+        // fail (`map` takes the live guard) and revocation tells it to let go.
+        hbm.info()?;
+        if attach.p2p_distance(&hbm.verdicts, || hbm.live())?.is_none() {
             attach.log_refused(
-                live.pci_device(),
+                hbm.pdev(),
                 c"no peer-to-peer path to the HBM device (kernel P2P verdict: not supported)",
             );
             return Err(EOPNOTSUPP);

@@ -60,6 +60,9 @@ mod raw {
         pub(super) fn peerdirect_vma_pgoff(vma: *mut bindings::vm_area_struct) -> usize;
         pub(super) fn peerdirect_dma_max_seg_size(dev: *mut bindings::device) -> c_uint;
         pub(super) fn peerdirect_dev_dma_translated(dev: *mut bindings::device) -> bool;
+        pub(super) fn peerdirect_pci_generation_register() -> c_int;
+        pub(super) fn peerdirect_pci_generation_unregister();
+        pub(super) fn peerdirect_pci_generation() -> u64;
         pub(super) fn peerdirect_dev_is_pci(dev: *mut bindings::device) -> bool;
         pub(super) fn peerdirect_map_phys(
             attach: *mut bindings::dma_buf_attachment,
@@ -199,6 +202,35 @@ impl Drop for PciBusNotifier {
         // notification is running, so none reaches the module after this.
         unsafe { raw::peerdirect_pci_notifier_unregister() }
     }
+}
+
+/// Counts PCI devices added and deleted while registered (a second PCI bus notifier in
+/// helpers.c), for [`pci_generation`]. Registered from module initialization until every
+/// device is unbound, so that no attach runs while it is not.
+pub(crate) struct PciGeneration(());
+
+impl PciGeneration {
+    /// Registers the counting notifier; only the module initializer makes one.
+    pub(crate) fn register() -> Result<Self> {
+        // SAFETY: registers helpers.c's static notifier block, once (the only caller is the
+        // module initializer), unregistered in `drop`.
+        kernel::error::to_result(unsafe { raw::peerdirect_pci_generation_register() })?;
+        Ok(Self(()))
+    }
+}
+
+impl Drop for PciGeneration {
+    fn drop(&mut self) {
+        // SAFETY: registered by `register`.
+        unsafe { raw::peerdirect_pci_generation_unregister() }
+    }
+}
+
+/// How many PCI devices were added or deleted so far: whatever names a PCI device by its
+/// address is valid only under the count it was taken at.
+pub(crate) fn pci_generation() -> u64 {
+    // SAFETY: reads an atomic counter; no precondition.
+    unsafe { raw::peerdirect_pci_generation() }
 }
 
 /// Called by helpers.c's PCI bus notifier when `pdev`'s driver is about to unbind or `pdev` is

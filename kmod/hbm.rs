@@ -11,11 +11,12 @@ use crate::{
     dmabuf::{self, DmaBufId},
     ffi::{AttachInfo, BarIndex, P2pProvider},
     memory::{self, HbmMemory},
+    p2p::Verdicts,
     status::StatusPage,
     uapi::PEERDIRECT_STATUS_REVOKED,
 };
 use kernel::{
-    new_condvar, new_mutex, new_poll_condvar, new_srcu, pci,
+    new_condvar, new_mutex, new_poll_condvar, new_spinlock, new_srcu, pci,
     prelude::*,
     rbtree::{RBTree, RBTreeNodeReservation},
     sync::{
@@ -23,7 +24,7 @@ use kernel::{
         atomic::{Acquire, Atomic, Relaxed, Release},
         poll::PollCondVar,
         srcu::{self, Srcu},
-        Arc, CondVar, Mutex,
+        Arc, CondVar, Mutex, SpinLock,
     },
     time::{delay::fsleep, Delta},
 };
@@ -126,6 +127,9 @@ pub(crate) struct Hbm {
     /// The BAR as a P2P provider, for a device peerdirect owns; `None` for a companion
     /// (another driver owns the device and its p2pdma state).
     provider: Option<P2pProvider>,
+    /// The kernel's P2P verdicts for importers seen at attach.
+    #[pin]
+    pub(crate) verdicts: SpinLock<Verdicts>,
     /// What userspace maps from the device file to see the device go.
     pub(crate) status: StatusPage,
     pub(crate) memory: Arc<HbmMemory>,
@@ -180,6 +184,7 @@ impl Hbm {
                 present: Atomic::new(true),
                 pdev,
                 provider,
+                verdicts <- new_spinlock!(Verdicts::new(), "Hbm::verdicts"),
                 status: StatusPage::new()?,
                 handles: Handles::new(1),
                 exports: Atomic::new(0),

@@ -96,6 +96,39 @@ static struct notifier_block peerdirect_pci_nb = {
 	.notifier_call = peerdirect_pci_notify,
 };
 
+/*
+ * Counts PCI devices added and deleted. A P2P verdict cached for an importer's device under
+ * one count is stale under another: the device may be gone and its memory reused by another.
+ */
+static atomic64_t peerdirect_pci_generation_count = ATOMIC64_INIT(0);
+
+static int peerdirect_pci_generation_notify(struct notifier_block *nb, unsigned long action,
+					    void *data)
+{
+	if (action == BUS_NOTIFY_ADD_DEVICE || action == BUS_NOTIFY_DEL_DEVICE)
+		atomic64_inc(&peerdirect_pci_generation_count);
+	return NOTIFY_DONE;
+}
+
+static struct notifier_block peerdirect_pci_generation_nb = {
+	.notifier_call = peerdirect_pci_generation_notify,
+};
+
+int peerdirect_pci_generation_register(void)
+{
+	return bus_register_notifier(&pci_bus_type, &peerdirect_pci_generation_nb);
+}
+
+void peerdirect_pci_generation_unregister(void)
+{
+	bus_unregister_notifier(&pci_bus_type, &peerdirect_pci_generation_nb);
+}
+
+u64 peerdirect_pci_generation(void)
+{
+	return atomic64_read(&peerdirect_pci_generation_count);
+}
+
 int peerdirect_pci_notifier_register(void)
 {
 	return bus_register_notifier(&pci_bus_type, &peerdirect_pci_nb);

@@ -48,6 +48,9 @@ void peerdirect_page_set_bits(struct page *page, size_t offset, u32 bits);
 unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma);
 unsigned int peerdirect_dma_max_seg_size(struct device *dev);
 bool peerdirect_dev_dma_translated(struct device *dev);
+int peerdirect_pci_generation_register(void);
+void peerdirect_pci_generation_unregister(void);
+u64 peerdirect_pci_generation(void);
 bool peerdirect_dev_is_pci(struct device *dev);
 struct sg_table *peerdirect_map_phys(struct dma_buf_attachment *attach,
 				     struct p2pdma_provider *provider, phys_addr_t paddr,

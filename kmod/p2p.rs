@@ -11,6 +11,65 @@
 use crate::ffi::{PciDev, PciDevRef};
 use kernel::{pci, prelude::*};
 
+/// Importers whose verdict one HBM device keeps.
+const VERDICTS: usize = 4;
+
+/// The kernel's P2P verdicts for the importers of one HBM device, so that an attach does not
+/// walk the PCI tree again (reading bridges' ACS control on the way) for an importer it has
+/// seen. An importer's device is named by its address, which is valid only under the PCI
+/// generation ([`crate::ffi::pci_generation`]) the verdict was taken at: a device deleted and
+/// another allocated at its address make a new generation. Kept under a spinlock in
+/// [`crate::hbm::Hbm`]; the oldest of [`VERDICTS`] entries makes room.
+pub(crate) struct Verdicts {
+    entries: [Option<Verdict>; VERDICTS],
+    next: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Verdict {
+    device: usize,
+    generation: u64,
+    distance: Option<u32>,
+}
+
+impl Verdicts {
+    pub(crate) const fn new() -> Self {
+        Self {
+            entries: [None; VERDICTS],
+            next: 0,
+        }
+    }
+
+    /// The verdict for `device` under `generation`: `None` if not known.
+    pub(crate) fn get(&self, device: usize, generation: u64) -> Option<Option<u32>> {
+        self.entries
+            .iter()
+            .flatten()
+            .find(|v| v.device == device && v.generation == generation)
+            .map(|v| v.distance)
+    }
+
+    /// Records `device`'s verdict under `generation`, in place of its older one or of the
+    /// oldest entry.
+    pub(crate) fn put(&mut self, device: usize, generation: u64, distance: Option<u32>) {
+        let verdict = Some(Verdict {
+            device,
+            generation,
+            distance,
+        });
+        if let Some(slot) = self
+            .entries
+            .iter_mut()
+            .find(|v| v.is_some_and(|v| v.device == device))
+        {
+            *slot = verdict;
+            return;
+        }
+        self.entries[self.next] = verdict;
+        self.next = (self.next + 1) % VERDICTS;
+    }
+}
+
 /// What `PEERDIRECT_IOC_P2P` reports about one peer.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct P2pPath {
@@ -81,4 +140,39 @@ pub(crate) fn query(hbm: &pci::Device, domain: u32, bus: u8, devfn: u8) -> Resul
         }
     }
     Ok(path)
+}
+
+#[cfg(peerdirect_kunit)]
+#[kunit_tests(peerdirect_p2p_verdicts)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_hold_per_device_and_generation() {
+        let mut v = Verdicts::new();
+        assert_eq!(v.get(0x1000, 7), None);
+        v.put(0x1000, 7, Some(4));
+        v.put(0x2000, 7, None);
+        assert_eq!(v.get(0x1000, 7), Some(Some(4)));
+        // A refusal is a verdict too.
+        assert_eq!(v.get(0x2000, 7), Some(None));
+        // Another generation: the address may name another device now.
+        assert_eq!(v.get(0x1000, 8), None);
+        v.put(0x1000, 8, Some(6));
+        assert_eq!(v.get(0x1000, 8), Some(Some(6)));
+        assert_eq!(v.get(0x1000, 7), None);
+    }
+
+    #[test]
+    fn the_oldest_verdict_makes_room() {
+        let mut v = Verdicts::new();
+        for d in 1..=VERDICTS {
+            v.put(d, 1, Some(2));
+        }
+        v.put(VERDICTS + 1, 1, Some(2));
+        assert_eq!(v.get(1, 1), None);
+        for d in 2..=VERDICTS + 1 {
+            assert_eq!(v.get(d, 1), Some(Some(2)));
+        }
+    }
 }

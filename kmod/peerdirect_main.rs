@@ -30,7 +30,7 @@ mod p2p;
 mod status;
 mod uapi;
 
-use ffi::PciBusNotifier;
+use ffi::{PciBusNotifier, PciGeneration};
 use kernel::{driver::Registration, miscdevice::MiscDeviceRegistration, pci, prelude::*};
 
 module! {
@@ -80,14 +80,21 @@ impl Drop for Companions {
 /// What every device uses: the debugfs root and the BARs' heaps. Made before the driver
 /// registers (probing devices use both) and released after it is gone, also when loading
 /// fails half-way.
-struct Shared;
+struct Shared {
+    /// Counts PCI devices added and deleted, for the P2P verdicts devices cache; registered
+    /// before any device binds, unregistered after all are gone (the last field to drop).
+    _generation: PciGeneration,
+}
 
 impl Shared {
-    fn new() -> Self {
+    fn new() -> Result<Self> {
+        let generation = PciGeneration::register()?;
         debugfs::init_root();
         memory::init();
         companion::init();
-        Self
+        Ok(Self {
+            _generation: generation,
+        })
     }
 }
 
@@ -101,7 +108,7 @@ impl Drop for Shared {
 impl kernel::InPlaceModule for Peerdirect {
     fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
         try_pin_init!(Self {
-            _shared: Shared::new(),
+            _shared: Shared::new()?,
             driver <- Registration::new(c"peerdirect", module),
             _companions: Companions,
             _notifier: PciBusNotifier::register()?,

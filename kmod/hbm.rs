@@ -21,7 +21,7 @@ use kernel::{
     rbtree::{RBTree, RBTreeNodeReservation},
     sync::{
         aref::ARef,
-        atomic::{Acquire, Atomic, Relaxed, Release},
+        atomic::{Acquire, Atomic, Full, Relaxed, Release},
         poll::PollCondVar,
         srcu::{self, Srcu},
         Arc, CondVar, Mutex, SpinLock,
@@ -274,9 +274,12 @@ impl Hbm {
         if !revocable {
             self.mappings.pinned.fetch_sub(1, Release);
             self.memory.pinned_mappings.fetch_sub(1, Relaxed);
-        } else if self.mappings.revocable.fetch_sub(1, Release) == 1 {
-            // Removal checks the count under this lock before it sleeps, so it either sees 0
-            // or is asleep by the time the lock is ours: the signal is never lost.
+        } else if self.mappings.revocable.fetch_sub(1, Full) == 1 && !self.is_present() {
+            // Only removal waits, and only once the device is marked gone. It marks that
+            // (fully ordered), then reads the count under this lock; we change the count
+            // (fully ordered), then read the mark. So either removal sees
+            // 0, or we see the mark and signal; removal checks under this lock before it
+            // sleeps, so it is asleep by the time the lock is ours: no signal is lost.
             let _lock = self.unmapped_lock.lock();
             self.unmapped.notify_all();
         }
@@ -294,7 +297,9 @@ impl Hbm {
     /// revoked (pinned memory registrations) it waits until their owners let go, saying every
     /// few seconds who they are.
     pub(crate) fn remove(&self) {
-        self.present.store(false, Release);
+        // Fully ordered: `unmapped` relies on this store coming before removal's read of the
+        // count of revocable mappings.
+        self.present.xchg(false, Full);
         // Attaches, maps and P2P queries that saw the device present finish before anything
         // goes; later ones see it gone.
         self.gate.synchronize();

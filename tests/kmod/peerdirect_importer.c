@@ -9,7 +9,8 @@
  * "key=value" lines: reads after a write return the result from its start up to its end.
  *
  *   fd=N dev=DDDD:BB:SS.F mode=dynamic|pinned|revocable|static [hbm=DDDD:BB:SS.F]
- *        [dir=bidir|to_device|from_device] [p2p=0|1] [hold=0|1] [stall=MS] [max_seg=BYTES]
+ *        [dir=bidir|to_device|from_device] [p2p=0|1] [hold=0|1] [stall=MS] [defer=MS]
+ *        [max_seg=BYTES]
  *	attach dma-buf fd N (an fd of the writing process) to PCI device dev, (pin,) map, walk
  *	the sg table, then unmap, (unpin,) detach, unless hold=1: then the attachment stays
  *	mapped until "release id=I". With hbm=, also reports the kernel's P2P distance from
@@ -18,6 +19,9 @@
  *	stall=MS (dynamic and revocable only) makes each invalidation of the attachment sleep MS
  *	milliseconds first, as a NIC does that waits for its hardware to stop using a mapping;
  *	the exporter's revocation then holds whatever locks it holds for that long.
+ *	defer=MS (dynamic only) makes an invalidation keep the mapping and unmap it from a work
+ *	item MS milliseconds later, as a NIC does that must first quiesce its hardware: the
+ *	exporter's removal then waits for a revocable mapping after revoking.
  *	max_seg=BYTES (not with hold=1) sets dev's DMA max segment size for the command, and
  *	puts the old one back after: an RDMA NIC's (EFA: UINT_MAX, mlx5: 2 GiB) where the
  *	stand-in has the PCI default (64 KiB).
@@ -51,6 +55,7 @@
 #include <linux/slab.h>
 #include <linux/string.h>
 #include <linux/uaccess.h>
+#include <linux/workqueue.h>
 
 #include "cmdfile.h"
 
@@ -83,6 +88,8 @@ struct pdi_attachment {
 	bool revoked;
 	unsigned int invalidations;
 	unsigned int stall_ms;
+	unsigned int defer_ms;
+	struct delayed_work unmap_work; /* defer=: the invalidated mapping's late unmap */
 };
 
 static LIST_HEAD(pdi_held);
@@ -108,10 +115,28 @@ static void pdi_invalidate_dynamic(struct dma_buf_attachment *attach)
 	dma_resv_assert_held(attach->dmabuf->resv);
 	pdi_stall(p);
 	p->invalidations++;
+	if (p->sgt && p->defer_ms) {
+		schedule_delayed_work(&p->unmap_work, msecs_to_jiffies(p->defer_ms));
+		return;
+	}
 	if (p->sgt) {
 		dma_buf_unmap_attachment(attach, p->sgt, p->dir);
 		p->sgt = NULL;
 	}
+}
+
+/* defer=: the unmap an invalidation asked for, done late (the mapping is not used meanwhile). */
+static void pdi_deferred_unmap(struct work_struct *work)
+{
+	struct pdi_attachment *p = container_of(to_delayed_work(work), struct pdi_attachment,
+						unmap_work);
+
+	dma_resv_lock(p->dmabuf->resv, NULL);
+	if (p->sgt) {
+		dma_buf_unmap_attachment(p->attach, p->sgt, p->dir);
+		p->sgt = NULL;
+	}
+	dma_resv_unlock(p->dmabuf->resv);
 }
 
 /* ib_umem_dmabuf_revoke_locked(): unmap, unpin, and never map again by itself. */
@@ -165,7 +190,7 @@ struct pdi_cmd {
 	bool has_mode;
 	enum dma_data_direction dir;
 	bool p2p, hold;
-	unsigned int stall_ms, max_seg;
+	unsigned int stall_ms, defer_ms, max_seg;
 	u32 id;
 };
 
@@ -235,6 +260,8 @@ static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 			ret = kstrtobool(val, &cmd->hold);
 		} else if (!strcmp(tok, "stall")) {
 			ret = kstrtouint(val, 10, &cmd->stall_ms);
+		} else if (!strcmp(tok, "defer")) {
+			ret = kstrtouint(val, 10, &cmd->defer_ms);
 		} else if (!strcmp(tok, "max_seg")) {
 			ret = kstrtouint(val, 0, &cmd->max_seg);
 			if (!ret && cmd->max_seg < PAGE_SIZE)
@@ -256,6 +283,10 @@ static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 		}
 		if (cmd->max_seg && cmd->hold) {
 			seq_buf_puts(out, "error=max_seg= needs hold=0\n");
+			return -EINVAL;
+		}
+		if (cmd->defer_ms && cmd->mode != PDI_DYNAMIC) {
+			seq_buf_puts(out, "error=defer= needs mode=dynamic\n");
 			return -EINVAL;
 		}
 		if (cmd->stall_ms && cmd->mode != PDI_DYNAMIC && cmd->mode != PDI_REVOCABLE) {
@@ -321,6 +352,8 @@ static void pdi_teardown(struct pdi_attachment *p)
 {
 	struct dma_resv *resv = p->dmabuf->resv;
 
+	/* A late unmap still pending runs now (it takes the reservation lock: not held here). */
+	flush_delayed_work(&p->unmap_work);
 	dma_resv_lock(resv, NULL);
 	if (p->mode == PDI_REVOCABLE) {
 		/* ib_umem_dmabuf_release(): a revoke that has not happened yet happens now. */
@@ -429,6 +462,8 @@ static int pdi_run_on(const struct pdi_cmd *cmd, struct seq_buf *out, struct pci
 	p->mode = cmd->mode;
 	p->dir = cmd->dir;
 	p->stall_ms = cmd->stall_ms;
+	p->defer_ms = cmd->defer_ms;
+	INIT_DELAYED_WORK(&p->unmap_work, pdi_deferred_unmap);
 	p->nic = nic;
 	p->dmabuf = dmabuf;
 

@@ -11,10 +11,12 @@
 //!   mapping made, whenever it was made, must fault (SIGBUS) instead of reaching the BAR.
 //! - `close-unbind`: the last references of many dma-bufs are dropped by two threads while the
 //!   device is unbound, in rounds; nothing may be left exported afterwards.
-//! - `import-unbind`: two threads have the NIC attach, pin, map, unmap and detach dma-bufs
-//!   through the test importer module (dynamic, revocable and pinned importers in turn)
-//!   while a third reads debugfs's `exports` (which walks each dma-buf's attachments under its
-//!   reservation lock) and the device is unbound and rebound in a loop.
+//! - `import-unbind`: first, removal must wait for a dynamic importer that unmaps 300 ms after
+//!   it is told to (the test importer's `defer=`); then two threads have the NIC attach, pin,
+//!   map, unmap and detach dma-bufs through the test importer module (dynamic, revocable,
+//!   pinned, and dynamic holding its mapping with a 1 ms late unmap, in turn) while a third
+//!   reads debugfs's `exports` (which walks each dma-buf's attachments under its reservation
+//!   lock) and the device is unbound and rebound in a loop.
 //! - `bind-two` (`qemu/run --second-hbm`): two devices, each unbound and bound again in a loop
 //!   by a thread of its own; every bind must succeed. A device's index and names are given
 //!   back only once its node and debugfs directory are gone, so the other device never gets
@@ -730,10 +732,17 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
         }
     };
     // Loaded once here; the threads open its command file for themselves.
-    if let Err(err) = TestModule::load_importer() {
-        tap.report("the test importer module loads", &Err(err));
-        return;
-    }
+    let mut importer = match TestModule::load_importer() {
+        Ok(importer) => importer,
+        Err(err) => {
+            tap.report("the test importer module loads", &Err(err));
+            return;
+        }
+    };
+    tap.report(
+        &format!("removal waits for a dynamic importer that unmaps {DEFER_MS} ms after it is told to, and completes"),
+        &removal_waits_for_late_unmap(&mut importer, bdf, &nic),
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let (imported, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let unexpected = Arc::new(Unexpected::default());
@@ -764,12 +773,19 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
                         continue;
                     };
                     n += 1;
-                    let mode = ["dynamic", "revocable", "pinned"][n as usize % 3];
+                    let mode = ["dynamic", "revocable", "pinned", "dynamic hold=1 defer=1"]
+                        [n as usize % 4];
                     let line = format!("fd={} dev={nic} mode={mode}", dmabuf.as_fd().as_raw_fd());
                     let report = match importer.command(&line) {
                         Ok(report) => report,
                         Err(err) => return record(err),
                     };
+                    // A held mapping: let go of it at once, an unbind may be invalidating it.
+                    if let Some(id) = report.value("id") {
+                        if let Err(err) = importer.command(&format!("release id={id}")) {
+                            return record(err);
+                        }
+                    }
                     // Gone at any point: ENODEV. Anything else is a bug.
                     match (report.int("attach"), report.int("map")) {
                         (Ok(0), Ok(0)) => imported.fetch_add(1, Ordering::Relaxed),
@@ -826,6 +842,45 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
         "afterwards the device works, with nothing allocated or exported and all HBM free",
         &expect_idle(),
     );
+}
+
+/// How late the importer in [`removal_waits_for_late_unmap`] unmaps.
+const DEFER_MS: u64 = 300;
+
+/// A dynamic importer holds a mapping and unmaps it [`DEFER_MS`] after it is invalidated;
+/// unbinding must take at least that long (removal waits for revocable mappings to go) and
+/// complete; the device is bound again after.
+fn removal_waits_for_late_unmap(importer: &mut TestModule, bdf: &str, nic: &str) -> Outcome {
+    let device = Device::open_index(INDEX).map_err(|err| format!("open: {err}"))?;
+    let dmabuf = device
+        .alloc(16 * PAGE as u64, None)
+        .and_then(|alloc| alloc.export(0, 0, ExportFlags::RDWR))
+        .map_err(|err| format!("alloc and export: {err}"))?;
+    let held = importer.command(&format!(
+        "fd={} dev={nic} mode=dynamic hold=1 defer={DEFER_MS}",
+        dmabuf.as_fd().as_raw_fd()
+    ))?;
+    expect_eq("map", Some("0"), held.value("map"))?;
+    let id = held.get("id")?.to_owned();
+    drop(dmabuf);
+    drop(device);
+    let start = Instant::now();
+    let unbound = unbind(bdf);
+    let took = start.elapsed();
+    let status = importer.command(&format!("status id={id}"))?;
+    let released = importer.command(&format!("release id={id}"));
+    let rebound = rebind(bdf);
+    unbound?;
+    if took < Duration::from_millis(DEFER_MS * 8 / 10) {
+        return Err(format!(
+            "unbind returned after {} ms, before the importer unmapped ({DEFER_MS} ms after it was told)",
+            took.as_millis()
+        ));
+    }
+    expect_eq("invalidations", Some("1"), status.value("invalidations"))?;
+    expect_eq("mapped after the unbind", Some("0"), status.value("mapped"))?;
+    released?;
+    rebound
 }
 
 /// Reads debugfs's `exports` of the device: the number of attachment lines, each checked for

@@ -118,6 +118,11 @@ impl From<DmaBuf> for OwnedFd {
 /// mappings may change at any time, so it is never lent out as a Rust slice: data moves in
 /// and out by plain copies, [`DmaBufMap::read`] and [`DmaBufMap::write`]. Bracket them with
 /// [`DmaBuf::sync`].
+///
+/// A mapping of 2 MiB or more starts at a virtual address aligned to 2 MiB (1 GiB from
+/// 1 GiB on), so that peerdirect can map it with 2 MiB and 1 GiB page-table entries where the
+/// HBM range is aligned too: one fault and one TLB entry per huge page instead of one per
+/// 4 KiB.
 #[derive(Debug)]
 pub struct DmaBufMap {
     mapping: Mapping,
@@ -225,6 +230,31 @@ mod tests {
         other.read(4090, &mut read);
         assert_eq!(&read, b"across a page");
         assert_eq!(&fs::read(&file.0).unwrap()[4090..4103], b"across a page");
+    }
+
+    #[test]
+    fn mappings_are_aligned_for_huge_entries() {
+        use crate::sys::dma_buf::huge_alignment;
+        assert_eq!(huge_alignment(4096), 0);
+        assert_eq!(huge_alignment((2 << 20) - 4096), 0);
+        assert_eq!(huge_alignment(2 << 20), 2 << 20);
+        assert_eq!(huge_alignment((1 << 30) - 4096), 2 << 20);
+        assert_eq!(huge_alignment(16 << 30), 1 << 30);
+        // 4 MiB and two pages: aligned to 2 MiB, both ends reachable.
+        let len = (4 << 20) + 8192;
+        let file = TempFile::new("aligned", len);
+        let buf = file.open(true);
+        for _ in 0..4 {
+            let mut map = buf.mmap(true).unwrap();
+            assert_eq!(map.mapping.addr() % (2 << 20), 0);
+            map.write(0, b"head");
+            map.write(len - 4, b"tail");
+            let mut read = [0; 4];
+            map.read(len - 4, &mut read);
+            assert_eq!(&read, b"tail");
+        }
+        let data = fs::read(&file.0).unwrap();
+        assert_eq!((&data[..4], &data[len - 4..]), (&b"head"[..], &b"tail"[..]));
     }
 
     #[test]

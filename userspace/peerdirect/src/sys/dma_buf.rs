@@ -46,23 +46,90 @@ pub(crate) struct Mapping {
     writable: bool,
 }
 
+/// The virtual alignment a mapping of `len` bytes gets: the largest page-table entry size
+/// (1 GiB, 2 MiB) it can fill, so that the exporter can map it with huge entries where the
+/// memory is aligned too (peerdirect's allocations are, to 2 MiB by default); 0 for none.
+pub(crate) fn huge_alignment(len: usize) -> usize {
+    const PMD: usize = 2 << 20;
+    const PUD: usize = 1 << 30;
+    match len {
+        l if l >= PUD => PUD,
+        l if l >= PMD => PMD,
+        _ => 0,
+    }
+}
+
 impl Mapping {
-    /// Maps bytes `0..len` of the dma-buf `fd`, shared, readable, and writable if asked.
+    /// Maps bytes `0..len` of the dma-buf `fd`, shared, readable, and writable if asked, at
+    /// a virtual address aligned to [`huge_alignment`]`(len)`.
     pub(crate) fn new(fd: BorrowedFd<'_>, len: usize, writable: bool) -> Result<Self> {
         let prot = if writable {
             ProtFlags::READ | ProtFlags::WRITE
         } else {
             ProtFlags::READ
         };
-        // SAFETY: with a null address hint and no MAP_FIXED the kernel picks a range that
-        // overlaps no existing mapping, so nothing this process uses is replaced.
-        let ptr = unsafe { mm::mmap(ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0) }?;
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(rustix::io::Errno::NOMEM)?;
+        let align = huge_alignment(len);
+        if align == 0 {
+            // SAFETY: with a null address hint and no MAP_FIXED the kernel picks a range that
+            // overlaps no existing mapping, so nothing this process uses is replaced.
+            let ptr = unsafe { mm::mmap(ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0) }?;
+            let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(rustix::io::Errno::NOMEM)?;
+            return Ok(Self { ptr, len, writable });
+        }
+        // Reserve `len + align` bytes of address space nobody else uses, map the dma-buf over
+        // the aligned part of it, and give back the rest.
+        let span = len.checked_add(align).ok_or(rustix::io::Errno::NOMEM)?;
+        // SAFETY: as above (no MAP_FIXED); the reservation is inaccessible and unbacked.
+        let base = unsafe {
+            mm::mmap_anonymous(
+                ptr::null_mut(),
+                span,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::NORESERVE,
+            )
+        }?
+        .cast::<u8>();
+        let skip = (base as usize).next_multiple_of(align) - base as usize;
+        // SAFETY: `base + skip .. + len` lies inside the reservation just made, which this
+        // function alone owns: MAP_FIXED replaces only that part of it.
+        let mapped = unsafe {
+            mm::mmap(
+                base.add(skip).cast(),
+                len,
+                prot,
+                MapFlags::SHARED | MapFlags::FIXED,
+                fd,
+                0,
+            )
+        };
+        // The reservation's head and tail (and, on failure, all of it) go back.
+        let (head, tail) = (skip, span - skip - len);
+        // SAFETY: each range is a part of the reservation not covered by the dma-buf's
+        // mapping (or the whole reservation, when that mapping failed), unreferenced.
+        unsafe {
+            if mapped.is_err() {
+                let _ = mm::munmap(base.cast(), span);
+            } else {
+                if head > 0 {
+                    let _ = mm::munmap(base.cast(), head);
+                }
+                if tail > 0 {
+                    let _ = mm::munmap(base.add(skip + len).cast(), tail);
+                }
+            }
+        }
+        let ptr = NonNull::new(mapped?.cast::<u8>()).ok_or(rustix::io::Errno::NOMEM)?;
         Ok(Self { ptr, len, writable })
     }
 
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// Where it is mapped (for checks of its alignment).
+    #[cfg(test)]
+    pub(crate) fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
     }
 
     pub(crate) fn writable(&self) -> bool {

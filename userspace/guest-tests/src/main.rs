@@ -6,6 +6,7 @@
 //! [`lifecycle`]).
 
 mod alloc_export;
+mod bench_copy;
 mod bench_exporters;
 mod cpu_mapping;
 mod fabric;
@@ -66,6 +67,11 @@ struct Args {
     /// switch-iommu`; leaves the HBM device on vfio-pci).
     #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
     bench_exporters: bool,
+    /// Benchmark (not a test): memcpy bandwidth of the CPU through a peerdirect dma-buf's
+    /// mmap, vfio-pci's mmap of the same BAR and anonymous memory instead (`qemu/run
+    /// --topology switch-iommu --hbm 2G --mem 3G`; leaves the HBM device on vfio-pci).
+    #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke", "bench_exporters"])]
+    bench_cpu_copy: bool,
     /// Test the libfabric registrar with this provider instead (`tcp` under `qemu/run
     /// --userland trixie`, `verbs;ofi_rxm` under `--rxe`).
     #[arg(long, value_name = "PROVIDER")]
@@ -435,6 +441,9 @@ fn main() -> ExitCode {
     }
     if args.bench_exporters {
         return bench_exporters::run();
+    }
+    if args.bench_cpu_copy {
+        return bench_copy::run();
     }
     if let Some(topology) = args.peermem {
         return peermem::run(topology);

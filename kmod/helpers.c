@@ -247,17 +247,20 @@ bool peerdirect_dev_is_pci(struct device *dev)
  * Maps [paddr, paddr + len) of the BAR for the importer: the range is cut into segments of at
  * most @seg bytes (the importer's max segment size) and handed to the dma-buf core, which
  * picks bus addresses (shared switch) or an IOMMU mapping (through the host bridge). A range
- * that fits one segment (any range, for an RDMA NIC's max segment) needs no allocation.
+ * of up to PEERDIRECT_MAP_ON_STACK segments (any range up to 16 GiB, for an RDMA NIC's max
+ * segment) needs no allocation.
  */
+#define PEERDIRECT_MAP_ON_STACK 8
+
 struct sg_table *peerdirect_map_phys(struct dma_buf_attachment *attach,
 				     struct p2pdma_provider *provider, phys_addr_t paddr,
 				     u64 len, u64 seg, enum dma_data_direction dir)
 {
+	struct phys_vec few[PEERDIRECT_MAP_ON_STACK], *vec = few;
 	size_t i, nr = DIV_ROUND_UP(len, seg);
-	struct phys_vec one, *vec = &one;
 	struct sg_table *sgt;
 
-	if (nr > 1) {
+	if (nr > ARRAY_SIZE(few)) {
 		vec = kvmalloc_array(nr, sizeof(*vec), GFP_KERNEL);
 		if (!vec)
 			return ERR_PTR(-ENOMEM);
@@ -267,7 +270,7 @@ struct sg_table *peerdirect_map_phys(struct dma_buf_attachment *attach,
 		vec[i].len = min(seg, len - i * seg);
 	}
 	sgt = dma_buf_phys_vec_to_sgt(attach, provider, vec, nr, len, dir);
-	if (vec != &one)
+	if (vec != few)
 		kvfree(vec);
 	return sgt;
 }

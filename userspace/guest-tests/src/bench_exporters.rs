@@ -1,5 +1,6 @@
 //! `--bench-exporters`: a benchmark, not a test. The NIC's PCI device (virtio-net) imports
-//! 2 MiB, 64 MiB and 1 GiB dma-bufs from three exporters through the test importer module
+//! 2 MiB, 64 MiB, 1 GiB and 16 GiB dma-bufs (the sizes the BAR holds; udmabuf's up to 1 GiB,
+//! guest RAM) from three exporters through the test importer module
 //! (`tests/kmod/peerdirect_importer.c`), with the DMA max segment size of the PCI default
 //! (64 KiB, the stand-in's own) and of real RDMA NICs (mlx5: 2 GiB; EFA: `UINT_MAX`), which
 //! the importer sets for each attachment. One table reports the sg entries and the best of
@@ -27,7 +28,7 @@
 //! device is unbound from peerdirect and the NIC from virtio-pci (HBM and NIC sit below one
 //! switch without ACS, in one group; the importer only needs the NIC's `struct device`), the
 //! HBM device is bound to vfio-pci through `driver_override`, and BAR 2 ranges are exported
-//! through the container/group interface. Boot with `qemu/run --topology switch-iommu --hbm 2G
+//! through the container/group interface. Boot with `qemu/run --topology switch-iommu --hbm 16G
 //! --mem 3G` (`scripts/bench-exporters`). Leaves the HBM device on vfio-pci and the NIC unbound.
 
 use std::collections::BTreeMap;
@@ -44,7 +45,10 @@ use crate::testmod::TestModule;
 use crate::INDEX;
 
 const MIB: u64 = 1 << 20;
-const SIZES: [u64; 3] = [2 * MIB, 64 * MIB, 1 << 30];
+/// The sizes measured, those the HBM BAR holds (16 GiB needs `qemu/run --hbm 16G`).
+const SIZES: [u64; 4] = [2 * MIB, 64 * MIB, 1 << 30, 16 << 30];
+/// udmabuf's largest: its memory is guest RAM, allocated and pinned at create.
+const UDMABUF_MAX: u64 = 1 << 30;
 /// Attachments per case; times are the best of them.
 const RUNS: usize = 5;
 /// The HBM BAR (ivshmem-plain's BAR 2), as vfio-pci's region index.
@@ -378,7 +382,7 @@ fn bench_udmabuf(importers: &mut Importers, sizes: &[u64], found: &mut Found) {
 
 fn bench_udmabuf_sizes(importers: &mut Importers, sizes: &[u64], found: &mut Found) {
     let udmabuf = open_udmabuf();
-    for &len in sizes {
+    for &len in sizes.iter().filter(|&&len| len <= UDMABUF_MAX) {
         let dmabuf = udmabuf
             .as_ref()
             .map_err(Clone::clone)
@@ -724,10 +728,9 @@ fn reg_table(regs: &Registrations, sizes: &[u64]) -> Vec<String> {
                 cell(Exporter::VfioPci),
                 cell(Exporter::Udmabuf),
                 ratio(ours, reg(Exporter::VfioPci, RegMode::Revocable)),
-                if ours == 0 {
-                    "-".to_owned()
-                } else {
-                    ratio(reg(Exporter::Udmabuf, mode), ours)
+                match (ours, reg(Exporter::Udmabuf, mode)) {
+                    (0, _) | (_, 0) => "-".to_owned(),
+                    (ours, udmabuf) => ratio(udmabuf, ours),
                 },
                 match reg_goal(regs, mode, len) {
                     Some(true) => "met",

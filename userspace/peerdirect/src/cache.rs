@@ -39,13 +39,22 @@
 //!
 //! # Cost
 //!
-//! With n cached entries, one mutex guards the index and the LRU list; the registrar is called
-//! outside it, so misses in different threads register in parallel.
-//! - Hit: a hash lookup of the export, then per (domain, access) group of that export whose
-//!   access suffices (typically one or two) a B-tree predecessor search: O(log n), exact
-//!   (see `cache/index.rs` for why the predecessor is enough). Touching the LRU list is O(1).
-//! - Miss: the registration, then under the lock the same search again (another thread may
-//!   have registered meanwhile), O(log n) to drop the k entries the new one contains and for
+//! With n cached entries, one read-write lock guards the index and the recency list; the
+//! registrar is called outside it, so misses in different threads register in parallel.
+//! - Hit: under the read lock only, so hits in different threads never wait for each other:
+//!   one atomic load of each attached status page of the export's device, a hash lookup of
+//!   the export, then per (domain, access) group of that export whose access suffices
+//!   (typically one or two) a B-tree predecessor search: O(log n), exact (see
+//!   `cache/index.rs` for why the predecessor is enough). Recency is a mark on the entry
+//!   (an atomic flag, written only when it changes) and the hit count a per-thread stripe,
+//!   so a hit writes no line that other threads' hits write.
+//! - Eviction is CLOCK, an approximation of LRU that needs nothing from hits but the mark:
+//!   entries sit in insertion order; eviction passes them from the oldest, and one marked
+//!   since it was last passed gets a second chance (moves to the newest end, unmarked)
+//!   instead of going. An entry hit since the last eviction is evicted only after every entry
+//!   that was not; among entries not hit, the oldest goes first. Amortised O(1) per eviction.
+//! - Miss: the registration, then under the write lock the same search again (another
+//!   thread may have registered meanwhile), O(log n) to drop the k entries the new one contains and for
 //!   each of the e evicted entries, and O(log n) to insert: O((1 + k + e) log n). Eviction
 //!   passes over the h entries in use that are older than the last one it evicts: O(h k)
 //!   more. Entries in use are never evicted (as libfabric keeps them off its LRU list); when
@@ -90,14 +99,13 @@ mod tests;
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use serde::Serialize;
 
-use crate::device::WeakDeviceStatus;
 use crate::invalidation::Invalidate;
-use crate::Device;
+use crate::{Device, DeviceStatus};
 use index::Index;
 pub use key::{Access, ByteRange, DomainId, ExportId, RangeError, RegKey};
 pub use limits::{CacheLimits, LimitsError, MAX_COUNT_VAR, MAX_SIZE_VAR};
@@ -208,13 +216,42 @@ pub struct CacheStats {
     pub max_bytes: u64,
 }
 
-/// A thread-safe LRU cache of registrations made by registrars of type `R`, bounded by a
-/// number of entries and a number of bytes ([`CacheLimits`]).
+/// A thread-safe cache of registrations made by registrars of type `R`, bounded by a number
+/// of entries and a number of bytes ([`CacheLimits`]), evicting the least recently used
+/// approximately (CLOCK).
 pub struct RegCache<R: Registrar> {
     limits: CacheLimits,
-    state: Mutex<State<R>>,
+    /// Read-held by hits, write-held by everything that changes what is cached.
+    state: RwLock<State<R>>,
     counters: Arc<Counters>,
+    /// Hits, counted by each thread in a stripe of its own (summed by `stats`), so that hits
+    /// in different threads do not write one cache line.
+    hits: Stripes,
     listener: Mutex<Option<Listener<R>>>,
+}
+
+/// Stripes of a counter, each on a cache line of its own.
+const STRIPES: usize = 16;
+
+#[derive(Default)]
+#[repr(align(64))]
+struct Stripe(AtomicU64);
+
+#[derive(Default)]
+struct Stripes([Stripe; STRIPES]);
+
+impl Stripes {
+    fn add(&self) {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static MINE: usize = NEXT.fetch_add(1, Relaxed) % STRIPES;
+        }
+        MINE.with(|&stripe| self.0[stripe].0.fetch_add(1, Relaxed));
+    }
+
+    fn sum(&self) -> u64 {
+        self.0.iter().map(|s| s.0.load(Relaxed)).sum()
+    }
 }
 
 /// What the lock guards.
@@ -225,13 +262,14 @@ struct State<R: Registrar> {
     /// Bumped by every invalidation, so that a miss can tell whether one happened while it
     /// was registering.
     epoch: u64,
-    hits: u64,
     evictions: u64,
     superseded: u64,
     invalidations: u64,
     /// The status pages of the device files attached with [`RegCache::attach`], by device
-    /// index; held weakly, so that the cache does not keep the files open.
-    watched: Vec<(u32, WeakDeviceStatus)>,
+    /// index; each let go of when its file is being closed ([`Invalidate::file_closing`],
+    /// under the write lock), since a mapping keeps its file open. So a hit reads a page it
+    /// holds with one atomic load, under the read lock.
+    watched: Vec<(u32, DeviceStatus)>,
     /// Every registration made that may still be alive, cached or not: an invalidation tells
     /// the listener about those only handles hold (uncached, superseded, or invalidated
     /// before). Pruned of dead ones as it grows.
@@ -260,6 +298,9 @@ struct Entry<R: Registrar> {
     uncached: Option<Uncached>,
     /// Set when the listener has been told that it is invalidated.
     told: AtomicBool,
+    /// Set by a hit, cleared when eviction passes the entry over once for it (the second
+    /// chance of the CLOCK algorithm): hits only read-lock the cache and write this.
+    referenced: AtomicBool,
 }
 
 impl<R: Registrar> Drop for Entry<R> {
@@ -333,12 +374,11 @@ impl<R: Registrar> RegCache<R> {
     pub fn new(limits: CacheLimits) -> Self {
         Self {
             limits,
-            state: Mutex::new(State {
+            state: RwLock::new(State {
                 index: Index::default(),
                 lru: Lru::new(),
                 bytes: 0,
                 epoch: 0,
-                hits: 0,
                 evictions: 0,
                 superseded: 0,
                 invalidations: 0,
@@ -347,6 +387,7 @@ impl<R: Registrar> RegCache<R> {
                 live_pruned: 0,
             }),
             counters: Arc::default(),
+            hits: Stripes::default(),
             listener: Mutex::default(),
         }
     }
@@ -402,17 +443,19 @@ impl<R: Registrar> RegCache<R> {
             // No cached entry can serve it: skip the lookup.
             Some(_) => 0,
             None => {
-                let mut state = self.state();
-                // A device being revoked: its entries go before any is handed out.
-                state.drop_revoked(export.device(), &mut doomed);
-                let hit = state.find(&key);
-                if hit.is_some() {
-                    state.hits += 1;
-                }
-                let epoch = state.epoch;
-                drop(state);
+                let read = self.read();
+                let (hit, epoch) = if read.revoked(export.device()) {
+                    // A device being revoked: its entries go before any is handed out.
+                    drop(read);
+                    let mut state = self.write();
+                    state.drop_revoked(export.device(), &mut doomed);
+                    (state.find(&key), state.epoch)
+                } else {
+                    (read.find(&key), read.epoch)
+                };
                 self.tell(doomed, Cause::Device);
                 if let Some(entry) = hit {
+                    self.hits.add();
                     return Ok(Registration {
                         entry,
                         requested: range,
@@ -433,14 +476,15 @@ impl<R: Registrar> RegCache<R> {
             counters: Arc::clone(&self.counters),
             uncached: bypass,
             told: AtomicBool::new(false),
+            referenced: AtomicBool::new(false),
         };
         let mut dropped = Vec::new();
         let entry = if bypass.is_some() {
             let entry = Arc::new(entry);
-            self.state().track(&entry);
+            self.write().track(&entry);
             entry
         } else {
-            let mut state = self.state();
+            let mut state = self.write();
             if let Some(cached) = state.find(&key) {
                 // Another thread registered a containing range meanwhile: use that, and
                 // deregister ours (outside the lock).
@@ -527,9 +571,7 @@ impl<R: Registrar> RegCache<R> {
         let hook: Weak<Self> = Arc::downgrade(self);
         device.subscribe(hook);
         if let Some(status) = device.status() {
-            let status = status.downgrade();
-            let mut state = self.state();
-            state.watched.retain(|(_, watched)| !watched.is_closed());
+            let mut state = self.write();
             if !state.watched.iter().any(|(_, watched)| watched.is(&status)) {
                 state.watched.push((device.index(), status));
             }
@@ -538,10 +580,9 @@ impl<R: Registrar> RegCache<R> {
 
     /// What the cache did so far, and holds now.
     pub fn stats(&self) -> CacheStats {
-        let (hits, evictions, superseded, invalidations, entries, bytes) = {
-            let state = self.state();
+        let (evictions, superseded, invalidations, entries, bytes) = {
+            let state = self.read();
             (
-                state.hits,
                 state.evictions,
                 state.superseded,
                 state.invalidations,
@@ -552,7 +593,7 @@ impl<R: Registrar> RegCache<R> {
         // Deregistrations before registrations, so that a snapshot never has more of them.
         let deregistrations = self.counters.deregistrations.load(Relaxed);
         CacheStats {
-            hits,
+            hits: self.hits.sum(),
             misses: self.counters.misses.load(Relaxed),
             registrations: self.counters.registrations.load(Relaxed),
             failed_registrations: self.counters.failed_registrations.load(Relaxed),
@@ -568,10 +609,11 @@ impl<R: Registrar> RegCache<R> {
         }
     }
 
-    /// The cached registrations, most recently used first.
+    /// The cached registrations, in the order eviction passes them last (the most recently
+    /// inserted or given a second chance first).
     #[cfg(test)]
     fn cached(&self) -> Vec<Registration<R>> {
-        self.state()
+        self.read()
             .lru
             .iter()
             .map(|entry| Registration {
@@ -591,7 +633,7 @@ impl<R: Registrar> RegCache<R> {
     ) -> usize {
         let mut doomed = Vec::new();
         let count = {
-            let mut state = self.state();
+            let mut state = self.write();
             state.epoch += 1;
             let mut removed = Vec::new();
             remove(&mut state.index, &mut removed);
@@ -636,11 +678,17 @@ impl<R: Registrar> RegCache<R> {
         drop(doomed);
     }
 
-    fn state(&self) -> MutexGuard<'_, State<R>> {
-        // Only this module's bookkeeping runs under the lock (registrars are called outside
-        // it), so a poisoned lock is a bug in it; the index may be inconsistent.
+    // Only this module's bookkeeping runs under the lock (registrars are called outside it),
+    // so a poisoned lock is a bug in it; the index may be inconsistent.
+    fn read(&self) -> RwLockReadGuard<'_, State<R>> {
         self.state
-            .lock()
+            .read()
+            .expect("a thread panicked while updating the registration cache")
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State<R>> {
+        self.state
+            .write()
             .expect("a thread panicked while updating the registration cache")
     }
 }
@@ -654,6 +702,20 @@ impl<R: Registrar> Invalidate for RegCache<R> {
 
     fn device_gone(&self, device: u32) {
         self.invalidate_device(device);
+    }
+
+    fn file_closing(&self, status: &DeviceStatus) {
+        let released: Vec<DeviceStatus> = {
+            let mut state = self.write();
+            let (gone, kept) = state
+                .watched
+                .drain(..)
+                .partition(|(_, watched)| watched.is(status));
+            state.watched = kept;
+            gone.into_iter().map(|(_, status)| status).collect()
+        };
+        // Unmapped (if this was the last mapping) outside the lock.
+        drop(released);
     }
 }
 
@@ -715,20 +777,26 @@ impl<R: Registrar> State<R> {
         }
     }
 
-    /// A cached entry that serves `key`, now the most recently used.
-    fn find(&mut self, key: &RegKey) -> Option<Arc<Entry<R>>> {
-        let slot = self.index.find(key)?;
-        self.lru.touch(slot);
-        Some(Arc::clone(self.lru.get(slot)))
+    /// A cached entry that serves `key`, marked as used (under the read lock: the mark is an
+    /// atomic, written only when it changes, so that hits on one entry share its line).
+    fn find(&self, key: &RegKey) -> Option<Arc<Entry<R>>> {
+        let entry = self.lru.get(self.index.find(key)?);
+        if !entry.referenced.load(Relaxed) {
+            entry.referenced.store(true, Relaxed);
+        }
+        Some(Arc::clone(entry))
     }
 
     /// Makes room to cache a registration of `key`, which no cached entry serves: drops the
-    /// entries it contains (superseded), then the least recently used entries that are idle
-    /// (no [`Registration`] holds them) until it fits. Entries in use are never evicted: their
-    /// holders would keep them registered while a request for the same range registered it
-    /// again, and the live registrations would exceed the limits. Returns `false`, changing
-    /// nothing, when evicting every idle entry would not make room. The dropped entries go to
-    /// `dropped`, for the caller to release once it has let go of the lock.
+    /// entries it contains (superseded), then idle entries (no [`Registration`] holds them)
+    /// from the oldest until it fits, giving each that was hit since eviction last passed it
+    /// a second chance (CLOCK: it moves to the newest end, its mark cleared, and is passed
+    /// again only after every older entry). Entries in use are never evicted: their holders
+    /// would keep them registered while a request for the same range registered it again,
+    /// and the live registrations would exceed the limits. Returns `false`, evicting nothing
+    /// (the second chances it gave stay given), when evicting every idle entry would not make
+    /// room. The dropped entries go to `dropped`, for the caller to release once it has let
+    /// go of the lock.
     ///
     /// An entry no handle holds has only the list's reference; under the lock none can be
     /// made (hits clone under it, and cloning a [`Registration`] needs one), so a count of 1
@@ -764,6 +832,15 @@ impl<R: Registrar> State<R> {
             next = self.lru.newer(slot);
             let entry = self.lru.get(slot);
             if Arc::strong_count(entry) == 1 && !covered.contains(&slot) {
+                if entry.referenced.swap(false, Relaxed) {
+                    // Hit since last passed: a second chance. `next` is unchanged, so the
+                    // walk reaches it again at the newest end, unmarked.
+                    self.lru.touch(slot);
+                    if next.is_none() {
+                        next = Some(slot);
+                    }
+                    continue;
+                }
                 count -= 1;
                 bytes -= entry.key.range.length();
                 evicted.push(slot);

@@ -48,7 +48,7 @@ pub struct Device {
 ///
 /// The mapping holds the device file open: until the last clone is dropped, closing the
 /// [`Device`] does not release the file (nor free its allocations). Registration caches
-/// therefore watch it weakly ([`crate::RegCache::attach`]).
+/// therefore let go of theirs when the [`Device`] is dropped ([`crate::RegCache::attach`]).
 #[derive(Debug, Clone)]
 pub struct DeviceStatus(Arc<StatusPage>);
 
@@ -59,30 +59,9 @@ impl DeviceStatus {
         self.0.state() & uapi::PEERDIRECT_STATUS_REVOKED != 0
     }
 
-    pub(crate) fn downgrade(&self) -> WeakDeviceStatus {
-        WeakDeviceStatus(Arc::downgrade(&self.0))
-    }
-}
-
-/// A [`DeviceStatus`] that does not keep the mapping (and so the device file) alive.
-#[derive(Debug, Clone)]
-pub(crate) struct WeakDeviceStatus(Weak<StatusPage>);
-
-impl WeakDeviceStatus {
-    /// Whether the device file is still open and its page says revoked.
-    pub(crate) fn revoked(&self) -> bool {
-        self.0
-            .upgrade()
-            .is_some_and(|page| DeviceStatus(page).revoked())
-    }
-
-    /// Whether the device file was closed.
-    pub(crate) fn is_closed(&self) -> bool {
-        self.0.strong_count() == 0
-    }
-
+    /// Whether `self` and `other` are the same mapping (of the same file).
     pub(crate) fn is(&self, other: &Self) -> bool {
-        Weak::ptr_eq(&self.0, &other.0)
+        Arc::ptr_eq(&self.0, &other.0)
     }
 }
 
@@ -104,6 +83,9 @@ impl Device {
         device.status = StatusPage::map(device.fd.as_fd())
             .ok()
             .map(|page| DeviceStatus(Arc::new(page)));
+        if let Some(status) = &device.status {
+            device.hooks.set_status(status.clone());
+        }
         device.index = match path
             .file_name()
             .and_then(|name| name.to_str())

@@ -35,6 +35,7 @@ use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
 use rustix::io::Errno;
 
 use crate::cache::ExportId;
+use crate::DeviceStatus;
 
 /// Something that holds on to exports and must let go before their memory goes away: a
 /// registration cache. Implemented by [`crate::RegCache`].
@@ -46,6 +47,10 @@ pub trait Invalidate: Send + Sync {
     /// `/dev/peerdirect<device>` is gone (revoked, unbound, reset): drop everything held for
     /// its exports.
     fn device_gone(&self, device: u32);
+
+    /// The device file whose status page `status` is, is being closed: let go of the page
+    /// (a mapping of the file keeps the file open).
+    fn file_closing(&self, _status: &DeviceStatus) {}
 }
 
 /// A device file's exports per allocation handle and the hooks subscribed to it.
@@ -53,6 +58,8 @@ pub trait Invalidate: Send + Sync {
 pub(crate) struct Hooks {
     state: Arc<State>,
     watcher: Mutex<Option<Watcher>>,
+    /// The file's status page, which hooks may hold until the file is closed.
+    status: Mutex<Option<DeviceStatus>>,
 }
 
 #[derive(Default)]
@@ -132,7 +139,17 @@ impl Hooks {
             .flat_map(|(_, e)| e)
             .collect();
         self.notify_freed(&exports);
+        if let Some(status) = lock(&self.status).take() {
+            for hook in self.live() {
+                hook.file_closing(&status);
+            }
+        }
         exports.len()
+    }
+
+    /// Remembers the file's status page, to tell hooks when the file is closed.
+    pub(crate) fn set_status(&self, status: DeviceStatus) {
+        *lock(&self.status) = Some(status);
     }
 
     /// Device `device` is gone: tells every hook, and forgets every export.

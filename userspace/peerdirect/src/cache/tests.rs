@@ -551,10 +551,13 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The cache as a list, most recently used first, searched linearly.
+/// The cache as a CLOCK list searched linearly: newest first, each entry with the mark a hit
+/// sets and eviction clears when it gives the entry a second chance.
 #[derive(Default)]
 struct Model {
     entries: Vec<(RegKey, u64)>,
+    /// MR ids of the marked entries.
+    referenced: HashSet<u64>,
     stats: CacheStats,
 }
 
@@ -619,8 +622,8 @@ fn check_against_model(limits: CacheLimits, ops: Vec<Op>) -> Result<(), TestCase
                     // Any entry that serves it will do; the cache says which one it used.
                     let position = model.entries.iter().position(|&(_, cached)| cached == id);
                     prop_assert!(position.is_some(), "hit on MR {} which is not cached", id);
-                    let entry = model.entries.remove(position.unwrap());
-                    model.entries.insert(0, entry);
+                    prop_assert!(position.is_some());
+                    model.referenced.insert(id);
                     model.stats.hits += 1;
                 } else {
                     model.stats.misses += 1;
@@ -630,34 +633,47 @@ fn check_against_model(limits: CacheLimits, ops: Vec<Op>) -> Result<(), TestCase
                             && request.access.contains(key.access)
                             && request.range.contains(key.range)
                     };
-                    // Superseded entries go, then idle ones from the oldest until it fits;
-                    // entries in use stay. If it cannot fit, nothing changes.
+                    // Superseded entries go, then idle ones from the oldest until it fits, a
+                    // marked one moving to the newest end unmarked instead (passed again after
+                    // all the others); entries in use stay. If it cannot fit, nothing is
+                    // evicted, but the second chances given stay given.
                     let in_use: HashSet<u64> = held.iter().map(|r| r.mr().id).collect();
-                    let mut left: Vec<(RegKey, u64)> = model
-                        .entries
-                        .iter()
-                        .filter(|(key, _)| !covered(key))
-                        .copied()
-                        .collect();
-                    let superseded = (model.entries.len() - left.len()) as u64;
-                    let fits = |entries: &[(RegKey, u64)]| {
-                        let bytes: u64 = entries.iter().map(|(key, _)| key.range.length()).sum();
-                        entries.len() < limits.max_count
+                    let mut oldest_first: Vec<(RegKey, u64)> =
+                        model.entries.iter().rev().copied().collect();
+                    let superseded = oldest_first.iter().filter(|(key, _)| covered(key)).count();
+                    let length = |e: &[(RegKey, u64)], skip: &HashSet<u64>| -> (usize, u64) {
+                        let kept = e
+                            .iter()
+                            .filter(|(key, id)| !covered(key) && !skip.contains(id));
+                        kept.fold((0, 0), |(n, b), (key, _)| (n + 1, b + key.range.length()))
+                    };
+                    let fits = |(count, bytes): (usize, u64)| {
+                        count < limits.max_count
                             && bytes + request.range.length() <= limits.max_bytes
                     };
-                    let (mut oldest, mut evictions) = (left.len(), 0);
-                    while !fits(&left) && oldest > 0 {
-                        oldest -= 1;
-                        if !in_use.contains(&left[oldest].1) {
-                            left.remove(oldest);
-                            evictions += 1;
+                    let mut evicted = HashSet::new();
+                    let mut i = 0;
+                    while !fits(length(&oldest_first, &evicted)) && i < oldest_first.len() {
+                        let (key, entry) = oldest_first[i];
+                        if covered(&key) || in_use.contains(&entry) {
+                            i += 1;
+                        } else if model.referenced.remove(&entry) {
+                            let moved = oldest_first.remove(i);
+                            oldest_first.push(moved);
+                        } else {
+                            evicted.insert(entry);
+                            i += 1;
                         }
                     }
-                    if fits(&left) {
+                    let fit = fits(length(&oldest_first, &evicted));
+                    model.entries = oldest_first.into_iter().rev().collect();
+                    if fit {
                         prop_assert_eq!(registration.uncached(), None);
-                        model.stats.superseded += superseded;
-                        model.stats.evictions += evictions;
-                        model.entries = left;
+                        model.stats.superseded += superseded as u64;
+                        model.stats.evictions += evicted.len() as u64;
+                        model
+                            .entries
+                            .retain(|(key, entry)| !covered(key) && !evicted.contains(entry));
                         model.entries.insert(0, (request, id));
                     } else {
                         prop_assert_eq!(registration.uncached(), Some(Uncached::Full));
@@ -732,7 +748,7 @@ proptest! {
     })]
 
     #[test]
-    fn the_cache_behaves_like_a_linear_lru_list(
+    fn the_cache_behaves_like_a_linear_clock_list(
         max_count in 0..8usize,
         max_pages in 0..24u64,
         ops in prop::collection::vec(op(), 1..120),
@@ -941,6 +957,62 @@ impl Drop for FakeDevice {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// How many mappings of `path` this process has.
+fn mappings_of(path: &std::path::Path) -> usize {
+    let path = path.to_str().unwrap();
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|line| line.contains(path))
+        .count()
+}
+
+/// A cache holds an attached file's status page (so that a hit reads it with one load) only
+/// until the file is being closed: four threads hit the cache while the `Device` is dropped;
+/// none may read the page after it is unmapped (that would fault), and afterwards no mapping
+/// of the file is left.
+#[test]
+fn a_watching_cache_lets_go_of_the_status_page_when_the_file_closes() {
+    let dir = std::env::temp_dir().join(format!("peerdirect-cache-closing-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("peerdirect7");
+    let mut page = vec![0u8; rustix::param::page_size()];
+    page[..4].copy_from_slice(&crate::uapi::PEERDIRECT_STATUS_VERSION.to_ne_bytes());
+    std::fs::write(&path, &page).unwrap();
+    for _ in 0..20 {
+        let device = crate::Device::open(&path).unwrap();
+        assert!(device.status().is_some());
+        let cache = Arc::new(cache(16, 1 << 30));
+        cache.attach(&device);
+        let registrar = FakeRegistrar::new(1);
+        let export = ExportId::new(7, 1);
+        drop(get(&cache, &registrar, export, 0, 4, RW));
+        assert_eq!(mappings_of(&path), 1);
+        let stop = AtomicBool::new(false);
+        thread::scope(|scope| {
+            for _ in 0..4 {
+                let (cache, registrar, stop) = (&cache, &registrar, &stop);
+                scope.spawn(move || {
+                    while !stop.load(Relaxed) {
+                        drop(get(cache, registrar, export, 1, 1, RW));
+                    }
+                });
+            }
+            thread::sleep(std::time::Duration::from_millis(2));
+            drop(device);
+            thread::sleep(std::time::Duration::from_millis(2));
+            stop.store(true, Relaxed);
+        });
+        assert_eq!(
+            mappings_of(&path),
+            0,
+            "the cache kept the status page mapped"
+        );
+        assert!(cache.stats().hits > 0);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

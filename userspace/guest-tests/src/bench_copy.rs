@@ -135,14 +135,9 @@ fn fmt_ratio(ours: Option<f64>, theirs: Option<f64>) -> String {
     }
 }
 
+/// [`crate::bench_exporters::size_name`] of a `usize`.
 fn size_name(bytes: usize) -> String {
-    if bytes >= GIB && bytes.is_multiple_of(GIB) {
-        format!("{} GiB", bytes / GIB)
-    } else if bytes.is_multiple_of(MIB) {
-        format!("{} MiB", bytes / MIB)
-    } else {
-        format!("{bytes} bytes")
-    }
+    crate::bench_exporters::size_name(bytes as u64)
 }
 
 /// A mapping under test: copies in and out of it, bracketed as its kind needs.

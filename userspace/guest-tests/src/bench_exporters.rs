@@ -175,7 +175,7 @@ fn measure(
     best.ok_or_else(|| "no run".to_owned())
 }
 
-fn size_name(bytes: u64) -> String {
+pub(crate) fn size_name(bytes: u64) -> String {
     if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
         format!("{} GiB", bytes >> 30)
     } else if bytes.is_multiple_of(MIB) {

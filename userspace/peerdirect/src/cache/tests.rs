@@ -970,9 +970,10 @@ fn mappings_of(path: &std::path::Path) -> usize {
 }
 
 /// A cache holds an attached file's status page (so that a hit reads it with one load) only
-/// until the file is being closed: four threads hit the cache while the `Device` is dropped;
-/// none may read the page after it is unmapped (that would fault), and afterwards no mapping
-/// of the file is left.
+/// until the file is being closed: four threads hit the cache before, while and after the
+/// `Device` is dropped; none may read the page after it is unmapped (that would fault), and
+/// afterwards no mapping of the file is left. The threads yield after each hit, so that the
+/// test also runs in bounded time under valgrind, which runs one thread at a time.
 #[test]
 fn a_watching_cache_lets_go_of_the_status_page_when_the_file_closes() {
     let dir = std::env::temp_dir().join(format!("peerdirect-cache-closing-{}", std::process::id()));
@@ -981,7 +982,7 @@ fn a_watching_cache_lets_go_of_the_status_page_when_the_file_closes() {
     let mut page = vec![0u8; rustix::param::page_size()];
     page[..4].copy_from_slice(&crate::uapi::PEERDIRECT_STATUS_VERSION.to_ne_bytes());
     std::fs::write(&path, &page).unwrap();
-    for _ in 0..20 {
+    for _ in 0..10 {
         let device = crate::Device::open(&path).unwrap();
         assert!(device.status().is_some());
         let cache = Arc::new(cache(16, 1 << 30));
@@ -990,19 +991,27 @@ fn a_watching_cache_lets_go_of_the_status_page_when_the_file_closes() {
         let export = ExportId::new(7, 1);
         drop(get(&cache, &registrar, export, 0, 4, RW));
         assert_eq!(mappings_of(&path), 1);
-        let stop = AtomicBool::new(false);
+        let (stop, hits) = (AtomicBool::new(false), AtomicU64::new(0));
+        let hit_more = |n: u64| {
+            let target = hits.load(Relaxed) + n;
+            while hits.load(Relaxed) < target {
+                thread::yield_now();
+            }
+        };
         thread::scope(|scope| {
             for _ in 0..4 {
-                let (cache, registrar, stop) = (&cache, &registrar, &stop);
+                let (cache, registrar, stop, hits) = (&cache, &registrar, &stop, &hits);
                 scope.spawn(move || {
                     while !stop.load(Relaxed) {
                         drop(get(cache, registrar, export, 1, 1, RW));
+                        hits.fetch_add(1, Relaxed);
+                        thread::yield_now();
                     }
                 });
             }
-            thread::sleep(std::time::Duration::from_millis(2));
+            hit_more(8);
             drop(device);
-            thread::sleep(std::time::Duration::from_millis(2));
+            hit_more(8);
             stop.store(true, Relaxed);
         });
         assert_eq!(

@@ -24,7 +24,11 @@
 //! ([`MappedDmaBuf`]). A provider that refuses (verbs on rxe: no dma-buf MRs in the kernel)
 //! gets a registered host staging buffer instead; [`Endpoint::send`] and [`Endpoint::recv`]
 //! then copy through the dma-buf's mapping in [`CHUNK`]-sized pieces, two in flight, and the
-//! registration says so: [`RegPath::HostBounce`] with the provider's reason.
+//! registration says so: [`RegPath::HostBounce`] with the provider's reason. Its staging
+//! buffer has slots for each direction, so that one send and one receive (or read) of the
+//! same registration can run at once, as every step of a ring collective needs; two sends
+//! (or two receives) of one host-bounce registration take turns. Transfers of a direct
+//! registration never wait for each other.
 //!
 //! Threads may run transfers on one [`Endpoint`] at once: completions are routed to the
 //! transfer whose operation they complete, and a failed transfer cancels and drains its own
@@ -95,11 +99,12 @@ fn refuses_dma_buf(errno: i32) -> bool {
     matches!(errno, ENOSYS | EPROTONOSUPPORT | EOPNOTSUPP)
 }
 
-/// Chunks a host-bounce registration stages at once (its staging buffer holds this many).
+/// Chunks a host-bounce registration stages at once in each direction (its staging buffer
+/// holds twice this many: sends use the first half, receives and reads the second).
 const BOUNCE_SLOTS: usize = 2;
 /// Chunks a direct registration keeps in flight.
 const DIRECT_WINDOW: usize = 8;
-/// How long a transfer may go without a completion.
+/// How long a transfer may go without a completion, unless [`Endpoint::set_timeout`] says.
 const STALL: Duration = Duration::from_secs(60);
 /// How long a failed transfer waits for its cancelled operations to complete.
 const SETTLE: Duration = Duration::from_secs(5);
@@ -231,7 +236,11 @@ pub enum LibfabricError {
         provider: String,
     },
     /// A transfer saw no completion for too long.
-    #[error("{provider}: no completion for {secs} s during a transfer")]
+    #[error(
+        "{provider}: no completion for {secs} s during a transfer: the peer has died, hangs or \
+         cannot be reached (check it, and its host and network), or is slower than the \
+         endpoint's timeout allows"
+    )]
     Stalled {
         /// The provider.
         provider: String,
@@ -470,6 +479,7 @@ impl Fabric {
             lib: self.lib,
             provider: self.caps.provider.clone(),
             ep,
+            stall: STALL,
         })
     }
 
@@ -626,10 +636,13 @@ pub struct FabricMr {
     path: RegPath,
     range: ByteRange,
     hbm: Arc<sys::Memory>,
-    /// Held by a transfer that uses the staging buffer (host bounce).
-    staging: Mutex<()>,
+    /// Held by a transfer that uses the staging buffer (host bounce): `[0]` by sends, which
+    /// use the first half of its slots, `[1]` by receives and reads, which use the second.
+    staging: [Mutex<()>; 2],
     /// Chunks copied through the staging buffer (host bounce).
     staged_chunks: AtomicU64,
+    /// Bytes of those chunks.
+    staged_bytes: AtomicU64,
     /// A failed transfer left operations that could not be cancelled.
     stranded: AtomicBool,
 }
@@ -728,6 +741,12 @@ impl FabricMr {
     pub fn staged_chunks(&self) -> u64 {
         self.staged_chunks.load(Relaxed)
     }
+
+    /// Bytes that transfers have copied with the CPU between HBM and the staging buffer: the
+    /// cost of host bounce a direct registration does not pay (0 when direct).
+    pub fn staged_bytes(&self) -> u64 {
+        self.staged_bytes.load(Relaxed)
+    }
 }
 
 impl Registrar for LibfabricRegistrar {
@@ -769,8 +788,8 @@ impl Registrar for LibfabricRegistrar {
                 let slots = usize::try_from(range.length())
                     .unwrap_or(usize::MAX)
                     .div_ceil(CHUNK)
-                    .min(BOUNCE_SLOTS);
-                let staging = sys::Memory::host(slots * CHUNK);
+                    .clamp(1, BOUNCE_SLOTS);
+                let staging = sys::Memory::host(2 * slots * CHUNK);
                 let mr = self
                     .fabric
                     .domain
@@ -792,8 +811,9 @@ impl Registrar for LibfabricRegistrar {
             path,
             range,
             hbm: Arc::clone(&source.memory),
-            staging: Mutex::new(()),
+            staging: [Mutex::new(()), Mutex::new(())],
             staged_chunks: AtomicU64::new(0),
+            staged_bytes: AtomicU64::new(0),
             stranded: AtomicBool::new(false),
         })
     }
@@ -871,6 +891,8 @@ pub struct Endpoint {
     lib: &'static sys::Lib,
     provider: String,
     ep: sys::Endpoint,
+    /// How long a transfer may go without a completion ([`Endpoint::set_timeout`]).
+    stall: Duration,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -902,6 +924,13 @@ struct Plan {
 }
 
 impl Endpoint {
+    /// How long a transfer may go without a completion before it fails with
+    /// [`LibfabricError::Stalled`] (default 60 s): a peer that died or hung is noticed no
+    /// later than this. Not less than a second.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.stall = timeout.max(Duration::from_secs(1));
+    }
+
     /// Its address (`fi_getname`), for [`Endpoint::insert_peer`] on other endpoints.
     pub fn address(&self) -> Result<Vec<u8>, LibfabricError> {
         self.ep.name().map_err(|e| self.error("fi_getname", e))
@@ -1009,8 +1038,14 @@ impl Endpoint {
                 size,
             });
         }
-        // One transfer at a time per registration: they share its staging slots.
-        let _staging = mr.staging.lock().unwrap_or_else(|e| e.into_inner());
+        // Host bounce: one transfer per direction at a time per registration, each direction
+        // with staging slots of its own. Direct transfers share nothing of the registration.
+        let _staging = (!mr.path.is_direct()).then(|| {
+            let direction = usize::from(plan.kind != sys::Kind::Send);
+            mr.staging[direction]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+        });
         if mr.stranded.load(Relaxed) {
             return Err(LibfabricError::Stranded {
                 provider: self.provider.clone(),
@@ -1065,12 +1100,14 @@ impl Endpoint {
         // Inside the mapping (checked by the caller), so it fits.
         let hbm_base = (mr.range.offset() + offset) as usize;
         let pieces: Vec<(u64, usize)> = chunks(length).collect();
-        let window = if bounce {
-            mr.mr.memory().len() / CHUNK
+        // Host bounce: this direction's half of the staging slots (sends the first half).
+        let (window, first_slot) = if bounce {
+            let per_direction = mr.mr.memory().len() / CHUNK / 2;
+            (per_direction, if send { 0 } else { per_direction })
         } else {
-            DIRECT_WINDOW
+            (DIRECT_WINDOW, 0)
         };
-        let mut free: Vec<usize> = (0..window).rev().collect();
+        let mut free: Vec<usize> = (first_slot..first_slot + window).rev().collect();
         let mut slot_of: HashMap<u64, usize> = HashMap::new();
         let (mut next, mut finished) = (0usize, 0usize);
         let mut done = Vec::new();
@@ -1111,6 +1148,7 @@ impl Endpoint {
                     Ok(()) => {
                         if bounce && send {
                             mr.staged_chunks.fetch_add(1, Relaxed);
+                            mr.staged_bytes.fetch_add(len as u64, Relaxed);
                         }
                         free.pop();
                         slot_of.insert(id, slot);
@@ -1148,15 +1186,16 @@ impl Endpoint {
                         len,
                     );
                     mr.staged_chunks.fetch_add(1, Relaxed);
+                    mr.staged_bytes.fetch_add(len as u64, Relaxed);
                 }
                 free.push(slot);
                 finished += 1;
                 last_progress = Instant::now();
             }
-            if last_progress.elapsed() > STALL {
+            if last_progress.elapsed() > self.stall {
                 return Err(LibfabricError::Stalled {
                     provider: self.provider.clone(),
-                    secs: STALL.as_secs(),
+                    secs: self.stall.as_secs(),
                 });
             }
             std::thread::yield_now();

@@ -449,7 +449,8 @@ enum MemoryKind {
 }
 
 // SAFETY: the memory is process-wide; access goes through copies with raw pointers, and the
-// callers serialize copies to a region with the transfers that use it (the staging lock,
+// callers serialize copies to a region with the transfers that use it (a staging buffer's
+// slots belong to one direction's lock, whose holder alone copies into and out of them;
 // `&mut` on the map).
 unsafe impl Send for Memory {}
 // SAFETY: as above.

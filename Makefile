@@ -66,9 +66,10 @@ peermem-test: module test-modules
 	@scripts/build-module $(ROOT)/kmod/peermem $(BUILD)/peermem-test "" \
 		KBUILD_EXTRA_SYMBOLS="$(BUILD)/tests-kmod/Module.symvers $(BUILD)/kmod/Module.symvers"
 
-# The workspace includes capi: libpeerdirect.so and libpeerdirect.a land in $(BIN) too.
+# The workspace includes capi: libpeerdirect.so and libpeerdirect.a land in $(BIN) too, and
+# the crate's example programs in $(BIN)/examples (the guest's peerdirect-allreduce).
 userspace:
-	@cd userspace && cargo build -q --release --workspace --locked
+	@cd userspace && cargo build -q --release --workspace --locked --lib --bins --examples
 	@test -f $(BIN)/libpeerdirect.so || { echo "no $(BIN)/libpeerdirect.so after cargo build"; exit 1; }
 
 # The guest's Debian userland (qemu/run --userland trixie): libfabric >= 1.20, rdma-core.

@@ -99,7 +99,7 @@ mod tests;
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use serde::Serialize;
@@ -225,28 +225,77 @@ pub struct RegCache<R: Registrar> {
     state: RwLock<State<R>>,
     counters: Arc<Counters>,
     /// Hits, counted by each thread in a stripe of its own (summed by `stats`), so that hits
-    /// in different threads do not write one cache line.
+    /// in different threads do not write one cache line, and a thread that owns its stripe
+    /// counts without a locked instruction.
     hits: Stripes,
     listener: Mutex<Option<Listener<R>>>,
 }
 
-/// Stripes of a counter, each on a cache line of its own.
-const STRIPES: usize = 16;
+/// Stripes of a counter, each on a cache line of its own: one for each of up to
+/// `STRIPES - 1` threads at a time, and the last shared by the threads beyond them.
+const STRIPES: usize = 64;
+const SHARED_STRIPE: usize = STRIPES - 1;
 
 #[derive(Default)]
 #[repr(align(64))]
 struct Stripe(AtomicU64);
 
-#[derive(Default)]
 struct Stripes([Stripe; STRIPES]);
+
+impl Default for Stripes {
+    fn default() -> Self {
+        Self(std::array::from_fn(|_| Stripe::default()))
+    }
+}
+
+/// The stripe a thread owns while it lives: no other thread writes stripe `index` of any
+/// [`Stripes`] meanwhile, so the owner adds with a plain load and store. Given back when the
+/// thread ends; a thread that finds none free shares [`SHARED_STRIPE`].
+struct OwnedStripe(Option<usize>);
+
+/// Stripes no living thread owns (after the first `next` were handed out).
+static FREE_STRIPES: Mutex<(Vec<usize>, usize)> = Mutex::new((Vec::new(), 0));
+
+impl OwnedStripe {
+    fn claim() -> Self {
+        let mut free = FREE_STRIPES.lock().unwrap_or_else(|e| e.into_inner());
+        let (released, next) = &mut *free;
+        Self(released.pop().or_else(|| {
+            (*next < SHARED_STRIPE).then(|| {
+                *next += 1;
+                *next - 1
+            })
+        }))
+    }
+}
+
+impl Drop for OwnedStripe {
+    fn drop(&mut self) {
+        if let Some(index) = self.0 {
+            // The next owner takes it under this lock: it sees every count this thread made.
+            let mut free = FREE_STRIPES.lock().unwrap_or_else(|e| e.into_inner());
+            free.0.push(index);
+        }
+    }
+}
 
 impl Stripes {
     fn add(&self) {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
         thread_local! {
-            static MINE: usize = NEXT.fetch_add(1, Relaxed) % STRIPES;
+            static MINE: OwnedStripe = OwnedStripe::claim();
         }
-        MINE.with(|&stripe| self.0[stripe].0.fetch_add(1, Relaxed));
+        let owned = MINE.try_with(|mine| mine.0).ok().flatten();
+        match owned {
+            Some(index) => {
+                // This thread alone writes this stripe (OwnedStripe): not a lost update.
+                let count = &self.0[index].0;
+                count.store(count.load(Relaxed) + 1, Relaxed);
+            }
+            // No stripe of its own (or its thread-locals are being destroyed).
+            None => {
+                self.0[SHARED_STRIPE].0.fetch_add(1, Relaxed);
+            }
+        }
     }
 
     fn sum(&self) -> u64 {

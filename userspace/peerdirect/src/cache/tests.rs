@@ -503,6 +503,47 @@ fn the_cache_and_its_handles_cross_threads() {
     send_sync::<Registration<FakeRegistrar>>();
 }
 
+/// Hits are counted in per-thread stripes, the first 63 threads' without a locked
+/// instruction: more threads than stripes at once, and threads that come and go (giving their
+/// stripes to later ones), must still leave an exact count, and so must two caches the same
+/// threads hit.
+#[test]
+fn hits_are_counted_exactly_by_any_number_of_threads() {
+    const THREADS: u64 = 100;
+    const HITS: u64 = 1000;
+    let nic = FakeRegistrar::new(1);
+    let (a, b) = (cache(8, u64::MAX), cache(8, u64::MAX));
+    drop(get(&a, &nic, EXPORT, 0, 4, RW));
+    drop(get(&b, &nic, EXPORT, 0, 4, RW));
+    let hit_both = || {
+        for _ in 0..HITS {
+            drop(get(&a, &nic, EXPORT, 1, 1, RW));
+            drop(get(&b, &nic, EXPORT, 2, 1, RW));
+        }
+    };
+    // At once: more threads than stripes, all alive together.
+    let barrier = std::sync::Barrier::new(THREADS as usize);
+    std::thread::scope(|s| {
+        for _ in 0..THREADS {
+            s.spawn(|| {
+                barrier.wait();
+                hit_both();
+            });
+        }
+    });
+    // One after another: each takes a stripe an ended thread gave back.
+    for _ in 0..THREADS {
+        std::thread::scope(|s| {
+            s.spawn(hit_both);
+        });
+    }
+    hit_both();
+    let expected = (2 * THREADS + 1) * HITS;
+    assert_eq!(a.stats().hits, expected);
+    assert_eq!(b.stats().hits, expected);
+    assert_eq!((a.stats().misses, b.stats().misses), (1, 1));
+}
+
 /// What the model does with one request.
 #[derive(Debug, Clone)]
 enum Op {

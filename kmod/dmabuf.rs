@@ -19,7 +19,7 @@ use kernel::{
     ffi::{c_int, c_void},
     fs::File,
     prelude::*,
-    sync::{aref::ARef, SpinLock},
+    sync::aref::ARef,
     types::Opaque,
 };
 
@@ -62,7 +62,7 @@ impl Attachment<'_> {
     /// with its binding).
     pub(crate) fn p2p_distance<'h>(
         &self,
-        verdicts: &SpinLock<Verdicts>,
+        verdicts: &Verdicts,
         live: impl FnOnce() -> Result<Live<'h>>,
     ) -> Result<Option<u32>> {
         // Only PCI devices: the generation counts PCI devices alone.
@@ -71,12 +71,12 @@ impl Attachment<'_> {
         }
         // Taken before the verdict: a device deleted meanwhile makes it stale at once.
         let (device, generation) = (self.dev() as usize, ffi::pci_generation());
-        if let Some(distance) = verdicts.lock().get(device, generation) {
+        if let Some(distance) = verdicts.get(device, generation) {
             return Ok(distance);
         }
         let live = live()?;
         let distance = ffi::p2p_distance(live.pci_device(), self.dev());
-        verdicts.lock().put(device, generation, distance);
+        verdicts.put(device, generation, distance);
         Ok(distance)
     }
 

@@ -8,7 +8,16 @@
 use crate::uapi::PEERDIRECT_DRIVER_NAME_LEN;
 use core::{marker::PhantomData, ptr::NonNull};
 use kernel::{
-    bindings, ffi::c_int, mm::virt::VmaNew, page::Page, pci, prelude::*, sync::aref::ARef,
+    bindings,
+    ffi::c_int,
+    mm::virt::VmaNew,
+    page::Page,
+    pci,
+    prelude::*,
+    sync::{
+        aref::ARef,
+        atomic::{Acquire, Atomic, Full},
+    },
 };
 
 mod raw {
@@ -62,8 +71,6 @@ mod raw {
         pub(super) fn peerdirect_dev_dma_translated(dev: *mut bindings::device) -> bool;
         pub(super) fn peerdirect_pci_generation_register() -> c_int;
         pub(super) fn peerdirect_pci_generation_unregister();
-        pub(super) fn peerdirect_pci_generation() -> u64;
-        pub(super) fn peerdirect_dev_is_pci(dev: *mut bindings::device) -> bool;
         pub(super) fn peerdirect_map_phys(
             attach: *mut bindings::dma_buf_attachment,
             provider: *mut bindings::p2pdma_provider,
@@ -226,11 +233,22 @@ impl Drop for PciGeneration {
     }
 }
 
+/// PCI devices added or deleted so far, counted by helpers.c's bus notifier (through
+/// [`peerdirect_pci_generation_bump`]); read on every attach, so kept here, one load away.
+static PCI_GENERATION: Atomic<u64> = Atomic::new(0);
+
+/// Called by helpers.c's PCI bus notifier for each PCI device added or deleted.
+#[no_mangle]
+extern "C" fn peerdirect_pci_generation_bump() {
+    // Full: a verdict taken after the device change must see the new count, and one taken
+    // before it must not be looked up under it (`Verdicts`).
+    PCI_GENERATION.fetch_add(1, Full);
+}
+
 /// How many PCI devices were added or deleted so far: whatever names a PCI device by its
 /// address is valid only under the count it was taken at.
 pub(crate) fn pci_generation() -> u64 {
-    // SAFETY: reads an atomic counter; no precondition.
-    unsafe { raw::peerdirect_pci_generation() }
+    PCI_GENERATION.load(Acquire)
 }
 
 /// Called by helpers.c's PCI bus notifier when `pdev`'s driver is about to unbind or `pdev` is
@@ -546,10 +564,13 @@ pub(crate) fn current_tgid() -> i32 {
     unsafe { raw::peerdirect_current_tgid() }
 }
 
-/// Whether `dev` is a PCI device. `dev` must be a live `struct device` (an attachment's).
+/// Whether `dev` is a PCI device (the kernel's `dev_is_pci()`, read here rather than through
+/// a call: attach asks it every time). `dev` must be a live `struct device` (an attachment's).
 pub(crate) fn dev_is_pci(dev: *mut bindings::device) -> bool {
-    // SAFETY: callers pass the `dev` of a live attachment, which holds a reference on it.
-    unsafe { raw::peerdirect_dev_is_pci(dev) }
+    // SAFETY: callers pass the `dev` of a live attachment, which holds a reference on it, so
+    // reading its `bus` is valid; `pci_bus_type` is the PCI core's static, only its address
+    // is taken.
+    unsafe { core::ptr::eq((*dev).bus, core::ptr::addr_of!(bindings::pci_bus_type)) }
 }
 
 /// The device's DMA max segment size. `dev` must be a live `struct device` (an attachment's).
@@ -631,8 +652,8 @@ pub(crate) unsafe fn unmap_companion(
 ///
 /// `dev` is a valid `struct device` for `'a`.
 pub(crate) unsafe fn pci_dev_of<'a>(dev: *mut bindings::device) -> Option<PciDev<'a>> {
-    // SAFETY: `dev` is valid (the caller's contract).
-    if !unsafe { raw::peerdirect_dev_is_pci(dev) } {
+    // `dev` is valid (the caller's contract), as `dev_is_pci` needs.
+    if !dev_is_pci(dev) {
         return None;
     }
     // SAFETY: `dev` is a PCI device's embedded `struct device`, valid for `'a`.

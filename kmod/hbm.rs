@@ -16,7 +16,7 @@ use crate::{
     uapi::PEERDIRECT_STATUS_REVOKED,
 };
 use kernel::{
-    new_condvar, new_mutex, new_poll_condvar, new_spinlock, new_srcu, pci,
+    new_condvar, new_mutex, new_poll_condvar, new_srcu, pci,
     prelude::*,
     rbtree::{RBTree, RBTreeNodeReservation},
     sync::{
@@ -24,7 +24,7 @@ use kernel::{
         atomic::{Acquire, Atomic, Full, Relaxed, Release},
         poll::PollCondVar,
         srcu::{self, Srcu},
-        Arc, CondVar, Mutex, SpinLock,
+        Arc, CondVar, Mutex,
     },
     time::{delay::fsleep, Delta},
 };
@@ -129,7 +129,7 @@ pub(crate) struct Hbm {
     provider: Option<P2pProvider>,
     /// The kernel's P2P verdicts for importers seen at attach.
     #[pin]
-    pub(crate) verdicts: SpinLock<Verdicts>,
+    pub(crate) verdicts: Verdicts,
     /// What userspace maps from the device file to see the device go.
     pub(crate) status: StatusPage,
     pub(crate) memory: Arc<HbmMemory>,
@@ -184,7 +184,7 @@ impl Hbm {
                 present: Atomic::new(true),
                 pdev,
                 provider,
-                verdicts <- new_spinlock!(Verdicts::new(), "Hbm::verdicts"),
+                verdicts <- Verdicts::new(),
                 status: StatusPage::new()?,
                 handles: Handles::new(1),
                 exports: Atomic::new(0),

@@ -100,13 +100,11 @@ static struct notifier_block peerdirect_pci_nb = {
  * Counts PCI devices added and deleted. A P2P verdict cached for an importer's device under
  * one count is stale under another: the device may be gone and its memory reused by another.
  */
-static atomic64_t peerdirect_pci_generation_count = ATOMIC64_INIT(0);
-
 static int peerdirect_pci_generation_notify(struct notifier_block *nb, unsigned long action,
 					    void *data)
 {
 	if (action == BUS_NOTIFY_ADD_DEVICE || action == BUS_NOTIFY_DEL_DEVICE)
-		atomic64_inc(&peerdirect_pci_generation_count);
+		peerdirect_pci_generation_bump();
 	return NOTIFY_DONE;
 }
 
@@ -122,11 +120,6 @@ int peerdirect_pci_generation_register(void)
 void peerdirect_pci_generation_unregister(void)
 {
 	bus_unregister_notifier(&pci_bus_type, &peerdirect_pci_generation_nb);
-}
-
-u64 peerdirect_pci_generation(void)
-{
-	return atomic64_read(&peerdirect_pci_generation_count);
 }
 
 int peerdirect_pci_notifier_register(void)
@@ -238,11 +231,6 @@ bool peerdirect_dev_dma_translated(struct device *dev)
 	return domain && iommu_is_dma_domain(domain);
 }
 
-bool peerdirect_dev_is_pci(struct device *dev)
-{
-	return dev_is_pci(dev);
-}
-
 /*
  * Maps [paddr, paddr + len) of the BAR for the importer: the range is cut into segments of at
  * most @seg bytes (the importer's max segment size) and handed to the dma-buf core, which
@@ -349,7 +337,7 @@ void peerdirect_unmap_companion(struct dma_buf_attachment *attach, struct sg_tab
 	kfree(m);
 }
 
-/* The PCI device of @dev, which the caller checked is one (peerdirect_dev_is_pci). */
+/* The PCI device of @dev, which the caller checked is one (ffi.rs's dev_is_pci). */
 struct pci_dev *peerdirect_to_pci_dev(struct device *dev)
 {
 	return to_pci_dev(dev);

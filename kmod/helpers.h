@@ -50,8 +50,7 @@ unsigned int peerdirect_dma_max_seg_size(struct device *dev);
 bool peerdirect_dev_dma_translated(struct device *dev);
 int peerdirect_pci_generation_register(void);
 void peerdirect_pci_generation_unregister(void);
-u64 peerdirect_pci_generation(void);
-bool peerdirect_dev_is_pci(struct device *dev);
+void peerdirect_pci_generation_bump(void); /* defined in ffi.rs */
 struct sg_table *peerdirect_map_phys(struct dma_buf_attachment *attach,
 				     struct p2pdma_provider *provider, phys_addr_t paddr,
 				     u64 len, u64 seg, enum dma_data_direction dir);

@@ -9,7 +9,15 @@
 //! share a host bridge, and that host bridge's IDs (what the kernel's allowlist is keyed by).
 
 use crate::ffi::{PciDev, PciDevRef};
-use kernel::{pci, prelude::*};
+use kernel::{
+    new_spinlock, pci,
+    prelude::*,
+    sync::{
+        atomic::{Acquire, Atomic, Relaxed, Release},
+        barrier::{smp_mb, Read, Write},
+        SpinLock,
+    },
+};
 
 /// Importers whose verdict one HBM device keeps.
 const VERDICTS: usize = 4;
@@ -18,55 +26,93 @@ const VERDICTS: usize = 4;
 /// walk the PCI tree again (reading bridges' ACS control on the way) for an importer it has
 /// seen. An importer's device is named by its address, which is valid only under the PCI
 /// generation ([`crate::ffi::pci_generation`]) the verdict was taken at: a device deleted and
-/// another allocated at its address make a new generation. Kept under a spinlock in
-/// [`crate::hbm::Hbm`]; the oldest of [`VERDICTS`] entries makes room.
+/// another allocated at its address make a new generation. The oldest of [`VERDICTS`] entries
+/// makes room.
+///
+/// Attach reads it without a lock: a sequence count, odd while a writer changes the entries,
+/// tells a reader whether what it read is one writer's whole work (else it asks the kernel, as
+/// on a miss). Writers are serialized by the lock they pass to [`Verdicts::put`]. Every field
+/// is an atomic, so a read racing a write is a stale value, never undefined behaviour.
+#[pin_data]
 pub(crate) struct Verdicts {
-    entries: [Option<Verdict>; VERDICTS],
-    next: usize,
+    sequence: Atomic<u32>,
+    entries: [Slot; VERDICTS],
+    /// Serializes writers; holds where the next new verdict goes.
+    #[pin]
+    writer: SpinLock<usize>,
 }
 
-#[derive(Clone, Copy)]
-struct Verdict {
-    device: usize,
-    generation: u64,
-    distance: Option<u32>,
+/// One verdict: `device` 0 when empty (no device lives at address 0).
+struct Slot {
+    device: Atomic<usize>,
+    generation: Atomic<u64>,
+    /// The distance, or [`NO_PATH`].
+    distance: Atomic<u32>,
+}
+
+/// A slot's distance when the kernel's P2P rules give no path.
+const NO_PATH: u32 = u32::MAX;
+
+impl Slot {
+    const fn new() -> Self {
+        Self {
+            device: Atomic::new(0),
+            generation: Atomic::new(0),
+            distance: Atomic::new(0),
+        }
+    }
 }
 
 impl Verdicts {
-    pub(crate) const fn new() -> Self {
-        Self {
-            entries: [None; VERDICTS],
-            next: 0,
-        }
+    pub(crate) fn new() -> impl PinInit<Self> {
+        pin_init!(Self {
+            sequence: Atomic::new(0),
+            entries: [const { Slot::new() }; VERDICTS],
+            writer <- new_spinlock!(0, "Verdicts::writer"),
+        })
     }
 
-    /// The verdict for `device` under `generation`: `None` if not known.
+    /// The verdict for `device` under `generation`: `None` if not known, or if a writer was
+    /// changing the entries meanwhile.
     pub(crate) fn get(&self, device: usize, generation: u64) -> Option<Option<u32>> {
-        self.entries
-            .iter()
-            .flatten()
-            .find(|v| v.device == device && v.generation == generation)
-            .map(|v| v.distance)
+        let before = self.sequence.load(Acquire);
+        if before % 2 == 1 {
+            return None;
+        }
+        let found = self.entries.iter().find_map(|slot| {
+            (slot.device.load(Relaxed) == device && slot.generation.load(Relaxed) == generation)
+                .then(|| slot.distance.load(Relaxed))
+        });
+        // The entries' loads above complete before the count is read again.
+        smp_mb(Read);
+        if self.sequence.load(Relaxed) != before {
+            return None;
+        }
+        found.map(|distance| (distance != NO_PATH).then_some(distance))
     }
 
     /// Records `device`'s verdict under `generation`, in place of its older one or of the
     /// oldest entry.
-    pub(crate) fn put(&mut self, device: usize, generation: u64, distance: Option<u32>) {
-        let verdict = Some(Verdict {
-            device,
-            generation,
-            distance,
-        });
-        if let Some(slot) = self
+    pub(crate) fn put(&self, device: usize, generation: u64, distance: Option<u32>) {
+        let mut next = self.writer.lock();
+        let index = self
             .entries
-            .iter_mut()
-            .find(|v| v.is_some_and(|v| v.device == device))
-        {
-            *slot = verdict;
-            return;
-        }
-        self.entries[self.next] = verdict;
-        self.next = (self.next + 1) % VERDICTS;
+            .iter()
+            .position(|slot| slot.device.load(Relaxed) == device)
+            .unwrap_or_else(|| {
+                let index = *next;
+                *next = (index + 1) % VERDICTS;
+                index
+            });
+        let slot = &self.entries[index];
+        let odd = self.sequence.load(Relaxed).wrapping_add(1);
+        self.sequence.store(odd, Relaxed);
+        // Readers that see any of the new fields see the odd count first.
+        smp_mb(Write);
+        slot.device.store(device, Relaxed);
+        slot.generation.store(generation, Relaxed);
+        slot.distance.store(distance.unwrap_or(NO_PATH), Relaxed);
+        self.sequence.store(odd.wrapping_add(1), Release);
     }
 }
 
@@ -148,8 +194,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn verdicts_hold_per_device_and_generation() {
-        let mut v = Verdicts::new();
+    fn verdicts_hold_per_device_and_generation() -> Result {
+        let v = KBox::pin_init(Verdicts::new(), GFP_KERNEL)?;
         assert_eq!(v.get(0x1000, 7), None);
         v.put(0x1000, 7, Some(4));
         v.put(0x2000, 7, None);
@@ -161,11 +207,12 @@ mod tests {
         v.put(0x1000, 8, Some(6));
         assert_eq!(v.get(0x1000, 8), Some(Some(6)));
         assert_eq!(v.get(0x1000, 7), None);
+        Ok(())
     }
 
     #[test]
-    fn the_oldest_verdict_makes_room() {
-        let mut v = Verdicts::new();
+    fn the_oldest_verdict_makes_room() -> Result {
+        let v = KBox::pin_init(Verdicts::new(), GFP_KERNEL)?;
         for d in 1..=VERDICTS {
             v.put(d, 1, Some(2));
         }
@@ -174,5 +221,64 @@ mod tests {
         for d in 2..=VERDICTS + 1 {
             assert_eq!(v.get(d, 1), Some(Some(2)));
         }
+        Ok(())
+    }
+
+    /// Writers on the system workqueue rewrite every slot as fast as they can, each verdict a
+    /// function of its device and generation, while this thread reads: a read must be a miss
+    /// or that function's value, never fields of two writes (a device with another's
+    /// distance or generation). Bounded: the writers stop after a fixed number of rounds.
+    #[test]
+    fn reads_racing_writes_see_whole_verdicts() -> Result {
+        use kernel::{
+            sync::{atomic::Full, Arc},
+            workqueue,
+        };
+        const ROUNDS: u64 = 20_000;
+        const WRITERS: usize = 2;
+        fn distance(device: usize, generation: u64) -> Option<u32> {
+            let d = (device as u64 * 7 + generation) % 11;
+            (d != 0).then_some(d as u32)
+        }
+        let v = Arc::pin_init(Verdicts::new(), GFP_KERNEL)?;
+        let done = Arc::new(Atomic::new(0usize), GFP_KERNEL)?;
+        for writer in 0..WRITERS {
+            let (v, done) = (v.clone(), done.clone());
+            workqueue::system_unbound().try_spawn(GFP_KERNEL, move || {
+                for round in 0..ROUNDS {
+                    // More devices than slots: every put replaces a slot.
+                    let device = 1 + (round as usize * 3 + writer) % (2 * VERDICTS);
+                    let generation = round % 5;
+                    v.put(device, generation, distance(device, generation));
+                }
+                done.fetch_add(1, Full);
+            })?;
+        }
+        let (mut reads, mut hits) = (0u64, 0u64);
+        while done.load(Acquire) < WRITERS {
+            let device = 1 + (reads as usize % (2 * VERDICTS));
+            let generation = reads % 5;
+            if let Some(found) = v.get(device, generation) {
+                assert_eq!(found, distance(device, generation));
+                hits += 1;
+            }
+            reads += 1;
+        }
+        kernel::pr_info!("verdicts race: {reads} reads, {hits} hits\n");
+        // Not a vacuous pass: some reads met whole verdicts.
+        assert!(hits > 0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_read_during_a_write_is_a_miss() -> Result {
+        let v = KBox::pin_init(Verdicts::new(), GFP_KERNEL)?;
+        v.put(0x1000, 3, Some(2));
+        // As a writer leaves it halfway: the count odd.
+        v.sequence.store(v.sequence.load(Relaxed) + 1, Relaxed);
+        assert_eq!(v.get(0x1000, 3), None);
+        v.sequence.store(v.sequence.load(Relaxed) + 1, Relaxed);
+        assert_eq!(v.get(0x1000, 3), Some(Some(2)));
+        Ok(())
     }
 }

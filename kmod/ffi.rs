@@ -567,9 +567,8 @@ pub(crate) fn current_tgid() -> i32 {
 /// Whether `dev` is a PCI device (the kernel's `dev_is_pci()`, read here rather than through
 /// a call: attach asks it every time). `dev` must be a live `struct device` (an attachment's).
 pub(crate) fn dev_is_pci(dev: *mut bindings::device) -> bool {
-    // SAFETY: callers pass the `dev` of a live attachment, which holds a reference on it, so
-    // reading its `bus` is valid; `pci_bus_type` is the PCI core's static, only its address
-    // is taken.
+    // SAFETY: `dev` is a live attachment's device (callers), so its `bus` may be read; of the
+    // PCI core's static `pci_bus_type` only the address is taken.
     unsafe { core::ptr::eq((*dev).bus, core::ptr::addr_of!(bindings::pci_bus_type)) }
 }
 

@@ -700,12 +700,13 @@ mod sys {
             index,
             ..VfioRegionInfo::default()
         };
-        // SAFETY: VFIO_DEVICE_GET_REGION_INFO takes a `struct vfio_region_info *`, which
-        // `Updater` passes (a pointer to `info`, `VfioRegionInfo` having its `repr(C)` layout,
-        // checked above). The kernel reads the struct's 32 bytes and writes back the same 32
+        // VFIO_DEVICE_GET_REGION_INFO takes a `struct vfio_region_info *`, which `Updater`
+        // passes (a pointer to `info`, `VfioRegionInfo` having its `repr(C)` layout, checked
+        // above). The kernel reads the struct's 32 bytes and writes back the same 32
         // (capabilities go past the struct only when `argsz` leaves room for them, which 32
-        // does not): all inside `info`, borrowed exclusively for the call; any bits are valid
-        // integers.
+        // does not).
+        // All of it inside `info`, borrowed exclusively for the call; any bits are valid integers.
+        // SAFETY: as just said, the kernel reads and writes only `info`'s own bytes.
         let request =
             unsafe { Updater::<VFIO_DEVICE_GET_REGION_INFO, VfioRegionInfo>::new(&mut info) };
         // SAFETY: the opcode and the argument agree (above).

@@ -3,7 +3,7 @@
 # Each KUnit case becomes one TAP line; a missing suite is a failure.
 . "$(dirname "$0")/../lib.sh"
 
-suites=(peerdirect_heap peerdirect_index peerdirect_requests peerdirect_uapi)
+suites=(peerdirect_heap peerdirect_index peerdirect_requests peerdirect_uapi peerdirect_p2p_verdicts peerdirect_handles)
 out=$(guest --kunit -- sh -c 'for s in /sys/kernel/debug/kunit/peerdirect_*; do
 	echo "suite ${s##*/}"; cat "$s/results"; done' 2>&1)
 rc=$?

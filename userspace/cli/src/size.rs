@@ -12,20 +12,7 @@ pub fn parse_number(text: &str) -> Result<u64, String> {
 }
 
 /// `bytes` in the largest binary unit that keeps it at least 1, with one decimal unless exact.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let exponent = if bytes == 0 { 0 } else { bytes.ilog2() / 10 };
-    let unit = 1u64 << (10 * exponent);
-    if bytes.is_multiple_of(unit) {
-        format!("{} {}", bytes / unit, UNITS[exponent as usize])
-    } else {
-        format!(
-            "{:.1} {}",
-            bytes as f64 / unit as f64,
-            UNITS[exponent as usize]
-        )
-    }
-}
+pub use peerdirect::size::human_bytes;
 
 #[cfg(test)]
 mod tests {
@@ -81,15 +68,5 @@ mod tests {
         assert!(parse_number("4K").is_err());
         assert!(parse_number("0x10000000000000000").is_err());
         assert!(parse_number("+1").is_err());
-    }
-
-    #[test]
-    fn human_sizes() {
-        assert_eq!(human_bytes(0), "0 B");
-        assert_eq!(human_bytes(1023), "1023 B");
-        assert_eq!(human_bytes(1024), "1 KiB");
-        assert_eq!(human_bytes(1536 << 20), "1.5 GiB");
-        assert_eq!(human_bytes(16 << 30), "16 GiB");
-        assert_eq!(human_bytes(u64::MAX), "16.0 EiB");
     }
 }

@@ -318,7 +318,7 @@ impl Found {
                     ..ours
                 })),
                 (Some(Err(err)), _) | (_, Err(err)) => Err(err),
-                (None, theirs) | (Some(_), theirs) => theirs,
+                (_, theirs) => theirs,
             };
             self.regs.insert(key, best);
         }

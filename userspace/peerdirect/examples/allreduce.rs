@@ -38,7 +38,7 @@ use peerdirect::cache::{Access, ByteRange, ExportId};
 use peerdirect::registrar::libfabric::{
     default_universe_size, Endpoint, Fabric, FabricMr, LibfabricRegistrar, MappedDmaBuf, Peer,
 };
-use peerdirect::size::{parse_number, parse_size};
+use peerdirect::size::{human_bytes, parse_number, parse_size};
 use peerdirect::{CacheStats, Device, ExportFlags, RegCache, RegPath, Registration};
 use serde_json::{json, Value};
 
@@ -482,15 +482,6 @@ fn path_name(path: &RegPath) -> (&'static str, Option<String>) {
     }
 }
 
-fn human(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
-        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
-        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
-        b => format!("{b} B"),
-    }
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -512,12 +503,12 @@ fn run(o: &Options, ring: &mut Ring<'_>, bootstrap: &mut Bootstrap) -> Result<Ve
             ring.data.write_f32(0, &mine);
             bootstrap.all_gather(
                 "ready",
-                &format!("the start of {} iteration {}", human(size), i + 1),
+                &format!("the start of {} iteration {}", human_bytes(size), i + 1),
             )?;
             let start = Instant::now();
             let registrations = ring
                 .all_reduce(count)
-                .map_err(|e| format!("{}, iteration {}: {e}", human(size), i + 1))?;
+                .map_err(|e| format!("{}, iteration {}: {e}", human_bytes(size), i + 1))?;
             let seconds = start.elapsed().as_secs_f64();
             times.push(seconds);
             last = Some(registrations);
@@ -529,7 +520,7 @@ fn run(o: &Options, ring: &mut Ring<'_>, bootstrap: &mut Bootstrap) -> Result<Ve
             {
                 return Err(format!(
                     "{}, iteration {}: element {e} is {v}, not {}: the reduction is wrong",
-                    human(size),
+                    human_bytes(size),
                     i + 1,
                     reduced(o.ranks, e, iteration)
                 )
@@ -539,7 +530,7 @@ fn run(o: &Options, ring: &mut Ring<'_>, bootstrap: &mut Bootstrap) -> Result<Ve
                 println!(
                     "progress: {} {}: iteration {}/{} in {:.2} ms, every element right on rank 0",
                     o.provider,
-                    human(size),
+                    human_bytes(size),
                     i + 1,
                     o.iterations,
                     seconds * 1e3
@@ -667,11 +658,11 @@ fn print_table(o: &Options, rows: &[Value]) {
     for r in rows {
         println!(
             "{:>9} {:>8.2}ms {:>11.1} {:>11.1} {:>12} {:>6} {:>6}  {}",
-            human(r["size"].as_u64().unwrap_or(0)),
+            human_bytes(r["size"].as_u64().unwrap_or(0)),
             r["seconds"].as_f64().unwrap_or(0.0) * 1e3,
             r["algbw"].as_f64().unwrap_or(0.0) / 1e6,
             r["busbw"].as_f64().unwrap_or(0.0) / 1e6,
-            human(r["cpu_copied_bytes"].as_u64().unwrap_or(0)),
+            human_bytes(r["cpu_copied_bytes"].as_u64().unwrap_or(0)),
             r["registrations"],
             r["hits"],
             r["path"].as_str().unwrap_or("?"),

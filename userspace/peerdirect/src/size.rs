@@ -44,6 +44,22 @@ pub fn parse_number(text: &str) -> Result<u64, String> {
     u64::from_str_radix(digits, radix).map_err(|_| "does not fit in 64 bits".into())
 }
 
+/// `bytes` in the largest binary unit that keeps it at least 1, with one decimal unless exact.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let exponent = if bytes == 0 { 0 } else { bytes.ilog2() / 10 };
+    let unit = 1u64 << (10 * exponent);
+    if bytes.is_multiple_of(unit) {
+        format!("{} {}", bytes / unit, UNITS[exponent as usize])
+    } else {
+        format!(
+            "{:.1} {}",
+            bytes as f64 / unit as f64,
+            UNITS[exponent as usize]
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,5 +78,15 @@ mod tests {
             .contains("does not fit"));
         assert_eq!(parse_number("0x2a"), Ok(42));
         assert!(parse_number("4K").unwrap_err().contains("not a number"));
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1024), "1 KiB");
+        assert_eq!(human_bytes(1536 << 20), "1.5 GiB");
+        assert_eq!(human_bytes(16 << 30), "16 GiB");
+        assert_eq!(human_bytes(u64::MAX), "16.0 EiB");
     }
 }

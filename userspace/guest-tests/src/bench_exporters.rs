@@ -164,15 +164,22 @@ fn measure(
                     this.nents, best.nents
                 ))
             }
-            Some(best) => Measured {
-                attach_ns: best.attach_ns.min(this.attach_ns),
-                map_ns: best.map_ns.min(this.map_ns),
-                unmap_detach_ns: best.unmap_detach_ns.min(this.unmap_detach_ns),
-                ..best
-            },
+            Some(best) => best.fastest(&this),
         });
     }
     best.ok_or_else(|| "no run".to_owned())
+}
+
+impl Measured {
+    /// These facts, with the best of each time here and in `other` (another run of the same).
+    fn fastest(self, other: &Measured) -> Measured {
+        Measured {
+            attach_ns: self.attach_ns.min(other.attach_ns),
+            map_ns: self.map_ns.min(other.map_ns),
+            unmap_detach_ns: self.unmap_detach_ns.min(other.unmap_detach_ns),
+            ..self
+        }
+    }
 }
 
 pub(crate) fn size_name(bytes: u64) -> String {
@@ -299,12 +306,7 @@ impl Found {
     fn keep_best(&mut self, other: Found) {
         for (key, theirs) in other.results {
             let best = match (self.results.remove(&key), theirs) {
-                (Some(Ok(ours)), Ok(theirs)) => Ok(Measured {
-                    attach_ns: ours.attach_ns.min(theirs.attach_ns),
-                    map_ns: ours.map_ns.min(theirs.map_ns),
-                    unmap_detach_ns: ours.unmap_detach_ns.min(theirs.unmap_detach_ns),
-                    ..ours
-                }),
+                (Some(Ok(ours)), Ok(theirs)) => Ok(ours.fastest(&theirs)),
                 (Some(Err(err)), _) | (_, Err(err)) => Err(err),
                 (None, theirs) => theirs,
             };

@@ -30,7 +30,7 @@ BIN := $(CARGO_TARGET_DIR)/release
 
 .PHONY: all setup kernel module module-kunit test-modules peermem peermem-test userspace userland \
 	guest guest-default guest-debian \
-	kernel-kasan module-kasan test-modules-kasan guest-kasan demo test stress bench install deb clean
+	kernel-kasan module-kasan module-kunit-kasan test-modules-kasan guest-kasan demo test stress bench install deb clean
 
 all: module userspace
 
@@ -89,10 +89,15 @@ kernel-kasan: setup
 module-kasan: kernel-kasan
 	@scripts/build-module $(ROOT) $(BUILD)/kmod-kasan "$$(scripts/build-kernel kasan)"
 
+# The KUnit build for the KASAN kernel: the suites' own races (tests/system/kunit.sh) run
+# under KASAN too.
+module-kunit-kasan: kernel-kasan
+	@scripts/build-module $(ROOT) $(BUILD)/kmod-kunit-kasan "$$(scripts/build-kernel kasan)" PEERDIRECT_KUNIT=1
+
 test-modules-kasan: kernel-kasan
 	@scripts/build-module $(ROOT)/tests/kmod $(BUILD)/tests-kmod-kasan "$$(scripts/build-kernel kasan)"
 
-guest-kasan: kernel-kasan module-kasan test-modules-kasan userspace userland
+guest-kasan: kernel-kasan module-kasan module-kunit-kasan test-modules-kasan userspace userland
 	@scripts/mkinitramfs $(BUILD)/initramfs-kasan.cpio "$$(scripts/build-kernel kasan)" $(BUILD) $(BIN) -kasan
 
 # Debian's own stock kernel (`qemu/run --kernel debian`): its linux-binary and linux-modules

@@ -44,8 +44,9 @@
 //! - Hit: under the read lock only, so hits in different threads never wait for each other:
 //!   one atomic load of each attached status page of the export's device, a hash lookup of
 //!   the export, then per (domain, access) group of that export whose access suffices
-//!   (typically one or two) a B-tree predecessor search: O(log n), exact (see
-//!   `cache/index.rs` for why the predecessor is enough). Recency is a mark on the entry
+//!   (typically one or two) a binary search for the predecessor in a sorted vector:
+//!   O(log n), exact (see `cache/index.rs` for why the predecessor is enough), and the index
+//!   holds the entry itself, so the recency list is not read. Recency is a mark on the entry
 //!   (an atomic flag, written only when it changes) and the hit count a per-thread stripe,
 //!   so a hit writes no line that other threads' hits write.
 //! - Eviction is CLOCK, an approximation of LRU that needs nothing from hits but the mark:
@@ -54,8 +55,11 @@
 //!   instead of going. An entry hit since the last eviction is evicted only after every entry
 //!   that was not; among entries not hit, the oldest goes first. Amortised O(1) per eviction.
 //! - Miss: the registration, then under the write lock the same search again (another
-//!   thread may have registered meanwhile), O(log n) to drop the k entries the new one contains and for
-//!   each of the e evicted entries, and O(log n) to insert: O((1 + k + e) log n). Eviction
+//!   thread may have registered meanwhile), O(log n) to drop the k entries the new one
+//!   contains and for each of the e evicted entries, and O(log n) to insert:
+//!   O((1 + k + e) log n), plus moving the vector elements after each. Besides the entry
+//!   itself, a miss allocates nothing in the steady state (the index reuses emptied
+//!   vectors, eviction its list of victims). Eviction
 //!   passes over the h entries in use that are older than the last one it evicts: O(h k)
 //!   more. Entries in use are never evicted (as libfabric keeps them off its LRU list); when
 //!   the limits leave no room for a new entry without evicting one, it is handed out
@@ -84,8 +88,10 @@
 //! Whoever handed a registration's key to peers must take it back when its memory goes: a
 //! [listener](RegCache::set_listener) is told once about every registration whose export,
 //! device or domain is invalidated ([`Cause`]), cached or only held by handles (uncached,
-//! superseded), before the cache lets go of it. The cache keeps a weak list of live
-//! registrations for that: O(1) per registration, and each invalidation visits the list.
+//! superseded), before the cache lets go of it. The index finds the cached ones; for the others
+//! the cache keeps a weak list of those handed out uncached and of those superseded while a
+//! handle held them: O(1) for each, nothing for a registration that is cached and leaves the
+//! cache idle, and each invalidation visits the list.
 //! A registration made while an invalidation ran is handed out uncached
 //! ([`Uncached::Invalidated`]) without telling the listener: that invalidation may have been of
 //! other memory, so the caller decides from `uncached()`.
@@ -303,9 +309,17 @@ impl Stripes {
     }
 }
 
+/// What the index holds of a cached entry: where it is on the recency list, and a second
+/// reference to it, so that a hit goes from the index to the entry without the list.
+type Cached<R> = (Slot, Arc<Entry<R>>);
+
+/// How many references the cache itself holds to an entry it caches: the recency list's and
+/// the index's. An entry with no more is idle: no [`Registration`] holds it.
+const CACHE_REFERENCES: usize = 2;
+
 /// What the lock guards.
 struct State<R: Registrar> {
-    index: Index,
+    index: Index<Cached<R>>,
     lru: Lru<Arc<Entry<R>>>,
     bytes: u64,
     /// Bumped by every invalidation, so that a miss can tell whether one happened while it
@@ -319,10 +333,13 @@ struct State<R: Registrar> {
     /// under the write lock), since a mapping keeps its file open. So a hit reads a page it
     /// holds with one atomic load, under the read lock.
     watched: Vec<(u32, DeviceStatus)>,
-    /// Every registration made that may still be alive, cached or not: an invalidation tells
-    /// the listener about those only handles hold (uncached, superseded, or invalidated
-    /// before). Pruned of dead ones as it grows.
+    /// The registrations that only handles may hold: handed out uncached, or superseded while
+    /// held. (The index has the cached ones; an evicted one was idle; an invalidated one has
+    /// been told.) An invalidation tells the listener about those of them it affects. Pruned
+    /// of dead ones as it grows.
     live: Vec<Weak<Entry<R>>>,
+    /// The slots [`State::make_room`] picks to evict, kept between misses for its capacity.
+    evicting: Vec<Slot>,
     /// `live.len()` after the last pruning.
     live_pruned: usize,
 }
@@ -330,7 +347,6 @@ struct State<R: Registrar> {
 /// Counted outside the lock, some of them when an entry is dropped.
 #[derive(Debug, Default)]
 struct Counters {
-    misses: AtomicU64,
     registrations: AtomicU64,
     failed_registrations: AtomicU64,
     deregistrations: AtomicU64,
@@ -357,6 +373,34 @@ impl<R: Registrar> Drop for Entry<R> {
         if let Some(mr) = self.mr.take() {
             self.registrar.deregister(mr);
             self.counters.deregistrations.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// The entries a miss takes out of the cache (evicted, superseded), released once it has let
+/// go of the lock. Most misses take at most one, the entry evicted to make room, which needs
+/// no allocation.
+struct Dropped<R: Registrar> {
+    first: Option<Arc<Entry<R>>>,
+    more: Vec<Arc<Entry<R>>>,
+}
+
+impl<R: Registrar> Default for Dropped<R> {
+    fn default() -> Self {
+        Self {
+            first: None,
+            more: Vec::new(),
+        }
+    }
+}
+
+impl<R: Registrar> Extend<Arc<Entry<R>>> for Dropped<R> {
+    fn extend<I: IntoIterator<Item = Arc<Entry<R>>>>(&mut self, entries: I) {
+        for entry in entries {
+            match self.first {
+                None => self.first = Some(entry),
+                Some(_) => self.more.push(entry),
+            }
         }
     }
 }
@@ -434,6 +478,7 @@ impl<R: Registrar> RegCache<R> {
                 watched: Vec::new(),
                 live: Vec::new(),
                 live_pruned: 0,
+                evicting: Vec::new(),
             }),
             counters: Arc::default(),
             hits: Stripes::default(),
@@ -513,7 +558,7 @@ impl<R: Registrar> RegCache<R> {
                 epoch
             }
         };
-        self.counters.misses.fetch_add(1, Relaxed);
+        // A miss is a registration made or failed: `stats` counts it from those.
         let mr = registrar.register(source, &key).inspect_err(|_| {
             self.counters.failed_registrations.fetch_add(1, Relaxed);
         })?;
@@ -527,7 +572,7 @@ impl<R: Registrar> RegCache<R> {
             told: AtomicBool::new(false),
             referenced: AtomicBool::new(false),
         };
-        let mut dropped = Vec::new();
+        let mut dropped = Dropped::default();
         let entry = if bypass.is_some() {
             let entry = Arc::new(entry);
             self.write().track(&entry);
@@ -552,7 +597,9 @@ impl<R: Registrar> RegCache<R> {
                     entry.uncached = Some(Uncached::Full);
                     Arc::new(entry)
                 };
-                state.track(&entry);
+                if entry.uncached.is_some() {
+                    state.track(&entry);
+                }
                 entry
             }
         };
@@ -641,11 +688,13 @@ impl<R: Registrar> RegCache<R> {
         };
         // Deregistrations before registrations, so that a snapshot never has more of them.
         let deregistrations = self.counters.deregistrations.load(Relaxed);
+        let registrations = self.counters.registrations.load(Relaxed);
+        let failed_registrations = self.counters.failed_registrations.load(Relaxed);
         CacheStats {
             hits: self.hits.sum(),
-            misses: self.counters.misses.load(Relaxed),
-            registrations: self.counters.registrations.load(Relaxed),
-            failed_registrations: self.counters.failed_registrations.load(Relaxed),
+            misses: registrations + failed_registrations,
+            registrations,
+            failed_registrations,
             deregistrations,
             evictions,
             superseded,
@@ -678,7 +727,7 @@ impl<R: Registrar> RegCache<R> {
         &self,
         cause: Cause,
         affected: impl Fn(&RegKey) -> bool,
-        remove: impl FnOnce(&mut Index, &mut Vec<Slot>),
+        remove: impl FnOnce(&mut Index<Cached<R>>, &mut Vec<Cached<R>>),
     ) -> usize {
         let mut doomed = Vec::new();
         let count = {
@@ -829,7 +878,7 @@ impl<R: Registrar> State<R> {
     /// A cached entry that serves `key`, marked as used (under the read lock: the mark is an
     /// atomic, written only when it changes, so that hits on one entry share its line).
     fn find(&self, key: &RegKey) -> Option<Arc<Entry<R>>> {
-        let entry = self.lru.get(self.index.find(key)?);
+        let (_, entry) = self.index.find(key)?;
         if !entry.referenced.load(Relaxed) {
             entry.referenced.store(true, Relaxed);
         }
@@ -847,41 +896,48 @@ impl<R: Registrar> State<R> {
     /// room. The dropped entries go to `dropped`, for the caller to release once it has let
     /// go of the lock.
     ///
-    /// An entry no handle holds has only the list's reference; under the lock none can be
-    /// made (hits clone under it, and cloning a [`Registration`] needs one), so a count of 1
-    /// stays 1 while the lock is held.
+    /// An entry no handle holds has only the list's and the index's references
+    /// ([`CACHE_REFERENCES`]); under the lock none can be made (hits clone under it, and
+    /// cloning a [`Registration`] needs one), so an idle entry stays idle while the lock is
+    /// held.
     fn make_room(
         &mut self,
         key: &RegKey,
         limits: CacheLimits,
-        dropped: &mut Vec<Arc<Entry<R>>>,
+        dropped: &mut impl Extend<Arc<Entry<R>>>,
     ) -> bool {
         let length = key.range.length();
         let mut covered = Vec::new();
         self.index.remove_covered(key, &mut covered);
         let covered_bytes: u64 = covered
             .iter()
-            .map(|&slot| self.lru.get(slot).key.range.length())
+            .map(|(_, entry)| entry.key.range.length())
             .sum();
         let (mut count, mut bytes) = (self.lru.len() - covered.len(), self.bytes - covered_bytes);
         let fits = |count: usize, bytes: u64| {
             count < limits.max_count && bytes.saturating_add(length) <= limits.max_bytes
         };
-        let mut evicted = Vec::new();
+        let mut evicted = std::mem::take(&mut self.evicting);
         let mut next = self.lru.oldest();
         while !fits(count, bytes) {
             let Some(slot) = next else {
                 // Not even with every idle entry gone: leave the cache as it was.
-                for slot in covered {
-                    let key = self.lru.get(slot).key;
-                    self.index.insert(&key, slot);
+                for (slot, entry) in covered {
+                    let key = entry.key;
+                    self.index.insert(&key, (slot, entry));
                 }
+                evicted.clear();
+                self.evicting = evicted;
                 return false;
             };
             next = self.lru.newer(slot);
             let entry = self.lru.get(slot);
-            if Arc::strong_count(entry) == 1 && !covered.contains(&slot) {
-                if entry.referenced.swap(false, Relaxed) {
+            // A covered entry is out of the index but in `covered`: as many references.
+            if Arc::strong_count(entry) == CACHE_REFERENCES
+                && !covered.iter().any(|&(covered, _)| covered == slot)
+            {
+                if entry.referenced.load(Relaxed) {
+                    entry.referenced.store(false, Relaxed);
                     // Hit since last passed: a second chance. `next` is unchanged, so the
                     // walk reaches it again at the newest end, unmarked.
                     self.lru.touch(slot);
@@ -896,31 +952,40 @@ impl<R: Registrar> State<R> {
             }
         }
         self.superseded += covered.len() as u64;
+        // Those a handle holds live on uncached: invalidations must still find them.
+        for (_, entry) in &covered {
+            if Arc::strong_count(entry) > CACHE_REFERENCES {
+                self.track(entry);
+            }
+        }
         self.take(covered, dropped);
-        for slot in evicted {
+        for slot in evicted.drain(..) {
             let entry = self.lru.remove(slot);
-            self.index.remove(&entry.key);
+            let indexed = self.index.remove(&entry.key);
+            debug_assert!(indexed.is_some(), "{} is not in the index", entry.key);
             self.bytes -= entry.key.range.length();
             self.evictions += 1;
-            dropped.push(entry);
+            dropped.extend([entry]);
         }
+        self.evicting = evicted;
         true
     }
 
     /// Caches `entry`, for which [`State::make_room`] made room, as the most recently used.
     fn insert(&mut self, entry: Arc<Entry<R>>) {
         let key = entry.key;
-        let slot = self.lru.insert(entry);
-        self.index.insert(&key, slot);
+        let slot = self.lru.insert(Arc::clone(&entry));
+        self.index.insert(&key, (slot, entry));
         self.bytes += key.range.length();
     }
 
-    /// Takes the entries in `slots`, already out of the index, off the LRU list.
-    fn take(&mut self, slots: Vec<Slot>, dropped: &mut Vec<Arc<Entry<R>>>) {
-        for slot in slots {
+    /// Takes the entries `removed` from the index off the LRU list.
+    fn take(&mut self, removed: Vec<Cached<R>>, dropped: &mut impl Extend<Arc<Entry<R>>>) {
+        for (slot, indexed) in removed {
+            drop(indexed);
             let entry = self.lru.remove(slot);
             self.bytes -= entry.key.range.length();
-            dropped.push(entry);
+            dropped.extend([entry]);
         }
     }
 }

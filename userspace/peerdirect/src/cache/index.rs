@@ -12,35 +12,134 @@
 //!
 //! A group is a vector sorted by start, not a tree: a hit reads one contiguous run of memory
 //! and follows no pointers. Inserting or removing moves the entries after it, O(n) copies of
-//! 24 bytes; n is what one export has cached in one domain (a handful to a few hundred), and
+//! 32 bytes; n is what one export has cached in one domain (a handful to a few hundred), and
 //! misses pay far more for the registration itself.
+//!
+//! What a hit reads is kept to a short chain of dependent loads: the export's first group
+//! lives in the hash table itself (an export is rarely registered in more than one domain
+//! with more than one access), and each element holds its value (the cache's handle on the
+//! entry) next to its range, so the hit goes from the table to the group's vector to the
+//! entry. And a miss allocates nothing here in the steady state: the vectors of groups that
+//! empty are kept (up to [`SPARE_VECTORS`]) for the next export's first group.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::key::{Access, DomainId, ExportId, RegKey};
-use super::lru::Slot;
+
+/// How many emptied group vectors an index keeps for reuse.
+const SPARE_VECTORS: usize = 64;
+
+/// One entry of a group: (start, end, value), sorted by start.
+type Element<V> = (u64, u64, V);
 
 /// The entries of one export in one domain with one access.
 #[derive(Debug)]
-struct Group {
+struct Group<V> {
     domain: DomainId,
     access: Access,
-    /// (start, end, slot), sorted by start. Starts are unique: two ranges with one start nest.
-    by_start: Vec<(u64, u64, Slot)>,
+    /// Sorted by start. Starts are unique: two ranges with one start nest.
+    by_start: Vec<Element<V>>,
 }
 
-impl Group {
+impl<V> Group<V> {
     /// How many entries start at or before `offset`.
     fn starting_by(&self, offset: u64) -> usize {
         self.by_start
             .partition_point(|&(start, _, _)| start <= offset)
     }
+
+    fn serves(&self, request: &RegKey) -> bool {
+        self.domain == request.domain && self.access.contains(request.access)
+    }
+
+    fn holds(&self, key: &RegKey) -> bool {
+        self.domain == key.domain && self.access == key.access
+    }
 }
 
-#[derive(Debug, Default)]
-pub(super) struct Index {
-    exports: HashMap<ExportId, Vec<Group>, BuildHasherDefault<ExportHasher>>,
+/// An export's groups: the first inline, none of them empty.
+#[derive(Debug)]
+struct Groups<V> {
+    first: Group<V>,
+    more: Vec<Group<V>>,
+}
+
+impl<V> Groups<V> {
+    fn iter(&self) -> impl Iterator<Item = &Group<V>> {
+        std::iter::once(&self.first).chain(&self.more)
+    }
+
+    fn position(&self, key: &RegKey) -> Option<usize> {
+        self.iter().position(|group| group.holds(key))
+    }
+
+    fn get_mut(&mut self, position: usize) -> &mut Group<V> {
+        match position {
+            0 => &mut self.first,
+            _ => &mut self.more[position - 1],
+        }
+    }
+
+    /// Keeps the groups `keep` says to (called once for each), dropping their emptied
+    /// vectors into `spare`. Returns whether any group is left.
+    fn retain(
+        &mut self,
+        mut keep: impl FnMut(&mut Group<V>) -> bool,
+        spare: &mut Spare<V>,
+    ) -> bool {
+        self.more.retain_mut(|group| {
+            keep(group) || {
+                spare.keep(std::mem::take(&mut group.by_start));
+                false
+            }
+        });
+        if !keep(&mut self.first) {
+            spare.keep(std::mem::take(&mut self.first.by_start));
+            match self.more.pop() {
+                Some(group) => self.first = group,
+                None => return false,
+            }
+        }
+        true
+    }
+}
+
+/// Emptied vectors, kept for the next new group.
+#[derive(Debug)]
+struct Spare<V>(Vec<Vec<Element<V>>>);
+
+impl<V> Spare<V> {
+    fn keep(&mut self, mut vector: Vec<Element<V>>) {
+        vector.clear();
+        if self.0.len() < SPARE_VECTORS && vector.capacity() > 0 {
+            self.0.push(vector);
+        }
+    }
+
+    fn group(&mut self, key: &RegKey) -> Group<V> {
+        Group {
+            domain: key.domain,
+            access: key.access,
+            by_start: self.0.pop().unwrap_or_default(),
+        }
+    }
+}
+
+/// Finds cached entries (their values `V`) by the range they contain.
+#[derive(Debug)]
+pub(super) struct Index<V> {
+    exports: HashMap<ExportId, Groups<V>, BuildHasherDefault<ExportHasher>>,
+    spare: Spare<V>,
+}
+
+impl<V> Default for Index<V> {
+    fn default() -> Self {
+        Self {
+            exports: HashMap::default(),
+            spare: Spare(Vec::new()),
+        }
+    }
 }
 
 /// Hashes an [`ExportId`] with a multiply and a rotate per word (FxHash's mix) instead of
@@ -69,38 +168,36 @@ impl Hasher for ExportHasher {
     }
 }
 
-impl Index {
-    /// An entry that serves `request` (same domain and export, at least its access, a range
-    /// containing its range).
-    pub(super) fn find(&self, request: &RegKey) -> Option<Slot> {
+impl<V> Index<V> {
+    /// The value of an entry that serves `request` (same domain and export, at least its
+    /// access, a range containing its range).
+    #[inline]
+    pub(super) fn find(&self, request: &RegKey) -> Option<&V> {
         let range = request.range;
         self.exports
             .get(&request.export)?
             .iter()
-            .filter(|group| group.domain == request.domain && group.access.contains(request.access))
+            .filter(|group| group.serves(request))
             .find_map(|group| {
                 let last = group.starting_by(range.offset()).checked_sub(1)?;
-                let (_, end, slot) = group.by_start[last];
-                (end >= range.end()).then_some(slot)
+                let (_, end, value) = &group.by_start[last];
+                (*end >= range.end()).then_some(value)
             })
     }
 
-    /// Adds the entry `key` in `slot`. The caller has checked that no entry of the same
+    /// Adds the entry `key` with `value`. The caller has checked that no entry of the same
     /// domain, export and access contains it, and removed those it contains.
-    pub(super) fn insert(&mut self, key: &RegKey, slot: Slot) {
-        let groups = self.exports.entry(key.export).or_default();
-        let group = match groups
-            .iter()
-            .position(|group| group.domain == key.domain && group.access == key.access)
-        {
-            Some(position) => &mut groups[position],
+    pub(super) fn insert(&mut self, key: &RegKey, value: V) {
+        let spare = &mut self.spare;
+        let groups = self.exports.entry(key.export).or_insert_with(|| Groups {
+            first: spare.group(key),
+            more: Vec::new(),
+        });
+        let group = match groups.position(key) {
+            Some(position) => groups.get_mut(position),
             None => {
-                groups.push(Group {
-                    domain: key.domain,
-                    access: key.access,
-                    by_start: Vec::new(),
-                });
-                groups.last_mut().expect("just pushed")
+                groups.more.push(spare.group(key));
+                groups.more.last_mut().expect("just pushed")
             }
         };
         let at = group.starting_by(key.range.offset());
@@ -110,97 +207,92 @@ impl Index {
         );
         group
             .by_start
-            .insert(at, (key.range.offset(), key.range.end(), slot));
+            .insert(at, (key.range.offset(), key.range.end(), value));
     }
 
-    /// Removes the entry `key`, which must be in the index.
-    pub(super) fn remove(&mut self, key: &RegKey) {
-        let Some(groups) = self.exports.get_mut(&key.export) else {
-            debug_assert!(false, "{key} is not in the index");
-            return;
-        };
-        if let Some(position) = groups
-            .iter()
-            .position(|group| group.domain == key.domain && group.access == key.access)
+    /// Removes the entry `key`, which must be in the index, and returns its value.
+    pub(super) fn remove(&mut self, key: &RegKey) -> Option<V> {
+        let groups = self.exports.get_mut(&key.export)?;
+        let position = groups.position(key)?;
+        let group = groups.get_mut(position);
+        let at = group
+            .by_start
+            .binary_search_by_key(&key.range.offset(), |&(start, _, _)| start)
+            .ok()?;
+        let (_, _, value) = group.by_start.remove(at);
+        if group.by_start.is_empty()
+            && !groups.retain(|group| !group.by_start.is_empty(), &mut self.spare)
         {
-            let group = &mut groups[position];
-            match group
-                .by_start
-                .binary_search_by_key(&key.range.offset(), |&(start, _, _)| start)
-            {
-                Ok(at) => {
-                    group.by_start.remove(at);
-                }
-                Err(_) => debug_assert!(false, "{key} is not in the index"),
-            }
-            if groups[position].by_start.is_empty() {
-                groups.swap_remove(position);
-            }
-        }
-        if groups.is_empty() {
             self.exports.remove(&key.export);
         }
+        Some(value)
     }
 
     /// Removes the entries that `key` makes redundant: same domain and export, no more access,
-    /// a range inside `key`'s. Appends their slots to `removed`. O(g (log n + k)) for k
+    /// a range inside `key`'s. Appends their values to `removed`. O(g (log n + k)) for k
     /// removed entries.
-    pub(super) fn remove_covered(&mut self, key: &RegKey, removed: &mut Vec<Slot>) {
+    pub(super) fn remove_covered(&mut self, key: &RegKey, removed: &mut Vec<V>) {
         let Some(groups) = self.exports.get_mut(&key.export) else {
             return;
         };
-        for group in groups
-            .iter_mut()
-            .filter(|group| group.domain == key.domain && key.access.contains(group.access))
-        {
-            // Ends grow with starts in a group: the covered entries are a run of those starting
-            // at or after the key, ending at the first that reaches past the key's end.
-            let first = group
-                .by_start
-                .partition_point(|&(start, _, _)| start < key.range.offset());
-            let count = group.by_start[first..]
-                .iter()
-                .take_while(|&&(_, end, _)| end <= key.range.end())
-                .count();
-            removed.extend(
-                group
-                    .by_start
-                    .drain(first..first + count)
-                    .map(|(_, _, slot)| slot),
-            );
-        }
-        groups.retain(|group| !group.by_start.is_empty());
-        if groups.is_empty() {
+        let left = groups.retain(
+            |group| {
+                if group.domain == key.domain && key.access.contains(group.access) {
+                    // Ends grow with starts in a group: the covered entries are a run of those
+                    // starting at or after the key, ending at the first that reaches past the
+                    // key's end.
+                    let first = group
+                        .by_start
+                        .partition_point(|&(start, _, _)| start < key.range.offset());
+                    let count = group.by_start[first..]
+                        .iter()
+                        .take_while(|&&(_, end, _)| end <= key.range.end())
+                        .count();
+                    removed.extend(
+                        group
+                            .by_start
+                            .drain(first..first + count)
+                            .map(|(_, _, value)| value),
+                    );
+                }
+                !group.by_start.is_empty()
+            },
+            &mut self.spare,
+        );
+        if !left {
             self.exports.remove(&key.export);
         }
     }
 
-    /// Removes every entry of `export`, appending their slots to `removed`.
-    pub(super) fn remove_export(&mut self, export: ExportId, removed: &mut Vec<Slot>) {
+    /// Removes every entry of `export`, appending their values to `removed`.
+    pub(super) fn remove_export(&mut self, export: ExportId, removed: &mut Vec<V>) {
         if let Some(groups) = self.exports.remove(&export) {
-            for group in groups {
-                removed.extend(group.by_start.into_iter().map(|(_, _, slot)| slot));
+            for group in std::iter::once(groups.first).chain(groups.more) {
+                let mut by_start = group.by_start;
+                removed.extend(by_start.drain(..).map(|(_, _, value)| value));
+                self.spare.keep(by_start);
             }
         }
     }
 
-    /// Removes every entry whose export and domain `doomed` picks, appending their slots to
+    /// Removes every entry whose export and domain `doomed` picks, appending their values to
     /// `removed`. Visits every export in the index.
     pub(super) fn remove_where(
         &mut self,
         mut doomed: impl FnMut(ExportId, DomainId) -> bool,
-        removed: &mut Vec<Slot>,
+        removed: &mut Vec<V>,
     ) {
+        let spare = &mut self.spare;
         self.exports.retain(|&export, groups| {
-            groups.retain_mut(|group| {
-                if !doomed(export, group.domain) {
-                    return true;
-                }
-                let by_start = std::mem::take(&mut group.by_start);
-                removed.extend(by_start.into_iter().map(|(_, _, slot)| slot));
-                false
-            });
-            !groups.is_empty()
+            groups.retain(
+                |group| {
+                    if doomed(export, group.domain) {
+                        removed.extend(group.by_start.drain(..).map(|(_, _, value)| value));
+                    }
+                    !group.by_start.is_empty()
+                },
+                spare,
+            )
         });
     }
 }

@@ -49,8 +49,16 @@ impl<V> Group<V> {
             .partition_point(|&(start, _, _)| start <= offset)
     }
 
-    fn serves(&self, request: &RegKey) -> bool {
-        self.domain == request.domain && self.access.contains(request.access)
+    /// The value of its entry that serves `request`, if it has one.
+    #[inline]
+    fn find(&self, request: &RegKey) -> Option<&V> {
+        if self.domain != request.domain || !self.access.contains(request.access) {
+            return None;
+        }
+        let range = request.range;
+        let last = self.starting_by(range.offset()).checked_sub(1)?;
+        let (_, end, value) = &self.by_start[last];
+        (*end >= range.end()).then_some(value)
     }
 
     fn holds(&self, key: &RegKey) -> bool {
@@ -173,16 +181,13 @@ impl<V> Index<V> {
     /// access, a range containing its range).
     #[inline]
     pub(super) fn find(&self, request: &RegKey) -> Option<&V> {
-        let range = request.range;
-        self.exports
-            .get(&request.export)?
-            .iter()
-            .filter(|group| group.serves(request))
-            .find_map(|group| {
-                let last = group.starting_by(range.offset()).checked_sub(1)?;
-                let (_, end, value) = &group.by_start[last];
-                (*end >= range.end()).then_some(value)
-            })
+        let groups = self.exports.get(&request.export)?;
+        // The first group alone, then the others: an iterator chained over both would cost a
+        // hit a tenth of its time.
+        groups
+            .first
+            .find(request)
+            .or_else(|| groups.more.iter().find_map(|group| group.find(request)))
     }
 
     /// Adds the entry `key` with `value`. The caller has checked that no entry of the same

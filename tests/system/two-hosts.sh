@@ -11,12 +11,7 @@ trap 'rm -rf "$work"' EXIT
 echo "1..5"
 
 # Two UDP ports the kernel says are free now.
-read -r port0 port1 < <(python3 -c '
-import socket
-s = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
-for x in s:
-    x.bind(("127.0.0.1", 0))
-print(*[x.getsockname()[1] for x in s])')
+read -r port0 port1 < <("$ROOT/scripts/free-udp-ports" 2)
 backings() { find /dev/shm -maxdepth 1 -name 'peerdirect-hbm*' | sort; }
 backings >"$work/backings.before"
 

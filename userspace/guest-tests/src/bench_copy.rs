@@ -135,9 +135,9 @@ fn fmt_ratio(ours: Option<f64>, theirs: Option<f64>) -> String {
     }
 }
 
-/// [`crate::bench_exporters::size_name`] of a `usize`.
+/// [`crate::support::size_name`] of a `usize`.
 fn size_name(bytes: usize) -> String {
-    crate::bench_exporters::size_name(bytes as u64)
+    crate::support::size_name(bytes as u64)
 }
 
 /// A mapping under test: copies in and out of it, bracketed as its kind needs.

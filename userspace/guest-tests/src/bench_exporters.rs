@@ -40,7 +40,7 @@ use std::process::ExitCode;
 use peerdirect::{Device, DmaBuf, ExportFlags, PciAddress};
 use rustix::fs::{MemfdFlags, SealFlags};
 
-use crate::support::{find_nic, write_sysfs, SYSFS_PCI_DEVICES};
+use crate::support::{find_nic, size_name, write_sysfs, SYSFS_PCI_DEVICES};
 use crate::testmod::TestModule;
 use crate::INDEX;
 
@@ -179,16 +179,6 @@ impl Measured {
             unmap_detach_ns: self.unmap_detach_ns.min(other.unmap_detach_ns),
             ..self
         }
-    }
-}
-
-pub(crate) fn size_name(bytes: u64) -> String {
-    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
-        format!("{} GiB", bytes >> 30)
-    } else if bytes.is_multiple_of(MIB) {
-        format!("{} MiB", bytes / MIB)
-    } else {
-        format!("{bytes:#x} bytes")
     }
 }
 

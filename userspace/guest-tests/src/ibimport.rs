@@ -21,7 +21,7 @@ use peerdirect::registrar::ibverbs::{IbverbsError, IbverbsRegistrar};
 use peerdirect::{Device, DeviceInfo, DmaBuf, Errno, ExportFlags};
 
 use crate::removal::{expect_going, expect_waiting, expect_waits_log, waits_reports, Unbinding};
-use crate::support::{expect_eq, find_nic, run_command as run, Outcome, Tap};
+use crate::support::{expect_eq, find_nic, run_command as run, size_name, Outcome, Tap};
 use crate::testmod::{stats, TestModule};
 use crate::{INDEX, SYSFS_DRIVER};
 
@@ -96,14 +96,6 @@ impl Mode {
             Self::Pinned => "rxe",
             _ => "own",
         }
-    }
-}
-
-fn size_name(bytes: u64) -> String {
-    if bytes.is_multiple_of(GIB) {
-        format!("{} GiB", bytes / GIB)
-    } else {
-        format!("{} MiB", bytes / MIB)
     }
 }
 

@@ -11,7 +11,7 @@ use std::process::{Command, ExitCode};
 use clap::ValueEnum;
 use peerdirect::{Allocation, Device, DeviceInfo, DmaBuf, ExportFlags};
 
-use crate::support::{expect_eq, find_nic, Outcome, Tap};
+use crate::support::{expect_eq, find_nic, size_name, Outcome, Tap};
 use crate::testmod::{Report, TestModule, IMPORTER as MODULE};
 use crate::INDEX;
 
@@ -131,16 +131,6 @@ fn export(device: &Device, alloc_len: u64, offset: u64, len: u64) -> Result<Expo
         dmabuf,
         bar_offset: hbm_offset + offset,
     })
-}
-
-fn size_name(bytes: u64) -> String {
-    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
-        format!("{} GiB", bytes >> 30)
-    } else if bytes.is_multiple_of(MIB) {
-        format!("{} MiB", bytes / MIB)
-    } else {
-        format!("{bytes:#x} bytes")
-    }
 }
 
 /// One attachment case: what to attach and how.
@@ -706,12 +696,5 @@ mod tests {
         .unwrap();
         assert!(args.importer);
         assert_eq!(args.topology, Some(Topology::Iommu));
-    }
-
-    #[test]
-    fn size_names() {
-        assert_eq!(size_name(2 * MIB), "2 MiB");
-        assert_eq!(size_name(1 << 30), "1 GiB");
-        assert_eq!(size_name(0x1000), "0x1000 bytes");
     }
 }

@@ -15,6 +15,19 @@ use peerdirect::{Errno, Error};
 /// A test's verdict: `Err` carries the diagnostic, "expected ..., got ...".
 pub(crate) type Outcome = Result<(), String>;
 
+/// A size for names and messages: whole GiB or MiB, else the bytes in hex (odd sizes are
+/// chosen by their bits).
+pub(crate) fn size_name(bytes: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
+        format!("{} GiB", bytes >> 30)
+    } else if bytes >= MIB && bytes.is_multiple_of(MIB) {
+        format!("{} MiB", bytes / MIB)
+    } else {
+        format!("{bytes:#x} bytes")
+    }
+}
+
 pub(crate) const SYSFS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
 /// virtio-net: legacy and modern device IDs.
 pub(crate) const NIC_IDS: [(&str, &str); 2] = [("0x1af4", "0x1000"), ("0x1af4", "0x1041")];
@@ -314,6 +327,14 @@ pub(crate) fn insmod(path: &str) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn size_names() {
+        assert_eq!(size_name(2 << 20), "2 MiB");
+        assert_eq!(size_name(1 << 30), "1 GiB");
+        assert_eq!(size_name(3 << 29), "1536 MiB");
+        assert_eq!(size_name(0x1000), "0x1000 bytes");
+    }
 
     #[test]
     fn wait_for_gives_up() {

@@ -365,25 +365,32 @@ struct Step<'a> {
     index: usize,
 }
 
+/// `len` bytes at offset `at` of a registration.
+struct Span<'a> {
+    mr: &'a FabricMr,
+    at: u64,
+    len: u64,
+}
+
+impl<'a> Span<'a> {
+    /// Elements `[start, end)` (float32) of a buffer registered in `mr` from `base` on.
+    fn elements(mr: &'a FabricMr, base: u64, (start, end): (usize, usize)) -> Self {
+        Self {
+            mr,
+            at: base + (start * 4) as u64,
+            len: ((end - start) * 4) as u64,
+        }
+    }
+}
+
 impl Ring<'_> {
     /// Elements `[start, end)` of share `c` of `count`.
     fn share(&self, count: usize, c: usize) -> (usize, usize) {
         (c * count / self.ranks, (c + 1) * count / self.ranks)
     }
 
-    /// Sends share `send` of `data` to the next rank while receiving into `into` at `at` what
-    /// the previous rank sends, `len` bytes.
-    #[allow(clippy::too_many_arguments)]
-    fn step(
-        &mut self,
-        step: Step<'_>,
-        data: &FabricMr,
-        data_at: u64,
-        send: (u64, u64),
-        into: &FabricMr,
-        at: u64,
-        len: u64,
-    ) -> Result<()> {
+    /// Sends `send` to the next rank while receiving into `recv` what the previous rank sends.
+    fn step(&mut self, step: Step<'_>, send: Span<'_>, recv: Span<'_>) -> Result<()> {
         let tag = TAG_BASE | (self.steps << TAG_STEP_SHIFT);
         self.steps += 1;
         let (endpoint, next) = (&self.endpoint, self.next);
@@ -398,8 +405,8 @@ impl Ring<'_> {
             )
         };
         std::thread::scope(|s| {
-            let received = s.spawn(|| endpoint.recv(into, at, len, tag));
-            let sent = endpoint.send(data, data_at + send.0, send.1, next, tag);
+            let received = s.spawn(|| endpoint.recv(recv.mr, recv.at, recv.len, tag));
+            let sent = endpoint.send(send.mr, send.at, send.len, next, tag);
             let received = received
                 .join()
                 .expect("the receiving thread does not panic");
@@ -423,18 +430,14 @@ impl Ring<'_> {
             let send = self.share(count, (self.rank + n - s) % n);
             let recv_share = (self.rank + 2 * n - s - 1) % n;
             let (start, end) = self.share(count, recv_share);
-            let len = ((end - start) * 4) as u64;
             self.step(
                 Step {
                     phase: "reduce-scatter",
                     index: s,
                 },
-                data,
-                data_at,
-                ((send.0 * 4) as u64, ((send.1 - send.0) * 4) as u64),
-                scratch,
-                scratch_at,
-                len,
+                Span::elements(data, data_at, send),
+                // Into the scratch buffer's start, to be added to this rank's share.
+                Span::elements(scratch, scratch_at, (0, end - start)),
             )?;
             let mut sum = self.data.read_f32(start * 4, end - start);
             let got = self.scratch.read_f32(0, end - start);
@@ -444,18 +447,14 @@ impl Ring<'_> {
         // All-gather: pass the complete shares on around the ring, received in place.
         for s in 0..n - 1 {
             let send = self.share(count, (self.rank + 1 + n - s) % n);
-            let (start, end) = self.share(count, (self.rank + n - s) % n);
+            let recv = self.share(count, (self.rank + n - s) % n);
             self.step(
                 Step {
                     phase: "all-gather",
                     index: s,
                 },
-                data,
-                data_at,
-                ((send.0 * 4) as u64, ((send.1 - send.0) * 4) as u64),
-                data,
-                data_at + (start * 4) as u64,
-                ((end - start) * 4) as u64,
+                Span::elements(data, data_at, send),
+                Span::elements(data, data_at, recv),
             )?;
         }
         Ok(Registrations {

@@ -57,9 +57,9 @@
 //! - Miss: the registration, then under the write lock the same search again (another
 //!   thread may have registered meanwhile), O(log n) to drop the k entries the new one
 //!   contains and for each of the e evicted entries, and O(log n) to insert:
-//!   O((1 + k + e) log n), plus moving the vector elements after each. Besides the entry
-//!   itself, a miss allocates nothing in the steady state (the index reuses emptied
-//!   vectors, eviction its list of victims). Eviction
+//!   O((1 + k + e) log n), plus moving the vector elements after each. In the steady state
+//!   a miss allocates the entry and, when it evicts, the list of what it dropped; the index
+//!   reuses emptied vectors and eviction its list of victims. Eviction
 //!   passes over the h entries in use that are older than the last one it evicts: O(h k)
 //!   more. Entries in use are never evicted (as libfabric keeps them off its LRU list); when
 //!   the limits leave no room for a new entry without evicting one, it is handed out
@@ -338,10 +338,10 @@ struct State<R: Registrar> {
     /// been told.) An invalidation tells the listener about those of them it affects. Pruned
     /// of dead ones as it grows.
     live: Vec<Weak<Entry<R>>>,
-    /// The slots [`State::make_room`] picks to evict, kept between misses for its capacity.
-    evicting: Vec<Slot>,
     /// `live.len()` after the last pruning.
     live_pruned: usize,
+    /// The slots [`State::make_room`] picks to evict, kept between misses for its capacity.
+    evicting: Vec<Slot>,
 }
 
 /// Counted outside the lock, some of them when an entry is dropped.
@@ -373,34 +373,6 @@ impl<R: Registrar> Drop for Entry<R> {
         if let Some(mr) = self.mr.take() {
             self.registrar.deregister(mr);
             self.counters.deregistrations.fetch_add(1, Relaxed);
-        }
-    }
-}
-
-/// The entries a miss takes out of the cache (evicted, superseded), released once it has let
-/// go of the lock. Most misses take at most one, the entry evicted to make room, which needs
-/// no allocation.
-struct Dropped<R: Registrar> {
-    first: Option<Arc<Entry<R>>>,
-    more: Vec<Arc<Entry<R>>>,
-}
-
-impl<R: Registrar> Default for Dropped<R> {
-    fn default() -> Self {
-        Self {
-            first: None,
-            more: Vec::new(),
-        }
-    }
-}
-
-impl<R: Registrar> Extend<Arc<Entry<R>>> for Dropped<R> {
-    fn extend<I: IntoIterator<Item = Arc<Entry<R>>>>(&mut self, entries: I) {
-        for entry in entries {
-            match self.first {
-                None => self.first = Some(entry),
-                Some(_) => self.more.push(entry),
-            }
         }
     }
 }
@@ -572,7 +544,7 @@ impl<R: Registrar> RegCache<R> {
             told: AtomicBool::new(false),
             referenced: AtomicBool::new(false),
         };
-        let mut dropped = Dropped::default();
+        let mut dropped = Vec::new();
         let entry = if bypass.is_some() {
             let entry = Arc::new(entry);
             self.write().track(&entry);
@@ -904,7 +876,7 @@ impl<R: Registrar> State<R> {
         &mut self,
         key: &RegKey,
         limits: CacheLimits,
-        dropped: &mut impl Extend<Arc<Entry<R>>>,
+        dropped: &mut Vec<Arc<Entry<R>>>,
     ) -> bool {
         let length = key.range.length();
         let mut covered = Vec::new();
@@ -965,7 +937,7 @@ impl<R: Registrar> State<R> {
             debug_assert!(indexed.is_some(), "{} is not in the index", entry.key);
             self.bytes -= entry.key.range.length();
             self.evictions += 1;
-            dropped.extend([entry]);
+            dropped.push(entry);
         }
         self.evicting = evicted;
         true
@@ -980,12 +952,12 @@ impl<R: Registrar> State<R> {
     }
 
     /// Takes the entries `removed` from the index off the LRU list.
-    fn take(&mut self, removed: Vec<Cached<R>>, dropped: &mut impl Extend<Arc<Entry<R>>>) {
+    fn take(&mut self, removed: Vec<Cached<R>>, dropped: &mut Vec<Arc<Entry<R>>>) {
         for (slot, indexed) in removed {
             drop(indexed);
             let entry = self.lru.remove(slot);
             self.bytes -= entry.key.range.length();
-            dropped.extend([entry]);
+            dropped.push(entry);
         }
     }
 }

@@ -20,15 +20,18 @@
 //! with more than one access), and each element holds its value (the cache's handle on the
 //! entry) next to its range, so the hit goes from the table to the group's vector to the
 //! entry. And a miss allocates nothing here in the steady state: the vectors of groups that
-//! empty are kept (up to [`SPARE_VECTORS`]) for the next export's first group.
+//! empty are kept (up to [`SPARE_VECTORS`] of up to [`SPARE_CAPACITY`] elements) for the next
+//! export's first group.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::key::{Access, DomainId, ExportId, RegKey};
 
-/// How many emptied group vectors an index keeps for reuse.
+/// How many emptied group vectors an index keeps for reuse, and the largest capacity it keeps
+/// (8 KiB of the cache's 32-byte elements): what a large group grew to is given back.
 const SPARE_VECTORS: usize = 64;
+const SPARE_CAPACITY: usize = 256;
 
 /// One entry of a group: (start, end, value), sorted by start.
 type Element<V> = (u64, u64, V);
@@ -120,7 +123,7 @@ struct Spare<V>(Vec<Vec<Element<V>>>);
 impl<V> Spare<V> {
     fn keep(&mut self, mut vector: Vec<Element<V>>) {
         vector.clear();
-        if self.0.len() < SPARE_VECTORS && vector.capacity() > 0 {
+        if self.0.len() < SPARE_VECTORS && (1..=SPARE_CAPACITY).contains(&vector.capacity()) {
             self.0.push(vector);
         }
     }

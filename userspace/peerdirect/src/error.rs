@@ -311,7 +311,7 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
     })
 }
 
-/// Formats as "; <hint>" or as nothing.
+/// Formats as `"; <hint>"` or as nothing.
 struct HintSuffix(Option<&'static str>);
 
 impl fmt::Display for HintSuffix {

@@ -5,8 +5,6 @@
 # afterwards. Each KUnit case becomes one TAP line per kernel; a missing suite is a failure.
 . "$(dirname "$0")/../lib.sh"
 
-cases=$(mktemp)
-trap 'rm -f "$cases"' EXIT
 suites=(peerdirect_heap peerdirect_index peerdirect_requests peerdirect_uapi peerdirect_p2p_verdicts peerdirect_handles)
 for kernel in default kasan; do
 	extra=()
@@ -17,18 +15,18 @@ for kernel in default kasan; do
 	for s in "${suites[@]}"; do
 		grep -qx "suite $s" <<<"$out" || not_ok "KUnit suite $s ran ($kernel kernel)" "$out"
 	done
-	# Nested KTAP case lines ("    ok 1 name") under "suite NAME" headers.
-	awk -v kernel=$kernel '/^suite / { suite = $2; next }
-	     /^    (not )?ok [0-9]+ / {
-		verdict = ($1 == "not") ? "not ok" : "ok"
-		name = $0; sub(/^ *(not )?ok [0-9]+ /, "", name)
-		print verdict " - kunit " suite ": " name (kernel == "default" ? "" : " (" kernel " kernel)")
-	     }' <<<"$out" >"$cases"
+	# Nested KTAP case lines ("    ok 1 name") under "suite NAME" headers; read in this shell
+	# (not a piped subshell), so that the TAP numbering runs on across both kernels.
 	while read -r line; do
 		case $line in
 		"not ok"*) not_ok "${line#not ok - }" ;;
 		*) ok "${line#ok - }" ;;
 		esac
-	done <"$cases"
+	done < <(awk -v kernel=$kernel '/^suite / { suite = $2; next }
+	     /^    (not )?ok [0-9]+ / {
+		verdict = ($1 == "not") ? "not ok" : "ok"
+		name = $0; sub(/^ *(not )?ok [0-9]+ /, "", name)
+		print verdict " - kunit " suite ": " name (kernel == "default" ? "" : " (" kernel " kernel)")
+	     }' <<<"$out")
 	[ $rc = 0 ] || { not_ok "the KUnit guest run exited 0 ($kernel kernel)" "qemu/run exited $rc" "$out"; exit 1; }
 done

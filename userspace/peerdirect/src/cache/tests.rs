@@ -1317,22 +1317,27 @@ fn invalidations_racing_requests_tell_each_registration_once_while_it_lives() {
         )));
     }
     let stop = AtomicBool::new(false);
-    thread::scope(|scope| {
-        for thread in 0..4u64 {
-            let (cache, nics, stop) = (&cache, &nics, &stop);
-            scope.spawn(move || {
-                let mut rng = Rng(0xfeed_0000 ^ (thread + 1));
-                let mut held: Vec<Option<Registration<FakeRegistrar>>> = vec![None, None, None];
-                while !stop.load(Relaxed) {
-                    let export = ExportId::new(rng.below(2) as u32, 100 + rng.below(2));
-                    let nic = &nics[rng.below(2) as usize];
-                    let registration = cache
-                        .get(nic, &(), export, pages(rng.below(8), 1 + rng.below(4)), RW)
-                        .unwrap();
-                    held[rng.below(3) as usize] = Some(registration);
-                }
-            });
-        }
+    // What the requesting threads still hold when they stop: kept to the end, so that the last
+    // invalidations must find them too, superseded or handed out uncached as they may be.
+    let still_held: Vec<Registration<FakeRegistrar>> = thread::scope(|scope| {
+        let requesters: Vec<_> = (0..4u64)
+            .map(|thread| {
+                let (cache, nics, stop) = (&cache, &nics, &stop);
+                scope.spawn(move || {
+                    let mut rng = Rng(0xfeed_0000 ^ (thread + 1));
+                    let mut held: Vec<Option<Registration<FakeRegistrar>>> = vec![None, None, None];
+                    while !stop.load(Relaxed) {
+                        let export = ExportId::new(rng.below(2) as u32, 100 + rng.below(2));
+                        let nic = &nics[rng.below(2) as usize];
+                        let registration = cache
+                            .get(nic, &(), export, pages(rng.below(8), 1 + rng.below(4)), RW)
+                            .unwrap();
+                        held[rng.below(3) as usize] = Some(registration);
+                    }
+                    held.into_iter().flatten().collect::<Vec<_>>()
+                })
+            })
+            .collect();
         for invalidator in 0..2u64 {
             let (cache, heard, stop) = (&cache, &heard, &stop);
             scope.spawn(move || {
@@ -1357,6 +1362,10 @@ fn invalidations_racing_requests_tell_each_registration_once_while_it_lives() {
                 stop.store(true, Relaxed);
             });
         }
+        requesters
+            .into_iter()
+            .flat_map(|requester| requester.join().expect("a requesting thread panicked"))
+            .collect()
     });
     // Whether they were held is checked exactly by the tests above; here, that it raced.
     let count = heard.lock().unwrap().len();
@@ -1384,6 +1393,6 @@ fn invalidations_racing_requests_tell_each_registration_once_while_it_lives() {
         "never told of {:?}",
         alive.difference(&told)
     );
-    drop(held);
+    drop((held, still_held));
     assert_eq!(live_count(&nics), 0);
 }

@@ -95,15 +95,26 @@ impl Attachment<'_> {
         unsafe { ffi::attach_set_pinned(self.raw.as_ptr(), pinned) }
     }
 
-    /// Records how many DMA segments the attachment's current mapping has (0: none).
+    /// Records the attachment's current mapping: how many DMA segments it has (0: none), and
+    /// whether it was counted as revocable.
     ///
     /// # Safety
     ///
     /// Called from the `map_dma_buf` or `unmap_dma_buf` callback (the reservation lock is
     /// held).
-    pub(crate) unsafe fn set_entries(&self, entries: u32) {
+    pub(crate) unsafe fn set_mapped(&self, entries: u32, revocable: bool) {
         // SAFETY: as in `set_pinned`.
-        unsafe { ffi::attach_set_entries(self.raw.as_ptr(), entries) }
+        unsafe { ffi::attach_set_mapped(self.raw.as_ptr(), entries, revocable) }
+    }
+
+    /// Whether the current mapping was counted as revocable ([`Attachment::set_mapped`]).
+    ///
+    /// # Safety
+    ///
+    /// Called from the `unmap_dma_buf` callback (the reservation lock is held).
+    pub(crate) unsafe fn mapped_revocable(&self) -> bool {
+        // SAFETY: as in `set_pinned`.
+        unsafe { ffi::attach_mapped_revocable(self.raw.as_ptr()) }
     }
 
     /// Whether the importer drops its mappings when told to (`dma_buf_attach_revocable`):
@@ -137,16 +148,17 @@ impl Attachment<'_> {
         // The core holds the reservation lock while it maps (map_dma_buf's contract), and the
         // caller holds the device's `P2pProvider`.
         // SAFETY: `attach` is being mapped under its lock, `provider` is live, `seg` non-zero.
-        let sgt = unsafe { ffi::map_phys(attach, provider, paddr, len, seg, dir) };
-        let sgt = from_err_ptr(sgt)?;
-        NonNull::new(sgt).map(SgTable).ok_or(ENOMEM)
+        unsafe { ffi::map_phys(attach, provider, paddr, len, seg, dir) }.map(SgTable)
     }
 
     /// Maps `len` bytes of a companion device's BAR at CPU physical address `paddr` (bus
     /// address `paddr + bus_offset`), in segments of at most `seg` bytes: by bus address when
-    /// `bus_addr`, else through the host bridge.
+    /// `bus_addr`, else through the host bridge. `_unrevoked`: the BAR stays while the buffer
+    /// is not revoked (removal of a companion revokes its exports before it returns).
+    #[expect(clippy::too_many_arguments)]
     pub(crate) fn map_companion(
         &self,
+        _unrevoked: &Unrevoked<'_>,
         paddr: u64,
         bus_offset: u64,
         len: u64,
@@ -155,7 +167,7 @@ impl Attachment<'_> {
         bus_addr: bool,
     ) -> Result<SgTable> {
         // SAFETY: the core holds the reservation lock while it maps (map_dma_buf's contract),
-        // `seg` is non-zero, and the caller holds the companion's live guard.
+        // `seg` is non-zero, and the buffer is not revoked (`_unrevoked`), so the BAR stays.
         let sgt = unsafe {
             ffi::map_companion(
                 self.raw.as_ptr(),
@@ -232,8 +244,14 @@ pub(crate) trait Exporter: Send + Sync + Sized {
     }
     /// A pinned importer unpins (reservation lock held).
     fn unpin(&self, _attach: &Attachment<'_>) {}
-    /// Map for the importer's device (reservation lock held).
-    fn map(&self, attach: &Attachment<'_>, dir: DataDirection) -> Result<SgTable>;
+    /// Map for the importer's device (reservation lock held); never called once the buffer
+    /// is revoked (`ENODEV`).
+    fn map(
+        &self,
+        attach: &Attachment<'_>,
+        dir: DataDirection,
+        unrevoked: &Unrevoked<'_>,
+    ) -> Result<SgTable>;
     /// Undo [`Exporter::map`] (reservation lock held).
     fn unmap(&self, attach: &Attachment<'_>, sgt: SgTable, dir: DataDirection);
     /// May the buffer be mapped for the CPU now? Its window is mapped at fault time, and
@@ -242,6 +260,12 @@ pub(crate) trait Exporter: Send + Sync + Sized {
     /// The CPU is about to access the buffer (`DMA_BUF_IOCTL_SYNC` start).
     fn begin_cpu_access(&self) -> Result;
 }
+
+/// Proof, for the length of a `map_dma_buf` callback, that the buffer is not revoked and will
+/// not be before the callback returns: the core holds the buffer's reservation lock across the
+/// callback, and [`revoke`] marks the buffer under that lock. So whatever the exporter tears
+/// down only after revoking the buffer is still there while this exists.
+pub(crate) struct Unrevoked<'a>(PhantomData<&'a ()>);
 
 /// A dma-buf we exported, holding the one reference to its file until [`DmaBuf::into_file`].
 pub(crate) struct DmaBuf {
@@ -422,7 +446,19 @@ impl<T: Exporter> Ops<T> {
         let Some(attachment) = attachment else {
             return EINVAL.to_ptr();
         };
-        match exporter.map(&attachment, dir) {
+        // SAFETY: the attachment's buffer is one of ours, so its `priv_` starts with a
+        // `CpuWindow`; its `revoked` is written only under the reservation lock, which the
+        // core holds across this callback.
+        let revoked = unsafe {
+            let exported = (*(*attach).dmabuf).priv_.cast::<Exported<T>>();
+            *(*exported).window.revoked.get()
+        };
+        if revoked {
+            return ENODEV.to_ptr();
+        }
+        // Revocation waits for the lock the core holds until we return.
+        let unrevoked = Unrevoked(PhantomData);
+        match exporter.map(&attachment, dir, &unrevoked) {
             Ok(sgt) => sgt.0.as_ptr(),
             Err(e) => e.to_ptr(),
         }
@@ -501,9 +537,9 @@ impl<T: Exporter> Ops<T> {
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct DmaBufId(usize);
 
-/// Closes the CPU window of the buffer `id`, invalidates every importer mapping of it and zaps
-/// its CPU mappings; callers first make later maps fail. A buffer whose release is under way is
-/// left alone (nothing holds it any more): then `false`.
+/// Closes the CPU window of the buffer `id`, makes later maps of it fail with `ENODEV`,
+/// invalidates every importer mapping of it and zaps its CPU mappings. A buffer whose release
+/// is under way is left alone (nothing holds it any more): then `false`.
 ///
 /// # Safety
 ///

@@ -20,7 +20,7 @@
 
 use crate::{
     allocation::Allocation,
-    dmabuf::{Attachment, DataDirection, DmaBuf, Exporter, SgTable},
+    dmabuf::{Attachment, DataDirection, DmaBuf, Exporter, SgTable, Unrevoked},
     hbm::{ExportRecord, Hbm},
 };
 use kernel::{
@@ -72,9 +72,10 @@ impl Exporter for Export {
             return Err(EOPNOTSUPP);
         }
         let hbm = self.hbm();
-        // Gone: ENODEV. An attach that passes this while the device goes is harmless: its maps
-        // fail (`map` takes the live guard) and revocation tells it to let go.
-        hbm.info()?;
+        // Gone: ENODEV, from `live`: removal closes the verdict cache, so every lookup misses
+        // and asks for the device as bound. An attach that passes while the device goes is
+        // harmless: its maps fail (revocation marks the export under the reservation lock
+        // `map` runs under) and revocation tells it to let go.
         if attach.p2p_distance(&hbm.verdicts, || hbm.live())?.is_none() {
             attach.log_refused(
                 hbm.pdev(),
@@ -99,39 +100,58 @@ impl Exporter for Export {
         unsafe { attach.set_pinned(false) };
     }
 
-    fn map(&self, attach: &Attachment<'_>, dir: DataDirection) -> Result<SgTable> {
+    fn map(
+        &self,
+        attach: &Attachment<'_>,
+        dir: DataDirection,
+        unrevoked: &Unrevoked<'_>,
+    ) -> Result<SgTable> {
         // A read-only export is read-only for peers too: no mapping that lets the device
         // write (what an IOMMU then enforces; behind a shared switch it is the importer's word).
         if !self.writable && dir != DataDirection::DMA_TO_DEVICE {
             return Err(EACCES);
         }
-        let live = self.hbm().live()?;
+        // No live guard: removal revokes this export (under the reservation lock held here)
+        // before the device's binding goes, and waits for the mapping made here to be undone.
+        let hbm = self.hbm();
         let page = PAGE_SIZE as u64;
         let seg = (attach.max_segment_size() & !(page - 1)).max(page);
-        let sgt = if self.hbm().is_companion() {
+        let sgt = if hbm.is_companion() {
             // No provider of ours: the path decides bus address or host bridge (attach has
             // checked that the kernel allows P2P at all).
             let peer = attach.pci_device().ok_or(EOPNOTSUPP)?;
-            let bus_addr = crate::p2p::by_bus_address(live.pci_device(), peer);
-            let info = self.hbm().recorded();
+            let bus_addr = crate::p2p::by_bus_address(hbm.pdev(), peer);
+            let info = hbm.recorded();
             let bus_offset = info.bus_addr.wrapping_sub(info.phys_addr);
-            attach.map_companion(self.phys_addr(), bus_offset, self.len, seg, dir, bus_addr)?
+            attach.map_companion(
+                unrevoked,
+                self.phys_addr(),
+                bus_offset,
+                self.len,
+                seg,
+                dir,
+                bus_addr,
+            )?
         } else {
             // Through the host bridge into an importer behind a translating IOMMU, the core
             // links every range into one IOVA range and hands out one entry per 4 GiB, so a
             // cut is undone there and only costs a `dma_iova_link()` per segment: the range
             // goes whole (Documentation/exporter.md). Asked only when the range is longer
             // than a segment, which no RDMA NIC's max segment makes it.
-            let seg = if self.len > seg && through_iommu(attach, live.pci_device()) {
+            let seg = if self.len > seg && through_iommu(attach, hbm.pdev()) {
                 self.len
             } else {
                 seg
             };
-            attach.map_range(live.provider()?, self.phys_addr(), self.len, seg, dir)?
+            // SAFETY: `export` registers this export with its device before its file exists,
+            // so before any importer can map it; `unrevoked` is this export's buffer.
+            let provider = unsafe { hbm.provider_unrevoked(unrevoked) }?;
+            attach.map_range(provider, self.phys_addr(), self.len, seg, dir)?
         };
-        self.hbm().mapped(attach.is_revocable());
+        let revocable = attach.is_revocable();
+        hbm.mapped(revocable);
         // SAFETY: the `map_dma_buf` callback, called with the reservation lock held.
-        unsafe { attach.set_entries(sgt.entries()) };
+        unsafe { attach.set_mapped(sgt.entries(), revocable) };
         Ok(sgt)
     }
 
@@ -141,9 +161,11 @@ impl Exporter for Export {
         } else {
             attach.unmap(sgt, dir);
         }
-        self.hbm().unmapped(attach.is_revocable());
+        // Uncounted as it was counted.
         // SAFETY: the `unmap_dma_buf` callback, called with the reservation lock held.
-        unsafe { attach.set_entries(0) };
+        self.hbm().unmapped(unsafe { attach.mapped_revocable() });
+        // SAFETY: as above.
+        unsafe { attach.set_mapped(0, false) };
     }
 
     fn mmap(&self) -> Result {

@@ -23,7 +23,7 @@ use kernel::{
 mod raw {
     use kernel::{
         bindings,
-        ffi::{c_char, c_int, c_uint},
+        ffi::{c_char, c_int},
     };
 
     // Declared in helpers.h; the signatures must match it. `improper_ctypes` fires because
@@ -67,18 +67,9 @@ mod raw {
         pub(super) fn peerdirect_current_tgid() -> bindings::pid_t;
         pub(super) fn peerdirect_page_set_bits(page: *mut bindings::page, offset: usize, bits: u32);
         pub(super) fn peerdirect_vma_pgoff(vma: *mut bindings::vm_area_struct) -> usize;
-        pub(super) fn peerdirect_dma_max_seg_size(dev: *mut bindings::device) -> c_uint;
         pub(super) fn peerdirect_dev_dma_translated(dev: *mut bindings::device) -> bool;
         pub(super) fn peerdirect_pci_generation_register() -> c_int;
         pub(super) fn peerdirect_pci_generation_unregister();
-        pub(super) fn peerdirect_map_phys(
-            attach: *mut bindings::dma_buf_attachment,
-            provider: *mut bindings::p2pdma_provider,
-            paddr: bindings::phys_addr_t,
-            len: u64,
-            seg: u64,
-            dir: bindings::dma_data_direction,
-        ) -> *mut bindings::sg_table;
         pub(super) fn peerdirect_map_companion(
             attach: *mut bindings::dma_buf_attachment,
             paddr: bindings::phys_addr_t,
@@ -94,11 +85,6 @@ mod raw {
             dir: bindings::dma_data_direction,
         );
         pub(super) fn peerdirect_to_pci_dev(dev: *mut bindings::device) -> *mut bindings::pci_dev;
-        pub(super) fn peerdirect_unmap_phys(
-            attach: *mut bindings::dma_buf_attachment,
-            sgt: *mut bindings::sg_table,
-            dir: bindings::dma_data_direction,
-        );
         pub(super) fn peerdirect_dmabuf_mmap(
             dmabuf: *mut bindings::dma_buf,
             vma: *mut bindings::vm_area_struct,
@@ -111,13 +97,22 @@ mod raw {
             len: u64,
         ) -> c_int;
         pub(super) fn peerdirect_dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool;
-        pub(super) fn peerdirect_attach_set_pinned(
+        #[cfg(CONFIG_LOCKDEP)]
+        pub(super) fn peerdirect_assert_resv_held(attach: *mut bindings::dma_buf_attachment);
+        // The dma-buf core's (linux/dma-buf-mapping.h, which the kernel's bindings leave out);
+        // the signatures must match it.
+        pub(super) fn dma_buf_phys_vec_to_sgt(
             attach: *mut bindings::dma_buf_attachment,
-            pinned: bool,
-        );
-        pub(super) fn peerdirect_attach_set_entries(
+            provider: *mut bindings::p2pdma_provider,
+            phys_vec: *mut bindings::phys_vec,
+            nr_ranges: usize,
+            size: usize,
+            dir: bindings::dma_data_direction,
+        ) -> *mut bindings::sg_table;
+        pub(super) fn dma_buf_free_sgt(
             attach: *mut bindings::dma_buf_attachment,
-            entries: u32,
+            sgt: *mut bindings::sg_table,
+            dir: bindings::dma_data_direction,
         );
         pub(super) fn peerdirect_dmabuf_attachments(
             dmabuf: *mut bindings::dma_buf,
@@ -572,10 +567,27 @@ pub(crate) fn dev_is_pci(dev: *mut bindings::device) -> bool {
     unsafe { core::ptr::eq((*dev).bus, core::ptr::addr_of!(bindings::pci_bus_type)) }
 }
 
-/// The device's DMA max segment size. `dev` must be a live `struct device` (an attachment's).
+/// The device's DMA max segment size (the kernel's `dma_get_max_seg_size()`, read here rather
+/// than through a call: map asks it every time). `dev` must be a live `struct device` (an
+/// attachment's).
 pub(crate) fn dma_max_seg_size(dev: *mut bindings::device) -> u32 {
-    // SAFETY: as in `dev_is_pci`.
-    unsafe { raw::peerdirect_dma_max_seg_size(dev) }
+    // SAFETY: `dev` is a live attachment's device (callers); its `dma_parms`, when set, points
+    // to parameters that live as long as the device (its bus or driver's), which its driver
+    // sets before it maps, as the dma-buf core reads them.
+    let set = unsafe {
+        let parms = (*dev).dma_parms;
+        if parms.is_null() {
+            0
+        } else {
+            (*parms).max_segment_size
+        }
+    };
+    if set != 0 {
+        set
+    } else {
+        // What a device that never set one gets (`SZ_64K`).
+        64 << 10
+    }
 }
 
 /// Whether the DMA API maps `dev`'s DMA through an IOMMU (a DMA domain). `dev` must be a live
@@ -592,6 +604,10 @@ pub(crate) fn log_refused_attach(hbm: &pci::Device, dev: *mut bindings::device, 
     unsafe { raw::peerdirect_log_refused_attach(raw_pci_dev(hbm), dev, reason.as_char_ptr()) }
 }
 
+/// How many segments a map describes on the stack: any range up to 16 GiB, with an RDMA NIC's
+/// max segment (mlx5's 2 GiB, EFA's 4 GiB).
+const MAP_ON_STACK: usize = 8;
+
 /// `dma_buf_phys_vec_to_sgt` over `[paddr, paddr + len)` cut in `seg`-byte segments.
 ///
 /// # Safety
@@ -605,9 +621,49 @@ pub(crate) unsafe fn map_phys(
     len: u64,
     seg: u64,
     dir: bindings::dma_data_direction,
-) -> *mut bindings::sg_table {
-    // SAFETY: forwarded from the caller.
-    unsafe { raw::peerdirect_map_phys(attach, provider, paddr, len, seg, dir) }
+) -> Result<NonNull<bindings::sg_table>> {
+    let (size, seg) = (usize::try_from(len)?, usize::try_from(seg)?);
+    let nr = size.div_ceil(seg);
+    let range = |i: usize| bindings::phys_vec {
+        paddr: paddr + (i * seg) as u64,
+        len: (size - i * seg).min(seg),
+    };
+    let (mut one, mut few, mut many);
+    let ranges = if nr == 1 {
+        // What a real NIC's max segment makes of any range up to 2 GiB.
+        one = [range(0)];
+        &mut one[..]
+    } else if nr <= MAP_ON_STACK {
+        few = [bindings::phys_vec::default(); MAP_ON_STACK];
+        for (i, r) in few[..nr].iter_mut().enumerate() {
+            *r = range(i);
+        }
+        &mut few[..nr]
+    } else {
+        many = KVVec::with_capacity(nr, GFP_KERNEL)?;
+        for i in 0..nr {
+            many.push(range(i), GFP_KERNEL)?;
+        }
+        &mut many[..]
+    };
+    // SAFETY: as the caller promises; `ranges` holds `nr` ranges that cover `size` bytes, and
+    // the core reads them during the call only.
+    let sgt = unsafe {
+        raw::dma_buf_phys_vec_to_sgt(attach, provider, ranges.as_mut_ptr(), nr, size, dir)
+    };
+    from_err_ptr(sgt)
+}
+
+/// The kernel's `IS_ERR()` and `PTR_ERR()` of `ptr`, read here rather than through the two
+/// calls `kernel::error::from_err_ptr` makes (map and unmap are hot paths); `ENOMEM` for NULL.
+fn from_err_ptr<T>(ptr: *mut T) -> Result<NonNull<T>> {
+    // An error pointer is the errno's two's complement: the last `MAX_ERRNO` addresses.
+    let value = ptr.addr() as isize;
+    if value < 0 && value >= -(bindings::MAX_ERRNO as isize) {
+        // In [-MAX_ERRNO, -1], so it fits.
+        return Err(Error::from_errno(value as c_int));
+    }
+    NonNull::new(ptr).ok_or(ENOMEM)
 }
 
 /// Maps `len` bytes of a companion device's BAR at `paddr` for `attach`'s device: by bus
@@ -617,7 +673,7 @@ pub(crate) unsafe fn map_phys(
 /// # Safety
 ///
 /// `attach` is being mapped under its buffer's reservation lock; `seg` is non-zero; the BAR
-/// stays (the caller holds the companion's live guard).
+/// stays (the buffer is not revoked: `dmabuf::Unrevoked`).
 pub(crate) unsafe fn map_companion(
     attach: *mut bindings::dma_buf_attachment,
     paddr: u64,
@@ -670,7 +726,7 @@ pub(crate) unsafe fn unmap_phys(
     dir: bindings::dma_data_direction,
 ) {
     // SAFETY: forwarded from the caller.
-    unsafe { raw::peerdirect_unmap_phys(attach, sgt, dir) }
+    unsafe { raw::dma_buf_free_sgt(attach, sgt, dir) }
 }
 
 /// Sets up a user mapping of `dmabuf`'s CPU window, to be filled at fault time.
@@ -715,25 +771,74 @@ pub(crate) unsafe fn dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool {
     unsafe { raw::peerdirect_dmabuf_revoke(dmabuf) }
 }
 
-/// Records whether the importer pinned `attach` (in its exporter-private word).
+/// The exporter-private word of an attachment (helpers.h's `PEERDIRECT_ATTACH_*`): pinned,
+/// the current mapping counted as revocable, and that mapping's DMA segments above them.
+const ATTACH_PINNED: usize = 1;
+const ATTACH_REVOCABLE: usize = 2;
+const ATTACH_ENTRIES_SHIFT: u32 = 2;
+
+/// Replaces `attach`'s exporter-private word by `f` of it.
+///
+/// # Safety
+///
+/// `attach` is an attachment to one of our dma-bufs, whose reservation lock the caller holds.
+unsafe fn update_attach_word(
+    attach: *mut bindings::dma_buf_attachment,
+    f: impl FnOnce(usize) -> usize,
+) {
+    #[cfg(CONFIG_LOCKDEP)]
+    // SAFETY: `attach` is live (the caller's callback).
+    unsafe {
+        raw::peerdirect_assert_resv_held(attach)
+    };
+    // SAFETY: the word is the exporter's (ours), a number, never a pointer; it is written and
+    // read under the reservation lock only, which the caller holds.
+    unsafe { (*attach).priv_ = core::ptr::without_provenance_mut(f((*attach).priv_.addr())) };
+}
+
+/// Records whether the importer pinned `attach`.
 ///
 /// # Safety
 ///
 /// `attach` is an attachment to one of our dma-bufs, whose reservation lock the caller holds
 /// (it is in the `pin` or `unpin` callback).
 pub(crate) unsafe fn attach_set_pinned(attach: *mut bindings::dma_buf_attachment, pinned: bool) {
+    let update = |word| {
+        if pinned {
+            word | ATTACH_PINNED
+        } else {
+            word & !ATTACH_PINNED
+        }
+    };
     // SAFETY: forwarded from the caller.
-    unsafe { raw::peerdirect_attach_set_pinned(attach, pinned) }
+    unsafe { update_attach_word(attach, update) }
 }
 
-/// Records the number of DMA segments of `attach`'s current mapping (0: unmapped).
+/// Records `attach`'s current mapping: its DMA segments, and whether it was counted as
+/// revocable (0 entries: unmapped).
 ///
 /// # Safety
 ///
 /// As for [`attach_set_pinned`], from the `map_dma_buf` or `unmap_dma_buf` callback.
-pub(crate) unsafe fn attach_set_entries(attach: *mut bindings::dma_buf_attachment, entries: u32) {
+pub(crate) unsafe fn attach_set_mapped(
+    attach: *mut bindings::dma_buf_attachment,
+    entries: u32,
+    revocable: bool,
+) {
+    let mapped =
+        (entries as usize) << ATTACH_ENTRIES_SHIFT | if revocable { ATTACH_REVOCABLE } else { 0 };
     // SAFETY: forwarded from the caller.
-    unsafe { raw::peerdirect_attach_set_entries(attach, entries) }
+    unsafe { update_attach_word(attach, |word| word & ATTACH_PINNED | mapped) }
+}
+
+/// Whether `attach`'s current mapping was counted as revocable ([`attach_set_mapped`]).
+///
+/// # Safety
+///
+/// As for [`attach_set_pinned`], from the `unmap_dma_buf` callback.
+pub(crate) unsafe fn attach_mapped_revocable(attach: *mut bindings::dma_buf_attachment) -> bool {
+    // SAFETY: as in `update_attach_word`.
+    unsafe { (*attach).priv_.addr() & ATTACH_REVOCABLE != 0 }
 }
 
 /// One importer's attachment as `peerdirect_dmabuf_attachments` describes it (mirrors

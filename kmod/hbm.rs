@@ -8,7 +8,7 @@
 //! fails with `ENODEV`.
 
 use crate::{
-    dmabuf::{self, DmaBufId},
+    dmabuf::{self, DmaBufId, Unrevoked},
     ffi::{AttachInfo, BarIndex, P2pProvider},
     memory::{self, HbmMemory},
     p2p::Verdicts,
@@ -164,11 +164,6 @@ impl Live<'_> {
     pub(crate) fn pci_device(&self) -> &pci::Device {
         &self.hbm.pdev
     }
-
-    /// The P2P provider of an owned device; `EOPNOTSUPP` for a companion.
-    pub(crate) fn provider(&self) -> Result<&P2pProvider> {
-        self.hbm.provider.as_ref().ok_or(EOPNOTSUPP)
-    }
 }
 
 impl Hbm {
@@ -212,10 +207,11 @@ impl Hbm {
     }
 
     /// The device as bound, until the returned guard is dropped; `ENODEV` once it is gone.
-    /// Whatever uses what the driver's binding holds (the P2P provider, the p2pdma state the
-    /// kernel's P2P distance reads) does so through it: removal waits for every guard taken
-    /// before the device was marked gone, and the binding's managed resources are released
-    /// only after removal returns.
+    /// Whatever uses what the driver's binding holds (the p2pdma state the kernel's P2P
+    /// distance reads) does so through it: removal waits for every guard taken before the
+    /// device was marked gone, and the binding's managed resources are released only after
+    /// removal returns. Maps need no guard: they run under their buffer's reservation lock,
+    /// under which removal revokes it (see [`Hbm::provider_unrevoked`]).
     pub(crate) fn live(&self) -> Result<Live<'_>> {
         let guard = self.gate.read_lock();
         self.info()?;
@@ -223,6 +219,21 @@ impl Hbm {
             hbm: self,
             _guard: guard,
         })
+    }
+
+    /// The P2P provider of an owned device, while a map of one of its exports runs;
+    /// `EOPNOTSUPP` for a companion. Removal revokes every export recorded before it (see
+    /// [`Hbm::register_export`]) and waits for their mappings to go before the binding, and
+    /// the p2pdma state the provider stands for, are released.
+    ///
+    /// # Safety
+    ///
+    /// `unrevoked` is for the buffer of an export recorded with this device.
+    pub(crate) unsafe fn provider_unrevoked<'a>(
+        &'a self,
+        _unrevoked: &'a Unrevoked<'_>,
+    ) -> Result<&'a P2pProvider> {
+        self.provider.as_ref().ok_or(EOPNOTSUPP)
     }
 
     /// The description as recorded, whether or not the device is still there (for logs and
@@ -300,8 +311,10 @@ impl Hbm {
         // Fully ordered: `unmapped` relies on this store coming before removal's read of the
         // count of revocable mappings.
         self.present.xchg(false, Full);
-        // Attaches, maps and P2P queries that saw the device present finish before anything
-        // goes; later ones see it gone.
+        // Attaches that look their importer up from here on miss, and find the device gone.
+        self.verdicts.close();
+        // Attaches and P2P queries that saw the device present finish before anything goes;
+        // later ones see it gone. Maps are held off export by export, by the revocation below.
         self.gate.synchronize();
         // Before any export is revoked: caches stop handing out registrations of them, and
         // processes polling the device file learn that they must let go of them.

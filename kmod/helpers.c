@@ -218,55 +218,12 @@ pid_t peerdirect_current_tgid(void)
 	return task_tgid_vnr(current);
 }
 
-unsigned int peerdirect_dma_max_seg_size(struct device *dev)
-{
-	return dma_get_max_seg_size(dev);
-}
-
 /* Whether the DMA API maps @dev's DMA through an IOMMU (a DMA domain, not identity). */
 bool peerdirect_dev_dma_translated(struct device *dev)
 {
 	struct iommu_domain *domain = iommu_get_domain_for_dev(dev);
 
 	return domain && iommu_is_dma_domain(domain);
-}
-
-/*
- * Maps [paddr, paddr + len) of the BAR for the importer: the range is cut into segments of at
- * most @seg bytes (the importer's max segment size) and handed to the dma-buf core, which
- * picks bus addresses (shared switch) or an IOMMU mapping (through the host bridge). A range
- * of up to PEERDIRECT_MAP_ON_STACK segments (any range up to 16 GiB, for an RDMA NIC's max
- * segment) needs no allocation.
- */
-#define PEERDIRECT_MAP_ON_STACK 8
-
-struct sg_table *peerdirect_map_phys(struct dma_buf_attachment *attach,
-				     struct p2pdma_provider *provider, phys_addr_t paddr,
-				     u64 len, u64 seg, enum dma_data_direction dir)
-{
-	struct phys_vec few[PEERDIRECT_MAP_ON_STACK], *vec = few;
-	size_t i, nr = DIV_ROUND_UP(len, seg);
-	struct sg_table *sgt;
-
-	if (nr > ARRAY_SIZE(few)) {
-		vec = kvmalloc_array(nr, sizeof(*vec), GFP_KERNEL);
-		if (!vec)
-			return ERR_PTR(-ENOMEM);
-	}
-	for (i = 0; i < nr; i++) {
-		vec[i].paddr = paddr + i * seg;
-		vec[i].len = min(seg, len - i * seg);
-	}
-	sgt = dma_buf_phys_vec_to_sgt(attach, provider, vec, nr, len, dir);
-	if (vec != few)
-		kvfree(vec);
-	return sgt;
-}
-
-void peerdirect_unmap_phys(struct dma_buf_attachment *attach, struct sg_table *sgt,
-			   enum dma_data_direction dir)
-{
-	dma_buf_free_sgt(attach, sgt, dir);
 }
 
 /*
@@ -473,26 +430,12 @@ bool peerdirect_dmabuf_revoke(struct dma_buf *dmabuf)
 	return true;
 }
 
-/* attach->priv: bit 0 pinned, the bits above it the entries of the current mapping. */
-#define PEERDIRECT_ATTACH_PINNED 1UL
-#define PEERDIRECT_ATTACH_ENTRIES_SHIFT 1
-
-void peerdirect_attach_set_pinned(struct dma_buf_attachment *attach, bool pinned)
+#ifdef CONFIG_LOCKDEP
+void peerdirect_assert_resv_held(struct dma_buf_attachment *attach)
 {
-	uintptr_t word = (uintptr_t)attach->priv;
-
 	dma_resv_assert_held(attach->dmabuf->resv);
-	word = pinned ? word | PEERDIRECT_ATTACH_PINNED : word & ~PEERDIRECT_ATTACH_PINNED;
-	attach->priv = (void *)word;
 }
-
-void peerdirect_attach_set_entries(struct dma_buf_attachment *attach, u32 entries)
-{
-	uintptr_t word = (uintptr_t)attach->priv & PEERDIRECT_ATTACH_PINNED;
-
-	dma_resv_assert_held(attach->dmabuf->resv);
-	attach->priv = (void *)(word | (uintptr_t)entries << PEERDIRECT_ATTACH_ENTRIES_SHIFT);
-}
+#endif
 
 /*
  * Describes up to @max of @dmabuf's attachments in @out (in attach order) and returns how many

@@ -46,22 +46,16 @@ void peerdirect_file_replace_fops(struct file *file, const struct file_operation
 pid_t peerdirect_current_tgid(void);
 void peerdirect_page_set_bits(struct page *page, size_t offset, u32 bits);
 unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma);
-unsigned int peerdirect_dma_max_seg_size(struct device *dev);
 bool peerdirect_dev_dma_translated(struct device *dev);
 int peerdirect_pci_generation_register(void);
 void peerdirect_pci_generation_unregister(void);
 void peerdirect_pci_generation_bump(void); /* defined in ffi.rs */
-struct sg_table *peerdirect_map_phys(struct dma_buf_attachment *attach,
-				     struct p2pdma_provider *provider, phys_addr_t paddr,
-				     u64 len, u64 seg, enum dma_data_direction dir);
 struct sg_table *peerdirect_map_companion(struct dma_buf_attachment *attach,
 					 phys_addr_t paddr, u64 bus_offset, u64 len, u64 seg,
 					 enum dma_data_direction dir, bool bus_addr);
 void peerdirect_unmap_companion(struct dma_buf_attachment *attach, struct sg_table *sgt,
 				enum dma_data_direction dir);
 struct pci_dev *peerdirect_to_pci_dev(struct device *dev);
-void peerdirect_unmap_phys(struct dma_buf_attachment *attach, struct sg_table *sgt,
-			   enum dma_data_direction dir);
 
 /*
  * The head of every dma-buf's private data (dmabuf->priv), mirrored by dmabuf.rs's
@@ -83,12 +77,18 @@ bool peerdirect_dmabuf_revoke(struct dma_buf *dmabuf);
 /*
  * What the exporter keeps of an attachment lives in its exporter-private word
  * (attach->priv), so that attach allocates nothing and detach has nothing to undo: whether the
- * importer pinned it, and how many DMA segments its current mapping has. It is written and
- * read under the buffer's reservation lock only (pin, unpin, map and unmap run under it; a new
- * attachment's word is zero: unpinned, unmapped).
+ * importer pinned it, whether its current mapping is counted as revocable, and how many DMA
+ * segments that mapping has. It is written (by dmabuf.rs, whose `AttachWord` mirrors these)
+ * and read under the buffer's reservation lock only (pin, unpin, map and unmap run under it;
+ * a new attachment's word is zero: unpinned, unmapped).
  */
-void peerdirect_attach_set_pinned(struct dma_buf_attachment *attach, bool pinned);
-void peerdirect_attach_set_entries(struct dma_buf_attachment *attach, u32 entries);
+#define PEERDIRECT_ATTACH_PINNED 1UL
+#define PEERDIRECT_ATTACH_REVOCABLE 2UL
+#define PEERDIRECT_ATTACH_ENTRIES_SHIFT 2
+
+#ifdef CONFIG_LOCKDEP
+void peerdirect_assert_resv_held(struct dma_buf_attachment *attach);
+#endif
 
 /* One attachment as debugfs and removal's log describe it. */
 struct peerdirect_attach_info {

@@ -14,7 +14,7 @@ use kernel::{
     prelude::*,
     sync::{
         atomic::{Acquire, Atomic, Relaxed, Release},
-        barrier::{smp_mb, Read, Write},
+        barrier::{smp_mb, Write},
         SpinLock,
     },
 };
@@ -45,20 +45,24 @@ pub(crate) struct Verdicts {
 /// One verdict: `device` 0 when empty (no device lives at address 0).
 struct Slot {
     device: Atomic<usize>,
-    generation: Atomic<u64>,
-    /// The distance, or [`NO_PATH`].
-    distance: Atomic<u32>,
+    /// The PCI generation the verdict was taken at (its low 48 bits) above the distance in the
+    /// low [`DISTANCE_BITS`] (or [`NO_PATH`]): read in one load.
+    verdict: Atomic<u64>,
 }
 
+/// The bits of a slot's verdict that hold the distance. Distances count the PCI hops between
+/// two devices, far below this; a generation wraps only after 2^48 PCI devices added or
+/// deleted.
+const DISTANCE_BITS: u32 = 16;
+
 /// A slot's distance when the kernel's P2P rules give no path.
-const NO_PATH: u32 = u32::MAX;
+const NO_PATH: u64 = (1 << DISTANCE_BITS) - 1;
 
 impl Slot {
     const fn new() -> Self {
         Self {
             device: Atomic::new(0),
-            generation: Atomic::new(0),
-            distance: Atomic::new(0),
+            verdict: Atomic::new(0),
         }
     }
 }
@@ -79,22 +83,38 @@ impl Verdicts {
         if before % 2 == 1 {
             return None;
         }
+        // Acquire loads: each completes before the loads after it, so all of them before the
+        // count is read again (the read barrier of a sequence count, without a call of its
+        // own: every atomic and barrier is a call into the kernel on a distro's kernel).
         let found = self.entries.iter().find_map(|slot| {
-            (slot.device.load(Relaxed) == device && slot.generation.load(Relaxed) == generation)
-                .then(|| slot.distance.load(Relaxed))
+            (slot.device.load(Acquire) == device).then(|| slot.verdict.load(Acquire))
         });
-        // The entries' loads above complete before the count is read again.
-        smp_mb(Read);
         if self.sequence.load(Relaxed) != before {
             return None;
         }
-        found.map(|distance| (distance != NO_PATH).then_some(distance))
+        let verdict = found?;
+        if (verdict ^ generation << DISTANCE_BITS) >> DISTANCE_BITS != 0 {
+            return None;
+        }
+        let distance = verdict & NO_PATH;
+        // Below `NO_PATH`, so it fits.
+        Some((distance != NO_PATH).then_some(distance as u32))
     }
 
     /// Records `device`'s verdict under `generation`, in place of its older one or of the
-    /// oldest entry.
+    /// oldest entry. A distance too large to keep is not kept (never met: see
+    /// [`DISTANCE_BITS`]).
     pub(crate) fn put(&self, device: usize, generation: u64, distance: Option<u32>) {
+        let distance = match distance {
+            None => NO_PATH,
+            Some(d) if u64::from(d) < NO_PATH => u64::from(d),
+            Some(_) => return,
+        };
         let mut next = self.writer.lock();
+        // Odd under the lock: closed (writers leave it even when they let go of it).
+        if self.sequence.load(Relaxed) % 2 == 1 {
+            return;
+        }
         let index = self
             .entries
             .iter()
@@ -110,9 +130,19 @@ impl Verdicts {
         // Readers that see any of the new fields see the odd count first.
         smp_mb(Write);
         slot.device.store(device, Relaxed);
-        slot.generation.store(generation, Relaxed);
-        slot.distance.store(distance.unwrap_or(NO_PATH), Relaxed);
+        slot.verdict
+            .store(generation << DISTANCE_BITS | distance, Relaxed);
         self.sequence.store(odd.wrapping_add(1), Release);
+    }
+
+    /// Makes every later [`Verdicts::get`] a miss and every [`Verdicts::put`] a no-op: the
+    /// device is going away, and an attach that misses finds that out (`Hbm::live`), so a hit
+    /// means the device was there when it was looked up. A lookup already under way may still
+    /// hit, as an attach already past any check would pass it.
+    pub(crate) fn close(&self) {
+        let _writer = self.writer.lock();
+        let sequence = self.sequence.load(Relaxed);
+        self.sequence.store(sequence | 1, Release);
     }
 }
 
@@ -207,6 +237,36 @@ mod tests {
         v.put(0x1000, 8, Some(6));
         assert_eq!(v.get(0x1000, 8), Some(Some(6)));
         assert_eq!(v.get(0x1000, 7), None);
+        Ok(())
+    }
+
+    #[test]
+    fn a_closed_cache_keeps_nothing() -> Result {
+        let v = KBox::pin_init(Verdicts::new(), GFP_KERNEL)?;
+        v.put(0x1000, 1, Some(2));
+        v.close();
+        assert_eq!(v.get(0x1000, 1), None);
+        v.put(0x2000, 1, Some(2));
+        assert_eq!(v.get(0x2000, 1), None);
+        // Closed twice is still closed.
+        v.close();
+        v.put(0x1000, 1, Some(2));
+        assert_eq!(v.get(0x1000, 1), None);
+        Ok(())
+    }
+
+    #[test]
+    fn a_distance_too_large_to_keep_is_not_kept() -> Result {
+        let v = KBox::pin_init(Verdicts::new(), GFP_KERNEL)?;
+        v.put(0x1000, 1, Some(NO_PATH as u32 - 1));
+        assert_eq!(v.get(0x1000, 1), Some(Some(NO_PATH as u32 - 1)));
+        // Would read back as "no path".
+        v.put(0x2000, 1, Some(NO_PATH as u32));
+        assert_eq!(v.get(0x2000, 1), None);
+        v.put(0x1000, 2, Some(u32::MAX));
+        assert_eq!(v.get(0x1000, 2), None);
+        // The older verdict stays what it was.
+        assert_eq!(v.get(0x1000, 1), Some(Some(NO_PATH as u32 - 1)));
         Ok(())
     }
 

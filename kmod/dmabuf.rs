@@ -10,7 +10,7 @@
 use crate::{
     ffi::{self, P2pProvider},
     hbm::Live,
-    p2p::Verdicts,
+    p2p::{Route, Verdicts},
 };
 use core::{marker::PhantomData, ptr::NonNull};
 use kernel::{
@@ -55,29 +55,34 @@ impl Attachment<'_> {
         unsafe { (*self.raw.as_ptr()).peer2peer }
     }
 
-    /// The kernel's P2P distance from the HBM device to the importer, `None` when its P2P
-    /// rules give no path (or the importer is not a PCI device). `live` gives the HBM device
-    /// while it is bound; it is asked only when `verdicts`, the device's cache, does not know
-    /// the importer's device (the verdict reads the HBM device's p2pdma state, which goes
-    /// with its binding).
-    pub(crate) fn p2p_distance<'h>(
+    /// How the importer reaches the HBM device (the kernel's P2P distance, and whether by bus
+    /// address), `None` when the kernel's P2P rules give no path (or the importer is not a PCI
+    /// device). `live` gives the HBM device while it is bound; it is asked only when
+    /// `verdicts`, the device's cache, does not know the importer's device (the verdict reads
+    /// the HBM device's p2pdma state, which goes with its binding).
+    pub(crate) fn p2p_route<'h>(
         &self,
         verdicts: &Verdicts,
         live: impl FnOnce() -> Result<Live<'h>>,
-    ) -> Result<Option<u32>> {
+    ) -> Result<Option<Route>> {
         // Only PCI devices: the generation counts PCI devices alone.
         if !ffi::dev_is_pci(self.dev()) {
             return Ok(None);
         }
         // Taken before the verdict: a device deleted meanwhile makes it stale at once.
         let (device, generation) = (self.dev() as usize, ffi::pci_generation());
-        if let Some(distance) = verdicts.get(device, generation) {
-            return Ok(distance);
+        if let Some(route) = verdicts.get(device, generation) {
+            return Ok(route);
         }
         let live = live()?;
-        let distance = ffi::p2p_distance(live.pci_device(), self.dev());
-        verdicts.put(device, generation, distance);
-        Ok(distance)
+        let route = ffi::p2p_distance(live.pci_device(), self.dev()).map(|distance| Route {
+            distance,
+            by_bus_address: self
+                .pci_device()
+                .is_some_and(|peer| crate::p2p::by_bus_address(live.pci_device(), peer)),
+        });
+        verdicts.put(device, generation, route);
+        Ok(route)
     }
 
     /// Logs (rate-limited) why an attach from this importer to `hbm` was refused.
@@ -93,6 +98,28 @@ impl Attachment<'_> {
     pub(crate) unsafe fn set_pinned(&self, pinned: bool) {
         // SAFETY: an attachment to one of our dma-bufs (type invariant), lock held (caller).
         unsafe { ffi::attach_set_pinned(self.raw.as_ptr(), pinned) }
+    }
+
+    /// Records how the importer reaches the HBM device, for `map` ([`Attachment::by_bus_address`]).
+    ///
+    /// # Safety
+    ///
+    /// Called from the `attach` callback: the core publishes the attachment (to the buffer's
+    /// list, under the reservation lock) only after it returns, so nothing else reads or
+    /// writes its word yet.
+    pub(crate) unsafe fn set_route(&self, route: Route) {
+        // SAFETY: as the caller promises, the word is ours alone for now.
+        unsafe { ffi::attach_set_by_bus_address(self.raw.as_ptr(), route.by_bus_address) }
+    }
+
+    /// Whether the importer reaches the HBM device by bus address, as recorded at attach.
+    ///
+    /// # Safety
+    ///
+    /// Called from the `map_dma_buf` callback (the reservation lock is held).
+    pub(crate) unsafe fn by_bus_address(&self) -> bool {
+        // SAFETY: as in `set_pinned`.
+        unsafe { ffi::attach_by_bus_address(self.raw.as_ptr()) }
     }
 
     /// Records the attachment's current mapping: how many DMA segments it has (0: none), and

@@ -57,15 +57,6 @@ impl Export {
     }
 }
 
-/// Whether `attach`'s importer reaches `hbm` through the host bridge with its DMA translated
-/// by an IOMMU (an IOVA mapping), not by bus address nor untranslated.
-fn through_iommu(attach: &Attachment<'_>, hbm: &kernel::pci::Device) -> bool {
-    attach
-        .pci_device()
-        .is_some_and(|peer| !crate::p2p::by_bus_address(hbm, peer))
-        && attach.dma_translated()
-}
-
 impl Exporter for Export {
     fn attach(&self, attach: &Attachment<'_>) -> Result {
         if !attach.peer2peer() {
@@ -76,16 +67,18 @@ impl Exporter for Export {
         // and asks for the device as bound. An attach that passes while the device goes is
         // harmless: its maps fail (revocation marks the export under the reservation lock
         // `map` runs under) and revocation tells it to let go.
-        if attach.p2p_distance(&hbm.verdicts, || hbm.live())?.is_none() {
+        let Some(route) = attach.p2p_route(&hbm.verdicts, || hbm.live())? else {
             attach.log_refused(
                 hbm.pdev(),
                 c"no peer-to-peer path to the HBM device (kernel P2P verdict: not supported)",
             );
             return Err(EOPNOTSUPP);
-        }
-        // Nothing to record: what debugfs shows of the attachment lives in its own
-        // exporter-private word (see `Attachment::set_pinned`), so attach allocates nothing
-        // and detach has nothing to undo.
+        };
+        // For `map`, in the attachment's own exporter-private word (as is what debugfs shows
+        // of it: see `Attachment::set_pinned`), so attach allocates nothing and detach has
+        // nothing to undo.
+        // SAFETY: the `attach` callback.
+        unsafe { attach.set_route(route) };
         Ok(())
     }
 
@@ -117,10 +110,10 @@ impl Exporter for Export {
         let page = PAGE_SIZE as u64;
         let seg = (attach.max_segment_size() & !(page - 1)).max(page);
         let sgt = if hbm.is_companion() {
-            // No provider of ours: the path decides bus address or host bridge (attach has
+            // No provider of ours: the route decides bus address or host bridge (attach has
             // checked that the kernel allows P2P at all).
-            let peer = attach.pci_device().ok_or(EOPNOTSUPP)?;
-            let bus_addr = crate::p2p::by_bus_address(hbm.pdev(), peer);
+            // SAFETY: the `map_dma_buf` callback, called with the reservation lock held.
+            let bus_addr = unsafe { attach.by_bus_address() };
             let info = hbm.recorded();
             let bus_offset = info.bus_addr.wrapping_sub(info.phys_addr);
             attach.map_companion(
@@ -136,9 +129,12 @@ impl Exporter for Export {
             // Through the host bridge into an importer behind a translating IOMMU, the core
             // links every range into one IOVA range and hands out one entry per 4 GiB, so a
             // cut is undone there and only costs a `dma_iova_link()` per segment: the range
-            // goes whole (Documentation/exporter.md). Asked only when the range is longer
-            // than a segment, which no RDMA NIC's max segment makes it.
-            let seg = if self.len > seg && through_iommu(attach, hbm.pdev()) {
+            // goes whole (Documentation/exporter.md). The importer's DMA translation is
+            // asked only when the range is longer than a segment and does not go by bus
+            // address.
+            // SAFETY: the `map_dma_buf` callback, called with the reservation lock held.
+            let through_iommu = || !unsafe { attach.by_bus_address() } && attach.dma_translated();
+            let seg = if self.len > seg && through_iommu() {
                 self.len
             } else {
                 seg

@@ -772,10 +772,12 @@ pub(crate) unsafe fn dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool {
 }
 
 /// The exporter-private word of an attachment (helpers.h's `PEERDIRECT_ATTACH_*`): pinned,
-/// the current mapping counted as revocable, and that mapping's DMA segments above them.
+/// the current mapping counted as revocable, the importer reaching the BAR by bus address,
+/// and the current mapping's DMA segments above them.
 const ATTACH_PINNED: usize = 1;
 const ATTACH_REVOCABLE: usize = 2;
-const ATTACH_ENTRIES_SHIFT: u32 = 2;
+const ATTACH_BUS_ADDR: usize = 4;
+const ATTACH_ENTRIES_SHIFT: u32 = 3;
 
 /// Replaces `attach`'s exporter-private word by `f` of it.
 ///
@@ -814,6 +816,34 @@ pub(crate) unsafe fn attach_set_pinned(attach: *mut bindings::dma_buf_attachment
     unsafe { update_attach_word(attach, update) }
 }
 
+/// Records whether `attach`'s importer reaches the BAR by bus address.
+///
+/// # Safety
+///
+/// `attach` is an attachment to one of our dma-bufs in its `attach` callback: the core has not
+/// published it yet, so nothing else reads or writes its word.
+pub(crate) unsafe fn attach_set_by_bus_address(
+    attach: *mut bindings::dma_buf_attachment,
+    by_bus_address: bool,
+) {
+    let bit = if by_bus_address { ATTACH_BUS_ADDR } else { 0 };
+    // SAFETY: the word is the exporter's (ours), a number, and no one else's yet (caller).
+    unsafe {
+        (*attach).priv_ =
+            core::ptr::without_provenance_mut((*attach).priv_.addr() & !ATTACH_BUS_ADDR | bit)
+    };
+}
+
+/// Whether `attach`'s importer reaches the BAR by bus address ([`attach_set_by_bus_address`]).
+///
+/// # Safety
+///
+/// As for [`attach_set_pinned`], from the `map_dma_buf` callback.
+pub(crate) unsafe fn attach_by_bus_address(attach: *mut bindings::dma_buf_attachment) -> bool {
+    // SAFETY: as in `update_attach_word`.
+    unsafe { (*attach).priv_.addr() & ATTACH_BUS_ADDR != 0 }
+}
+
 /// Records `attach`'s current mapping: its DMA segments, and whether it was counted as
 /// revocable (0 entries: unmapped).
 ///
@@ -828,7 +858,11 @@ pub(crate) unsafe fn attach_set_mapped(
     let mapped =
         (entries as usize) << ATTACH_ENTRIES_SHIFT | if revocable { ATTACH_REVOCABLE } else { 0 };
     // SAFETY: forwarded from the caller.
-    unsafe { update_attach_word(attach, |word| word & ATTACH_PINNED | mapped) }
+    unsafe {
+        update_attach_word(attach, |word| {
+            word & (ATTACH_PINNED | ATTACH_BUS_ADDR) | mapped
+        })
+    }
 }
 
 /// Whether `attach`'s current mapping was counted as revocable ([`attach_set_mapped`]).

@@ -42,21 +42,50 @@ pub(crate) struct Verdicts {
     writer: SpinLock<usize>,
 }
 
+/// How an importer reaches the HBM device, when the kernel's P2P rules give it a path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Route {
+    /// The kernel's P2P distance (`pci_p2pdma_distance_many`).
+    pub(crate) distance: u32,
+    /// By bus address ([`by_bus_address`]), or else through the host bridge.
+    pub(crate) by_bus_address: bool,
+}
+
 /// One verdict: `device` 0 when empty (no device lives at address 0).
 struct Slot {
     device: Atomic<usize>,
-    /// The PCI generation the verdict was taken at (its low 48 bits) above the distance in the
-    /// low [`DISTANCE_BITS`] (or [`NO_PATH`]): read in one load.
+    /// The PCI generation the verdict was taken at (its low 48 bits) above the route in the
+    /// low [`ROUTE_BITS`]: the distance shifted left by one, the lowest bit set for a route by
+    /// bus address; [`NO_PATH`] for none. Read in one load.
     verdict: Atomic<u64>,
 }
 
-/// The bits of a slot's verdict that hold the distance. Distances count the PCI hops between
-/// two devices, far below this; a generation wraps only after 2^48 PCI devices added or
+/// The bits of a slot's verdict that hold the route. Distances count the PCI hops between two
+/// devices, far below what fits; a generation wraps only after 2^48 PCI devices added or
 /// deleted.
-const DISTANCE_BITS: u32 = 16;
+const ROUTE_BITS: u32 = 16;
 
-/// A slot's distance when the kernel's P2P rules give no path.
-const NO_PATH: u64 = (1 << DISTANCE_BITS) - 1;
+/// A slot's route when the kernel's P2P rules give no path.
+const NO_PATH: u64 = (1 << ROUTE_BITS) - 1;
+
+impl Route {
+    /// The route as a slot keeps it; `None` if it does not fit.
+    fn packed(route: Option<Self>) -> Option<u64> {
+        let Some(route) = route else {
+            return Some(NO_PATH);
+        };
+        let packed = u64::from(route.distance) << 1 | u64::from(route.by_bus_address);
+        (packed < NO_PATH).then_some(packed)
+    }
+
+    fn unpacked(packed: u64) -> Option<Self> {
+        (packed != NO_PATH).then_some(Self {
+            // Below `NO_PATH` (`packed`), so it fits.
+            distance: (packed >> 1) as u32,
+            by_bus_address: packed & 1 == 1,
+        })
+    }
+}
 
 impl Slot {
     const fn new() -> Self {
@@ -78,7 +107,7 @@ impl Verdicts {
 
     /// The verdict for `device` under `generation`: `None` if not known, or if a writer was
     /// changing the entries meanwhile.
-    pub(crate) fn get(&self, device: usize, generation: u64) -> Option<Option<u32>> {
+    pub(crate) fn get(&self, device: usize, generation: u64) -> Option<Option<Route>> {
         let before = self.sequence.load(Acquire);
         if before % 2 == 1 {
             return None;
@@ -93,22 +122,18 @@ impl Verdicts {
             return None;
         }
         let verdict = found?;
-        if (verdict ^ generation << DISTANCE_BITS) >> DISTANCE_BITS != 0 {
+        if (verdict ^ generation << ROUTE_BITS) >> ROUTE_BITS != 0 {
             return None;
         }
-        let distance = verdict & NO_PATH;
-        // Below `NO_PATH`, so it fits.
-        Some((distance != NO_PATH).then_some(distance as u32))
+        Some(Route::unpacked(verdict & NO_PATH))
     }
 
     /// Records `device`'s verdict under `generation`, in place of its older one or of the
     /// oldest entry. A distance too large to keep is not kept (never met: see
-    /// [`DISTANCE_BITS`]).
-    pub(crate) fn put(&self, device: usize, generation: u64, distance: Option<u32>) {
-        let distance = match distance {
-            None => NO_PATH,
-            Some(d) if u64::from(d) < NO_PATH => u64::from(d),
-            Some(_) => return,
+    /// [`ROUTE_BITS`]).
+    pub(crate) fn put(&self, device: usize, generation: u64, route: Option<Route>) {
+        let Some(route) = Route::packed(route) else {
+            return;
         };
         let mut next = self.writer.lock();
         // Odd under the lock: closed (writers leave it even when they let go of it).
@@ -131,7 +156,7 @@ impl Verdicts {
         smp_mb(Write);
         slot.device.store(device, Relaxed);
         slot.verdict
-            .store(generation << DISTANCE_BITS | distance, Relaxed);
+            .store(generation << ROUTE_BITS | route, Relaxed);
         self.sequence.store(odd.wrapping_add(1), Release);
     }
 
@@ -223,19 +248,37 @@ pub(crate) fn query(hbm: &pci::Device, domain: u32, bus: u8, devfn: u8) -> Resul
 mod tests {
     use super::*;
 
+    /// A route by bus address at `distance`.
+    fn bus(distance: u32) -> Option<Route> {
+        Some(Route {
+            distance,
+            by_bus_address: true,
+        })
+    }
+
+    /// A route through the host bridge at `distance`.
+    fn host(distance: u32) -> Option<Route> {
+        Some(Route {
+            distance,
+            by_bus_address: false,
+        })
+    }
+
     #[test]
     fn verdicts_hold_per_device_and_generation() -> Result {
         let v = KBox::pin_init(Verdicts::new(), GFP_KERNEL)?;
         assert_eq!(v.get(0x1000, 7), None);
-        v.put(0x1000, 7, Some(4));
+        v.put(0x1000, 7, bus(4));
         v.put(0x2000, 7, None);
-        assert_eq!(v.get(0x1000, 7), Some(Some(4)));
+        v.put(0x3000, 7, host(5));
+        assert_eq!(v.get(0x1000, 7), Some(bus(4)));
         // A refusal is a verdict too.
         assert_eq!(v.get(0x2000, 7), Some(None));
+        assert_eq!(v.get(0x3000, 7), Some(host(5)));
         // Another generation: the address may name another device now.
         assert_eq!(v.get(0x1000, 8), None);
-        v.put(0x1000, 8, Some(6));
-        assert_eq!(v.get(0x1000, 8), Some(Some(6)));
+        v.put(0x1000, 8, host(6));
+        assert_eq!(v.get(0x1000, 8), Some(host(6)));
         assert_eq!(v.get(0x1000, 7), None);
         Ok(())
     }
@@ -243,14 +286,14 @@ mod tests {
     #[test]
     fn a_closed_cache_keeps_nothing() -> Result {
         let v = KBox::pin_init(Verdicts::new(), GFP_KERNEL)?;
-        v.put(0x1000, 1, Some(2));
+        v.put(0x1000, 1, bus(2));
         v.close();
         assert_eq!(v.get(0x1000, 1), None);
-        v.put(0x2000, 1, Some(2));
+        v.put(0x2000, 1, bus(2));
         assert_eq!(v.get(0x2000, 1), None);
         // Closed twice is still closed.
         v.close();
-        v.put(0x1000, 1, Some(2));
+        v.put(0x1000, 1, bus(2));
         assert_eq!(v.get(0x1000, 1), None);
         Ok(())
     }
@@ -258,15 +301,16 @@ mod tests {
     #[test]
     fn a_distance_too_large_to_keep_is_not_kept() -> Result {
         let v = KBox::pin_init(Verdicts::new(), GFP_KERNEL)?;
-        v.put(0x1000, 1, Some(NO_PATH as u32 - 1));
-        assert_eq!(v.get(0x1000, 1), Some(Some(NO_PATH as u32 - 1)));
+        let largest = (NO_PATH >> 1) as u32 - 1;
+        v.put(0x1000, 1, bus(largest));
+        assert_eq!(v.get(0x1000, 1), Some(bus(largest)));
         // Would read back as "no path".
-        v.put(0x2000, 1, Some(NO_PATH as u32));
+        v.put(0x2000, 1, bus(largest + 1));
         assert_eq!(v.get(0x2000, 1), None);
-        v.put(0x1000, 2, Some(u32::MAX));
+        v.put(0x1000, 2, host(u32::MAX));
         assert_eq!(v.get(0x1000, 2), None);
         // The older verdict stays what it was.
-        assert_eq!(v.get(0x1000, 1), Some(Some(NO_PATH as u32 - 1)));
+        assert_eq!(v.get(0x1000, 1), Some(bus(largest)));
         Ok(())
     }
 
@@ -274,12 +318,12 @@ mod tests {
     fn the_oldest_verdict_makes_room() -> Result {
         let v = KBox::pin_init(Verdicts::new(), GFP_KERNEL)?;
         for d in 1..=VERDICTS {
-            v.put(d, 1, Some(2));
+            v.put(d, 1, bus(2));
         }
-        v.put(VERDICTS + 1, 1, Some(2));
+        v.put(VERDICTS + 1, 1, bus(2));
         assert_eq!(v.get(1, 1), None);
         for d in 2..=VERDICTS + 1 {
-            assert_eq!(v.get(d, 1), Some(Some(2)));
+            assert_eq!(v.get(d, 1), Some(bus(2)));
         }
         Ok(())
     }
@@ -296,9 +340,12 @@ mod tests {
         };
         const ROUNDS: u64 = 20_000;
         const WRITERS: usize = 2;
-        fn distance(device: usize, generation: u64) -> Option<u32> {
+        fn route(device: usize, generation: u64) -> Option<Route> {
             let d = (device as u64 * 7 + generation) % 11;
-            (d != 0).then_some(d as u32)
+            (d != 0).then_some(Route {
+                distance: d as u32,
+                by_bus_address: (device as u64 + generation) % 2 == 0,
+            })
         }
         let v = Arc::pin_init(Verdicts::new(), GFP_KERNEL)?;
         let done = Arc::new(Atomic::new(0usize), GFP_KERNEL)?;
@@ -309,7 +356,7 @@ mod tests {
                     // More devices than slots: every put replaces a slot.
                     let device = 1 + (round as usize * 3 + writer) % (2 * VERDICTS);
                     let generation = round % 5;
-                    v.put(device, generation, distance(device, generation));
+                    v.put(device, generation, route(device, generation));
                 }
                 done.fetch_add(1, Full);
             })?;
@@ -319,7 +366,7 @@ mod tests {
             let device = 1 + (reads as usize % (2 * VERDICTS));
             let generation = reads % 5;
             if let Some(found) = v.get(device, generation) {
-                assert_eq!(found, distance(device, generation));
+                assert_eq!(found, route(device, generation));
                 hits += 1;
             }
             reads += 1;
@@ -333,12 +380,12 @@ mod tests {
     #[test]
     fn a_read_during_a_write_is_a_miss() -> Result {
         let v = KBox::pin_init(Verdicts::new(), GFP_KERNEL)?;
-        v.put(0x1000, 3, Some(2));
+        v.put(0x1000, 3, bus(2));
         // As a writer leaves it halfway: the count odd.
         v.sequence.store(v.sequence.load(Relaxed) + 1, Relaxed);
         assert_eq!(v.get(0x1000, 3), None);
         v.sequence.store(v.sequence.load(Relaxed) + 1, Relaxed);
-        assert_eq!(v.get(0x1000, 3), Some(Some(2)));
+        assert_eq!(v.get(0x1000, 3), Some(bus(2)));
         Ok(())
     }
 }

@@ -14,32 +14,38 @@ use kernel::{
     prelude::*,
     sync::{
         atomic::{Acquire, Atomic, Relaxed, Release},
-        barrier::{smp_mb, Write},
         SpinLock,
     },
 };
 
 /// Importers whose verdict one HBM device keeps.
-const VERDICTS: usize = 4;
+const VERDICTS: usize = 16;
 
 /// The kernel's P2P verdicts for the importers of one HBM device, so that an attach does not
 /// walk the PCI tree again (reading bridges' ACS control on the way) for an importer it has
 /// seen. An importer's device is named by its address, which is valid only under the PCI
 /// generation ([`crate::ffi::pci_generation`]) the verdict was taken at: a device deleted and
-/// another allocated at its address make a new generation. The oldest of [`VERDICTS`] entries
-/// makes room.
+/// another allocated at its address make a new generation.
 ///
-/// Attach reads it without a lock: a sequence count, odd while a writer changes the entries,
-/// tells a reader whether what it read is one writer's whole work (else it asks the kernel, as
-/// on a miss). Writers are serialized by the lock they pass to [`Verdicts::put`]. Every field
-/// is an atomic, so a read racing a write is a stale value, never undefined behaviour.
+/// Attach reads it without a lock, in two atomic loads (each one a call into the kernel on a
+/// distro's kernel, built without inlined Rust helpers): a slot, once given to a device, is
+/// never given to another, so the verdict in it is always that device's (the newest one put,
+/// or an older one, whose generation then tells it is stale). A slot's device is published
+/// after its first verdict. Writers are serialized by the lock they pass to
+/// [`Verdicts::put`]. Every field is an atomic, so a read racing a write is a stale value,
+/// never undefined behaviour.
+///
+/// A device is looked for from the slot its address hashes to, onwards. When every slot has
+/// its device, another device is not kept: each of its attaches asks the kernel, as every
+/// attach did before the cache. Slots are taken only by devices that attached, and an address
+/// freed and reused (as a new VF's often is) finds its old slot; a device deleted keeps its
+/// slot until the HBM device is bound again.
 #[pin_data]
 pub(crate) struct Verdicts {
-    sequence: Atomic<u32>,
     entries: [Slot; VERDICTS],
-    /// Serializes writers; holds where the next new verdict goes.
+    /// Serializes writers; `true` once closed.
     #[pin]
-    writer: SpinLock<usize>,
+    writer: SpinLock<bool>,
 }
 
 /// How an importer reaches the HBM device, when the kernel's P2P rules give it a path.
@@ -56,9 +62,12 @@ struct Slot {
     device: Atomic<usize>,
     /// The PCI generation the verdict was taken at (its low 48 bits) above the route in the
     /// low [`ROUTE_BITS`]: the distance shifted left by one, the lowest bit set for a route by
-    /// bus address; [`NO_PATH`] for none. Read in one load.
+    /// bus address; [`NO_PATH`] for none. Read in one load. [`CLOSED`] once the cache is.
     verdict: Atomic<u64>,
 }
+
+/// A slot's verdict once [`Verdicts::close`] ran.
+const CLOSED: u64 = u64::MAX;
 
 /// The bits of a slot's verdict that hold the route. Distances count the PCI hops between two
 /// devices, far below what fits; a generation wraps only after 2^48 PCI devices added or
@@ -99,65 +108,56 @@ impl Slot {
 impl Verdicts {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
-            sequence: Atomic::new(0),
             entries: [const { Slot::new() }; VERDICTS],
-            writer <- new_spinlock!(0, "Verdicts::writer"),
+            writer <- new_spinlock!(false, "Verdicts::writer"),
         })
     }
 
-    /// The verdict for `device` under `generation`: `None` if not known, or if a writer was
-    /// changing the entries meanwhile.
+    /// The slots to look for `device` in, in order.
+    fn probe(&self, device: usize) -> impl Iterator<Item = &Slot> {
+        // Addresses of `struct device`s differ in their low bits by at least their alignment.
+        let start = (device >> 3) % VERDICTS;
+        Iterator::chain(self.entries[start..].iter(), &self.entries[..start])
+    }
+
+    /// The verdict for `device` under `generation`: `None` if not known.
     pub(crate) fn get(&self, device: usize, generation: u64) -> Option<Option<Route>> {
-        let before = self.sequence.load(Acquire);
-        if before % 2 == 1 {
-            return None;
-        }
-        // Acquire loads: each completes before the loads after it, so all of them before the
-        // count is read again (the read barrier of a sequence count, without a call of its
-        // own: every atomic and barrier is a call into the kernel on a distro's kernel).
-        let found = self.entries.iter().find_map(|slot| {
-            (slot.device.load(Acquire) == device).then(|| slot.verdict.load(Acquire))
-        });
-        if self.sequence.load(Relaxed) != before {
-            return None;
-        }
-        let verdict = found?;
-        if (verdict ^ generation << ROUTE_BITS) >> ROUTE_BITS != 0 {
+        let slot = self.probe(device).find_map(|slot| {
+            // Acquire: the verdict, written before the device was published, is read after.
+            match slot.device.load(Acquire) {
+                0 => Some(None),
+                d if d == device => Some(Some(slot)),
+                _ => None,
+            }
+        })??;
+        let verdict = slot.verdict.load(Relaxed);
+        if verdict == CLOSED || (verdict ^ generation << ROUTE_BITS) >> ROUTE_BITS != 0 {
             return None;
         }
         Some(Route::unpacked(verdict & NO_PATH))
     }
 
-    /// Records `device`'s verdict under `generation`, in place of its older one or of the
-    /// oldest entry. A distance too large to keep is not kept (never met: see
-    /// [`ROUTE_BITS`]).
+    /// Records `device`'s verdict under `generation`, in place of its older one or in a free
+    /// slot; when there is none, it is not kept. A distance too large to keep is not kept
+    /// either (never met: see [`ROUTE_BITS`]).
     pub(crate) fn put(&self, device: usize, generation: u64, route: Option<Route>) {
         let Some(route) = Route::packed(route) else {
             return;
         };
-        let mut next = self.writer.lock();
-        // Odd under the lock: closed (writers leave it even when they let go of it).
-        if self.sequence.load(Relaxed) % 2 == 1 {
+        let closed = self.writer.lock();
+        if *closed {
             return;
         }
-        let index = self
-            .entries
-            .iter()
-            .position(|slot| slot.device.load(Relaxed) == device)
-            .unwrap_or_else(|| {
-                let index = *next;
-                *next = (index + 1) % VERDICTS;
-                index
-            });
-        let slot = &self.entries[index];
-        let odd = self.sequence.load(Relaxed).wrapping_add(1);
-        self.sequence.store(odd, Relaxed);
-        // Readers that see any of the new fields see the odd count first.
-        smp_mb(Write);
-        slot.device.store(device, Relaxed);
+        let Some(slot) = self.probe(device).find(|slot| {
+            let d = slot.device.load(Relaxed);
+            d == device || d == 0
+        }) else {
+            return;
+        };
         slot.verdict
             .store(generation << ROUTE_BITS | route, Relaxed);
-        self.sequence.store(odd.wrapping_add(1), Release);
+        // Release: a reader that sees the device sees its verdict (this one or a later one).
+        slot.device.store(device, Release);
     }
 
     /// Makes every later [`Verdicts::get`] a miss and every [`Verdicts::put`] a no-op: the
@@ -165,9 +165,11 @@ impl Verdicts {
     /// means the device was there when it was looked up. A lookup already under way may still
     /// hit, as an attach already past any check would pass it.
     pub(crate) fn close(&self) {
-        let _writer = self.writer.lock();
-        let sequence = self.sequence.load(Relaxed);
-        self.sequence.store(sequence | 1, Release);
+        let mut closed = self.writer.lock();
+        *closed = true;
+        for slot in &self.entries {
+            slot.verdict.store(CLOSED, Relaxed);
+        }
     }
 }
 
@@ -315,16 +317,22 @@ mod tests {
     }
 
     #[test]
-    fn the_oldest_verdict_makes_room() -> Result {
+    fn a_full_cache_keeps_its_devices() -> Result {
         let v = KBox::pin_init(Verdicts::new(), GFP_KERNEL)?;
-        for d in 1..=VERDICTS {
-            v.put(d, 1, bus(2));
+        // Addresses as apart as `struct device`s are, some hashing to the same slot.
+        let device = |i: usize| 0x1000 + i * 8 * (VERDICTS - 1);
+        for i in 0..VERDICTS {
+            v.put(device(i), 1, bus(2));
         }
-        v.put(VERDICTS + 1, 1, bus(2));
-        assert_eq!(v.get(1, 1), None);
-        for d in 2..=VERDICTS + 1 {
-            assert_eq!(v.get(d, 1), Some(bus(2)));
+        v.put(device(VERDICTS), 1, bus(3));
+        assert_eq!(v.get(device(VERDICTS), 1), None);
+        for i in 0..VERDICTS {
+            assert_eq!(v.get(device(i), 1), Some(bus(2)));
         }
+        // A kept device's newer verdict goes in its own slot.
+        v.put(device(5), 2, host(4));
+        assert_eq!(v.get(device(5), 2), Some(host(4)));
+        assert_eq!(v.get(device(5), 1), None);
         Ok(())
     }
 
@@ -378,14 +386,15 @@ mod tests {
     }
 
     #[test]
-    fn a_read_during_a_write_is_a_miss() -> Result {
+    fn a_slot_is_found_only_once_its_device_is_published() -> Result {
         let v = KBox::pin_init(Verdicts::new(), GFP_KERNEL)?;
-        v.put(0x1000, 3, bus(2));
-        // As a writer leaves it halfway: the count odd.
-        v.sequence.store(v.sequence.load(Relaxed) + 1, Relaxed);
-        assert_eq!(v.get(0x1000, 3), None);
-        v.sequence.store(v.sequence.load(Relaxed) + 1, Relaxed);
-        assert_eq!(v.get(0x1000, 3), Some(bus(2)));
+        let device = 0x1000;
+        let slot = v.probe(device).next().ok_or(EINVAL)?;
+        // As `put` leaves it halfway: the verdict written, the device not yet.
+        slot.verdict.store(3 << ROUTE_BITS | 4 << 1 | 1, Relaxed);
+        assert_eq!(v.get(device, 3), None);
+        slot.device.store(device, Release);
+        assert_eq!(v.get(device, 3), Some(bus(4)));
         Ok(())
     }
 }

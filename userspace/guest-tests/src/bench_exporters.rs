@@ -319,7 +319,7 @@ impl Found {
 
 /// Rounds of peerdirect and vfio-pci, alternating (the device moves between the two drivers
 /// each time), so that a slow phase of the guest does not fall on one exporter only.
-const ROUNDS: usize = 2;
+const ROUNDS: usize = 4;
 
 /// Measures `dmabuf` (made once per size) with each max segment, then registers it in each
 /// mode.

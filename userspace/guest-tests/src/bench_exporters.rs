@@ -956,6 +956,75 @@ pub(crate) fn run() -> ExitCode {
     }
 }
 
+/// `--profile-exporters N`: N attach, map and unmap+detach cycles of a 2 MiB dma-buf by the
+/// NIC (dynamic, EFA's max segment), from peerdirect and then from vfio-pci (the same BAR),
+/// each exporter's cycles framed by a line `# profile EXPORTER START END` (`CLOCK_MONOTONIC`
+/// seconds), so that `scripts/profile-exporters`, which samples the guest with `perf`
+/// meanwhile, can tell whose samples are whose. Leaves the HBM device on vfio-pci.
+pub(crate) fn profile(cycles: u64) -> ExitCode {
+    let run = || -> Result<(), String> {
+        let mut importer = TestModule::load_importer()?;
+        let nic = find_nic()?;
+        let len = 2 * MIB;
+        let hbm = {
+            let device = Device::open_index(INDEX).map_err(|err| err.to_string())?;
+            let hbm = device.info().map_err(|err| err.to_string())?.pci_address;
+            let allocation = device
+                .alloc(len, None)
+                .map_err(|err| format!("alloc: {err}"))?;
+            let dmabuf = allocation
+                .export(0, len, ExportFlags::CLOEXEC | ExportFlags::RDWR)
+                .map_err(|err| format!("export: {err}"))?;
+            cycle(&mut importer, &nic, Exporter::Peerdirect, &dmabuf, cycles)?;
+            // vfio-pci takes the device over: peerdirect must let go of it first (here).
+            hbm
+        };
+        let vfio = open_vfio(&hbm.to_string(), &nic)?;
+        let fd = sys::vfio_dma_buf(vfio.device.as_fd(), HBM_BAR, 0, len)
+            .map_err(|err| format!("VFIO_DEVICE_FEATURE_DMA_BUF: {err}"))?;
+        let dmabuf = DmaBuf::from_fd(fd).map_err(|err| err.to_string())?;
+        cycle(&mut importer, &nic, Exporter::VfioPci, &dmabuf, cycles)
+    };
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            println!("# profile: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `cycles` imports of `dmabuf` by `nic`, framed by their `# profile` line.
+fn cycle(
+    importer: &mut TestModule,
+    nic: &str,
+    exporter: Exporter,
+    dmabuf: &DmaBuf,
+    cycles: u64,
+) -> Result<(), String> {
+    let line = format!(
+        "fd={} dev={nic} mode=dynamic max_seg={EFA_MAX_SEG}",
+        dmabuf.as_fd().as_raw_fd()
+    );
+    let monotonic = || {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+    };
+    let start = monotonic();
+    for _ in 0..cycles {
+        let report = importer.command(&line)?;
+        if report.int("attach")? != 0 || report.int("map")? != 0 {
+            return Err(format!("{}: {}", exporter.name(), report.summary()));
+        }
+    }
+    println!(
+        "# profile {} {start:.6} {:.6}",
+        exporter.name(),
+        monotonic()
+    );
+    Ok(())
+}
+
 /// The raw udmabuf and VFIO ioctls: the only `unsafe` code of this benchmark. Each wrapper
 /// passes exactly the argument its request takes, and the fds the kernel returns become
 /// `OwnedFd`s at once.

@@ -67,6 +67,11 @@ struct Args {
     /// switch-iommu`; leaves the HBM device on vfio-pci).
     #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
     bench_exporters: bool,
+    /// Not a test: N attach/map/unmap+detach cycles of a 2 MiB dma-buf from peerdirect, then
+    /// from vfio-pci, each framed by a `# profile` line with CLOCK_MONOTONIC times, for
+    /// `scripts/profile-exporters` (leaves the HBM device on vfio-pci).
+    #[arg(long, value_name = "N", conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke", "bench_exporters"])]
+    profile_exporters: Option<u64>,
     /// Benchmark (not a test): memcpy bandwidth of the CPU through a peerdirect dma-buf's
     /// mmap, vfio-pci's mmap of the same BAR and anonymous memory instead (`qemu/run
     /// --topology switch-iommu --hbm 2G --mem 3G`; leaves the HBM device on vfio-pci).
@@ -441,6 +446,9 @@ fn main() -> ExitCode {
     }
     if args.bench_exporters {
         return bench_exporters::run();
+    }
+    if let Some(cycles) = args.profile_exporters {
+        return bench_exporters::profile(cycles);
     }
     if args.bench_cpu_copy {
         return bench_copy::run();

@@ -994,6 +994,12 @@ pub(crate) fn profile(cycles: u64) -> ExitCode {
     }
 }
 
+/// `CLOCK_MONOTONIC` in seconds: the clock `perf record -k CLOCK_MONOTONIC` stamps samples with
+/// (`std::time::Instant` reads it too, but gives no absolute value).
+fn monotonic() -> f64 {
+    sys::monotonic().map_or(f64::NAN, |(secs, nanos)| secs as f64 + nanos as f64 / 1e9)
+}
+
 /// `cycles` imports of `dmabuf` by `nic`, framed by their `# profile` line.
 fn cycle(
     importer: &mut TestModule,
@@ -1006,10 +1012,6 @@ fn cycle(
         "fd={} dev={nic} mode=dynamic max_seg={EFA_MAX_SEG}",
         dmabuf.as_fd().as_raw_fd()
     );
-    let monotonic = || {
-        let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
-    };
     let start = monotonic();
     for _ in 0..cycles {
         let report = importer.command(&line)?;
@@ -1025,10 +1027,24 @@ fn cycle(
     Ok(())
 }
 
-/// The raw udmabuf and VFIO ioctls: the only `unsafe` code of this benchmark. Each wrapper
-/// passes exactly the argument its request takes, and the fds the kernel returns become
-/// `OwnedFd`s at once.
+/// The raw udmabuf and VFIO ioctls, and the monotonic clock: the only `unsafe` code of this
+/// benchmark. Each wrapper passes exactly the argument its request takes, and the fds the
+/// kernel returns become `OwnedFd`s at once.
 mod sys {
+    /// `clock_gettime(CLOCK_MONOTONIC)`, as seconds and nanoseconds (rustix's clock would
+    /// need its `time` feature, whose vDSO lookup faults under valgrind in the C ABI's test).
+    pub(super) fn monotonic() -> std::io::Result<(i64, i64)> {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `t` is a valid, writable `timespec` for the call.
+        if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok((t.tv_sec, t.tv_nsec))
+    }
+
     use core::ffi::{c_int, c_void, CStr};
     use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 

@@ -47,11 +47,7 @@ impl Writer for Stats {
         writeln!(f, "allocations: {allocations}")?;
         writeln!(f, "allocated_bytes: {allocated}")?;
         writeln!(f, "exports: {}", hbm.exports.load(Relaxed))?;
-        writeln!(
-            f,
-            "mappings_revocable: {}",
-            hbm.mappings.revocable.load(Relaxed)
-        )?;
+        writeln!(f, "mappings_revocable: {}", hbm.mappings.revocable())?;
         writeln!(
             f,
             "mappings_pinned: {}",

@@ -92,8 +92,20 @@ pub(crate) struct ExportRecord {
 /// registrations) only when their owner lets go. The latter are also counted per BAR, across
 /// bindings, in [`HbmMemory`]. Counted with atomics: map and unmap take no lock of ours.
 pub(crate) struct Mappings {
-    pub(crate) revocable: Atomic<u64>,
+    /// The revocable mappings, and [`REMOVAL_WAITS`] once removal waits for them to go: in
+    /// one word, so that an unmap learns both from the one atomic it makes.
+    revocable: Atomic<u64>,
     pub(crate) pinned: Atomic<u64>,
+}
+
+/// Set in [`Mappings::revocable`] when removal starts waiting for the count to reach 0.
+const REMOVAL_WAITS: u64 = 1 << 63;
+
+impl Mappings {
+    /// How many revocable mappings importers hold.
+    pub(crate) fn revocable(&self) -> u64 {
+        self.revocable.load(Acquire) & !REMOVAL_WAITS
+    }
 }
 
 /// Allocation handles of a device: counted up, never 0, and never one the caller still uses.
@@ -285,12 +297,11 @@ impl Hbm {
         if !revocable {
             self.mappings.pinned.fetch_sub(1, Release);
             self.memory.pinned_mappings.fetch_sub(1, Relaxed);
-        } else if self.mappings.revocable.fetch_sub(1, Full) == 1 && !self.is_present() {
-            // Only removal waits, and only once the device is marked gone. It marks that
-            // (fully ordered), then reads the count under this lock; we change the count
-            // (fully ordered), then read the mark. So either removal sees
-            // 0, or we see the mark and signal; removal checks under this lock before it
-            // sleeps, so it is asleep by the time the lock is ours: no signal is lost.
+        } else if self.mappings.revocable.fetch_sub(1, Full) == REMOVAL_WAITS | 1 {
+            // Only removal waits. It sets the mark in the count's own word, then reads the
+            // count under this lock before it sleeps. Either our decrement came first (removal
+            // reads 0 and does not sleep), or we see the mark and signal under this lock, when
+            // removal has read the count and is asleep: no signal is lost.
             let _lock = self.unmapped_lock.lock();
             self.unmapped.notify_all();
         }
@@ -308,8 +319,8 @@ impl Hbm {
     /// revoked (pinned memory registrations) it waits until their owners let go, saying every
     /// few seconds who they are.
     pub(crate) fn remove(&self) {
-        // Fully ordered: `unmapped` relies on this store coming before removal's read of the
-        // count of revocable mappings.
+        // Requests, and attaches and P2P queries under the gate, see the device gone from
+        // here on (all of them once the gate is synchronized below).
         self.present.xchg(false, Full);
         // Attaches that look their importer up from here on miss, and find the device gone.
         self.verdicts.close();
@@ -345,8 +356,13 @@ impl Hbm {
         }
         // Revocable importers unmap in bounded time once invalidated (the dma-buf contract);
         // the BAR must not go away under their DMA.
+        // No mapping is counted from here on: every export is revoked (maps fail), and each
+        // map that was counted before its export's revocation was counted before it ended.
+        // (Added: the kernel's atomics have no `or`; removal runs once per device, and the
+        // count never reaches the mark's bit.)
+        self.mappings.revocable.fetch_add(REMOVAL_WAITS, Full);
         let mut lock = self.unmapped_lock.lock();
-        while self.mappings.revocable.load(Acquire) > 0 {
+        while self.mappings.revocable() > 0 {
             self.unmapped.wait(&mut lock);
         }
         drop(lock);

@@ -424,8 +424,8 @@ impl<T: Exporter> Ops<T> {
         attach: *mut bindings::dma_buf_attachment,
     ) -> c_int {
         from_result(|| {
-            // SAFETY: the core calls `attach` on our dma-buf with a valid attachment.
             let (exporter, attach) =
+                // SAFETY: the core calls `attach` on our dma-buf with a valid attachment.
                 unsafe { (Self::exporter(dmabuf), Attachment::from_raw(attach)) };
             exporter.attach(&attach.ok_or(EINVAL)?)?;
             Ok(0)
@@ -437,8 +437,8 @@ impl<T: Exporter> Ops<T> {
     /// Only called by the dma-buf core as `dma_buf_ops.pin`: the core passes an attachment to
     /// one of our dma-bufs.
     unsafe extern "C" fn pin(attach: *mut bindings::dma_buf_attachment) -> c_int {
-        // SAFETY: the core calls `pin` with an attachment to our dma-buf.
         let (exporter, attachment) =
+            // SAFETY: the core calls `pin` with an attachment to our dma-buf.
             unsafe { (Self::of_attachment(attach), Attachment::from_raw(attach)) };
         from_result(|| {
             exporter.pin(&attachment.ok_or(EINVAL)?)?;
@@ -451,8 +451,8 @@ impl<T: Exporter> Ops<T> {
     /// Only called by the dma-buf core as `dma_buf_ops.unpin`: the core passes an attachment
     /// to one of our dma-bufs.
     unsafe extern "C" fn unpin(attach: *mut bindings::dma_buf_attachment) {
-        // SAFETY: the core calls `unpin` with an attachment to our dma-buf.
         let (exporter, attachment) =
+            // SAFETY: the core calls `unpin` with an attachment to our dma-buf.
             unsafe { (Self::of_attachment(attach), Attachment::from_raw(attach)) };
         if let Some(attachment) = attachment {
             exporter.unpin(&attachment);
@@ -467,8 +467,8 @@ impl<T: Exporter> Ops<T> {
         attach: *mut bindings::dma_buf_attachment,
         dir: DataDirection,
     ) -> *mut bindings::sg_table {
-        // SAFETY: the core calls `map_dma_buf` with an attachment to our dma-buf.
         let (exporter, attachment) =
+            // SAFETY: the core calls `map_dma_buf` with an attachment to our dma-buf.
             unsafe { (Self::of_attachment(attach), Attachment::from_raw(attach)) };
         let Some(attachment) = attachment else {
             return EINVAL.to_ptr();

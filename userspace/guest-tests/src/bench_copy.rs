@@ -706,8 +706,8 @@ mod sys {
         // (capabilities go past the struct only when `argsz` leaves room for them, which 32
         // does not).
         // All of it inside `info`, borrowed exclusively for the call; any bits are valid integers.
-        // SAFETY: as just said, the kernel reads and writes only `info`'s own bytes.
         let request =
+            // SAFETY: as just said, the kernel reads and writes only `info`'s own bytes.
             unsafe { Updater::<VFIO_DEVICE_GET_REGION_INFO, VfioRegionInfo>::new(&mut info) };
         // SAFETY: the opcode and the argument agree (above).
         unsafe { ioctl(device, request) }?;

@@ -783,6 +783,21 @@ const ATTACH_ENTRIES_SHIFT: u32 = 3;
 ///
 /// # Safety
 ///
+/// `attach` is an attachment to one of our dma-bufs, whose word no one else reads or writes
+/// meanwhile: the caller holds its reservation lock, or the core has not published it yet.
+unsafe fn replace_attach_word(
+    attach: *mut bindings::dma_buf_attachment,
+    f: impl FnOnce(usize) -> usize,
+) {
+    // SAFETY: the word is the exporter's (ours), a number, never a pointer, and the caller's
+    // alone for the call.
+    unsafe { (*attach).priv_ = core::ptr::without_provenance_mut(f((*attach).priv_.addr())) };
+}
+
+/// [`replace_attach_word`] under the reservation lock, which lockdep kernels check.
+///
+/// # Safety
+///
 /// `attach` is an attachment to one of our dma-bufs, whose reservation lock the caller holds.
 unsafe fn update_attach_word(
     attach: *mut bindings::dma_buf_attachment,
@@ -793,9 +808,8 @@ unsafe fn update_attach_word(
     unsafe {
         raw::peerdirect_assert_resv_held(attach)
     };
-    // SAFETY: the word is the exporter's (ours), a number, never a pointer; it is written and
-    // read under the reservation lock only, which the caller holds.
-    unsafe { (*attach).priv_ = core::ptr::without_provenance_mut(f((*attach).priv_.addr())) };
+    // SAFETY: the lock the caller holds keeps everyone else off the word.
+    unsafe { replace_attach_word(attach, f) };
 }
 
 /// Records whether the importer pinned `attach`.
@@ -827,11 +841,8 @@ pub(crate) unsafe fn attach_set_by_bus_address(
     by_bus_address: bool,
 ) {
     let bit = if by_bus_address { ATTACH_BUS_ADDR } else { 0 };
-    // SAFETY: the word is the exporter's (ours), a number, and no one else's yet (caller).
-    unsafe {
-        (*attach).priv_ =
-            core::ptr::without_provenance_mut((*attach).priv_.addr() & !ATTACH_BUS_ADDR | bit)
-    };
+    // SAFETY: unpublished, the word is no one else's yet (caller).
+    unsafe { replace_attach_word(attach, |word| word & !ATTACH_BUS_ADDR | bit) };
 }
 
 /// Whether `attach`'s importer reaches the BAR by bus address ([`attach_set_by_bus_address`]).

@@ -1,0 +1,69 @@
+//! Which thread is which, for the cache's per-thread state: each of up to [`SLOTS`] threads at a
+//! time owns a slot, a small index, from its first use of any cache until it ends, when the
+//! slot goes back for another thread to take. A cache keeps one cache line per slot where
+//! only the slot's owner writes (the hit counter's stripe, the read lock's mark), so that
+//! threads hitting one cache never write a line another thread writes.
+//!
+//! Threads beyond the first [`SLOTS`] alive at once get none and take the caches' shared
+//! paths, which are correct for any number of threads, only slower.
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Mutex;
+
+/// How many threads at a time own a slot.
+pub(super) const SLOTS: usize = 63;
+
+/// The slots given back by threads that ended.
+static RETURNED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+/// How many slots were ever handed out: slots `0..HANDED_OUT` are or were owned, the others
+/// never were. Grows (under `RETURNED`'s lock), never shrinks.
+static HANDED_OUT: AtomicUsize = AtomicUsize::new(0);
+
+/// A thread's slot, given back when the thread ends.
+struct Owned(Option<usize>);
+
+impl Owned {
+    fn claim() -> Self {
+        let mut returned = RETURNED.lock().unwrap_or_else(|e| e.into_inner());
+        Self(returned.pop().or_else(|| {
+            let next = HANDED_OUT.load(SeqCst);
+            // SeqCst: a writer of a cache that reads the old count has its lock announced
+            // before this store, so the new owner's first read of that cache sees the lock
+            // taken ([`super::lock`]).
+            (next < SLOTS).then(|| {
+                HANDED_OUT.store(next + 1, SeqCst);
+                next
+            })
+        }))
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        if let Some(slot) = self.0 {
+            // The next owner takes it under this lock: whatever this thread wrote in the
+            // slot's lines happens before the next owner's first access.
+            let mut returned = RETURNED.lock().unwrap_or_else(|e| e.into_inner());
+            returned.push(slot);
+        }
+    }
+}
+
+thread_local! {
+    static MINE: Owned = Owned::claim();
+}
+
+/// The calling thread's slot: `None` if it has none (more than [`SLOTS`] threads alive at
+/// once), or while its thread-local values are being destroyed.
+#[inline]
+pub(super) fn current() -> Option<usize> {
+    MINE.try_with(|mine| mine.0).ok().flatten()
+}
+
+/// How many slots were ever handed out (at most [`SLOTS`]): no thread owns or owned a slot
+/// at or above it. A SeqCst load, ordered with the store in `claim`.
+#[inline]
+pub(super) fn handed_out() -> usize {
+    HANDED_OUT.load(SeqCst)
+}

@@ -116,8 +116,9 @@ impl<T> ReadMostly<T> {
         }
     }
 
-    /// Shared access, waiting for a writer that holds the lock.
-    #[inline]
+    /// Shared access, waiting for a writer that holds the lock. Always inlined: as a call (which
+    /// the compiler chose in the cache's benchmark) a hit took 6 to 15 ns longer.
+    #[inline(always)]
     pub(super) fn read(&self) -> Result<ReadGuard<'_, T>, Poisoned> {
         let held = match slot::current() {
             Some(slot) => {

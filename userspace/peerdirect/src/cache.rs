@@ -99,6 +99,7 @@
 //! ([`Uncached::Invalidated`]) without telling the listener: that invalidation may have been of
 //! other memory, so the caller decides from `uncached()`.
 
+mod barrier;
 mod index;
 mod key;
 mod limits;

@@ -6,8 +6,9 @@
 //! read, and on one CPU the two instructions were a third of a cache hit. Here a reader with a
 //! [slot](super::slot) marks its slot's line, checks that no writer holds the lock, reads, and
 //! clears its mark: one locked instruction (the marking swap, a full barrier) on a line no
-//! other thread writes, and a plain store. A writer takes a mutex (which orders writers and
-//! the readers that wait), raises the `writing` flag, and waits until no slot is marked.
+//! other thread writes, and a plain store; none at all while the lock is biased (below). A
+//! writer takes a mutex (which orders writers and the readers that wait), raises the
+//! `writing` flag, and waits until no slot is marked.
 //!
 //! # Why a reader and a writer never overlap
 //!
@@ -28,6 +29,23 @@
 //! a thread that takes a new slot stores the count SeqCst before its first mark, so a writer
 //! that read the old count precedes the mark in S, and the reader sees it (second case).
 //!
+//! # The bias
+//!
+//! Where the kernel has `membarrier` ([`super::barrier`]), readers save the `xchg` too while
+//! the lock is *biased*: a reader marks with a plain store and a compiler fence, then checks
+//! that no writer is in and that the bias still holds. A writer that finds the bias set (it
+//! reads and clears it under the mutex, after raising the flag) runs the heavy barrier before
+//! it reads the marks: every reader's CPU executes a full barrier meanwhile, so a reader's
+//! plain mark made before is visible to the writer's reads, and a reader's checks made after
+//! see the flag raised or the bias gone. Either way they do not overlap (the same two cases
+//! as above, with the heavy barrier in place of the SeqCst order). A reader that sees the bias
+//! gone marks again with the `xchg`. A writer that finds the bias clear runs no barrier: every
+//! plain mark still set was made before the barrier of the writer that cleared the bias, and
+//! is visible. The bias comes back when a thread has made [`UNBIASED_READS`] reads since it
+//! went: that thread sets it under the mutex, where no writer is, so the next writer sees it.
+//! A workload of hits keeps the bias; one of misses (a write after each read) pays one heavy
+//! barrier per [`UNBIASED_READS`] reads of a thread.
+//!
 //! A reader that finds the flag raised clears its mark and queues for the mutex, marks itself
 //! while holding it (no writer is then in: a writer raises and lowers the flag under the
 //! mutex), and lets go at once; it reads under its mark. A thread without a slot reads holding
@@ -37,7 +55,7 @@
 //! (its second read would clear the first's mark; a write would wait for its own mark).
 //!
 //! The cache's only `unsafe` code: the guards' access to the data, each block proved by the
-//! argument above.
+//! arguments above.
 
 #![allow(unsafe_code)]
 
@@ -46,21 +64,33 @@ use std::hint::spin_loop;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{
-    AtomicBool,
-    Ordering::{Relaxed, Release, SeqCst},
+    compiler_fence, AtomicBool, AtomicU32,
+    Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 use std::sync::{Mutex, MutexGuard};
 use std::thread;
 
+use super::barrier;
 use super::slot::{self, SLOTS};
 
 /// How often a writer spins on a reader's mark before it yields its CPU instead: a read holds
 /// the mark for tens of nanoseconds, unless its thread was preempted.
 const SPINS: u32 = 100;
 
-/// A slot's mark: set while its thread reads. Alone on its cache line.
+/// How many reads a thread makes through the unbiased path before it restores the bias (see
+/// [`ReadMostly::read`]): a writer that ends a bias pays a heavy barrier (0.2 to 1.5 us), so
+/// it does at most once per this many reads of a thread, for readers that save an `xchg`
+/// (about 10 ns) each while the bias lasts.
+const UNBIASED_READS: u32 = 1024;
+
+/// A slot's line, written only by the slot's owner.
 #[repr(align(64))]
-struct Mark(AtomicBool);
+struct Mark {
+    /// Set while the owner reads.
+    marked: AtomicBool,
+    /// Reads the owner made through the unbiased path since it last restored the bias.
+    unbiased_reads: AtomicU32,
+}
 
 /// Guards a `T`: many readers, or one writer.
 pub(super) struct ReadMostly<T> {
@@ -68,6 +98,13 @@ pub(super) struct ReadMostly<T> {
     mutex: Mutex<()>,
     /// Raised by a writer once it holds the mutex, lowered before it lets go.
     writing: AtomicBool,
+    /// While set, readers mark with a plain store (module comment, "The bias"). Changed only
+    /// under the mutex: set by a reader, cleared by a writer, which then runs the heavy
+    /// barrier.
+    biased: AtomicBool,
+    /// How many unbiased reads of a thread restore the bias; 0: never (the heavy barrier is
+    /// not available).
+    bias_after: u32,
     /// Set by a write guard dropped in a panic: the data may be half updated.
     poisoned: AtomicBool,
     marks: [Mark; SLOTS],
@@ -107,11 +144,26 @@ pub(super) struct WriteGuard<'a, T> {
 
 impl<T> ReadMostly<T> {
     pub(super) fn new(data: T) -> Self {
+        Self::with_bias_after(data, Some(UNBIASED_READS))
+    }
+
+    /// A lock whose threads restore the bias after `reads` unbiased reads, or never biased
+    /// (`None`). Tests use `Some(1)`, so that nearly every write ends a bias.
+    fn with_bias_after(data: T, reads: Option<u32>) -> Self {
+        let bias_after = match reads {
+            Some(reads) if barrier::available() => reads.max(1),
+            _ => 0,
+        };
         Self {
             mutex: Mutex::new(()),
             writing: AtomicBool::new(false),
+            biased: AtomicBool::new(bias_after != 0),
+            bias_after,
             poisoned: AtomicBool::new(false),
-            marks: std::array::from_fn(|_| Mark(AtomicBool::new(false))),
+            marks: std::array::from_fn(|_| Mark {
+                marked: AtomicBool::new(false),
+                unbiased_reads: AtomicU32::new(0),
+            }),
             data: UnsafeCell::new(data),
         }
     }
@@ -122,11 +174,13 @@ impl<T> ReadMostly<T> {
     pub(super) fn read(&self) -> Result<ReadGuard<'_, T>, Poisoned> {
         let held = match slot::current() {
             Some(slot) => {
-                let mark = &self.marks[slot].0;
-                debug_assert!(!mark.load(Relaxed), "a thread read-locked a lock it reads");
-                mark.swap(true, SeqCst);
-                if self.writing.load(SeqCst) {
-                    self.mark_under_mutex(mark);
+                let mark = &self.marks[slot];
+                debug_assert!(
+                    !mark.marked.load(Relaxed),
+                    "a thread read-locked a lock it reads"
+                );
+                if !self.biased.load(Relaxed) || !self.mark_biased(&mark.marked) {
+                    self.mark_unbiased(mark);
                 }
                 Held::Marked(slot)
             }
@@ -147,6 +201,52 @@ impl<T> ReadMostly<T> {
         Ok(guard)
     }
 
+    /// Marks `marked` with a plain store while the bias holds: whether no writer is in and the
+    /// bias still held after the mark (else the mark is cleared again).
+    #[inline(always)]
+    fn mark_biased(&self, marked: &AtomicBool) -> bool {
+        marked.store(true, Relaxed);
+        // The light side of the barrier: a writer's heavy barrier orders this store before
+        // the loads below, as a full fence would (module comment, "The bias").
+        compiler_fence(SeqCst);
+        // Acquire: the writes of the writer that lowered the flag happen before this read.
+        if !self.writing.load(Acquire) && self.biased.load(Relaxed) {
+            return true;
+        }
+        marked.store(false, Release);
+        false
+    }
+
+    /// Marks `mark` with a full barrier (the `xchg` of a SeqCst swap), waiting for a writer
+    /// that is in, and restores the bias every `bias_after` such reads.
+    #[inline(always)]
+    fn mark_unbiased(&self, mark: &Mark) {
+        if self.bias_after != 0 {
+            // At most `bias_after`: no overflow.
+            let reads = mark.unbiased_reads.load(Relaxed) + 1;
+            if reads >= self.bias_after {
+                self.restore_bias();
+                mark.unbiased_reads.store(0, Relaxed);
+            } else {
+                mark.unbiased_reads.store(reads, Relaxed);
+            }
+        }
+        mark.marked.swap(true, SeqCst);
+        if self.writing.load(SeqCst) {
+            self.mark_under_mutex(&mark.marked);
+        }
+    }
+
+    /// Sets the bias, under the mutex: no writer is in, and the next one sees it set and ends
+    /// it with the heavy barrier. Called with the caller's mark clear (a writer holding the
+    /// mutex may be waiting for marks).
+    #[cold]
+    #[inline(never)]
+    fn restore_bias(&self) {
+        let _mutex = self.mutex();
+        self.biased.store(true, Relaxed);
+    }
+
     /// The slow path of a read that found a writer: waits for it, and marks `mark` while
     /// holding the mutex.
     #[cold]
@@ -163,14 +263,22 @@ impl<T> ReadMostly<T> {
     /// Exclusive access, waiting for the writer or the readers that hold the lock.
     pub(super) fn write(&self) -> Result<WriteGuard<'_, T>, Poisoned> {
         debug_assert!(
-            slot::current().is_none_or(|slot| !self.marks[slot].0.load(Relaxed)),
+            slot::current().is_none_or(|slot| !self.marks[slot].marked.load(Relaxed)),
             "a thread write-locked a lock it reads"
         );
         let mutex = self.mutex();
         self.writing.swap(true, SeqCst);
+        // Under the mutex, so no reader sets it meanwhile.
+        if self.biased.load(Relaxed) {
+            self.biased.store(false, Relaxed);
+            // Readers that marked with a plain store before this have their marks visible
+            // to the loads below; those that load after it see the flag raised or the bias
+            // gone, and mark again with a full barrier.
+            barrier::heavy();
+        }
         for mark in &self.marks[..slot::handed_out()] {
             let mut spins = 0;
-            while mark.0.load(SeqCst) {
+            while mark.marked.load(SeqCst) {
                 if spins < SPINS {
                     spins += 1;
                     spin_loop();
@@ -224,7 +332,7 @@ impl<T> Drop for ReadGuard<'_, T> {
         // Release: this read happens before the write of a writer that sees the mark clear.
         // (A held mutex is let go of when the guard's fields are dropped.)
         if let Held::Marked(slot) = self.held {
-            self.lock.marks[slot].0.store(false, Release);
+            self.lock.marks[slot].marked.store(false, Release);
         }
     }
 }
@@ -267,8 +375,13 @@ mod tests {
     /// A writer makes the two halves equal only when it lets go: a reader that overlapped a
     /// writer sees them differ. Readers and writers race for a bounded time; each reader also
     /// checks that what it read does not change under it.
-    fn race(readers: usize, writers: usize, for_how_long: Duration) -> (u64, u64) {
-        let lock = ReadMostly::new((0u64, 0u64));
+    fn race(
+        bias_after: Option<u32>,
+        readers: usize,
+        writers: usize,
+        for_how_long: Duration,
+    ) -> (u64, u64) {
+        let lock = ReadMostly::with_bias_after((0u64, 0u64), bias_after);
         let (reads, writes) = (AtomicU64::new(0), AtomicU64::new(0));
         let start = Barrier::new(readers + writers);
         let deadline = Instant::now() + for_how_long;
@@ -325,25 +438,52 @@ mod tests {
 
     #[test]
     fn readers_never_overlap_a_writer() {
-        let (reads, writes) = race(6, 2, Duration::from_millis(500));
-        assert!(reads > 0 && writes > 0, "{reads} reads, {writes} writes");
+        for bias_after in [None, Some(UNBIASED_READS), Some(1)] {
+            let (reads, writes) = race(bias_after, 6, 2, Duration::from_millis(300));
+            assert!(reads > 0 && writes > 0, "{reads} reads, {writes} writes");
+        }
     }
 
     /// More threads than slots: those without one read holding the mutex.
     #[test]
     fn threads_without_a_slot_read_too() {
-        let (reads, writes) = race(SLOTS + 8, 2, Duration::from_millis(300));
+        let (reads, writes) = race(Some(1), SLOTS + 8, 2, Duration::from_millis(300));
         assert!(reads > 0 && writes > 0, "{reads} reads, {writes} writes");
+    }
+
+    /// Reads keep the bias, a write ends it, and a thread's [`UNBIASED_READS`] reads bring it
+    /// back; without the heavy barrier there is none.
+    #[test]
+    fn the_bias_goes_with_a_write_and_comes_back_with_reads() {
+        let lock = ReadMostly::new(0);
+        let biased = || lock.biased.load(Relaxed);
+        assert_eq!(biased(), barrier::available());
+        for _ in 0..10 {
+            drop(lock.read().unwrap());
+        }
+        assert_eq!(biased(), barrier::available(), "reads ended the bias");
+        *lock.write().unwrap() += 1;
+        assert!(!biased(), "a write kept the bias");
+        for _ in 0..UNBIASED_READS - 1 {
+            drop(lock.read().unwrap());
+        }
+        assert!(!biased(), "the bias came back too early");
+        drop(lock.read().unwrap());
+        assert_eq!(biased(), barrier::available(), "the bias did not come back");
+        let never = ReadMostly::with_bias_after(0, None);
+        for _ in 0..2 * UNBIASED_READS {
+            drop(never.read().unwrap());
+        }
+        assert!(!never.biased.load(Relaxed));
     }
 
     /// The store-buffer race at the heart of the proof: a reader marking itself and a writer
     /// taking the lock at the same instant. Each round the two leave a spinning barrier
     /// together and enter; inside, each says so and looks for the other (SeqCst, so that two
     /// threads inside at once cannot both miss each other). Bounded by rounds and by time.
-    #[test]
-    fn a_reader_and_a_writer_entering_together_exclude_each_other() {
+    fn lockstep(bias_after: Option<u32>) {
         const ROUNDS: u64 = 1_000_000;
-        let lock = ReadMostly::new(());
+        let lock = ReadMostly::with_bias_after((), bias_after);
         let arrived = AtomicU64::new(0);
         let inside = [AtomicBool::new(false), AtomicBool::new(false)];
         let (overlaps, rounds) = (AtomicU64::new(0), AtomicU64::new(0));
@@ -391,6 +531,19 @@ mod tests {
             0,
             "a reader and a writer were inside at once, in {rounds} rounds"
         );
+    }
+
+    /// Without the bias: the reader marks with the `xchg`.
+    #[test]
+    fn a_reader_and_a_writer_entering_together_exclude_each_other() {
+        lockstep(None);
+    }
+
+    /// With the bias restored by every unbiased read: each round a reader that marks with a
+    /// plain store meets a writer that ends the bias (with the heavy barrier).
+    #[test]
+    fn a_biased_reader_and_a_writer_entering_together_exclude_each_other() {
+        lockstep(Some(1));
     }
 
     #[test]

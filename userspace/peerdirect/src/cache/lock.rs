@@ -546,29 +546,27 @@ mod tests {
         lockstep(Some(1));
     }
 
-    #[test]
-    fn a_writer_that_panics_poisons_the_lock() {
-        let lock = ReadMostly::new(0);
-        let panicked = thread::scope(|s| {
-            s.spawn(|| {
-                let _guard = lock.write().unwrap();
+    /// Whether a thread that panics while it holds what `take` gives it did panic.
+    fn panics_holding<G>(take: impl FnOnce() -> G + Send) -> bool {
+        thread::scope(|s| {
+            s.spawn(move || {
+                let _guard = take();
                 panic!("on purpose");
             })
             .join()
-        });
-        assert!(panicked.is_err());
+        })
+        .is_err()
+    }
+
+    #[test]
+    fn a_writer_that_panics_poisons_the_lock() {
+        let lock = ReadMostly::new(0);
+        assert!(panics_holding(|| lock.write().unwrap()));
         assert!(lock.read().is_err());
         assert!(lock.write().is_err());
         // A reader that panics poisons nothing.
         let lock = ReadMostly::new(0);
-        let panicked = thread::scope(|s| {
-            s.spawn(|| {
-                let _guard = lock.read().unwrap();
-                panic!("on purpose");
-            })
-            .join()
-        });
-        assert!(panicked.is_err());
+        assert!(panics_holding(|| lock.read().unwrap()));
         assert!(lock.write().is_ok());
     }
 

@@ -261,6 +261,7 @@ impl<T> ReadMostly<T> {
     }
 
     /// Exclusive access, waiting for the writer or the readers that hold the lock.
+    #[inline(always)]
     pub(super) fn write(&self) -> Result<WriteGuard<'_, T>, Poisoned> {
         debug_assert!(
             slot::current().is_none_or(|slot| !self.marks[slot].marked.load(Relaxed)),

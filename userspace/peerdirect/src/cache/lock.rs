@@ -42,9 +42,10 @@
 //! gone marks again with the `xchg`. A writer that finds the bias clear runs no barrier: every
 //! plain mark still set was made before the barrier of the writer that cleared the bias, and
 //! is visible. The bias comes back when a thread has made [`UNBIASED_READS`] reads since it
-//! went: that thread sets it under the mutex, where no writer is, so the next writer sees it.
-//! A workload of hits keeps the bias; one of misses (a write after each read) pays one heavy
-//! barrier per [`UNBIASED_READS`] reads of a thread.
+//! last tried, and [`BIAS_BACKOFF`] times as long as the last heavy barrier took has passed
+//! since it: that thread sets it under the mutex, where no writer is, so the next writer sees
+//! it. A workload of hits keeps the bias; in one of misses (a write after each read) writers
+//! spend at most about 1% of their time in heavy barriers.
 //!
 //! A reader that finds the flag raised clears its mark and queues for the mutex, marks itself
 //! while holding it (no writer is then in: a writer raises and lowers the flag under the
@@ -64,7 +65,7 @@ use std::hint::spin_loop;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{
-    compiler_fence, AtomicBool, AtomicU32,
+    compiler_fence, AtomicBool, AtomicU32, AtomicU64,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 use std::sync::{Mutex, MutexGuard};
@@ -82,6 +83,28 @@ const SPINS: u32 = 100;
 /// it does at most once per this many reads of a thread, for readers that save an `xchg`
 /// (about 10 ns) each while the bias lasts.
 const UNBIASED_READS: u32 = 1024;
+
+/// After a writer ends the bias, it stays off for this many times as long as the writer's
+/// heavy barrier took (as the BRAVO lock does, Dice and Kogan, 2019): with writers in several
+/// threads a thread reaches [`UNBIASED_READS`] often, and a barrier then costs 1 to 30 us on
+/// this project's 2-CPU hosts.
+const BIAS_BACKOFF: u64 = 100;
+
+/// When a lock biases its readers.
+#[derive(Clone, Copy)]
+struct Bias {
+    /// How many reads without the bias a thread makes before it tries to restore it.
+    after_reads: u32,
+    /// How many times the last heavy barrier's duration must pass before it may.
+    backoff: u64,
+}
+
+/// Nanoseconds on a clock of the process's own (monotonic, from its first call).
+fn now_ns() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let elapsed = START.get_or_init(std::time::Instant::now).elapsed();
+    u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
+}
 
 /// A slot's line, written only by the slot's owner.
 #[repr(align(64))]
@@ -102,9 +125,12 @@ pub(super) struct ReadMostly<T> {
     /// under the mutex: set by a reader, cleared by a writer, which then runs the heavy
     /// barrier.
     biased: AtomicBool,
-    /// How many unbiased reads of a thread restore the bias; 0: never (the heavy barrier is
-    /// not available).
-    bias_after: u32,
+    /// When readers may restore the bias; `None`: never (the heavy barrier is not
+    /// available).
+    bias: Option<Bias>,
+    /// Before this time ([`now_ns`]) no reader restores the bias: set by the writer that
+    /// ended it. A heuristic: read and written with no ordering.
+    bias_backoff_until: AtomicU64,
     /// Set by a write guard dropped in a panic: the data may be half updated.
     poisoned: AtomicBool,
     marks: [Mark; SLOTS],
@@ -144,21 +170,29 @@ pub(super) struct WriteGuard<'a, T> {
 
 impl<T> ReadMostly<T> {
     pub(super) fn new(data: T) -> Self {
-        Self::with_bias_after(data, Some(UNBIASED_READS))
+        Self::with_bias(
+            data,
+            Some(Bias {
+                after_reads: UNBIASED_READS,
+                backoff: BIAS_BACKOFF,
+            }),
+        )
     }
 
-    /// A lock whose threads restore the bias after `reads` unbiased reads, or never biased
-    /// (`None`). Tests use `Some(1)`, so that nearly every write ends a bias.
-    fn with_bias_after(data: T, reads: Option<u32>) -> Self {
-        let bias_after = match reads {
-            Some(reads) if barrier::available() => reads.max(1),
-            _ => 0,
-        };
+    /// A lock that biases its readers as `bias` says, or never (`None`, or no heavy barrier).
+    /// Tests restore the bias after every unbiased read, with no backoff, so that nearly
+    /// every write ends a bias.
+    fn with_bias(data: T, bias: Option<Bias>) -> Self {
+        let bias = bias.filter(|_| barrier::available()).map(|bias| Bias {
+            after_reads: bias.after_reads.max(1),
+            ..bias
+        });
         Self {
             mutex: Mutex::new(()),
             writing: AtomicBool::new(false),
-            biased: AtomicBool::new(bias_after != 0),
-            bias_after,
+            biased: AtomicBool::new(bias.is_some()),
+            bias,
+            bias_backoff_until: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             marks: std::array::from_fn(|_| Mark {
                 marked: AtomicBool::new(false),
@@ -218,15 +252,18 @@ impl<T> ReadMostly<T> {
     }
 
     /// Marks `mark` with a full barrier (the `xchg` of a SeqCst swap), waiting for a writer
-    /// that is in, and restores the bias every `bias_after` such reads.
+    /// that is in, and every `bias.after_reads` such reads restores the bias if the backoff
+    /// has passed.
     #[inline(always)]
     fn mark_unbiased(&self, mark: &Mark) {
-        if self.bias_after != 0 {
-            // At most `bias_after`: no overflow.
+        if let Some(bias) = self.bias {
+            // At most `after_reads`: no overflow.
             let reads = mark.unbiased_reads.load(Relaxed) + 1;
-            if reads >= self.bias_after {
-                self.restore_bias();
+            if reads >= bias.after_reads {
                 mark.unbiased_reads.store(0, Relaxed);
+                if now_ns() >= self.bias_backoff_until.load(Relaxed) {
+                    self.restore_bias();
+                }
             } else {
                 mark.unbiased_reads.store(reads, Relaxed);
             }
@@ -267,10 +304,15 @@ impl<T> ReadMostly<T> {
             slot::current().is_none_or(|slot| !self.marks[slot].marked.load(Relaxed)),
             "a thread write-locked a lock it reads"
         );
+        // When the bias looks set, the clock before the mutex and after the marks times the
+        // heavy barrier (with the waits around it: a longer backoff), read outside the window
+        // between the barrier and the loads of the marks.
+        let start = self.biased.load(Relaxed).then(now_ns);
         let mutex = self.mutex();
         self.writing.swap(true, SeqCst);
         // Under the mutex, so no reader sets it meanwhile.
-        if self.biased.load(Relaxed) {
+        let ended_bias = self.biased.load(Relaxed);
+        if ended_bias {
             self.biased.store(false, Relaxed);
             // Readers that marked with a plain store before this have their marks visible
             // to the loads below; those that load after it see the flag raised or the bias
@@ -287,6 +329,13 @@ impl<T> ReadMostly<T> {
                     thread::yield_now();
                 }
             }
+        }
+        if ended_bias {
+            let end = now_ns();
+            let took = start.map_or(0, |start| end.saturating_sub(start));
+            let backoff = self.bias.map_or(0, |bias| bias.backoff);
+            self.bias_backoff_until
+                .store(end.saturating_add(took.saturating_mul(backoff)), Relaxed);
         }
         let guard = WriteGuard {
             lock: self,
@@ -369,7 +418,6 @@ impl<T> Drop for WriteGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicU64;
     use std::sync::Barrier;
     use std::time::{Duration, Instant};
 
@@ -377,12 +425,12 @@ mod tests {
     /// writer sees them differ. Readers and writers race for a bounded time; each reader also
     /// checks that what it read does not change under it.
     fn race(
-        bias_after: Option<u32>,
+        bias: Option<Bias>,
         readers: usize,
         writers: usize,
         for_how_long: Duration,
     ) -> (u64, u64) {
-        let lock = ReadMostly::with_bias_after((0u64, 0u64), bias_after);
+        let lock = ReadMostly::with_bias((0u64, 0u64), bias);
         let (reads, writes) = (AtomicU64::new(0), AtomicU64::new(0));
         let start = Barrier::new(readers + writers);
         let deadline = Instant::now() + for_how_long;
@@ -439,8 +487,8 @@ mod tests {
 
     #[test]
     fn readers_never_overlap_a_writer() {
-        for bias_after in [None, Some(UNBIASED_READS), Some(1)] {
-            let (reads, writes) = race(bias_after, 6, 2, Duration::from_millis(300));
+        for bias in [None, Some(DEFAULT), Some(EVERY_READ)] {
+            let (reads, writes) = race(bias, 6, 2, Duration::from_millis(300));
             assert!(reads > 0 && writes > 0, "{reads} reads, {writes} writes");
         }
     }
@@ -448,12 +496,12 @@ mod tests {
     /// More threads than slots: those without one read holding the mutex.
     #[test]
     fn threads_without_a_slot_read_too() {
-        let (reads, writes) = race(Some(1), SLOTS + 8, 2, Duration::from_millis(300));
+        let (reads, writes) = race(Some(EVERY_READ), SLOTS + 8, 2, Duration::from_millis(300));
         assert!(reads > 0 && writes > 0, "{reads} reads, {writes} writes");
     }
 
     /// Reads keep the bias, a write ends it, and a thread's [`UNBIASED_READS`] reads bring it
-    /// back; without the heavy barrier there is none.
+    /// back once the backoff has passed; without the heavy barrier there is none.
     #[test]
     fn the_bias_goes_with_a_write_and_comes_back_with_reads() {
         let lock = ReadMostly::new(0);
@@ -465,26 +513,65 @@ mod tests {
         assert_eq!(biased(), barrier::available(), "reads ended the bias");
         *lock.write().unwrap() += 1;
         assert!(!biased(), "a write kept the bias");
+        // Past the backoff, the count alone decides.
+        while now_ns() < lock.bias_backoff_until.load(Relaxed) {
+            thread::sleep(Duration::from_micros(100));
+        }
         for _ in 0..UNBIASED_READS - 1 {
             drop(lock.read().unwrap());
         }
         assert!(!biased(), "the bias came back too early");
         drop(lock.read().unwrap());
         assert_eq!(biased(), barrier::available(), "the bias did not come back");
-        let never = ReadMostly::with_bias_after(0, None);
+        let never = ReadMostly::with_bias(0, None);
         for _ in 0..2 * UNBIASED_READS {
             drop(never.read().unwrap());
         }
         assert!(!never.biased.load(Relaxed));
     }
 
+    /// A read that would restore the bias does not within the backoff after a heavy barrier.
+    #[test]
+    fn the_bias_stays_off_for_the_backoff() {
+        let lock = ReadMostly::with_bias(
+            0,
+            Some(Bias {
+                after_reads: 1,
+                backoff: BIAS_BACKOFF,
+            }),
+        );
+        if !barrier::available() {
+            assert!(!lock.biased.load(Relaxed));
+            return;
+        }
+        for _ in 0..100 {
+            *lock.write().unwrap() += 1;
+            let until = lock.bias_backoff_until.load(Relaxed);
+            assert!(until > 0, "no backoff after a heavy barrier");
+            drop(lock.read().unwrap());
+            // A restore made at or after `until` leaves the clock past it.
+            assert!(
+                !lock.biased.load(Relaxed) || now_ns() >= until,
+                "a read restored the bias within the backoff"
+            );
+            while now_ns() < until {
+                thread::sleep(Duration::from_micros(50));
+            }
+            drop(lock.read().unwrap());
+            assert!(
+                lock.biased.load(Relaxed),
+                "the bias did not come back after the backoff"
+            );
+        }
+    }
+
     /// The store-buffer race at the heart of the proof: a reader marking itself and a writer
     /// taking the lock at the same instant. Each round the two leave a spinning barrier
     /// together and enter; inside, each says so and looks for the other (SeqCst, so that two
     /// threads inside at once cannot both miss each other). Bounded by rounds and by time.
-    fn lockstep(bias_after: Option<u32>) {
+    fn lockstep(bias: Option<Bias>) {
         const ROUNDS: u64 = 1_000_000;
-        let lock = ReadMostly::with_bias_after((), bias_after);
+        let lock = ReadMostly::with_bias((), bias);
         let arrived = AtomicU64::new(0);
         let inside = [AtomicBool::new(false), AtomicBool::new(false)];
         let (overlaps, rounds) = (AtomicU64::new(0), AtomicU64::new(0));
@@ -544,8 +631,20 @@ mod tests {
     /// plain store meets a writer that ends the bias (with the heavy barrier).
     #[test]
     fn a_biased_reader_and_a_writer_entering_together_exclude_each_other() {
-        lockstep(Some(1));
+        lockstep(Some(EVERY_READ));
     }
+
+    /// The bias of [`ReadMostly::new`].
+    const DEFAULT: Bias = Bias {
+        after_reads: UNBIASED_READS,
+        backoff: BIAS_BACKOFF,
+    };
+
+    /// A bias that every unbiased read restores.
+    const EVERY_READ: Bias = Bias {
+        after_reads: 1,
+        backoff: 0,
+    };
 
     /// Whether a thread that panics while it holds what `take` gives it did panic.
     fn panics_holding<G>(take: impl FnOnce() -> G + Send) -> bool {

@@ -501,10 +501,17 @@ mod tests {
     }
 
     /// Reads keep the bias, a write ends it, and a thread's [`UNBIASED_READS`] reads bring it
-    /// back once the backoff has passed; without the heavy barrier there is none.
+    /// back once the backoff has passed; without the heavy barrier there is none. (A backoff
+    /// of one barrier's time: under valgrind a barrier takes milliseconds.)
     #[test]
     fn the_bias_goes_with_a_write_and_comes_back_with_reads() {
-        let lock = ReadMostly::new(0);
+        let lock = ReadMostly::with_bias(
+            0,
+            Some(Bias {
+                backoff: 1,
+                ..DEFAULT
+            }),
+        );
         let biased = || lock.biased.load(Relaxed);
         assert_eq!(biased(), barrier::available());
         for _ in 0..10 {
@@ -531,20 +538,22 @@ mod tests {
     }
 
     /// A read that would restore the bias does not within the backoff after a heavy barrier.
+    /// (A backoff of twice the barrier's time, which the read follows at once: under valgrind
+    /// a barrier takes milliseconds.)
     #[test]
     fn the_bias_stays_off_for_the_backoff() {
         let lock = ReadMostly::with_bias(
             0,
             Some(Bias {
                 after_reads: 1,
-                backoff: BIAS_BACKOFF,
+                backoff: 2,
             }),
         );
         if !barrier::available() {
             assert!(!lock.biased.load(Relaxed));
             return;
         }
-        for _ in 0..100 {
+        for _ in 0..10 {
             *lock.write().unwrap() += 1;
             let until = lock.bias_backoff_until.load(Relaxed);
             assert!(until > 0, "no backoff after a heavy barrier");

@@ -473,9 +473,9 @@ impl<T: Exporter> Ops<T> {
         let Some(attachment) = attachment else {
             return EINVAL.to_ptr();
         };
-        // SAFETY: the attachment's buffer is one of ours, so its `priv_` starts with a
-        // `CpuWindow`; its `revoked` is written only under the reservation lock, which the
-        // core holds across this callback.
+        // The core holds the reservation lock across this callback.
+        // SAFETY: the attachment's buffer is ours, so its `priv_` starts with a `CpuWindow`,
+        // whose `revoked` is written only under that lock.
         let revoked = unsafe {
             let exported = (*(*attach).dmabuf).priv_.cast::<Exported<T>>();
             *(*exported).window.revoked.get()

@@ -571,9 +571,9 @@ pub(crate) fn dev_is_pci(dev: *mut bindings::device) -> bool {
 /// than through a call: map asks it every time). `dev` must be a live `struct device` (an
 /// attachment's).
 pub(crate) fn dma_max_seg_size(dev: *mut bindings::device) -> u32 {
+    // The device's bus or driver sets `dma_parms` before it maps, as the dma-buf core reads it.
     // SAFETY: `dev` is a live attachment's device (callers); its `dma_parms`, when set, points
-    // to parameters that live as long as the device (its bus or driver's), which its driver
-    // sets before it maps, as the dma-buf core reads them.
+    // to parameters that live as long as the device.
     let set = unsafe {
         let parms = (*dev).dma_parms;
         if parms.is_null() {

@@ -369,9 +369,8 @@ impl<T> Deref for ReadGuard<'_, T> {
 
     #[inline]
     fn deref(&self) -> &T {
-        // SAFETY: while this guard lives, its mark is set (and was set while no writer was
-        // in) or it holds the mutex: no writer has access (module proof), and readers only
-        // share.
+        // SAFETY: while this guard lives its mark is set (set while no writer was in) or it
+        // holds the mutex: no writer has access (module proof), and readers only share.
         unsafe { &*self.lock.data.get() }
     }
 }

@@ -42,7 +42,8 @@
 //! With n cached entries, one read-write lock guards the index and the recency list; the
 //! registrar is called outside it, so misses in different threads register in parallel.
 //! The lock is read-mostly (`cache/lock.rs`): a reader marks a cache line of its own thread
-//! with one locked instruction instead of writing the lock word that every reader shares.
+//! (with a plain store while the lock is biased, else with one locked instruction) instead of
+//! writing the lock word that every reader shares.
 //! - Hit: under the read lock only, so hits in different threads never wait for each other:
 //!   one atomic load of each attached status page of the export's device, a hash lookup of
 //!   the export, then per (domain, access) group of that export whose access suffices
@@ -50,8 +51,8 @@
 //!   O(log n), exact (see `cache/index.rs` for why the predecessor is enough), and the index
 //!   holds the entry itself, so the recency list is not read. Recency is a mark on the entry
 //!   (an atomic flag, written only when it changes) and the hit count a per-thread stripe,
-//!   so a hit writes no line that other threads' hits write. Its only locked instructions
-//!   are the read lock's mark and the handle's reference count.
+//!   so a hit writes no line that other threads' hits write. Its only locked instruction is
+//!   the handle's reference count (and the read lock's mark when the lock is not biased).
 //! - Eviction is CLOCK, an approximation of LRU that needs nothing from hits but the mark:
 //!   entries sit in insertion order; eviction passes them from the oldest, and one marked
 //!   since it was last passed gets a second chance (moves to the newest end, unmarked)

@@ -50,7 +50,8 @@
 //! A reader that finds the flag raised clears its mark and queues for the mutex, marks itself
 //! while holding it (no writer is then in: a writer raises and lowers the flag under the
 //! mutex), and lets go at once; it reads under its mark. A thread without a slot reads holding
-//! the mutex, which no reader with a slot waits for.
+//! the mutex; readers with a slot wait for that only when they found a writer (or restore the
+//! bias).
 //!
 //! Not reentrant: a thread holding a read guard must not take another guard of the same lock
 //! (its second read would clear the first's mark; a write would wait for its own mark).

@@ -4,54 +4,61 @@
 //! A `std::sync::RwLock` read costs two locked read-modify-writes of the lock's word, which
 //! every reader in every thread writes: the line moves between the CPUs of threads that only
 //! read, and on one CPU the two instructions were a third of a cache hit. Here a reader with a
-//! [slot](super::slot) marks its slot's line, checks that no writer holds the lock, reads, and
-//! clears its mark: one locked instruction (the marking swap, a full barrier) on a line no
+//! [slot](super::slot) marks its slot's line, checks that nobody holds the lock's word, reads,
+//! and clears its mark: one locked instruction (the marking swap, a full barrier) on a line no
 //! other thread writes, and a plain store; none at all while the lock is biased (below). A
-//! writer takes a mutex (which orders writers and the readers that wait), raises the
-//! `writing` flag, and waits until no slot is marked.
+//! writer takes the word (a futex: one compare-and-swap when nobody holds it), and waits until
+//! no slot is marked; it lets go with one swap. Taking the word is also what tells readers
+//! that a writer may be in: one locked instruction on each side of a write, where a mutex and
+//! a separate flag took three, each about 20 ns of a miss on this project's hosts.
 //!
 //! # Why a reader and a writer never overlap
 //!
-//! The reader's mark (a SeqCst swap) and its check of the flag (a SeqCst load), and the
-//! writer's raising of the flag (a SeqCst swap) and its reads of the marks (SeqCst loads),
-//! are all in the single total order S of SeqCst operations, each pair in the order its
-//! thread makes them. Take a reader's mark M and check C, and a writer's raise W and its read
-//! R of the reader's mark:
+//! The reader's mark (a SeqCst swap) and its check of the word (a SeqCst load), and the
+//! writer's taking of the word (a SeqCst read-modify-write) and its reads of the marks (SeqCst
+//! loads), are all in the single total order S of SeqCst operations, each pair in the order
+//! its thread makes them. Take a reader's mark M and check C, and a writer's taking W and its
+//! read R of the reader's mark:
 //! - M before R in S: R reads the mark, or the reader's later clearing (a release store, so
 //!   all the reader's reads happen before the writer goes on). A writer that reads the mark
 //!   waits for the clearing.
-//! - R before M: then W < R < M < C in S, so C reads W's value (raised) or a later one: the
-//!   reader backs off, or reads the writer's lowering of the flag, a release that its SeqCst
-//!   load synchronizes with, after which all that writer's writes happen before the read. (C
-//!   cannot read an older lowering: that one happens before W, which read from it.)
+//! - R before M: then W < R < M < C in S, so C reads W's value (held) or a later one: the
+//!   reader backs off, or reads the word let go of by that writer (or a later holder), a
+//!   release that its SeqCst load synchronizes with, after which all that writer's writes
+//!   happen before the read. (C cannot read an older letting go: that one happens before W,
+//!   which read from it.)
 //!
 //! A writer only reads the marks of slots that were handed out ([`super::slot::handed_out`]);
 //! a thread that takes a new slot stores the count SeqCst before its first mark, so a writer
 //! that read the old count precedes the mark in S, and the reader sees it (second case).
+//! Threads without a slot (more threads than slots) mark one counter that they share, with a
+//! SeqCst add instead of the swap; the writer reads it after the slots' marks, and the same
+//! argument holds.
 //!
 //! # The bias
 //!
 //! Where the kernel has `membarrier` ([`super::barrier`]), readers save the `xchg` too while
 //! the lock is *biased*: a reader marks with a plain store and a compiler fence, then checks
-//! that no writer is in and that the bias still holds. A writer that finds the bias set (it
-//! reads and clears it under the mutex, after raising the flag) runs the heavy barrier before
-//! it reads the marks: every reader's CPU executes a full barrier meanwhile, so a reader's
-//! plain mark made before is visible to the writer's reads, and a reader's checks made after
-//! see the flag raised or the bias gone. Either way they do not overlap (the same two cases
-//! as above, with the heavy barrier in place of the SeqCst order). A reader that sees the bias
-//! gone marks again with the `xchg`. A writer that finds the bias clear runs no barrier: every
-//! plain mark still set was made before the barrier of the writer that cleared the bias, and
-//! is visible. The bias comes back when a thread has made [`UNBIASED_READS`] reads since it
-//! last tried, and [`BIAS_BACKOFF`] times as long as the last heavy barrier took has passed
-//! since it: that thread sets it under the mutex, where no writer is, so the next writer sees
-//! it. A workload of hits keeps the bias; in one of misses (a write after each read) writers
-//! spend at most about 1% of their time in heavy barriers.
+//! that nobody holds the word and that the bias still holds. A writer that finds the bias set
+//! (it reads and clears it holding the word) runs the heavy barrier before it reads the
+//! marks: every reader's CPU executes a full barrier meanwhile, so a reader's plain mark made
+//! before is visible to the writer's reads, and a reader's checks made after see the word
+//! held or the bias gone. Either way they do not overlap (the same two cases as above, with
+//! the heavy barrier in place of the SeqCst order). A reader that sees the bias gone marks
+//! again with the `xchg`. A writer that finds the bias clear runs no barrier: every plain mark
+//! still set was made before the barrier of the writer that cleared the bias, and is visible.
+//! The bias comes back when a thread has made [`UNBIASED_READS`] reads since it last tried,
+//! and [`BIAS_BACKOFF`] times as long as the last heavy barrier took has passed since it:
+//! that thread sets it holding the word, where no writer is, so the next writer sees it. A
+//! workload of hits keeps the bias; in one of misses (a write after each read) writers spend
+//! at most about 1% of their time in heavy barriers.
 //!
-//! A reader that finds the flag raised clears its mark and queues for the mutex, marks itself
-//! while holding it (no writer is then in: a writer raises and lowers the flag under the
-//! mutex), and lets go at once; it reads under its mark. A thread without a slot reads holding
-//! the mutex; readers with a slot wait for that only when they found a writer (or restore the
-//! bias).
+//! A reader that finds the word held clears its mark and waits for the word, marks itself
+//! while holding it (no writer is then in: a writer holds the word from before it reads the
+//! marks until after its last write), and lets go at once; it reads under its mark. The
+//! readers that wait for the word are those that found it held, by a writer or by another
+//! such reader (or one restoring the bias): the word is let go of before a woken waiter takes
+//! it, so readers that arrive meanwhile go in without waiting.
 //!
 //! Not reentrant: a thread holding a read guard must not take another guard of the same lock
 //! (its second read would clear the first's mark; a write would wait for its own mark).
@@ -69,14 +76,16 @@ use std::sync::atomic::{
     compiler_fence, AtomicBool, AtomicU32, AtomicU64,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
-use std::sync::{Mutex, MutexGuard};
 use std::thread;
+
+use rustix::thread::futex;
 
 use super::barrier;
 use super::slot::{self, SLOTS};
 
-/// How often a writer spins on a reader's mark before it yields its CPU instead: a read holds
-/// the mark for tens of nanoseconds, unless its thread was preempted.
+/// How often a writer spins on a reader's mark before it yields its CPU instead, and a thread
+/// on a held word before it sleeps: a read holds the mark for tens of nanoseconds, and a
+/// write the word for hundreds, unless its thread was preempted.
 const SPINS: u32 = 100;
 
 /// How many reads a thread makes through the unbiased path before it restores the bias (see
@@ -90,6 +99,13 @@ const UNBIASED_READS: u32 = 1024;
 /// threads a thread reaches [`UNBIASED_READS`] often, and a barrier then costs 1 to 30 us on
 /// this project's 2-CPU hosts.
 const BIAS_BACKOFF: u64 = 100;
+
+/// The lock's word: nobody holds it.
+const FREE: u32 = 0;
+/// Held, and nobody sleeps waiting for it.
+const HELD: u32 = 1;
+/// Held, and a thread may sleep waiting for it: letting go wakes one.
+const CONTENDED: u32 = 2;
 
 /// When a lock biases its readers.
 #[derive(Clone, Copy)]
@@ -116,14 +132,17 @@ struct Mark {
     unbiased_reads: AtomicU32,
 }
 
+/// The readers without a slot: how many read now. On a line of its own.
+#[repr(align(64))]
+struct Shared(AtomicU32);
+
 /// Guards a `T`: many readers, or one writer.
 pub(super) struct ReadMostly<T> {
-    /// Held by a writer, and by readers that cannot mark a slot.
-    mutex: Mutex<()>,
-    /// Raised by a writer once it holds the mutex, lowered before it lets go.
-    writing: AtomicBool,
+    /// [`FREE`], [`HELD`] or [`CONTENDED`] (a futex). Held by a writer, and by a reader
+    /// that found it held, while it marks itself.
+    word: AtomicU32,
     /// While set, readers mark with a plain store (module comment, "The bias"). Changed only
-    /// under the mutex: set by a reader, cleared by a writer, which then runs the heavy
+    /// holding the word: set by a reader, cleared by a writer, which then runs the heavy
     /// barrier.
     biased: AtomicBool,
     /// When readers may restore the bias; `None`: never (the heavy barrier is not
@@ -135,12 +154,13 @@ pub(super) struct ReadMostly<T> {
     /// Set by a write guard dropped in a panic: the data may be half updated.
     poisoned: AtomicBool,
     marks: [Mark; SLOTS],
+    shared: Shared,
     data: UnsafeCell<T>,
 }
 
 // SAFETY: the lock hands out `&T` to readers in several threads at once (so `T: Sync`) and
 // `&mut T` to one writer in any thread (so `T: Send`), never both at once (see the module's
-// proof); the lock's own fields are atomics and a mutex.
+// proof); the lock's own fields are atomics.
 unsafe impl<T: Send + Sync> Sync for ReadMostly<T> {}
 
 /// The lock was poisoned: a writer panicked while it held it.
@@ -148,25 +168,23 @@ unsafe impl<T: Send + Sync> Sync for ReadMostly<T> {}
 pub(super) struct Poisoned;
 
 /// How a read guard holds the lock.
-enum Held<'a> {
+enum Held {
     /// The slot's mark is set.
     Marked(usize),
-    /// The mutex is held (the thread has no slot) until the guard is dropped.
-    Locked { _mutex: MutexGuard<'a, ()> },
+    /// The thread has no slot: it counts in [`ReadMostly::shared`].
+    Shared,
 }
 
 /// Shared access; dropping it ends the read. Not `Send`: a mark belongs to its thread's slot.
 pub(super) struct ReadGuard<'a, T> {
     lock: &'a ReadMostly<T>,
-    held: Held<'a>,
+    held: Held,
     _not_send: PhantomData<*const ()>,
 }
 
-/// Exclusive access; dropping it lets readers and writers in. Not `Send`, like the mutex
-/// guard it holds.
+/// Exclusive access; dropping it lets readers and writers in.
 pub(super) struct WriteGuard<'a, T> {
     lock: &'a ReadMostly<T>,
-    _mutex: MutexGuard<'a, ()>,
 }
 
 impl<T> ReadMostly<T> {
@@ -189,8 +207,7 @@ impl<T> ReadMostly<T> {
             ..bias
         });
         Self {
-            mutex: Mutex::new(()),
-            writing: AtomicBool::new(false),
+            word: AtomicU32::new(FREE),
             biased: AtomicBool::new(bias.is_some()),
             bias,
             bias_backoff_until: AtomicU64::new(0),
@@ -199,6 +216,7 @@ impl<T> ReadMostly<T> {
                 marked: AtomicBool::new(false),
                 unbiased_reads: AtomicU32::new(0),
             }),
+            shared: Shared(AtomicU32::new(0)),
             data: UnsafeCell::new(data),
         }
     }
@@ -219,33 +237,34 @@ impl<T> ReadMostly<T> {
                 }
                 Held::Marked(slot)
             }
-            None => Held::Locked {
-                _mutex: self.mutex(),
-            },
+            None => {
+                self.mark_shared();
+                Held::Shared
+            }
         };
         let guard = ReadGuard {
             lock: self,
             held,
             _not_send: PhantomData,
         };
-        // Relaxed: a panicking writer sets it before it lowers the flag and lets go of the
-        // mutex, and this read is ordered after both.
+        // Relaxed: a panicking writer sets it before it lets go of the word, and this read
+        // is ordered after that.
         if self.poisoned.load(Relaxed) {
             return Err(Poisoned);
         }
         Ok(guard)
     }
 
-    /// Marks `marked` with a plain store while the bias holds: whether no writer is in and the
-    /// bias still held after the mark (else the mark is cleared again).
+    /// Marks `marked` with a plain store while the bias holds: whether nobody held the word
+    /// and the bias still held after the mark (else the mark is cleared again).
     #[inline(always)]
     fn mark_biased(&self, marked: &AtomicBool) -> bool {
         marked.store(true, Relaxed);
         // The light side of the barrier: a writer's heavy barrier orders this store before
         // the loads below, as a full fence would (module comment, "The bias").
         compiler_fence(SeqCst);
-        // Acquire: the writes of the writer that lowered the flag happen before this read.
-        if !self.writing.load(Acquire) && self.biased.load(Relaxed) {
+        // Acquire: the writes of the writer that let go of the word happen before this read.
+        if self.word.load(Acquire) == FREE && self.biased.load(Relaxed) {
             return true;
         }
         marked.store(false, Release);
@@ -270,32 +289,57 @@ impl<T> ReadMostly<T> {
             }
         }
         mark.marked.swap(true, SeqCst);
-        if self.writing.load(SeqCst) {
-            self.mark_under_mutex(&mark.marked);
+        if self.word.load(SeqCst) != FREE {
+            self.mark_holding_word(
+                || mark.marked.store(false, Release),
+                || {
+                    // Relaxed: a writer that takes the word after this thread lets go of it
+                    // reads the mark after its taking synchronizes with the letting go.
+                    mark.marked.store(true, Relaxed);
+                },
+            );
         }
     }
 
-    /// Sets the bias, under the mutex: no writer is in, and the next one sees it set and ends
+    /// Counts a reader without a slot in the shared counter, like [`Self::mark_unbiased`]
+    /// (never biased: the counter is written by every such thread).
+    #[cold]
+    #[inline(never)]
+    fn mark_shared(&self) {
+        let count = &self.shared.0;
+        count.fetch_add(1, SeqCst);
+        if self.word.load(SeqCst) != FREE {
+            self.mark_holding_word(
+                || {
+                    count.fetch_sub(1, Release);
+                },
+                || {
+                    count.fetch_add(1, Relaxed);
+                },
+            );
+        }
+    }
+
+    /// Sets the bias, holding the word: no writer is in, and the next one sees it set and ends
     /// it with the heavy barrier. Called with the caller's mark clear (a writer holding the
-    /// mutex may be waiting for marks).
+    /// word may be waiting for marks).
     #[cold]
     #[inline(never)]
     fn restore_bias(&self) {
-        let _mutex = self.mutex();
+        self.take_word();
         self.biased.store(true, Relaxed);
+        self.let_go_of_word();
     }
 
-    /// The slow path of a read that found a writer: waits for it, and marks `mark` while
-    /// holding the mutex.
+    /// The slow path of a read that found the word held: `unmark`s, waits for the word, and
+    /// `mark`s while holding it.
     #[cold]
     #[inline(never)]
-    fn mark_under_mutex(&self, mark: &AtomicBool) {
-        mark.store(false, Release);
-        let mutex = self.mutex();
-        // Relaxed: a writer that takes the mutex after this thread lets go of it reads the
-        // mark after its lock synchronizes with this unlock.
-        mark.store(true, Relaxed);
-        drop(mutex);
+    fn mark_holding_word(&self, unmark: impl FnOnce(), mark: impl FnOnce()) {
+        unmark();
+        self.take_word();
+        mark();
+        self.let_go_of_word();
     }
 
     /// Exclusive access, waiting for the writer or the readers that hold the lock.
@@ -305,32 +349,24 @@ impl<T> ReadMostly<T> {
             slot::current().is_none_or(|slot| !self.marks[slot].marked.load(Relaxed)),
             "a thread write-locked a lock it reads"
         );
-        // When the bias looks set, the clock before the mutex and after the marks times the
+        // When the bias looks set, the clock before the word and after the marks times the
         // heavy barrier (with the waits around it: a longer backoff), read outside the window
         // between the barrier and the loads of the marks.
         let start = self.biased.load(Relaxed).then(now_ns);
-        let mutex = self.mutex();
-        self.writing.swap(true, SeqCst);
-        // Under the mutex, so no reader sets it meanwhile.
+        self.take_word();
+        // Holding the word, so no reader sets it meanwhile.
         let ended_bias = self.biased.load(Relaxed);
         if ended_bias {
             self.biased.store(false, Relaxed);
             // Readers that marked with a plain store before this have their marks visible
-            // to the loads below; those that load after it see the flag raised or the bias
+            // to the loads below; those that load after it see the word held or the bias
             // gone, and mark again with a full barrier.
             barrier::heavy();
         }
         for mark in &self.marks[..slot::handed_out()] {
-            let mut spins = 0;
-            while mark.marked.load(SeqCst) {
-                if spins < SPINS {
-                    spins += 1;
-                    spin_loop();
-                } else {
-                    thread::yield_now();
-                }
-            }
+            Self::wait_until(|| !mark.marked.load(SeqCst));
         }
+        Self::wait_until(|| self.shared.0.load(SeqCst) == 0);
         if ended_bias {
             let end = now_ns();
             let took = start.map_or(0, |start| end.saturating_sub(start));
@@ -338,19 +374,84 @@ impl<T> ReadMostly<T> {
             self.bias_backoff_until
                 .store(end.saturating_add(took.saturating_mul(backoff)), Relaxed);
         }
-        let guard = WriteGuard {
-            lock: self,
-            _mutex: mutex,
-        };
+        let guard = WriteGuard { lock: self };
         if self.poisoned.load(Relaxed) {
             return Err(Poisoned);
         }
         Ok(guard)
     }
 
-    /// The mutex. Its poisoning is this lock's own (`poisoned`), checked by the callers.
-    fn mutex(&self) -> MutexGuard<'_, ()> {
-        self.mutex.lock().unwrap_or_else(|e| e.into_inner())
+    /// Spins, then yields, until `done`: readers hold their marks briefly unless preempted.
+    #[inline(always)]
+    fn wait_until(done: impl Fn() -> bool) {
+        let mut spins = 0;
+        while !done() {
+            if spins < SPINS {
+                spins += 1;
+                spin_loop();
+            } else {
+                thread::yield_now();
+            }
+        }
+    }
+
+    /// Takes the word (the module comment's W when a writer takes it): a SeqCst
+    /// read-modify-write that finds it [`FREE`].
+    #[inline(always)]
+    fn take_word(&self) {
+        if self
+            .word
+            .compare_exchange(FREE, HELD, SeqCst, Relaxed)
+            .is_err()
+        {
+            self.take_contended_word();
+        }
+    }
+
+    /// Waits for the word: spins while its holder has nobody waiting (it is likely running
+    /// and near the end), then says that it waits ([`CONTENDED`]) and sleeps until woken.
+    #[cold]
+    #[inline(never)]
+    fn take_contended_word(&self) {
+        for _ in 0..SPINS {
+            match self.word.load(Relaxed) {
+                FREE => {
+                    if self
+                        .word
+                        .compare_exchange(FREE, HELD, SeqCst, Relaxed)
+                        .is_ok()
+                    {
+                        return;
+                    }
+                }
+                HELD => {}
+                _ => break,
+            }
+            spin_loop();
+        }
+        // Taken with `CONTENDED` from here on, though nobody may be waiting any more: one
+        // wake too many, never one too few.
+        while self.word.swap(CONTENDED, SeqCst) != FREE {
+            // Returns at once if the word is no longer `CONTENDED` (EAGAIN) or on a signal
+            // (EINTR): either way, try again.
+            let _ = futex::wait(&self.word, futex::Flags::PRIVATE, CONTENDED, None);
+        }
+    }
+
+    /// Lets go of the word (a release, which readers' and the next holder's loads
+    /// synchronize with), waking one thread that may sleep waiting for it.
+    #[inline(always)]
+    fn let_go_of_word(&self) {
+        if self.word.swap(FREE, Release) == CONTENDED {
+            self.wake_one();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn wake_one(&self) {
+        // Fails only for an invalid address or operation, neither of which this is.
+        let _ = futex::wake(&self.word, futex::Flags::PRIVATE, 1);
     }
 }
 
@@ -360,7 +461,7 @@ impl<T> ReadGuard<'_, T> {
     pub(super) fn slot(&self) -> Option<usize> {
         match self.held {
             Held::Marked(slot) => Some(slot),
-            Held::Locked { .. } => None,
+            Held::Shared => None,
         }
     }
 }
@@ -370,8 +471,9 @@ impl<T> Deref for ReadGuard<'_, T> {
 
     #[inline]
     fn deref(&self) -> &T {
-        // SAFETY: while this guard lives its mark is set (set while no writer was in) or it
-        // holds the mutex: no writer has access (module proof), and readers only share.
+        // SAFETY: while this guard lives its mark (its slot's, or its count in the shared
+        // counter) is set, set while no writer was in: no writer has access (module proof),
+        // and readers only share.
         unsafe { &*self.lock.data.get() }
     }
 }
@@ -380,9 +482,11 @@ impl<T> Drop for ReadGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
         // Release: this read happens before the write of a writer that sees the mark clear.
-        // (A held mutex is let go of when the guard's fields are dropped.)
-        if let Held::Marked(slot) = self.held {
-            self.lock.marks[slot].marked.store(false, Release);
+        match self.held {
+            Held::Marked(slot) => self.lock.marks[slot].marked.store(false, Release),
+            Held::Shared => {
+                self.lock.shared.0.fetch_sub(1, Release);
+            }
         }
     }
 }
@@ -391,8 +495,8 @@ impl<T> Deref for WriteGuard<'_, T> {
     type Target = T;
 
     fn deref(&self) -> &T {
-        // SAFETY: this guard holds the mutex, raised the flag and then saw every mark clear:
-        // no other guard has access until it is dropped (module proof).
+        // SAFETY: this guard holds the word, taken before it saw every mark clear: no other
+        // guard has access until it is dropped (module proof).
         unsafe { &*self.lock.data.get() }
     }
 }
@@ -405,13 +509,13 @@ impl<T> DerefMut for WriteGuard<'_, T> {
 }
 
 impl<T> Drop for WriteGuard<'_, T> {
+    #[inline]
     fn drop(&mut self) {
         if thread::panicking() {
             self.lock.poisoned.store(true, Relaxed);
         }
-        // Release: the writes happen before a read that sees the flag lowered. The mutex is
-        // let go of after this, when the guard's fields are dropped.
-        self.lock.writing.store(false, Release);
+        // Release: the writes happen before a read that sees the word let go of.
+        self.lock.let_go_of_word();
     }
 }
 
@@ -493,11 +597,46 @@ mod tests {
         }
     }
 
-    /// More threads than slots: those without one read holding the mutex.
+    /// Runs `f` while other threads hold every slot, so that the threads `f` starts have none
+    /// (asserted).
+    fn with_every_slot_held(f: impl FnOnce()) {
+        let (claimed, done) = (Barrier::new(SLOTS + 1), Barrier::new(SLOTS + 1));
+        thread::scope(|s| {
+            for _ in 0..SLOTS {
+                s.spawn(|| {
+                    let _ = slot::current();
+                    claimed.wait();
+                    done.wait();
+                });
+            }
+            claimed.wait();
+            let slotless = thread::spawn(slot::current).join().unwrap();
+            // Caught, so that the holders go before the panic goes on.
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if slotless.is_none() {
+                    f();
+                }
+            }));
+            done.wait();
+            assert_eq!(
+                slotless, None,
+                "a new thread took a slot: the test holds none"
+            );
+            if let Err(panic) = ran {
+                std::panic::resume_unwind(panic);
+            }
+        });
+    }
+
+    /// More threads than slots: readers without one count in the shared counter, and never
+    /// overlap a writer, in the race and in lockstep.
     #[test]
     fn threads_without_a_slot_read_too() {
-        let (reads, writes) = race(Some(EVERY_READ), SLOTS + 8, 2, Duration::from_millis(300));
-        assert!(reads > 0 && writes > 0, "{reads} reads, {writes} writes");
+        with_every_slot_held(|| {
+            let (reads, writes) = race(Some(EVERY_READ), 6, 2, Duration::from_millis(300));
+            assert!(reads > 0 && writes > 0, "{reads} reads, {writes} writes");
+            lockstep(None);
+        });
     }
 
     /// Reads keep the bias, a write ends it, and a thread's [`UNBIASED_READS`] reads bring it
@@ -677,6 +816,38 @@ mod tests {
         let lock = ReadMostly::new(0);
         assert!(panics_holding(|| lock.read().unwrap()));
         assert!(lock.write().is_ok());
+    }
+
+    /// Writers that find the word held say so and sleep on it, and each letting go wakes the
+    /// next: none is left asleep. Bounded: a lost wake fails the test instead of hanging it.
+    #[test]
+    fn writers_that_sleep_on_the_word_are_woken() {
+        const WRITERS: u64 = 3;
+        let lock = std::sync::Arc::new(ReadMostly::new(0u64));
+        let guard = lock.write().unwrap();
+        let (done, finished) = std::sync::mpsc::channel();
+        for _ in 0..WRITERS {
+            let (lock, done) = (std::sync::Arc::clone(&lock), done.clone());
+            thread::spawn(move || {
+                *lock.write().unwrap() += 1;
+                done.send(()).unwrap();
+            });
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lock.word.load(Relaxed) != CONTENDED {
+            assert!(Instant::now() < deadline, "no writer said that it waits");
+            thread::sleep(Duration::from_millis(1));
+        }
+        // Long enough for every writer to be asleep in the kernel.
+        thread::sleep(Duration::from_millis(50));
+        drop(guard);
+        for _ in 0..WRITERS {
+            finished
+                .recv_timeout(Duration::from_secs(10))
+                .expect("a writer waiting for the word was never woken");
+        }
+        assert_eq!(*lock.read().unwrap(), WRITERS);
+        assert_eq!(lock.word.load(Relaxed), FREE);
     }
 
     /// A writer waits for a reader that holds its guard, and readers queue behind a writer.

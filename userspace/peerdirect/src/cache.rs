@@ -307,6 +307,9 @@ struct State<R: Registrar> {
     /// Bumped by every invalidation, so that a miss can tell whether one happened while it
     /// was registering.
     epoch: u64,
+    /// Bumped by every insertion, so that a miss can tell whether an entry that serves it may
+    /// have been cached while it was registering (nothing else can make one appear).
+    insertions: u64,
     evictions: u64,
     superseded: u64,
     invalidations: u64,
@@ -427,6 +430,7 @@ impl<R: Registrar> RegCache<R> {
                 lru: Lru::new(),
                 bytes: 0,
                 epoch: 0,
+                insertions: 0,
                 evictions: 0,
                 superseded: 0,
                 invalidations: 0,
@@ -488,20 +492,20 @@ impl<R: Registrar> RegCache<R> {
             None
         };
         let mut doomed = Vec::new();
-        let epoch = match bypass {
+        let seen = match bypass {
             // No cached entry can serve it: skip the lookup.
-            Some(_) => 0,
+            Some(_) => Seen::default(),
             None => {
                 let read = self.read();
                 let slot = read.slot();
-                let (hit, epoch) = if read.revoked(export.device()) {
+                let (hit, seen) = if read.revoked(export.device()) {
                     // A device being revoked: its entries go before any is handed out.
                     drop(read);
                     let mut state = self.write();
                     state.drop_revoked(export.device(), &mut doomed);
-                    (state.find(&key), state.epoch)
+                    (state.find(&key), state.seen())
                 } else {
-                    (read.find(&key), read.epoch)
+                    (read.find(&key), read.seen())
                 };
                 self.tell(doomed, Cause::Device);
                 if let Some(entry) = hit {
@@ -511,7 +515,7 @@ impl<R: Registrar> RegCache<R> {
                         requested: range,
                     });
                 }
-                epoch
+                seen
             }
         };
         // A miss is a registration made or failed: `stats` counts it from those.
@@ -535,14 +539,19 @@ impl<R: Registrar> RegCache<R> {
             entry
         } else {
             let mut state = self.write();
-            if let Some(cached) = state.find(&key) {
+            let cached = if state.insertions == seen.insertions {
+                None
+            } else {
+                state.find(&key)
+            };
+            if let Some(cached) = cached {
                 // Another thread registered a containing range meanwhile: use that, and
                 // deregister ours (outside the lock).
                 drop(state);
                 drop(entry);
                 cached
             } else {
-                let entry = if state.epoch != epoch || state.revoked(export.device()) {
+                let entry = if state.epoch != seen.epoch || state.revoked(export.device()) {
                     entry.uncached = Some(Uncached::Invalidated);
                     Arc::new(entry)
                 } else if state.make_room(&key, self.limits, &mut dropped) {
@@ -783,7 +792,21 @@ impl<R: Registrar> fmt::Debug for RegCache<R> {
     }
 }
 
+/// What a miss saw of the state when it looked up its key.
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    epoch: u64,
+    insertions: u64,
+}
+
 impl<R: Registrar> State<R> {
+    fn seen(&self) -> Seen {
+        Seen {
+            epoch: self.epoch,
+            insertions: self.insertions,
+        }
+    }
+
     /// Whether a watched, still open file of `device` says it is being revoked.
     fn revoked(&self, device: u32) -> bool {
         self.watched
@@ -931,6 +954,7 @@ impl<R: Registrar> State<R> {
 
     /// Caches `entry`, for which [`State::make_room`] made room, as the most recently used.
     fn insert(&mut self, entry: Arc<Entry<R>>) {
+        self.insertions += 1;
         let key = entry.key;
         let slot = self.lru.insert(Arc::clone(&entry));
         self.index.insert(&key, (slot, entry));

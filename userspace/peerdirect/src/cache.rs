@@ -58,12 +58,12 @@
 //!   since it was last passed gets a second chance (moves to the newest end, unmarked)
 //!   instead of going. An entry hit since the last eviction is evicted only after every entry
 //!   that was not; among entries not hit, the oldest goes first. Amortised O(1) per eviction.
-//! - Miss: the registration, then under the write lock the same search again (another
-//!   thread may have registered meanwhile), O(log n) to drop the k entries the new one
+//! - Miss: the registration, then under the write lock the same search again if another
+//!   thread cached an entry meanwhile, O(log n) to drop the k entries the new one
 //!   contains and for each of the e evicted entries, and O(log n) to insert:
 //!   O((1 + k + e) log n), plus moving the vector elements after each. In the steady state
-//!   a miss allocates the entry and, when it evicts, the list of what it dropped; the index
-//!   reuses emptied vectors and eviction its list of victims. Eviction
+//!   a miss allocates the entry, and a list of what it dropped only when it drops more than
+//!   one; the index reuses emptied vectors and eviction its list of victims. Eviction
 //!   passes over the h entries in use that are older than the last one it evicts: O(h k)
 //!   more. Entries in use are never evicted (as libfabric keeps them off its LRU list); when
 //!   the limits leave no room for a new entry without evicting one, it is handed out
@@ -327,6 +327,9 @@ struct State<R: Registrar> {
     live_pruned: usize,
     /// The slots [`State::make_room`] picks to evict, kept between misses for its capacity.
     evicting: Vec<Slot>,
+    /// The bindings of the registrars whose registrations live, by the registrar's address:
+    /// held weakly, so that a binding goes with its registrar's last registration.
+    bindings: Vec<(usize, Weak<Binding<R>>)>,
 }
 
 /// Counted outside the lock, some of them when an entry is dropped. Those of every miss in
@@ -339,13 +342,20 @@ struct Counters {
     uncached: AtomicU64,
 }
 
+/// What the registrations of one registrar share: the registrar, which deregisters them, and
+/// the cache's counters, which count that. An entry holds one reference to this instead of
+/// one to each: two locked instructions less per miss (one when it is made, one when it goes).
+struct Binding<R: Registrar> {
+    registrar: Arc<R>,
+    counters: Arc<Counters>,
+}
+
 /// One registration; deregistered when the last `Arc` to it goes.
 struct Entry<R: Registrar> {
     key: RegKey,
     /// Taken only by `drop`.
     mr: Option<R::Mr>,
-    registrar: Arc<R>,
-    counters: Arc<Counters>,
+    binding: Arc<Binding<R>>,
     uncached: Option<Uncached>,
     /// Set when the listener has been told that it is invalidated.
     told: AtomicBool,
@@ -357,8 +367,8 @@ struct Entry<R: Registrar> {
 impl<R: Registrar> Drop for Entry<R> {
     fn drop(&mut self) {
         if let Some(mr) = self.mr.take() {
-            self.registrar.deregister(mr);
-            self.counters.deregistrations.add(slot::current());
+            self.binding.registrar.deregister(mr);
+            self.binding.counters.deregistrations.add(slot::current());
         }
     }
 }
@@ -438,6 +448,7 @@ impl<R: Registrar> RegCache<R> {
                 live: Vec::new(),
                 live_pruned: 0,
                 evicting: Vec::new(),
+                bindings: Vec::new(),
             }),
             counters: Arc::default(),
             hits: Stripes::default(),
@@ -523,50 +534,51 @@ impl<R: Registrar> RegCache<R> {
             self.counters.failed_registrations.fetch_add(1, Relaxed);
         })?;
         self.counters.registrations.add(slot::current());
+        let Ok(mut state) = self.state.write() else {
+            // No entry holds it yet: deregistered here.
+            registrar.deregister(mr);
+            self.counters.deregistrations.add(slot::current());
+            panic!("a thread panicked while updating the registration cache");
+        };
         let mut entry = Entry {
             key,
             mr: Some(mr),
-            registrar: Arc::clone(registrar),
-            counters: Arc::clone(&self.counters),
+            binding: state.binding(registrar, &self.counters),
             uncached: bypass,
             told: AtomicBool::new(false),
             referenced: AtomicBool::new(false),
         };
-        let mut dropped = Vec::new();
-        let entry = if bypass.is_some() {
-            let entry = Arc::new(entry);
-            self.write().track(&entry);
-            entry
+        let mut dropped = Dropped::default();
+        let raced = if bypass.is_none() && state.insertions != seen.insertions {
+            state.find(&key)
         } else {
-            let mut state = self.write();
-            let cached = if state.insertions == seen.insertions {
-                None
-            } else {
-                state.find(&key)
-            };
-            if let Some(cached) = cached {
-                // Another thread registered a containing range meanwhile: use that, and
-                // deregister ours (outside the lock).
-                drop(state);
-                drop(entry);
-                cached
-            } else {
-                let entry = if state.epoch != seen.epoch || state.revoked(export.device()) {
-                    entry.uncached = Some(Uncached::Invalidated);
-                    Arc::new(entry)
-                } else if state.make_room(&key, self.limits, &mut dropped) {
-                    let entry = Arc::new(entry);
-                    state.insert(Arc::clone(&entry));
-                    entry
-                } else {
-                    entry.uncached = Some(Uncached::Full);
-                    Arc::new(entry)
-                };
-                if entry.uncached.is_some() {
-                    state.track(&entry);
-                }
+            None
+        };
+        let entry = if let Some(cached) = raced {
+            // Another thread registered a containing range meanwhile: use that, and
+            // deregister ours (outside the lock).
+            drop(state);
+            drop(entry);
+            cached
+        } else {
+            let entry = if bypass.is_some() {
+                Arc::new(entry)
+            } else if state.epoch != seen.epoch || state.revoked(export.device()) {
+                entry.uncached = Some(Uncached::Invalidated);
+                Arc::new(entry)
+            } else if state.make_room(&key, self.limits, &mut dropped) {
+                let entry = Arc::new(entry);
+                state.insert(Arc::clone(&entry));
                 entry
+            } else {
+                entry.uncached = Some(Uncached::Full);
+                Arc::new(entry)
+            };
+            if entry.uncached.is_some() {
+                state.track(&entry);
             }
+            drop(state);
+            entry
         };
         drop(dropped);
         if entry.uncached.is_some() {
@@ -792,6 +804,34 @@ impl<R: Registrar> fmt::Debug for RegCache<R> {
     }
 }
 
+/// The entries a miss drops under the lock, released once it has let go of it: the first
+/// without allocating (a miss in a full cache evicts one, typically), the others in a vector.
+struct Dropped<R: Registrar> {
+    first: Option<Arc<Entry<R>>>,
+    more: Vec<Arc<Entry<R>>>,
+}
+
+impl<R: Registrar> Default for Dropped<R> {
+    fn default() -> Self {
+        Self {
+            first: None,
+            more: Vec::new(),
+        }
+    }
+}
+
+impl<R: Registrar> Extend<Arc<Entry<R>>> for Dropped<R> {
+    fn extend<I: IntoIterator<Item = Arc<Entry<R>>>>(&mut self, entries: I) {
+        for entry in entries {
+            if self.first.is_none() {
+                self.first = Some(entry);
+            } else {
+                self.more.push(entry);
+            }
+        }
+    }
+}
+
 /// What a miss saw of the state when it looked up its key.
 #[derive(Clone, Copy, Default)]
 struct Seen {
@@ -829,6 +869,30 @@ impl<R: Registrar> State<R> {
             self.take(removed, dropped);
             self.held_too(&|key: &RegKey| key.export.device() == device, dropped);
         }
+    }
+
+    /// The binding of `registrar`: the one its live registrations share, or a new one.
+    fn binding(&mut self, registrar: &Arc<R>, counters: &Arc<Counters>) -> Arc<Binding<R>> {
+        let address = Arc::as_ptr(registrar) as usize;
+        // A binding that still lives holds its registrar: no other registrar lives at its
+        // address, so the one found there is `registrar`'s.
+        let live = self
+            .bindings
+            .iter()
+            .find(|(bound, _)| *bound == address)
+            .and_then(|(_, binding)| binding.upgrade());
+        if let Some(binding) = live {
+            debug_assert!(Arc::ptr_eq(&binding.registrar, registrar));
+            return binding;
+        }
+        let binding = Arc::new(Binding {
+            registrar: Arc::clone(registrar),
+            counters: Arc::clone(counters),
+        });
+        self.bindings
+            .retain(|(bound, binding)| *bound != address && binding.strong_count() > 0);
+        self.bindings.push((address, Arc::downgrade(&binding)));
+        binding
     }
 
     /// Remembers `entry` as a live registration, and forgets dead ones once their number has
@@ -885,7 +949,7 @@ impl<R: Registrar> State<R> {
         &mut self,
         key: &RegKey,
         limits: CacheLimits,
-        dropped: &mut Vec<Arc<Entry<R>>>,
+        dropped: &mut impl Extend<Arc<Entry<R>>>,
     ) -> bool {
         let length = key.range.length();
         let mut covered = Vec::new();
@@ -946,7 +1010,7 @@ impl<R: Registrar> State<R> {
             debug_assert!(indexed.is_some(), "{} is not in the index", entry.key);
             self.bytes -= entry.key.range.length();
             self.evictions += 1;
-            dropped.push(entry);
+            dropped.extend([entry]);
         }
         self.evicting = evicted;
         true
@@ -962,12 +1026,12 @@ impl<R: Registrar> State<R> {
     }
 
     /// Takes the entries `removed` from the index off the LRU list.
-    fn take(&mut self, removed: Vec<Cached<R>>, dropped: &mut Vec<Arc<Entry<R>>>) {
+    fn take(&mut self, removed: Vec<Cached<R>>, dropped: &mut impl Extend<Arc<Entry<R>>>) {
         for (slot, indexed) in removed {
             drop(indexed);
             let entry = self.lru.remove(slot);
             self.bytes -= entry.key.range.length();
-            dropped.push(entry);
+            dropped.extend([entry]);
         }
     }
 }

@@ -482,6 +482,33 @@ fn dropping_the_cache_deregisters_what_no_one_holds() {
     assert!(nic.live().is_empty());
 }
 
+/// The cache holds a registrar only through its live registrations: once they are gone it
+/// holds no reference to it, and a registrar made after it (likely at the same address) has
+/// its registrations deregistered by itself.
+#[test]
+fn a_registrar_is_held_only_by_its_live_registrations() {
+    let cache = cache(16, 1 << 30);
+    let other = FakeRegistrar::new(2);
+    let kept = get(&cache, &other, EXPORT, 0, 1, RW);
+    for round in 0..8 {
+        let nic = FakeRegistrar::new(1);
+        let held = get(&cache, &nic, EXPORT, round, 1, RW);
+        get(&cache, &nic, EXPORT, 100 + round, 1, RW);
+        assert_eq!(nic.live().len(), 2);
+        assert_eq!(cache.invalidate_domain(DomainId(1)), 2);
+        assert_eq!(nic.live(), HashSet::from([held.mr().id]));
+        drop(held);
+        assert!(nic.live().is_empty());
+        assert_eq!(
+            Arc::strong_count(&nic),
+            1,
+            "the cache still holds the registrar"
+        );
+    }
+    assert_eq!(other.live(), HashSet::from([kept.mr().id]));
+    assert_eq!(cache.stats().entries, 1);
+}
+
 #[test]
 fn stats_are_plain_serializable_numbers() {
     let cache = cache(16, 1 << 30);

@@ -62,8 +62,9 @@
 //!   thread cached an entry meanwhile, O(log n) to drop the k entries the new one
 //!   contains and for each of the e evicted entries, and O(log n) to insert:
 //!   O((1 + k + e) log n), plus moving the vector elements after each. In the steady state
-//!   a miss allocates the entry, and a list of what it dropped only when it drops more than
-//!   one; the index reuses emptied vectors and eviction its list of victims. Eviction
+//!   a miss allocates nothing: its entry takes the allocation of the one it evicted, what it
+//!   dropped is listed inline unless it dropped more than one, the index reuses emptied
+//!   vectors and eviction its list of victims. Eviction
 //!   passes over the h entries in use that are older than the last one it evicts: O(h k)
 //!   more. Entries in use are never evicted (as libfabric keeps them off its LRU list); when
 //!   the limits leave no room for a new entry without evicting one, it is handed out
@@ -567,7 +568,7 @@ impl<R: Registrar> RegCache<R> {
                 entry.uncached = Some(Uncached::Invalidated);
                 Arc::new(entry)
             } else if state.make_room(&key, self.limits, &mut dropped) {
-                let entry = Arc::new(entry);
+                let entry = dropped.recycle(entry);
                 state.insert(Arc::clone(&entry));
                 entry
             } else {
@@ -809,6 +810,8 @@ impl<R: Registrar> fmt::Debug for RegCache<R> {
 struct Dropped<R: Registrar> {
     first: Option<Arc<Entry<R>>>,
     more: Vec<Arc<Entry<R>>>,
+    /// What [`Dropped::recycle`] took out of the first one's allocation.
+    recycled: Option<Entry<R>>,
 }
 
 impl<R: Registrar> Default for Dropped<R> {
@@ -816,7 +819,24 @@ impl<R: Registrar> Default for Dropped<R> {
         Self {
             first: None,
             more: Vec::new(),
+            recycled: None,
         }
+    }
+}
+
+impl<R: Registrar> Dropped<R> {
+    /// `entry` in the allocation of the first dropped entry if nothing else refers to that
+    /// one (an evicted entry: no handle, no weak reference), whose registration is then
+    /// released with the others; else in a new one. Saves a miss that evicts an allocation,
+    /// its freeing, and the dropped entry's two locked decrements (strong and weak).
+    fn recycle(&mut self, entry: Entry<R>) -> Arc<Entry<R>> {
+        if let Some(first) = self.first.as_mut() {
+            if let Some(unique) = Arc::get_mut(first) {
+                self.recycled = Some(std::mem::replace(unique, entry));
+                return self.first.take().expect("just seen");
+            }
+        }
+        Arc::new(entry)
     }
 }
 

@@ -365,13 +365,31 @@ struct Entry<R: Registrar> {
     referenced: AtomicBool,
 }
 
+impl<R: Registrar> Entry<R> {
+    fn new(key: RegKey, mr: R::Mr, binding: Arc<Binding<R>>, uncached: Option<Uncached>) -> Self {
+        Self {
+            key,
+            mr: Some(mr),
+            binding,
+            uncached,
+            told: AtomicBool::new(false),
+            referenced: AtomicBool::new(false),
+        }
+    }
+}
+
 impl<R: Registrar> Drop for Entry<R> {
     fn drop(&mut self) {
         if let Some(mr) = self.mr.take() {
-            self.binding.registrar.deregister(mr);
-            self.binding.counters.deregistrations.add(slot::current());
+            release(&*self.binding.registrar, &self.binding.counters, mr);
         }
     }
+}
+
+/// Deregisters `mr` and counts it.
+fn release<R: Registrar>(registrar: &R, counters: &Counters, mr: R::Mr) {
+    registrar.deregister(mr);
+    counters.deregistrations.add(slot::current());
 }
 
 /// A handle to a registration that serves a request. The registration stays registered at
@@ -537,50 +555,51 @@ impl<R: Registrar> RegCache<R> {
         self.counters.registrations.add(slot::current());
         let Ok(mut state) = self.state.write() else {
             // No entry holds it yet: deregistered here.
-            registrar.deregister(mr);
-            self.counters.deregistrations.add(slot::current());
+            release(&**registrar, &self.counters, mr);
             panic!("a thread panicked while updating the registration cache");
         };
-        let mut entry = Entry {
-            key,
-            mr: Some(mr),
-            binding: state.binding(registrar, &self.counters),
-            uncached: bypass,
-            told: AtomicBool::new(false),
-            referenced: AtomicBool::new(false),
-        };
-        let mut dropped = Dropped::default();
         let raced = if bypass.is_none() && state.insertions != seen.insertions {
             state.find(&key)
         } else {
             None
         };
-        let entry = if let Some(cached) = raced {
+        if let Some(cached) = raced {
             // Another thread registered a containing range meanwhile: use that, and
             // deregister ours (outside the lock).
             drop(state);
-            drop(entry);
-            cached
+            release(&**registrar, &self.counters, mr);
+            return Ok(Registration {
+                entry: cached,
+                requested: range,
+            });
+        }
+        let mut dropped = Dropped::new(registrar, &self.counters);
+        let uncached = if bypass.is_some() {
+            bypass
+        } else if state.epoch != seen.epoch || state.revoked(export.device()) {
+            Some(Uncached::Invalidated)
+        } else if state.make_room(&key, self.limits, &mut dropped) {
+            None
         } else {
-            let entry = if bypass.is_some() {
-                Arc::new(entry)
-            } else if state.epoch != seen.epoch || state.revoked(export.device()) {
-                entry.uncached = Some(Uncached::Invalidated);
-                Arc::new(entry)
-            } else if state.make_room(&key, self.limits, &mut dropped) {
-                let entry = dropped.recycle(entry);
+            Some(Uncached::Full)
+        };
+        let entry = match uncached {
+            None => {
+                let entry = dropped.recycle(key, mr).unwrap_or_else(|mr| {
+                    let binding = state.binding(registrar, &self.counters);
+                    Arc::new(Entry::new(key, mr, binding, None))
+                });
                 state.insert(Arc::clone(&entry));
                 entry
-            } else {
-                entry.uncached = Some(Uncached::Full);
-                Arc::new(entry)
-            };
-            if entry.uncached.is_some() {
-                state.track(&entry);
             }
-            drop(state);
-            entry
+            Some(why) => {
+                let binding = state.binding(registrar, &self.counters);
+                let entry = Arc::new(Entry::new(key, mr, binding, Some(why)));
+                state.track(&entry);
+                entry
+            }
         };
+        drop(state);
         drop(dropped);
         if entry.uncached.is_some() {
             self.counters.uncached.fetch_add(1, Relaxed);
@@ -807,40 +826,64 @@ impl<R: Registrar> fmt::Debug for RegCache<R> {
 
 /// The entries a miss drops under the lock, released once it has let go of it: the first
 /// without allocating (a miss in a full cache evicts one, typically), the others in a vector.
-struct Dropped<R: Registrar> {
+struct Dropped<'a, R: Registrar> {
     first: Option<Arc<Entry<R>>>,
     more: Vec<Arc<Entry<R>>>,
-    /// What [`Dropped::recycle`] took out of the first one's allocation.
-    recycled: Option<Entry<R>>,
+    /// The registration [`Dropped::recycle`] took out of the first one's allocation, made by
+    /// the miss's registrar.
+    recycled: Option<R::Mr>,
+    registrar: &'a Arc<R>,
+    counters: &'a Counters,
 }
 
-impl<R: Registrar> Default for Dropped<R> {
-    fn default() -> Self {
+impl<'a, R: Registrar> Dropped<'a, R> {
+    /// For a miss of `registrar` in the cache that counts in `counters`.
+    fn new(registrar: &'a Arc<R>, counters: &'a Counters) -> Self {
         Self {
             first: None,
             more: Vec::new(),
             recycled: None,
+            registrar,
+            counters,
+        }
+    }
+
+    /// A new cached entry for `mr` of `key`, in the allocation of the first dropped entry if
+    /// nothing else refers to that one (an evicted entry: no handle, no weak reference) and
+    /// the miss's registrar made it; its registration is then released with the others.
+    /// Saves a miss that evicts an allocation and its freeing, and four locked instructions:
+    /// the dropped entry's two decrements (strong and weak), and the binding's increment and
+    /// decrement (the entry keeps its binding). Else gives `mr` back.
+    fn recycle(&mut self, key: RegKey, mr: R::Mr) -> Result<Arc<Entry<R>>, R::Mr> {
+        let Some(old) = self.first.as_mut().and_then(Arc::get_mut) else {
+            return Err(mr);
+        };
+        if !Arc::ptr_eq(&old.binding.registrar, self.registrar) {
+            return Err(mr);
+        }
+        self.recycled = old.mr.replace(mr);
+        old.key = key;
+        old.uncached = None;
+        // The listener is told only of entries that are out of the cache: not of an evicted one.
+        debug_assert!(
+            !*old.told.get_mut(),
+            "{} was told of and then evicted",
+            old.key
+        );
+        *old.referenced.get_mut() = false;
+        Ok(self.first.take().expect("just seen"))
+    }
+}
+
+impl<R: Registrar> Drop for Dropped<'_, R> {
+    fn drop(&mut self) {
+        if let Some(mr) = self.recycled.take() {
+            release(&**self.registrar, self.counters, mr);
         }
     }
 }
 
-impl<R: Registrar> Dropped<R> {
-    /// `entry` in the allocation of the first dropped entry if nothing else refers to that
-    /// one (an evicted entry: no handle, no weak reference), whose registration is then
-    /// released with the others; else in a new one. Saves a miss that evicts an allocation,
-    /// its freeing, and the dropped entry's two locked decrements (strong and weak).
-    fn recycle(&mut self, entry: Entry<R>) -> Arc<Entry<R>> {
-        if let Some(first) = self.first.as_mut() {
-            if let Some(unique) = Arc::get_mut(first) {
-                self.recycled = Some(std::mem::replace(unique, entry));
-                return self.first.take().expect("just seen");
-            }
-        }
-        Arc::new(entry)
-    }
-}
-
-impl<R: Registrar> Extend<Arc<Entry<R>>> for Dropped<R> {
+impl<R: Registrar> Extend<Arc<Entry<R>>> for Dropped<'_, R> {
     fn extend<I: IntoIterator<Item = Arc<Entry<R>>>>(&mut self, entries: I) {
         for entry in entries {
             if self.first.is_none() {

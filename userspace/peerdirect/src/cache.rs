@@ -49,7 +49,7 @@
 //!   the export, then per (domain, access) group of that export whose access suffices
 //!   (typically one or two) a binary search for the predecessor in a sorted vector:
 //!   O(log n), exact (see `cache/index.rs` for why the predecessor is enough), and the index
-//!   holds the entry itself, so the recency list is not read. Recency is a mark on the entry
+//!   points to the entry itself, so the recency list is not read. Recency is a mark on the entry
 //!   (an atomic flag, written only when it changes) and the hit count a per-thread stripe,
 //!   so a hit writes no line that other threads' hits write. Its only locked instruction is
 //!   the handle's reference count (and the read lock's mark when the lock is not biased).
@@ -104,6 +104,7 @@
 mod barrier;
 mod index;
 mod key;
+mod lent;
 mod limits;
 mod lock;
 mod lru;
@@ -125,6 +126,7 @@ use crate::invalidation::Invalidate;
 use crate::{Device, DeviceStatus};
 use index::Index;
 pub use key::{Access, ByteRange, DomainId, ExportId, RangeError, RegKey};
+use lent::Lent;
 pub use limits::{CacheLimits, LimitsError, MAX_COUNT_VAR, MAX_SIZE_VAR};
 use lock::{ReadGuard, ReadMostly, WriteGuard};
 use lru::{Lru, Slot};
@@ -290,17 +292,20 @@ impl Stripes {
     }
 }
 
-/// What the index holds of a cached entry: where it is on the recency list, and a second
-/// reference to it, so that a hit goes from the index to the entry without the list (one
-/// dependent load less, 7 ns of a hit's 88 where that was measured, against two locked
-/// instructions more per miss).
-type Cached<R> = (Slot, Arc<Entry<R>>);
+/// What the index holds of a cached entry: where it is on the recency list, and a pointer
+/// to it lent from the list's reference ([`lent`]), so that a hit goes from the index to the
+/// entry without the list (one dependent load less, 7 ns of a hit's 88 where that was
+/// measured) and a miss does not pay for a second reference.
+type Cached<R> = (Slot, Lent<Entry<R>>);
 
-/// How many references the cache itself holds to an entry it caches: the recency list's and
-/// the index's. An entry with no more is idle: no [`Registration`] holds it.
-const CACHE_REFERENCES: usize = 2;
+/// How many references the cache itself holds to an entry it caches: the recency list's. An
+/// entry with no more is idle: no [`Registration`] holds it.
+const CACHE_REFERENCES: usize = 1;
 
 /// What the lock guards.
+///
+/// Every entry the index points to is on the recency list, which holds the cache's reference
+/// to it ([`Lent`]): the two change together, under the write lock.
 struct State<R: Registrar> {
     index: Index<Cached<R>>,
     lru: Lru<Arc<Entry<R>>>,
@@ -985,12 +990,18 @@ impl<R: Registrar> State<R> {
 
     /// A cached entry that serves `key`, marked as used (under the read lock: the mark is an
     /// atomic, written only when it changes, so that hits on one entry share its line).
+    #[allow(unsafe_code)]
+    #[inline]
     fn find(&self, key: &RegKey) -> Option<Arc<Entry<R>>> {
-        let (_, entry) = self.index.find(key)?;
+        let (_, lent) = self.index.find(key)?;
+        // SAFETY: the recency list holds a reference to every entry the index points to
+        // (`State`), and `&self` is borrowed from a guard of the lock under which both change:
+        // that reference lives until this returns.
+        let entry = unsafe { lent.to_arc() };
         if !entry.referenced.load(Relaxed) {
             entry.referenced.store(true, Relaxed);
         }
-        Some(Arc::clone(entry))
+        Some(entry)
     }
 
     /// Makes room to cache a registration of `key`, which no cached entry serves: drops the
@@ -1004,8 +1015,8 @@ impl<R: Registrar> State<R> {
     /// room. The dropped entries go to `dropped`, for the caller to release once it has let
     /// go of the lock.
     ///
-    /// An entry no handle holds has only the list's and the index's references
-    /// ([`CACHE_REFERENCES`]); under the lock none can be made (hits clone under it, and
+    /// An entry no handle holds has only the list's reference ([`CACHE_REFERENCES`]); under
+    /// the lock none can be made (hits clone under it, and
     /// cloning a [`Registration`] needs one), so an idle entry stays idle while the lock is
     /// held.
     fn make_room(
@@ -1019,7 +1030,7 @@ impl<R: Registrar> State<R> {
         self.index.remove_covered(key, &mut covered);
         let covered_bytes: u64 = covered
             .iter()
-            .map(|(_, entry)| entry.key.range.length())
+            .map(|&(slot, _)| self.lru.get(slot).key.range.length())
             .sum();
         let (mut count, mut bytes) = (self.lru.len() - covered.len(), self.bytes - covered_bytes);
         let fits = |count: usize, bytes: u64| {
@@ -1030,9 +1041,9 @@ impl<R: Registrar> State<R> {
         while !fits(count, bytes) {
             let Some(slot) = next else {
                 // Not even with every idle entry gone: leave the cache as it was.
-                for (slot, entry) in covered {
-                    let key = entry.key;
-                    self.index.insert(&key, (slot, entry));
+                for (slot, lent) in covered {
+                    let key = self.lru.get(slot).key;
+                    self.index.insert(&key, (slot, lent));
                 }
                 evicted.clear();
                 self.evicting = evicted;
@@ -1040,7 +1051,7 @@ impl<R: Registrar> State<R> {
             };
             next = self.lru.newer(slot);
             let entry = self.lru.get(slot);
-            // A covered entry is out of the index but in `covered`: as many references.
+            // A covered entry is out of the index but still on the list.
             if Arc::strong_count(entry) == CACHE_REFERENCES
                 && !covered.iter().any(|&(covered, _)| covered == slot)
             {
@@ -1061,16 +1072,22 @@ impl<R: Registrar> State<R> {
         }
         self.superseded += covered.len() as u64;
         // Those a handle holds live on uncached: invalidations must still find them.
-        for (_, entry) in &covered {
+        for &(slot, _) in &covered {
+            let entry = self.lru.get(slot);
             if Arc::strong_count(entry) > CACHE_REFERENCES {
-                self.track(entry);
+                let entry = Arc::clone(entry);
+                self.track(&entry);
             }
         }
         self.take(covered, dropped);
         for slot in evicted.drain(..) {
             let entry = self.lru.remove(slot);
             let indexed = self.index.remove(&entry.key);
-            debug_assert!(indexed.is_some(), "{} is not in the index", entry.key);
+            debug_assert!(
+                indexed.is_some_and(|(_, lent)| lent.is(&entry)),
+                "{} is not in the index",
+                entry.key
+            );
             self.bytes -= entry.key.range.length();
             self.evictions += 1;
             dropped.extend([entry]);
@@ -1083,15 +1100,15 @@ impl<R: Registrar> State<R> {
     fn insert(&mut self, entry: Arc<Entry<R>>) {
         self.insertions += 1;
         let key = entry.key;
-        let slot = self.lru.insert(Arc::clone(&entry));
-        self.index.insert(&key, (slot, entry));
+        let (entry, lent) = Lent::lend(entry);
+        let slot = self.lru.insert(entry);
+        self.index.insert(&key, (slot, lent));
         self.bytes += key.range.length();
     }
 
     /// Takes the entries `removed` from the index off the LRU list.
     fn take(&mut self, removed: Vec<Cached<R>>, dropped: &mut impl Extend<Arc<Entry<R>>>) {
-        for (slot, indexed) in removed {
-            drop(indexed);
+        for (slot, _) in removed {
             let entry = self.lru.remove(slot);
             self.bytes -= entry.key.range.length();
             dropped.extend([entry]);

@@ -856,9 +856,10 @@ impl<'a, R: Registrar> Dropped<'a, R> {
     /// A new cached entry for `mr` of `key`, in the allocation of the first dropped entry if
     /// nothing else refers to that one (an evicted entry: no handle, no weak reference) and
     /// the miss's registrar made it; its registration is then released with the others.
-    /// Saves a miss that evicts an allocation and its freeing, and four locked instructions:
-    /// the dropped entry's two decrements (strong and weak), and the binding's increment and
-    /// decrement (the entry keeps its binding). Else gives `mr` back.
+    /// Saves a miss that evicts an allocation and its freeing, and four locked instructions
+    /// (the dropped entry's two decrements, strong and weak, and the binding's increment and
+    /// decrement: the entry keeps its binding) for the one of `Arc::get_mut`'s check. Else
+    /// gives `mr` back.
     fn recycle(&mut self, key: RegKey, mr: R::Mr) -> Result<Arc<Entry<R>>, R::Mr> {
         let Some(old) = self.first.as_mut().and_then(Arc::get_mut) else {
             return Err(mr);

@@ -995,9 +995,9 @@ impl<R: Registrar> State<R> {
     #[inline]
     fn find(&self, key: &RegKey) -> Option<Arc<Entry<R>>> {
         let (_, lent) = self.index.find(key)?;
-        // SAFETY: the recency list holds a reference to every entry the index points to
-        // (`State`), and `&self` is borrowed from a guard of the lock under which both change:
-        // that reference lives until this returns.
+        // The recency list holds a reference to every entry the index points to (`State`), and
+        // `&self` is borrowed from a guard of the lock under which both change.
+        // SAFETY: so the list's reference to this entry lives until this returns.
         let entry = unsafe { lent.to_arc() };
         if !entry.referenced.load(Relaxed) {
             entry.referenced.store(true, Relaxed);

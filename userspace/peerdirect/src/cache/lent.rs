@@ -38,10 +38,9 @@ impl<T> Lent<T> {
     #[inline]
     pub(super) unsafe fn to_arc(&self) -> Arc<T> {
         let raw = self.0.as_ptr().cast_const();
-        // SAFETY: `raw` is the pointer `Arc::into_raw` returned in `lend`, and by the
-        // caller's contract a strong reference keeps the value alive while the count is
-        // incremented. The new count is then owned by the `Arc` that `from_raw` makes of the
-        // same pointer.
+        // `raw` is the pointer `Arc::into_raw` returned in `lend`; the new count is owned by the
+        // `Arc` that `from_raw` makes of that same pointer.
+        // SAFETY: by the caller's contract a strong reference keeps the value alive meanwhile.
         unsafe {
             Arc::increment_strong_count(raw);
             Arc::from_raw(raw)

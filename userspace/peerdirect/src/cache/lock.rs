@@ -471,9 +471,9 @@ impl<T> Deref for ReadGuard<'_, T> {
 
     #[inline]
     fn deref(&self) -> &T {
-        // SAFETY: while this guard lives its mark (its slot's, or its count in the shared
-        // counter) is set, set while no writer was in: no writer has access (module proof),
-        // and readers only share.
+        // While this guard lives its mark (its slot's, or its count in the shared counter) is
+        // set, and it was set while no writer was in.
+        // SAFETY: so no writer has access (module proof), and readers only share.
         unsafe { &*self.lock.data.get() }
     }
 }

@@ -302,6 +302,9 @@ type Cached<R> = (Slot, Lent<Entry<R>>);
 /// entry with no more is idle: no [`Registration`] holds it.
 const CACHE_REFERENCES: usize = 1;
 
+/// What a request or `stats` panics with when the lock is poisoned (see [`RegCache::read`]).
+const POISONED: &str = "a thread panicked while updating the registration cache";
+
 /// What the lock guards.
 ///
 /// Every entry the index points to is on the recency list, which holds the cache's reference
@@ -561,7 +564,7 @@ impl<R: Registrar> RegCache<R> {
         let Ok(mut state) = self.state.write() else {
             // No entry holds it yet: deregistered here.
             release(&**registrar, &self.counters, mr);
-            panic!("a thread panicked while updating the registration cache");
+            panic!("{POISONED}");
         };
         let raced = if bypass.is_none() && state.insertions != seen.insertions {
             state.find(&key)
@@ -783,15 +786,11 @@ impl<R: Registrar> RegCache<R> {
     // Only this module's bookkeeping runs under the lock (registrars are called outside it),
     // so a poisoned lock is a bug in it; the index may be inconsistent.
     fn read(&self) -> ReadGuard<'_, State<R>> {
-        self.state
-            .read()
-            .expect("a thread panicked while updating the registration cache")
+        self.state.read().expect(POISONED)
     }
 
     fn write(&self) -> WriteGuard<'_, State<R>> {
-        self.state
-            .write()
-            .expect("a thread panicked while updating the registration cache")
+        self.state.write().expect(POISONED)
     }
 }
 

@@ -60,6 +60,11 @@ impl Attachment<'_> {
     /// device). `live` gives the HBM device while it is bound; it is asked only when
     /// `verdicts`, the device's cache, does not know the importer's device (the verdict reads
     /// the HBM device's p2pdma state, which goes with its binding).
+    ///
+    /// A hit is inlined into the `attach` callback and the miss is called: on a kernel whose
+    /// Rust helpers are calls (a GCC-built distro kernel), each call is a large part of what
+    /// a hit costs.
+    #[inline(always)]
     pub(crate) fn p2p_route<'h>(
         &self,
         verdicts: &Verdicts,
@@ -71,10 +76,23 @@ impl Attachment<'_> {
         }
         // Taken before the verdict: a device deleted meanwhile makes it stale at once.
         let (device, generation) = (self.dev() as usize, ffi::pci_generation());
-        if let Some(route) = verdicts.get(device, generation) {
-            return Ok(route);
+        match verdicts.get(device, generation) {
+            Some(route) => Ok(route),
+            None => self.p2p_route_asked(verdicts, live, generation),
         }
-        let live = live()?;
+    }
+
+    /// [`Attachment::p2p_route`] when `verdicts` does not know the importer's device under
+    /// `generation`: the kernel's verdict, kept for the next attach.
+    #[cold]
+    #[inline(never)]
+    fn p2p_route_asked<'h>(
+        &self,
+        verdicts: &Verdicts,
+        live: impl FnOnce() -> Result<Live<'h>>,
+        generation: u64,
+    ) -> Result<Option<Route>> {
+        let (device, live) = (self.dev() as usize, live()?);
         let route = ffi::p2p_distance(live.pci_device(), self.dev()).map(|distance| Route {
             distance,
             by_bus_address: self
@@ -147,8 +165,7 @@ impl Attachment<'_> {
     /// Whether the importer drops its mappings when told to (`dma_buf_attach_revocable`):
     /// false for pinned importers such as EFA memory registrations.
     pub(crate) fn is_revocable(&self) -> bool {
-        // SAFETY: `raw` is valid for the callback (type invariant).
-        unsafe { bindings::dma_buf_attach_revocable(self.raw.as_ptr()) }
+        ffi::attach_revocable(self.raw.as_ptr())
     }
 
     /// Whether the importer's DMA is translated by an IOMMU (its device is in a DMA domain).
@@ -163,6 +180,7 @@ impl Attachment<'_> {
 
     /// Maps `len` bytes of the BAR at CPU physical address `paddr` for the importer, in
     /// segments of at most `seg` bytes (a multiple of the page size).
+    #[inline]
     pub(crate) fn map_range(
         &self,
         provider: &P2pProvider,

@@ -590,6 +590,18 @@ pub(crate) fn dma_max_seg_size(dev: *mut bindings::device) -> u32 {
     }
 }
 
+/// Whether `attach`'s importer drops its mappings when told to (the kernel's
+/// `dma_buf_attach_revocable()`, read here rather than through a call: map asks it every
+/// time). `attach` must be an attachment passed to one of our callbacks.
+pub(crate) fn attach_revocable(attach: *mut bindings::dma_buf_attachment) -> bool {
+    // SAFETY: `attach` is live for the callback (callers); its `importer_ops`, set at attach
+    // and never changed, is NULL or the importer's operations, which outlive its attachments.
+    unsafe {
+        let ops = (*attach).importer_ops;
+        !ops.is_null() && (*ops).invalidate_mappings.is_some()
+    }
+}
+
 /// Whether the DMA API maps `dev`'s DMA through an IOMMU (a DMA domain). `dev` must be a live
 /// `struct device` (an attachment's).
 pub(crate) fn dev_dma_translated(dev: *mut bindings::device) -> bool {
@@ -614,6 +626,7 @@ const MAP_ON_STACK: usize = 8;
 ///
 /// `attach` is being mapped with its dma-buf's reservation lock held, `provider` is live, and
 /// `seg` is a non-zero multiple of the page size.
+#[inline]
 pub(crate) unsafe fn map_phys(
     attach: *mut bindings::dma_buf_attachment,
     provider: *mut bindings::p2pdma_provider,

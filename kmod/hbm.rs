@@ -283,6 +283,7 @@ impl Hbm {
     }
 
     /// Counts a mapping made for an importer.
+    #[inline]
     pub(crate) fn mapped(&self, revocable: bool) {
         if revocable {
             self.mappings.revocable.fetch_add(1, Relaxed);
@@ -293,18 +294,25 @@ impl Hbm {
     }
 
     /// Counts a mapping undone by an importer.
+    #[inline]
     pub(crate) fn unmapped(&self, revocable: bool) {
         if !revocable {
             self.mappings.pinned.fetch_sub(1, Release);
             self.memory.pinned_mappings.fetch_sub(1, Relaxed);
         } else if self.mappings.revocable.fetch_sub(1, Full) == REMOVAL_WAITS | 1 {
-            // Only removal waits. It sets the mark in the count's own word, then reads the
-            // count under this lock before it sleeps. Either our decrement came first (removal
-            // reads 0 and does not sleep), or we see the mark and signal under this lock, when
-            // removal has read the count and is asleep: no signal is lost.
-            let _lock = self.unmapped_lock.lock();
-            self.unmapped.notify_all();
+            self.wake_removal();
         }
+    }
+
+    /// Tells removal, which waits for it, that the last revocable mapping went.
+    #[cold]
+    fn wake_removal(&self) {
+        // Only removal waits. It sets the mark in the count's own word, then reads the count
+        // under this lock before it sleeps. Either our decrement came first (removal reads 0
+        // and does not sleep), or we see the mark and signal under this lock, when removal has
+        // read the count and is asleep: no signal is lost.
+        let _lock = self.unmapped_lock.lock();
+        self.unmapped.notify_all();
     }
 
     /// Forgets an export, from its release.

@@ -10,7 +10,7 @@
  *
  *   fd=N dev=DDDD:BB:SS.F mode=dynamic|pinned|revocable|static [hbm=DDDD:BB:SS.F]
  *        [dir=bidir|to_device|from_device] [p2p=0|1] [hold=0|1] [stall=MS] [defer=MS]
- *        [max_seg=BYTES]
+ *        [max_seg=BYTES] [cycles=N]
  *	attach dma-buf fd N (an fd of the writing process) to PCI device dev, (pin,) map, walk
  *	the sg table, then unmap, (unpin,) detach, unless hold=1: then the attachment stays
  *	mapped until "release id=I". With hbm=, also reports the kernel's P2P distance from
@@ -25,6 +25,10 @@
  *	max_seg=BYTES (not with hold=1) sets dev's DMA max segment size for the command, and
  *	puts the old one back after: an RDMA NIC's (EFA: UINT_MAX, mlx5: 2 GiB) where the
  *	stand-in has the PCI default (64 KiB).
+ *	cycles=N (not with hold=1) repeats the whole cycle N times in all (N-1 more times after
+ *	the reported one, each mapping as many entries as the first) and adds each step's
+ *	median time over the N cycles (attach_ns_p50, map_ns_p50, unmap_detach_ns_p50), so that
+ *	a benchmark's numbers are not single samples.
  *   stalls		how many stalled invalidations have started (takes no lock)
  *   status id=I	invalidations seen, whether mapped, whether revoked
  *   remap id=I		map again an attachment whose mapping the exporter invalidated
@@ -53,6 +57,7 @@
 #include <linux/scatterlist.h>
 #include <linux/seq_buf.h>
 #include <linux/slab.h>
+#include <linux/sort.h>
 #include <linux/string.h>
 #include <linux/uaccess.h>
 #include <linux/workqueue.h>
@@ -190,9 +195,12 @@ struct pdi_cmd {
 	bool has_mode;
 	enum dma_data_direction dir;
 	bool p2p, hold;
-	unsigned int stall_ms, defer_ms, max_seg;
+	unsigned int stall_ms, defer_ms, max_seg, cycles;
 	u32 id;
 };
+
+/* The most cycles= one command runs. */
+#define PDI_MAX_CYCLES 100000
 
 static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 {
@@ -262,6 +270,10 @@ static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 			ret = kstrtouint(val, 10, &cmd->stall_ms);
 		} else if (!strcmp(tok, "defer")) {
 			ret = kstrtouint(val, 10, &cmd->defer_ms);
+		} else if (!strcmp(tok, "cycles")) {
+			ret = kstrtouint(val, 10, &cmd->cycles);
+			if (!ret && (!cmd->cycles || cmd->cycles > PDI_MAX_CYCLES))
+				ret = -EINVAL;
 		} else if (!strcmp(tok, "max_seg")) {
 			ret = kstrtouint(val, 0, &cmd->max_seg);
 			if (!ret && cmd->max_seg < PAGE_SIZE)
@@ -283,6 +295,10 @@ static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 		}
 		if (cmd->max_seg && cmd->hold) {
 			seq_buf_puts(out, "error=max_seg= needs hold=0\n");
+			return -EINVAL;
+		}
+		if (cmd->cycles && cmd->hold) {
+			seq_buf_puts(out, "error=cycles= needs hold=0\n");
 			return -EINVAL;
 		}
 		if (cmd->defer_ms && cmd->mode != PDI_DYNAMIC) {
@@ -411,8 +427,110 @@ static int pdi_run(const struct pdi_cmd *cmd, struct seq_buf *out)
 	return ret;
 }
 
+static int pdi_cmp_u64(const void *a, const void *b)
+{
+	u64 x = *(const u64 *)a, y = *(const u64 *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* The median of n > 0 samples (sorted in place). */
+static u64 pdi_median(u64 *t, unsigned int n)
+{
+	sort(t, n, sizeof(*t), pdi_cmp_u64, NULL);
+	return t[n / 2];
+}
+
+/*
+ * cycles=N: N-1 more attach, (pin,) map, unmap, (unpin,) detach cycles of p's buffer by p's
+ * device, after the reported first one whose times are first[] and which mapped nents
+ * entries; then the median of each step over all N. p is torn down (not freed) on entry
+ * and on return.
+ */
+static void pdi_cycles(const struct pdi_cmd *cmd, struct pdi_attachment *p, unsigned int nents,
+		      const u64 first[3], struct seq_buf *out)
+{
+	struct dma_resv *resv = p->dmabuf->resv;
+	unsigned int i, n = cmd->cycles;
+	struct sg_table *sgt;
+	u64 *t, t0, t1;
+	int ret = 0;
+
+	t = kmalloc_array(3 * n, sizeof(*t), GFP_KERNEL);
+	if (!t) {
+		seq_buf_printf(out, "cycles_failed=%d\n", -ENOMEM);
+		return;
+	}
+	t[0] = first[0];
+	t[n] = first[1];
+	t[2 * n] = first[2];
+	for (i = 1; i < n; i++) {
+		t0 = ktime_get_ns();
+		if (cmd->mode == PDI_STATIC)
+			p->attach = dma_buf_attach(p->dmabuf, &p->nic->dev);
+		else
+			p->attach = dma_buf_dynamic_attach(p->dmabuf, &p->nic->dev,
+							   &pdi_ops[cmd->mode][cmd->p2p], p);
+		t1 = ktime_get_ns();
+		if (IS_ERR(p->attach)) {
+			ret = PTR_ERR(p->attach);
+			p->attach = NULL;
+			seq_buf_printf(out, "cycles_error=cycle %u: attach failed with %d\n", i + 1, ret);
+			break;
+		}
+		t[i] = t1 - t0;
+		dma_resv_lock(resv, NULL);
+		if (cmd->mode == PDI_PINNED || cmd->mode == PDI_REVOCABLE) {
+			ret = dma_buf_pin(p->attach);
+			if (ret) {
+				seq_buf_printf(out, "cycles_error=cycle %u: pin failed with %d\n", i + 1,
+					       ret);
+				dma_resv_unlock(resv);
+				pdi_teardown(p);
+				break;
+			}
+			p->pinned = true;
+		}
+		t0 = ktime_get_ns();
+		sgt = dma_buf_map_attachment(p->attach, p->dir);
+		t1 = ktime_get_ns();
+		if (IS_ERR(sgt)) {
+			ret = PTR_ERR(sgt);
+			seq_buf_printf(out, "cycles_error=cycle %u: map failed with %d\n", i + 1, ret);
+			dma_resv_unlock(resv);
+			pdi_teardown(p);
+			break;
+		}
+		p->sgt = sgt;
+		t[n + i] = t1 - t0;
+		dma_resv_wait_timeout(resv, DMA_RESV_USAGE_KERNEL, false, MAX_SCHEDULE_TIMEOUT);
+		dma_resv_unlock(resv);
+		if (sgt->nents != nents) {
+			seq_buf_printf(out, "cycles_error=cycle %u: %u entries, the first cycle mapped %u\n",
+				       i + 1, sgt->nents, nents);
+			ret = -EIO;
+			pdi_teardown(p);
+			break;
+		}
+		t0 = ktime_get_ns();
+		pdi_teardown(p);
+		t1 = ktime_get_ns();
+		t[2 * n + i] = t1 - t0;
+	}
+	seq_buf_printf(out, "cycles_failed=%d\n", ret);
+	if (!ret) {
+		seq_buf_printf(out, "cycles=%u\n", n);
+		seq_buf_printf(out, "attach_ns_p50=%llu\n", pdi_median(t, n));
+		seq_buf_printf(out, "map_ns_p50=%llu\n", pdi_median(t + n, n));
+		seq_buf_printf(out, "unmap_detach_ns_p50=%llu\n", pdi_median(t + 2 * n, n));
+	}
+	kfree(t);
+}
+
 static int pdi_run_on(const struct pdi_cmd *cmd, struct seq_buf *out, struct pci_dev *nic)
 {
+	u64 first[3] = {};
+	unsigned int nents = 0;
 	struct device *dev = &nic->dev;
 	struct pdi_attachment *p;
 	struct dma_buf *dmabuf;
@@ -476,6 +594,7 @@ static int pdi_run_on(const struct pdi_cmd *cmd, struct seq_buf *out, struct pci
 	ret = PTR_ERR_OR_ZERO(p->attach);
 	seq_buf_printf(out, "attach=%d\n", ret);
 	seq_buf_printf(out, "attach_ns=%llu\n", t1 - t0);
+	first[0] = t1 - t0;
 	if (ret) {
 		p->attach = NULL;
 		pdi_free(p);
@@ -505,6 +624,8 @@ static int pdi_run_on(const struct pdi_cmd *cmd, struct seq_buf *out, struct pci
 	if (ret)
 		goto out_unlock;
 	p->sgt = sgt;
+	first[1] = t1 - t0;
+	nents = sgt->nents;
 
 	/* As ib_umem_dmabuf_map_pages(): the contents are valid once the kernel fences signal. */
 	wait = dma_resv_wait_timeout(resv, DMA_RESV_USAGE_KERNEL, false, MAX_SCHEDULE_TIMEOUT);
@@ -528,6 +649,10 @@ out_unlock:
 	t1 = ktime_get_ns();
 	seq_buf_printf(out, "unmap_detach_ns=%llu\n", t1 - t0);
 	seq_buf_printf(out, "invalidations=%u\n", p->invalidations);
+	first[2] = t1 - t0;
+	/* More cycles only after a first one that mapped: a failure is its result. */
+	if (cmd->cycles > 1 && nents)
+		pdi_cycles(cmd, p, nents, first, out);
 	pdi_free(p);
 	return 0;
 }

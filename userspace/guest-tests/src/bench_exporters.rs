@@ -41,7 +41,7 @@ use peerdirect::{Device, DmaBuf, ExportFlags, PciAddress};
 use rustix::fs::{MemfdFlags, SealFlags};
 
 use crate::support::{find_nic, size_name, write_sysfs, SYSFS_PCI_DEVICES};
-use crate::testmod::TestModule;
+use crate::testmod::{Report, TestModule};
 use crate::INDEX;
 
 const MIB: u64 = 1 << 20;
@@ -49,8 +49,13 @@ const MIB: u64 = 1 << 20;
 const SIZES: [u64; 4] = [2 * MIB, 64 * MIB, 1 << 30, 16 << 30];
 /// udmabuf's largest: its memory is guest RAM, allocated and pinned at create.
 const UDMABUF_MAX: u64 = 1 << 30;
-/// Attachments per case; times are the best of them.
+/// Commands per case in each round; times are the best of them.
 const RUNS: usize = 5;
+/// Cycles (attach, map, unmap+detach) that one command runs where peerdirect maps at most
+/// [`CYCLES_UP_TO`] entries (every real NIC's row): its time is the median of them, not one
+/// sample, which is what single samples of a microsecond-long step varied by under TCG.
+const CYCLES: u64 = 40;
+const CYCLES_UP_TO: u64 = 64;
 /// The HBM BAR (ivshmem-plain's BAR 2), as vfio-pci's region index.
 const HBM_BAR: u32 = 2;
 /// The importer's DMA max segment sizes, and whose they are.
@@ -110,8 +115,9 @@ struct Measured {
 }
 
 /// Attaches `dmabuf` to `nic` [`RUNS`] times in dynamic mode, each time mapping, walking and
-/// unmapping it; checks every run mapped the whole buffer into the same number of entries and
-/// keeps the best times.
+/// unmapping it, and for a case of few entries repeating that [`CYCLES`] times in the kernel
+/// (each run's times are then the medians of its cycles); checks every run mapped the whole
+/// buffer into the same number of entries and keeps the best times.
 fn measure(
     importer: &mut TestModule,
     nic: &str,
@@ -120,10 +126,16 @@ fn measure(
     max_seg: u64,
 ) -> Result<Measured, String> {
     let hbm = hbm.map_or(String::new(), |hbm| format!(" hbm={hbm}"));
+    let cycles = cycles_for(dmabuf.length(), max_seg);
     let line = format!(
-        "fd={} dev={nic} mode=dynamic{hbm} max_seg={max_seg}",
+        "fd={} dev={nic} mode=dynamic{hbm} max_seg={max_seg} cycles={cycles}",
         dmabuf.as_fd().as_raw_fd()
     );
+    // The median of the run's cycles, or its one sample.
+    let time = |report: &Report, key: &str| match cycles {
+        1 => report.uint(key),
+        _ => report.uint(&format!("{key}_p50")),
+    };
     let mut best: Option<Measured> = None;
     for run in 1..=RUNS {
         let report = importer.command(&line)?;
@@ -135,6 +147,12 @@ fn measure(
                     report.summary()
                 ));
             }
+        }
+        if cycles > 1 && report.int("cycles_failed")? != 0 {
+            return Err(format!(
+                "run {run}: {}",
+                report.get("cycles_error").unwrap_or("a cycle failed")
+            ));
         }
         let total = report.uint("dma_total")?;
         if total != dmabuf.length() {
@@ -148,9 +166,9 @@ fn measure(
             max_seg: report.uint("max_seg")?,
             max_entry: report.uint("max_entry")?,
             over_max_seg: report.uint("over_max_seg")?,
-            attach_ns: report.uint("attach_ns")?,
-            map_ns: report.uint("map_ns")?,
-            unmap_detach_ns: report.uint("unmap_detach_ns")?,
+            attach_ns: time(&report, "attach_ns")?,
+            map_ns: time(&report, "map_ns")?,
+            unmap_detach_ns: time(&report, "unmap_detach_ns")?,
             exp_name: report.get("exporter")?.to_owned(),
             dma_first: report.uint("dma_first")?,
             importer_iommu: report.get("importer_iommu")?.to_owned(),
@@ -654,6 +672,17 @@ fn table(results: &Results, sizes: &[u64]) -> Vec<String> {
     lines
 }
 
+/// How many cycles one command of a case runs: [`CYCLES`] where peerdirect maps at most
+/// [`CYCLES_UP_TO`] entries, else 1 (a map of thousands of entries is long enough to time
+/// alone, and many of them would make the run long).
+fn cycles_for(len: u64, max_seg: u64) -> u64 {
+    if expected_nents(len, max_seg) <= CYCLES_UP_TO {
+        CYCLES
+    } else {
+        1
+    }
+}
+
 /// The sg entries peerdirect owes an importer: one per `min(len, max segment)`, the max
 /// segment rounded down to the page size.
 fn expected_nents(len: u64, max_seg: u64) -> u64 {
@@ -871,8 +900,10 @@ pub(crate) fn run() -> ExitCode {
     println!(
         "# exporters → NIC {nic} (virtio-net) through peerdirect_importer, mode=dynamic \
          (allow_peer2peer + invalidate_mappings: vfio-pci refuses importers it cannot revoke, so \
-         all three attach this way); HBM {} ({}, bus address {:#x}); best of {RUNS} in each \
-         of {ROUNDS} rounds that alternate peerdirect and vfio-pci (udmabuf: one round)",
+         all three attach this way); HBM {} ({}, bus address {:#x}); best of {RUNS} commands \
+         in each of {ROUNDS} rounds that alternate peerdirect and vfio-pci (udmabuf: one \
+         round), a command's time the median of its {CYCLES} cycles where peerdirect maps at \
+         most {CYCLES_UP_TO} entries, else its one cycle",
         info.pci_address,
         size_name(info.hbm_bytes),
         info.hbm_bus_addr
@@ -1453,6 +1484,23 @@ mod tests {
             "{}",
             lines[udmabuf]
         );
+    }
+
+    #[test]
+    fn few_entries_are_timed_over_many_cycles_in_one_command() {
+        const GIB: u64 = 1 << 30;
+        // 32 and 64 entries of the PCI default's 64 KiB: many cycles.
+        assert_eq!(cycles_for(2 * MIB, 64 << 10), CYCLES);
+        assert_eq!(cycles_for(4 * MIB, 64 << 10), CYCLES);
+        // 65 and more: one.
+        assert_eq!(cycles_for(4 * MIB + 4096, 64 << 10), 1);
+        assert_eq!(cycles_for(64 * MIB, 64 << 10), 1);
+        // Real NICs' rows: at most 8 entries.
+        for seg in [2 * GIB, u32::MAX as u64] {
+            for len in SIZES {
+                assert_eq!(cycles_for(len, seg), CYCLES, "{len} with {seg}");
+            }
+        }
     }
 
     #[test]

@@ -53,6 +53,9 @@ impl Writer for Stats {
             "mappings_pinned: {}",
             hbm.memory.pinned_mappings.load(Relaxed)
         )?;
+        let (asked, kept) = hbm.verdicts.counts();
+        writeln!(f, "p2p_verdicts_asked: {asked}")?;
+        writeln!(f, "p2p_verdicts_kept: {kept}")?;
         writeln!(f, "present: {}", hbm.is_present())
     }
 }

@@ -70,28 +70,28 @@ impl Attachment<'_> {
         verdicts: &Verdicts,
         live: impl FnOnce() -> Result<Live<'h>>,
     ) -> Result<Option<Route>> {
-        // Only PCI devices: the generation counts PCI devices alone.
+        // Only PCI devices: the cache forgets what the PCI bus notifier tells it of.
         if !ffi::dev_is_pci(self.dev()) {
             return Ok(None);
         }
-        // Taken before the verdict: a device deleted meanwhile makes it stale at once.
-        let (device, generation) = (self.dev() as usize, ffi::pci_generation());
-        match verdicts.get(device, generation) {
+        match verdicts.get(self.dev() as usize) {
             Some(route) => Ok(route),
-            None => self.p2p_route_asked(verdicts, live, generation),
+            None => self.p2p_route_asked(verdicts, live),
         }
     }
 
-    /// [`Attachment::p2p_route`] when `verdicts` does not know the importer's device under
-    /// `generation`: the kernel's verdict, kept for the next attach.
+    /// [`Attachment::p2p_route`] when `verdicts` does not know the importer's device: the
+    /// kernel's verdict, kept for the next attach.
     #[cold]
     #[inline(never)]
     fn p2p_route_asked<'h>(
         &self,
         verdicts: &Verdicts,
         live: impl FnOnce() -> Result<Live<'h>>,
-        generation: u64,
     ) -> Result<Option<Route>> {
+        // Read before the kernel is asked: a device added or deleted from here on makes the
+        // verdict asked now one the cache does not keep.
+        let generation = verdicts.generation();
         let (device, live) = (self.dev() as usize, live()?);
         let route = ffi::p2p_distance(live.pci_device(), self.dev()).map(|distance| Route {
             distance,

@@ -8,16 +8,7 @@
 use crate::uapi::PEERDIRECT_DRIVER_NAME_LEN;
 use core::{marker::PhantomData, ptr::NonNull};
 use kernel::{
-    bindings,
-    ffi::c_int,
-    mm::virt::VmaNew,
-    page::Page,
-    pci,
-    prelude::*,
-    sync::{
-        aref::ARef,
-        atomic::{Acquire, Atomic, Full},
-    },
+    bindings, ffi::c_int, mm::virt::VmaNew, page::Page, pci, prelude::*, sync::aref::ARef,
 };
 
 mod raw {
@@ -206,9 +197,10 @@ impl Drop for PciBusNotifier {
     }
 }
 
-/// Counts PCI devices added and deleted while registered (a second PCI bus notifier in
-/// helpers.c), for [`pci_generation`]. Registered from module initialization until every
-/// device is unbound, so that no attach runs while it is not.
+/// Tells the P2P verdict caches of every PCI device added or deleted while registered (a
+/// second PCI bus notifier in helpers.c, through [`peerdirect_pci_device_changed`]).
+/// Registered from module initialization until every device is unbound, so that no attach
+/// runs while it is not.
 pub(crate) struct PciGeneration(());
 
 impl PciGeneration {
@@ -228,22 +220,12 @@ impl Drop for PciGeneration {
     }
 }
 
-/// PCI devices added or deleted so far, counted by helpers.c's bus notifier (through
-/// [`peerdirect_pci_generation_bump`]); read on every attach, so kept here, one load away.
-static PCI_GENERATION: Atomic<u64> = Atomic::new(0);
-
-/// Called by helpers.c's PCI bus notifier for each PCI device added or deleted.
+/// Called by helpers.c's PCI bus notifier for each PCI device added or deleted, with its
+/// `struct device`, before a deleted device can be freed.
 #[no_mangle]
-extern "C" fn peerdirect_pci_generation_bump() {
-    // Full: a verdict taken after the device change must see the new count, and one taken
-    // before it must not be looked up under it (`Verdicts`).
-    PCI_GENERATION.fetch_add(1, Full);
-}
-
-/// How many PCI devices were added or deleted so far: whatever names a PCI device by its
-/// address is valid only under the count it was taken at.
-pub(crate) fn pci_generation() -> u64 {
-    PCI_GENERATION.load(Acquire)
+extern "C" fn peerdirect_pci_device_changed(dev: *mut bindings::device) {
+    // Only the address is used: it names the device in the caches.
+    crate::p2p::pci_device_changed(dev as usize);
 }
 
 /// Called by helpers.c's PCI bus notifier when `pdev`'s driver is about to unbind or `pdev` is

@@ -11,7 +11,7 @@ use crate::{
     dmabuf::{self, DmaBufId, Unrevoked},
     ffi::{AttachInfo, BarIndex, P2pProvider},
     memory::{self, HbmMemory},
-    p2p::Verdicts,
+    p2p,
     status::StatusPage,
     uapi::PEERDIRECT_STATUS_REVOKED,
 };
@@ -140,8 +140,7 @@ pub(crate) struct Hbm {
     /// (another driver owns the device and its p2pdma state).
     provider: Option<P2pProvider>,
     /// The kernel's P2P verdicts for importers seen at attach.
-    #[pin]
-    pub(crate) verdicts: Verdicts,
+    pub(crate) verdicts: p2p::Cache,
     /// What userspace maps from the device file to see the device go.
     pub(crate) status: StatusPage,
     pub(crate) memory: Arc<HbmMemory>,
@@ -191,7 +190,7 @@ impl Hbm {
                 present: Atomic::new(true),
                 pdev,
                 provider,
-                verdicts <- Verdicts::new(),
+                verdicts: p2p::Cache::new()?,
                 status: StatusPage::new()?,
                 handles: Handles::new(1),
                 exports: Atomic::new(0),

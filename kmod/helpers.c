@@ -97,14 +97,15 @@ static struct notifier_block peerdirect_pci_nb = {
 };
 
 /*
- * Counts PCI devices added and deleted. A P2P verdict cached for an importer's device under
- * one count is stale under another: the device may be gone and its memory reused by another.
+ * Tells the P2P verdict caches of PCI devices added and deleted: a verdict cached for an
+ * importer's device is stale once it is deleted (its memory may go to another device) or a
+ * device is added at its address.
  */
 static int peerdirect_pci_generation_notify(struct notifier_block *nb, unsigned long action,
 					    void *data)
 {
 	if (action == BUS_NOTIFY_ADD_DEVICE || action == BUS_NOTIFY_DEL_DEVICE)
-		peerdirect_pci_generation_bump();
+		peerdirect_pci_device_changed(data);
 	return NOTIFY_DONE;
 }
 

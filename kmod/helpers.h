@@ -49,7 +49,7 @@ unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma);
 bool peerdirect_dev_dma_translated(struct device *dev);
 int peerdirect_pci_generation_register(void);
 void peerdirect_pci_generation_unregister(void);
-void peerdirect_pci_generation_bump(void); /* defined in ffi.rs */
+void peerdirect_pci_device_changed(struct device *dev); /* defined in ffi.rs */
 struct sg_table *peerdirect_map_companion(struct dma_buf_attachment *attach,
 					 phys_addr_t paddr, u64 bus_offset, u64 len, u64 seg,
 					 enum dma_data_direction dir, bool bus_addr);

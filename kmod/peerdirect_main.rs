@@ -81,13 +81,15 @@ impl Drop for Companions {
 /// registers (probing devices use both) and released after it is gone, also when loading
 /// fails half-way.
 struct Shared {
-    /// Counts PCI devices added and deleted, for the P2P verdicts devices cache; registered
-    /// before any device binds, unregistered after all are gone (the last field to drop).
+    /// Tells the P2P verdict caches of PCI devices added and deleted; registered before any
+    /// device binds, unregistered after all are gone (the last field to drop).
     _generation: PciGeneration,
 }
 
 impl Shared {
     fn new() -> Result<Self> {
+        // Before the notifier that reaches the verdict caches through it.
+        p2p::init();
         let generation = PciGeneration::register()?;
         debugfs::init_root();
         memory::init();

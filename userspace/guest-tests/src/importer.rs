@@ -6,12 +6,16 @@
 
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd};
+use std::path::Path;
 use std::process::{Command, ExitCode};
+use std::time::Duration;
 
 use clap::ValueEnum;
 use peerdirect::{Allocation, Device, DeviceInfo, DmaBuf, ExportFlags};
 
-use crate::support::{expect_eq, find_nic, size_name, Outcome, Tap};
+use crate::support::{
+    expect_eq, find_nic, size_name, wait_for, write_sysfs, Outcome, Tap, SYSFS_PCI_DEVICES,
+};
 use crate::testmod::{Report, TestModule, IMPORTER as MODULE};
 use crate::INDEX;
 
@@ -471,6 +475,64 @@ fn run_held(setup: &mut Setup) -> Outcome {
 
 /// The device's debugfs `exports` lists the export at `bar_offset` of `len` bytes with the
 /// NIC's attachment under it: revocable (dynamic mode), not pinned, mapped in `nents` entries.
+/// The P2P verdict cache's counts in debugfs `stats`: verdicts asked of the kernel, and
+/// importers whose verdict it keeps.
+fn verdict_counts() -> Result<(u64, u64), String> {
+    let path = format!("/sys/kernel/debug/peerdirect/peerdirect{INDEX}/stats");
+    let text = std::fs::read_to_string(&path).map_err(|err| format!("read {path}: {err}"))?;
+    let stats = Report::parse("debugfs stats", &text, ':');
+    Ok((
+        stats.uint("p2p_verdicts_asked")?,
+        stats.uint("p2p_verdicts_kept")?,
+    ))
+}
+
+/// The NIC, known to the verdict cache, is deleted (sysfs `remove`): the cache forgets its
+/// verdict at once (the PCI bus notifier reaches it), and after a rescan its attach asks the
+/// kernel again. A cache that kept the verdict would hand it to whatever device the address
+/// names next.
+fn run_forgotten_verdict(setup: &mut Setup) -> Outcome {
+    let len = 2 * MIB;
+    let exported = export(&setup.device, len, 0, len)?;
+    let case = Case {
+        mode: Mode::Dynamic,
+        alloc_len: len,
+        offset: 0,
+        len,
+        extra: "",
+    };
+    let line = case.command(setup, exported.dmabuf.as_fd().as_raw_fd());
+    let attach = |importer: &mut TestModule| -> Outcome {
+        let report = importer.command(&line)?;
+        check_mapped(&report, &case, None)
+    };
+    attach(&mut setup.importer)?;
+    let (asked, kept) = verdict_counts()?;
+    expect_eq("p2p_verdicts_kept once the NIC attached", 1, kept)?;
+    attach(&mut setup.importer)?;
+    expect_eq(
+        "p2p_verdicts_asked after another attach (a hit)",
+        asked,
+        verdict_counts()?.0,
+    )?;
+    let nic_dir = format!("{SYSFS_PCI_DEVICES}/{}", setup.nic);
+    write_sysfs(&format!("{nic_dir}/remove"), "1")?;
+    let removed = verdict_counts();
+    // Always rescanned, so that the cases after this one have their NIC.
+    write_sysfs("/sys/bus/pci/rescan", "1")?;
+    wait_for(Duration::from_secs(10), || Path::new(&nic_dir).exists())
+        .map_err(|secs| format!("{nic_dir} is not back {secs} s after a rescan"))?;
+    expect_eq("p2p_verdicts_kept once the NIC is deleted", 0, removed?.1)?;
+    attach(&mut setup.importer)?;
+    let (asked_again, kept_again) = verdict_counts()?;
+    expect_eq(
+        "p2p_verdicts_asked after the rescanned NIC's attach (a miss)",
+        asked + 1,
+        asked_again,
+    )?;
+    expect_eq("p2p_verdicts_kept after it", 1, kept_again)
+}
+
 fn check_debugfs_exports(setup: &Setup, bar_offset: u64, len: u64, nents: u64) -> Outcome {
     let path = format!("/sys/kernel/debug/peerdirect/peerdirect{INDEX}/exports");
     let text = std::fs::read_to_string(&path).map_err(|err| format!("read {path}: {err}"))?;
@@ -589,12 +651,15 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
     let read_only = format!(
         "{topology}: a read-only export (no PEERDIRECT_EXPORT_RDWR) maps only for the NIC to read: dir=to_device maps; bidir and from_device fail with EACCES"
     );
+    let forgotten = format!(
+        "{topology}: the NIC deleted (sysfs remove), the P2P verdict cache forgets its verdict at once; rescanned, its attach asks the kernel again (debugfs stats)"
+    );
     let unload = format!("{MODULE} unloads");
     let p2p_query = format!(
         "{topology}: PEERDIRECT_IOC_P2P about the NIC gives the importer module's own pci_p2pdma_distance_many, with path facts that fit the topology"
     );
 
-    let mut tap = Tap::plan(1 + cases.len() + non_p2p.len() + 2 * usize::from(held) + 2);
+    let mut tap = Tap::plan(1 + cases.len() + non_p2p.len() + 3 * usize::from(held) + 2);
     let setup_description =
         format!("{MODULE} loads, the NIC (virtio-net) is found, /dev/peerdirect0 answers INFO");
     let mut setup = match setup {
@@ -618,6 +683,7 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
             if held {
                 tap.report(&held_description, &skipped);
                 tap.report(&read_only, &skipped);
+                tap.report(&forgotten, &skipped);
             }
             tap.report(&p2p_query, &skipped);
             tap.report(&unload, &skipped);
@@ -634,6 +700,7 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
     if held {
         tap.report(&held_description, &run_held(&mut setup));
         tap.report(&read_only, &run_read_only(&mut setup));
+        tap.report(&forgotten, &run_forgotten_verdict(&mut setup));
     }
     tap.report(&p2p_query, &run_p2p_query(&mut setup));
     drop(setup);

@@ -182,13 +182,27 @@ impl Verdicts {
         Iterator::chain(self.entries[start..].iter(), &self.entries[..start])
     }
 
-    /// The slot `device` has, if it has one.
+    /// The slot `device` has, if it has one: the one its address hashes to, in the common
+    /// case, read inline; the others in a call.
     #[inline]
     fn find(&self, device: usize) -> Option<&Slot> {
+        let home = self.probe(device).next()?;
+        // Acquire: the verdict, written before the device was published, is read after.
+        match home.device.load(Acquire) {
+            d if d == device => Some(home),
+            0 => None,
+            _ => self.find_further(device),
+        }
+    }
+
+    /// [`Verdicts::find`] past the slot `device`'s address hashes to.
+    #[cold]
+    #[inline(never)]
+    fn find_further(&self, device: usize) -> Option<&Slot> {
         self.probe(device)
+            .skip(1)
             .find_map(|slot| {
-                // Acquire: the verdict, written before the device was published, is read
-                // after.
+                // Acquire: as in `find`.
                 match slot.device.load(Acquire) {
                     0 => Some(None),
                     d if d == device => Some(Some(slot)),

@@ -57,6 +57,10 @@ impl Export {
     }
 }
 
+/// The longest sg entry the dma-buf core makes of a range: it cuts every range there itself
+/// (`MAX_SG_ENT_SZ` in drivers/dma-buf/dma-buf-mapping.c, `sg_dma_len` being 32 bits).
+const CORE_MAX_ENTRY: u64 = u32::MAX as u64 & !(PAGE_SIZE as u64 - 1);
+
 impl Exporter for Export {
     // Inlined into the `attach` callback: one call less per attach.
     #[inline]
@@ -136,9 +140,11 @@ impl Exporter for Export {
             // goes whole (Documentation/exporter.md). The importer's DMA translation is
             // asked only when the range is longer than a segment and does not go by bus
             // address.
+            // A max segment at least as long as the entries the core cuts every range into
+            // (EFA's) makes a cut of ours the core's own: the range goes whole there too.
             // SAFETY: the `map_dma_buf` callback, called with the reservation lock held.
             let through_iommu = || !unsafe { attach.by_bus_address() } && attach.dma_translated();
-            let seg = if self.len > seg && through_iommu() {
+            let seg = if self.len > seg && (seg >= CORE_MAX_ENTRY || through_iommu()) {
                 self.len
             } else {
                 seg

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # An RDMA NIC's view of peerdirect's dma-bufs: the test module peerdirect_importer.ko attaches
-# them to the guest's NIC (dynamic, pinned, revocable; 2 MiB, 64 MiB, 1 GiB) in each topology,
+# them to the guest's NIC (dynamic, pinned, revocable; 2 MiB, 64 MiB, 1 GiB; behind the switch
+# also 5 GiB with EFA's max segment) in each topology,
 # and the result must agree with the kernel's P2P verdict (acs: refused because the root port
 # redirects P2P; host-bridge: allowed through the host bridge and mapped through the IOMMU, one
 # entry whatever the NIC's max segment), as must PEERDIRECT_IOC_P2P about the NIC. Prints
@@ -10,7 +11,10 @@
 rc=0
 for topology in switch split iommu acs host-bridge; do
 	echo "# topology $topology"
-	guest --topology "$topology" --hbm 2G -- peerdirect-guest-tests --importer --topology "$topology"
+	# Behind the switch a BAR of 8 GiB: an export longer than the core's 4 GiB entries.
+	hbm=2G
+	[ $topology != switch ] || hbm=8G
+	guest --topology "$topology" --hbm $hbm -- peerdirect-guest-tests --importer --topology "$topology"
 	r=$?
 	case $r in
 	0) ;;

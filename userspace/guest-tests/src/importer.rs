@@ -217,6 +217,14 @@ fn run_case(setup: &mut Setup, case: &Case) -> Outcome {
     };
     if allowed {
         check_mapped(first, case, expected_first)?;
+        // Past the core's own 4 GiB entries: its cut must stay within the NIC's max segment.
+        if case.len >= 4 << 30 {
+            expect_eq(
+                "entries over the max segment",
+                0,
+                first.uint("over_max_seg")?,
+            )?;
+        }
         if let Some(cycles) = case.cycles() {
             for report in &reports {
                 check_cycles(report, cycles)?;
@@ -596,6 +604,20 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
                 offset: 0,
                 len: 64 * MIB,
                 extra,
+            },
+        ));
+    }
+    // Longer than the entries the dma-buf core cuts ranges into (4 GiB less a page), with
+    // EFA's max segment: the range goes whole and the core's own cut makes the two entries.
+    if matches!(&setup, Ok(setup) if setup.info.hbm_bytes >= 8 << 30) {
+        cases.push((
+            format!("{topology}: pinned attach of 5 GiB by a NIC with EFA's max segment agrees with the kernel's P2P verdict (mapped: two entries, none over the max segment)"),
+            Case {
+                mode: Mode::Pinned,
+                alloc_len: 5 << 30,
+                offset: 0,
+                len: 5 << 30,
+                extra: "max_seg=4294967295",
             },
         ));
     }

@@ -27,17 +27,17 @@ const VERDICTS: usize = 16;
 pub(crate) struct Generation(Atomic<u64>);
 
 impl Generation {
-    pub(crate) const fn new() -> Self {
+    const fn new() -> Self {
         Self(Atomic::new(0))
     }
 
-    pub(crate) fn read(&self) -> u64 {
+    fn read(&self) -> u64 {
         self.0.load(Acquire)
     }
 }
 
 /// The PCI bus's [`Generation`], counted by the bus notifier ([`pci_device_changed`]).
-pub(crate) static PCI_GENERATION: Generation = Generation::new();
+static PCI_GENERATION: Generation = Generation::new();
 
 kernel::sync::global_lock! {
     // SAFETY: `init` initializes it in the module initializer, before the bus notifier and

@@ -148,6 +148,17 @@ struct Case {
 }
 
 impl Case {
+    /// An import of a whole export of `len` bytes, which is its allocation's.
+    fn whole(mode: Mode, len: u64, extra: &'static str) -> Self {
+        Self {
+            mode,
+            alloc_len: len,
+            offset: 0,
+            len,
+            extra,
+        }
+    }
+
     /// The cycles one command runs (`cycles=N` in [`Case::extra`]; the benchmark's way to
     /// time many cycles at once), if more than the one it always runs.
     fn cycles(&self) -> Option<u64> {
@@ -445,13 +456,7 @@ fn run_read_only(setup: &mut Setup) -> Outcome {
 fn run_held(setup: &mut Setup) -> Outcome {
     let len = 2 * MIB;
     let exported = export(&setup.device, len, 0, len)?;
-    let case = Case {
-        mode: Mode::Dynamic,
-        alloc_len: len,
-        offset: 0,
-        len,
-        extra: "hold=1",
-    };
+    let case = Case::whole(Mode::Dynamic, len, "hold=1");
     let line = case.command(setup, exported.dmabuf.as_fd().as_raw_fd());
     let report = setup.importer.command(&line)?;
     check_mapped(
@@ -502,13 +507,7 @@ fn verdict_counts() -> Result<(u64, u64), String> {
 fn run_forgotten_verdict(setup: &mut Setup) -> Outcome {
     let len = 2 * MIB;
     let exported = export(&setup.device, len, 0, len)?;
-    let case = Case {
-        mode: Mode::Dynamic,
-        alloc_len: len,
-        offset: 0,
-        len,
-        extra: "",
-    };
+    let case = Case::whole(Mode::Dynamic, len, "");
     let line = case.command(setup, exported.dmabuf.as_fd().as_raw_fd());
     let attach = |importer: &mut TestModule| -> Outcome {
         let report = importer.command(&line)?;
@@ -612,25 +611,13 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
     if matches!(&setup, Ok(setup) if setup.info.hbm_bytes >= 8 << 30) {
         cases.push((
             format!("{topology}: pinned attach of 5 GiB by a NIC with EFA's max segment agrees with the kernel's P2P verdict (mapped: two entries, none over the max segment)"),
-            Case {
-                mode: Mode::Pinned,
-                alloc_len: 5 << 30,
-                offset: 0,
-                len: 5 << 30,
-                extra: "max_seg=4294967295",
-            },
+            Case::whole(Mode::Pinned, 5 << 30, "max_seg=4294967295"),
         ));
     }
     // EFA's own way: pinned. Many cycles in one command, as the benchmark times them.
     cases.push((
         format!("{topology}: pinned attach of 64 MiB by a NIC with EFA's max segment, 20 cycles in one command, agrees with the kernel's P2P verdict (each cycle maps one entry; the medians are reported)"),
-        Case {
-            mode: Mode::Pinned,
-            alloc_len: 64 * MIB,
-            offset: 0,
-            len: 64 * MIB,
-            extra: "max_seg=4294967295 cycles=20",
-        },
+        Case::whole(Mode::Pinned, 64 * MIB, "max_seg=4294967295 cycles=20"),
     ));
     cases.push((
         format!("{topology}: dynamic attach of 2 MiB at offset 0x101000 of a 64 MiB allocation agrees with the kernel's P2P verdict (mapped: starts at that offset)"),

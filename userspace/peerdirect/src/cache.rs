@@ -508,6 +508,7 @@ impl<R: Registrar> RegCache<R> {
     /// which is then cached unless [`Registration::uncached`] says why not.
     ///
     /// `source` must be the export that `export` names.
+    #[inline]
     pub fn get(
         &self,
         registrar: &Arc<R>,
@@ -529,7 +530,6 @@ impl<R: Registrar> RegCache<R> {
         } else {
             None
         };
-        let mut doomed = Vec::new();
         let seen = match bypass {
             // No cached entry can serve it: skip the lookup.
             Some(_) => Seen::default(),
@@ -537,15 +537,11 @@ impl<R: Registrar> RegCache<R> {
                 let read = self.read();
                 let slot = read.slot();
                 let (hit, seen) = if read.revoked(export.device()) {
-                    // A device being revoked: its entries go before any is handed out.
                     drop(read);
-                    let mut state = self.write();
-                    state.drop_revoked(export.device(), &mut doomed);
-                    (state.find(&key), state.seen())
+                    self.find_revoked(&key)
                 } else {
                     (read.find(&key), read.seen())
                 };
-                self.tell(doomed, Cause::Device);
                 if let Some(entry) = hit {
                     self.hits.add(slot);
                     return Ok(Registration {
@@ -556,6 +552,35 @@ impl<R: Registrar> RegCache<R> {
                 seen
             }
         };
+        self.miss(registrar, source, key, bypass, seen)
+    }
+
+    /// [`RegCache::get`]'s lookup when `key`'s device is being revoked: its entries go before
+    /// any is handed out.
+    #[cold]
+    fn find_revoked(&self, key: &RegKey) -> (Option<Arc<Entry<R>>>, Seen) {
+        let mut doomed = Vec::new();
+        let mut state = self.write();
+        state.drop_revoked(key.export.device(), &mut doomed);
+        let found = (state.find(key), state.seen());
+        drop(state);
+        self.tell(doomed, Cause::Device);
+        found
+    }
+
+    /// [`RegCache::get`] when no cached entry served `key` (looked up as `seen`, unless
+    /// `bypass` says why not): registers it and caches the registration if it can. Out of
+    /// line, so that a hit's code is short.
+    #[inline(never)]
+    fn miss(
+        &self,
+        registrar: &Arc<R>,
+        source: &R::Source,
+        key: RegKey,
+        bypass: Option<Uncached>,
+        seen: Seen,
+    ) -> Result<Registration<R>, R::Error> {
+        let RegKey { export, range, .. } = key;
         // A miss is a registration made or failed: `stats` counts it from those.
         let mr = registrar.register(source, &key).inspect_err(|_| {
             self.counters.failed_registrations.fetch_add(1, Relaxed);

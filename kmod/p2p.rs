@@ -156,6 +156,19 @@ impl Slot {
             verdict: Atomic::new(FORGOTTEN),
         }
     }
+
+    /// Whether a lookup of `device` ends here: `Some(Some(self))` if this is its slot,
+    /// `Some(None)` if the slot is empty (slots are taken in probe order, so `device` has
+    /// none), `None` if it is another device's (look on).
+    #[inline]
+    fn holds(&self, device: usize) -> Option<Option<&Self>> {
+        // Acquire: the verdict, written before the device was published, is read after.
+        match self.device.load(Acquire) {
+            d if d == device => Some(Some(self)),
+            0 => Some(None),
+            _ => None,
+        }
+    }
 }
 
 impl Verdicts {
@@ -187,11 +200,9 @@ impl Verdicts {
     #[inline]
     fn find(&self, device: usize) -> Option<&Slot> {
         let home = self.probe(device).next()?;
-        // Acquire: the verdict, written before the device was published, is read after.
-        match home.device.load(Acquire) {
-            d if d == device => Some(home),
-            0 => None,
-            _ => self.find_further(device),
+        match home.holds(device) {
+            Some(found) => found,
+            None => self.find_further(device),
         }
     }
 
@@ -201,14 +212,7 @@ impl Verdicts {
     fn find_further(&self, device: usize) -> Option<&Slot> {
         self.probe(device)
             .skip(1)
-            .find_map(|slot| {
-                // Acquire: as in `find`.
-                match slot.device.load(Acquire) {
-                    0 => Some(None),
-                    d if d == device => Some(Some(slot)),
-                    _ => None,
-                }
-            })
+            .find_map(|slot| slot.holds(device))
             .flatten()
     }
 

@@ -427,6 +427,14 @@ static int pdi_run(const struct pdi_cmd *cmd, struct seq_buf *out)
 	return ret;
 }
 
+/* Attaches p's buffer for p's device as cmd's mode says (static: no importer ops at all). */
+static struct dma_buf_attachment *pdi_attach(const struct pdi_cmd *cmd, struct pdi_attachment *p)
+{
+	if (cmd->mode == PDI_STATIC)
+		return dma_buf_attach(p->dmabuf, &p->nic->dev);
+	return dma_buf_dynamic_attach(p->dmabuf, &p->nic->dev, &pdi_ops[cmd->mode][cmd->p2p], p);
+}
+
 static int pdi_cmp_u64(const void *a, const void *b)
 {
 	u64 x = *(const u64 *)a, y = *(const u64 *)b;
@@ -466,11 +474,7 @@ static void pdi_cycles(const struct pdi_cmd *cmd, struct pdi_attachment *p, unsi
 	t[2 * n] = first[2];
 	for (i = 1; i < n; i++) {
 		t0 = ktime_get_ns();
-		if (cmd->mode == PDI_STATIC)
-			p->attach = dma_buf_attach(p->dmabuf, &p->nic->dev);
-		else
-			p->attach = dma_buf_dynamic_attach(p->dmabuf, &p->nic->dev,
-							   &pdi_ops[cmd->mode][cmd->p2p], p);
+		p->attach = pdi_attach(cmd, p);
 		t1 = ktime_get_ns();
 		if (IS_ERR(p->attach)) {
 			ret = PTR_ERR(p->attach);
@@ -586,10 +590,7 @@ static int pdi_run_on(const struct pdi_cmd *cmd, struct seq_buf *out, struct pci
 	p->dmabuf = dmabuf;
 
 	t0 = ktime_get_ns();
-	if (cmd->mode == PDI_STATIC)
-		p->attach = dma_buf_attach(dmabuf, dev);
-	else
-		p->attach = dma_buf_dynamic_attach(dmabuf, dev, &pdi_ops[cmd->mode][cmd->p2p], p);
+	p->attach = pdi_attach(cmd, p);
 	t1 = ktime_get_ns();
 	ret = PTR_ERR_OR_ZERO(p->attach);
 	seq_buf_printf(out, "attach=%d\n", ret);

@@ -47,11 +47,12 @@
 //! - Hit: under the read lock only, so hits in different threads never wait for each other:
 //!   one atomic load of each attached status page of the export's device, a hash lookup of
 //!   the export, then per (domain, access) group of that export whose access suffices
-//!   (typically one or two) a binary search for the predecessor in a sorted vector:
-//!   O(log n), exact (see `cache/index.rs` for why the predecessor is enough), and the index
-//!   points to the entry itself, so the recency list is not read. Recency is a mark on the entry
-//!   (an atomic flag, written only when it changes) and the hit count a per-thread stripe,
-//!   so a hit writes no line that other threads' hits write. Its only locked instruction is
+//!   (typically one or two) the predecessor in a sorted vector, counted through up to 16
+//!   entries and binary-searched beyond: O(log n), exact (see `cache/index.rs` for why the
+//!   predecessor is enough), and the index points to the entry itself, so the recency list
+//!   is not read. The hit is `get` itself, inlined; the miss is a call. Recency is a mark on
+//!   the entry (an atomic flag, written only when it changes) and the hit count a per-thread
+//!   stripe, so a hit writes no line that other threads' hits write. Its only locked instruction is
 //!   the handle's reference count (and the read lock's mark when the lock is not biased).
 //! - Eviction is CLOCK, an approximation of LRU that needs nothing from hits but the mark:
 //!   entries sit in insertion order; eviction passes them from the oldest, and one marked

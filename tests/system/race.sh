@@ -2,8 +2,9 @@
 # Races between the HBM device going away and userspace using it, on the KASAN kernel
 # (userspace/guest-tests: race.rs, fuzz.rs): opens against unbind and rebind; CPU mappings
 # against unbind and hot-unplug (every mapping must fault afterwards); last closes of dma-bufs
-# against unbind; NIC imports (attach, pin, map) against unbind and rebind; module unloads
-# against binds; a seeded random sequence of operations from several threads, alone and
+# against unbind; NIC imports (attach, pin, map) against unbind and rebind; the NIC deleted and
+# rescanned against those imports and unbind and rebind (the PCI notifier against the P2P
+# verdict caches); module unloads against binds; a seeded random sequence of operations from several threads, alone and
 # against unbind, rebind and rmmod; two devices unbound and bound at once.
 # Any kernel report (KASAN, KFENCE, refcount, lockdep, kmemleak) fails the guest run.
 #   PEERDIRECT_RACE_SECONDS  how long each suite runs (default 10; make stress: 120)
@@ -14,8 +15,8 @@ seconds=${PEERDIRECT_RACE_SECONDS:-10}
 seed=${PEERDIRECT_FUZZ_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
 echo "# fuzz seed $seed (PEERDIRECT_FUZZ_SEED=$seed replays its choices)"
 rc=0
-guest --kernel kasan --kmemleak --timeout $((seconds * 8 + 240)) -- sh -c "
-	peerdirect-guest-tests --race open-unbind,mmap-unbind,close-unbind,import-unbind,rmmod-bind --seconds $seconds &&
+guest --kernel kasan --kmemleak --timeout $((seconds * 9 + 240)) -- sh -c "
+	peerdirect-guest-tests --race open-unbind,mmap-unbind,close-unbind,import-unbind,nic-rescan,rmmod-bind --seconds $seconds &&
 	peerdirect-guest-tests --fuzz $seed --seconds $seconds &&
 	peerdirect-guest-tests --fuzz $((seed + 1)) --fuzz-removal --seconds $seconds" || rc=$?
 guest --kernel kasan --kmemleak --hotplug --timeout 300 -- \

@@ -17,6 +17,11 @@
 //!   pinned, and dynamic holding its mapping with a 1 ms late unmap, in turn) while a third
 //!   reads debugfs's `exports` (which walks each dma-buf's attachments under its reservation
 //!   lock) and the device is unbound and rebound in a loop.
+//! - `nic-rescan`: the NIC is deleted (sysfs `remove`) and found again (bus rescan) in a loop,
+//!   each time the PCI bus notifier making every bound device's P2P verdict cache forget its
+//!   address, while the HBM device is unbound and rebound (its cache joining and leaving the
+//!   caches the notifier walks) and two threads have the NIC attach and map dma-bufs (asking
+//!   for verdicts and keeping them).
 //! - `bind-two` (`qemu/run --second-hbm`): two devices, each unbound and bound again in a loop
 //!   by a thread of its own; every bind must succeed. A device's index and names are given
 //!   back only once its node and debugfs directory are gone, so the other device never gets
@@ -49,6 +54,7 @@ pub(crate) enum Suite {
     MmapUnplug,
     CloseUnbind,
     ImportUnbind,
+    NicRescan,
     RmmodBind,
     BindTwo,
 }
@@ -75,6 +81,7 @@ pub(crate) fn run(suites: &[Suite], seconds: u64) -> ExitCode {
                 Suite::OpenUnbind
                 | Suite::CloseUnbind
                 | Suite::ImportUnbind
+                | Suite::NicRescan
                 | Suite::RmmodBind
                 | Suite::BindTwo => 2,
                 Suite::MmapUnbind | Suite::MmapUnplug => 3,
@@ -99,6 +106,7 @@ pub(crate) fn run(suites: &[Suite], seconds: u64) -> ExitCode {
             Suite::MmapUnplug => mmap_race(&mut tap, &bdf, budget, Removal::Unplug),
             Suite::CloseUnbind => close_unbind(&mut tap, &bdf, budget),
             Suite::ImportUnbind => import_unbind(&mut tap, &bdf, budget),
+            Suite::NicRescan => nic_rescan(&mut tap, &bdf, budget),
             Suite::RmmodBind => rmmod_bind(&mut tap, &bdf, budget),
             Suite::BindTwo => tap.report(
                 "bind-two runs alone (it needs qemu/run --second-hbm)",
@@ -842,6 +850,146 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
         "afterwards the device works, with nothing allocated or exported and all HBM free",
         &expect_idle(),
     );
+}
+
+/// NIC deletions and rescans `nic-rescan` makes at least (each takes about 5 s on the KASAN
+/// kernel under TCG).
+const MIN_RESCANS: u64 = 2;
+
+/// What the importer answers when the NIC it is asked to import on is not there (deleted).
+const NO_NIC: &str = "error=no PCI device";
+
+fn nic_rescan(tap: &mut Tap, bdf: &str, budget: Duration) {
+    let nic = match crate::support::find_nic() {
+        Ok(nic) => nic,
+        Err(err) => {
+            tap.report("the NIC is found", &Err(err));
+            return;
+        }
+    };
+    // Loaded once here; the threads open its command file for themselves.
+    if let Err(err) = TestModule::load_importer() {
+        tap.report("the test importer module loads", &Err(err));
+        return;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let unexpected = Arc::new(Unexpected::default());
+    let counts = Arc::new([const { AtomicU64::new(0) }; 3]);
+    let (imported, refused, absent) = (0, 1, 2);
+    let mut threads: Vec<_> = (0..2)
+        .map(|t| {
+            let (stop, counts, unexpected, nic) = (
+                stop.clone(),
+                counts.clone(),
+                unexpected.clone(),
+                nic.clone(),
+            );
+            thread::spawn(move || {
+                let record = |err: String| unexpected.record_message(err);
+                let mut importer = match TestModule::load_importer() {
+                    Ok(importer) => importer,
+                    Err(err) => return record(err),
+                };
+                let mut n = t;
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(device) = Device::open_index(INDEX) else {
+                        continue;
+                    };
+                    let made = device
+                        .alloc(16 * PAGE as u64, None)
+                        .and_then(|alloc| alloc.export(0, 0, ExportFlags::RDWR));
+                    let Ok(dmabuf) = made else {
+                        continue;
+                    };
+                    n += 1;
+                    let mode = ["dynamic", "pinned"][n % 2];
+                    let line = format!("fd={} dev={nic} mode={mode}", dmabuf.as_fd().as_raw_fd());
+                    let report = match importer.command(&line) {
+                        Ok(report) => report,
+                        Err(err) if err.contains(NO_NIC) => {
+                            counts[absent].fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        Err(err) => return record(err),
+                    };
+                    // The HBM device gone at any point: ENODEV. Anything else is a bug (the
+                    // NIC's deletion does not move it, so the verdict never changes).
+                    match (report.int("attach"), report.int("map")) {
+                        (Ok(0), Ok(0)) => counts[imported].fetch_add(1, Ordering::Relaxed),
+                        (Ok(-19), _) | (Ok(0), Ok(-19)) => {
+                            counts[refused].fetch_add(1, Ordering::Relaxed)
+                        }
+                        _ => return record(format!("{mode} import: {}", report.summary())),
+                    };
+                }
+            })
+        })
+        .collect();
+    let rescans = Arc::new(AtomicU64::new(0));
+    threads.push({
+        let (stop, rescans, unexpected, nic) = (
+            stop.clone(),
+            rescans.clone(),
+            unexpected.clone(),
+            nic.clone(),
+        );
+        thread::spawn(move || {
+            let dir = format!("{SYSFS_PCI_DEVICES}/{nic}");
+            // A deletion and a rescan take seconds on the KASAN kernel: past the budget, the
+            // thread goes on until it made the fewest that mean anything.
+            while !stop.load(Ordering::Relaxed) || rescans.load(Ordering::Relaxed) < MIN_RESCANS {
+                let cycle = write_sysfs(&format!("{dir}/remove"), "1")
+                    .and_then(|()| write_sysfs("/sys/bus/pci/rescan", "1"))
+                    .and_then(|()| {
+                        wait_for(SETTLE, || std::path::Path::new(&dir).exists()).map_err(|s| {
+                            format!("{dir} did not come back within {s} s of a rescan")
+                        })
+                    });
+                if let Err(err) = cycle {
+                    return unexpected.record_message(err);
+                }
+                rescans.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    });
+    let (cycles, outcome) = cycle_against(bdf, budget, &stop, threads);
+    let [imported, refused, absent] =
+        [imported, refused, absent].map(|i| counts[i].load(Ordering::Relaxed));
+    let rescans = rescans.load(Ordering::Relaxed);
+    let outcome = outcome
+        .and_then(|()| unexpected.outcome())
+        .and_then(|()| expect_raced("unbind/rebind cycles", cycles, 5))
+        .and_then(|()| expect_raced("NIC deletions and rescans", rescans, MIN_RESCANS))
+        .and_then(|()| expect_raced("imports", imported, 20))
+        .and_then(|()| expect_raced("imports that found the NIC deleted", absent, 1));
+    tap.report(
+        &format!(
+            "the NIC is deleted and rescanned while the device is unbound and rebound and 2 threads have the NIC attach and map dma-bufs ({rescans} rescans, {cycles} cycles, {imported} imports, {refused} refused with ENODEV, {absent} without a NIC)"
+        ),
+        &outcome,
+    );
+    tap.report(
+        "afterwards the NIC imports again, and the device works with nothing allocated or exported and all HBM free",
+        &import_once(&nic).and_then(|()| expect_idle()),
+    );
+}
+
+/// One dynamic import of a new dma-buf on `nic`, which must attach and map.
+fn import_once(nic: &str) -> Outcome {
+    let mut importer = TestModule::load_importer()?;
+    let device = Device::open_index(INDEX).map_err(|err| format!("open: {err}"))?;
+    let dmabuf = device
+        .alloc(16 * PAGE as u64, None)
+        .and_then(|alloc| alloc.export(0, 0, ExportFlags::RDWR))
+        .map_err(|err| format!("alloc and export: {err}"))?;
+    let report = importer.command(&format!(
+        "fd={} dev={nic} mode=dynamic",
+        dmabuf.as_fd().as_raw_fd()
+    ))?;
+    match (report.int("attach"), report.int("map")) {
+        (Ok(0), Ok(0)) => Ok(()),
+        _ => Err(format!("import: {}", report.summary())),
+    }
 }
 
 /// How late the importer in [`removal_waits_for_late_unmap`] unmaps.

@@ -32,10 +32,10 @@ fi
 # the hbm_offset the command reports, and nothing beyond the exported range changed.
 seed=0x5eed0001
 desc="export --pattern: the 4 MiB written through the dma-buf are in the HBM backing file at the reported hbm_offset, and the next 4 MiB are untouched"
-out=$(guest --hbm 64M --hbm-backing "$work/hbm" -- peerdirect export --size 4M --pattern $seed --json 2>&1)
+out=$(guest --hbm 64M --hbm-backing "$work/hbm" -- peerdirect export --size 4M --pattern $seed --json 2>"$work/err")
 r=$?
 if [ $r != 0 ]; then
-	fail "$desc" "qemu/run exited $r" "$out"
+	fail "$desc" "qemu/run exited $r" "$out$(printf '\n'; cat "$work/err")"
 elif ! read -r offset length written < <(jq -er '[.export.hbm_offset, .export.length, .pattern.bytes_written] | select(all(.[]; type == "number")) | @tsv' <<<"$out" 2>/dev/null); then
 	fail "$desc" "no export.hbm_offset, export.length and pattern.bytes_written in the output:" "$out"
 elif [ "$length" != 4194304 ] || [ "$written" != 4194304 ]; then
@@ -55,13 +55,13 @@ desc="export --verify: a pattern the host wrote over the 64 MiB backing file rea
 rm -f "$work/hbm"
 truncate -s 64M "$work/hbm"
 pattern fill "$work/hbm" $seed
-out=$(guest --hbm 64M --hbm-backing "$work/hbm" -- peerdirect export --size 64M --verify $seed --json 2>&1)
+out=$(guest --hbm 64M --hbm-backing "$work/hbm" -- peerdirect export --size 64M --verify $seed --json 2>"$work/err")
 r=$?
 if [ $r = 0 ] && jq -e '.allocation.hbm_offset == 0 and .export.hbm_offset == 0
 	and .verify.bytes_verified == 67108864 and .verify.mismatch == null' <<<"$out" >/dev/null 2>&1; then
 	ok "$desc"
 else
-	fail "$desc" "qemu/run exited $r" "$out"
+	fail "$desc" "qemu/run exited $r" "$out$(printf '\n'; cat "$work/err")"
 fi
 
 # (c) The commands: alloc, export of a sub-range, a failed --verify, stats; results land in

@@ -20,12 +20,12 @@ else
 	not_ok "--share DIR is /mnt/host in the guest, both ways" "guest printed: $out"
 fi
 
-out=$(guest --hbm 64M --hbm-backing "$work/hbm" -- peerdirect devices --json 2>&1)
+out=$(guest --hbm 64M --hbm-backing "$work/hbm" -- peerdirect devices --json 2>"$work/err")
 size=$(stat -c %s "$work/hbm" 2>/dev/null)
 if [ "$size" = 67108864 ] && jq -e '.[0].hbm_bytes == 67108864' <<<"$out" >/dev/null 2>&1; then
 	ok "--hbm-backing FILE backs the 64 MiB HBM BAR"
 else
-	not_ok "--hbm-backing FILE backs the 64 MiB HBM BAR" "backing size ${size:-none}" "$out"
+	not_ok "--hbm-backing FILE backs the 64 MiB HBM BAR" "backing size ${size:-none}" "$out$(printf '\n'; cat "$work/err")"
 fi
 
 out=$(guest -- insmod /lib/peerdirect/tests/peerdirect_splat_selftest.ko 2>&1)

@@ -52,9 +52,13 @@
 //!   predecessor is enough), and the index points to the entry itself, so the recency list
 //!   is not read. The hit is `get` itself, inlined; the miss is a call. Recency is a mark on
 //!   the entry (an atomic flag, written only when it changes) and the hit count a per-thread
-//!   stripe, so a hit writes no line that other threads' hits write. Its only locked instruction is
-//!   the handle's reference count (and the read lock's mark when the lock is not biased).
-//! - Eviction is CLOCK, an approximation of LRU that needs nothing from hits but the mark:
+//!   stripe, and the handle a *pin* in a line of the thread's own (`cache/pin.rs`) instead of
+//!   a count on the entry, so a hit writes no line that other threads' hits write, and makes
+//!   no locked instruction (but the read lock's mark when the lock is not biased, and a count
+//!   when the thread's eight pins are in use). Dropping a pinned handle empties its pin with
+//!   one locked instruction on that line.
+//! - Eviction is CLOCK, an approximation of LRU that needs nothing from hits but the mark
+//!   (and the pins, which a miss that evicts reads: one line per thread that has a slot):
 //!   entries sit in insertion order; eviction passes them from the oldest, and one marked
 //!   since it was last passed gets a second chance (moves to the newest end, unmarked)
 //!   instead of going. An entry hit since the last eviction is evicted only after every entry
@@ -109,6 +113,7 @@ mod lent;
 mod limits;
 mod lock;
 mod lru;
+mod pin;
 mod slot;
 #[cfg(test)]
 mod tests;
@@ -131,6 +136,7 @@ use lent::Lent;
 pub use limits::{CacheLimits, LimitsError, MAX_COUNT_VAR, MAX_SIZE_VAR};
 use lock::{ReadGuard, ReadMostly, WriteGuard};
 use lru::{Lru, Slot};
+use pin::{Held, Pinned};
 
 /// Makes and releases registrations (memory regions) in one domain.
 pub trait Registrar: Send + Sync {
@@ -337,6 +343,8 @@ struct State<R: Registrar> {
     live_pruned: usize,
     /// The slots [`State::make_room`] picks to evict, kept between misses for its capacity.
     evicting: Vec<Slot>,
+    /// The entries pinned by handles ([`pin`]), as a writer saw them; kept for its capacity.
+    pinned: Pinned,
     /// The bindings of the registrars whose registrations live, by the registrar's address:
     /// held weakly, so that a binding goes with its registrar's last registration.
     bindings: Vec<(usize, Weak<Binding<R>>)>,
@@ -404,7 +412,9 @@ fn release<R: Registrar>(registrar: &R, counters: &Counters, mr: R::Mr) {
 /// A handle to a registration that serves a request. The registration stays registered at
 /// least as long as a handle to it exists, even after the cache evicted or invalidated it.
 pub struct Registration<R: Registrar> {
-    entry: Arc<Entry<R>>,
+    /// Pinned when a hit made it, so that it writes no line other threads' hits write
+    /// ([`pin`]); else counted.
+    entry: Held<Entry<R>>,
     requested: ByteRange,
 }
 
@@ -442,7 +452,7 @@ impl<R: Registrar> Registration<R> {
 impl<R: Registrar> Clone for Registration<R> {
     fn clone(&self) -> Self {
         Self {
-            entry: Arc::clone(&self.entry),
+            entry: self.entry.clone(),
             requested: self.requested,
         }
     }
@@ -476,6 +486,7 @@ impl<R: Registrar> RegCache<R> {
                 live: Vec::new(),
                 live_pruned: 0,
                 evicting: Vec::new(),
+                pinned: Pinned::default(),
                 bindings: Vec::new(),
             }),
             counters: Arc::default(),
@@ -541,7 +552,7 @@ impl<R: Registrar> RegCache<R> {
                     drop(read);
                     self.find_revoked(&key)
                 } else {
-                    (read.find(&key), read.seen())
+                    (read.hold(&key, slot), read.seen())
                 };
                 if let Some(entry) = hit {
                     self.hits.add(slot);
@@ -559,11 +570,11 @@ impl<R: Registrar> RegCache<R> {
     /// [`RegCache::get`]'s lookup when `key`'s device is being revoked: its entries go before
     /// any is handed out.
     #[cold]
-    fn find_revoked(&self, key: &RegKey) -> (Option<Arc<Entry<R>>>, Seen) {
+    fn find_revoked(&self, key: &RegKey) -> (Option<Held<Entry<R>>>, Seen) {
         let mut doomed = Vec::new();
         let mut state = self.write();
         state.drop_revoked(key.export.device(), &mut doomed);
-        let found = (state.find(key), state.seen());
+        let found = (state.hold(key, slot::current()), state.seen());
         drop(state);
         self.tell(doomed, Cause::Device);
         found
@@ -593,7 +604,7 @@ impl<R: Registrar> RegCache<R> {
             panic!("{POISONED}");
         };
         let raced = if bypass.is_none() && state.insertions != seen.insertions {
-            state.find(&key)
+            state.hold(&key, slot::current())
         } else {
             None
         };
@@ -639,7 +650,7 @@ impl<R: Registrar> RegCache<R> {
             self.counters.uncached.fetch_add(1, Relaxed);
         }
         Ok(Registration {
-            entry,
+            entry: Held::counted(entry),
             requested: range,
         })
     }
@@ -748,7 +759,7 @@ impl<R: Registrar> RegCache<R> {
             .lru
             .iter()
             .map(|entry| Registration {
-                entry: Arc::clone(entry),
+                entry: Held::counted(Arc::clone(entry)),
                 requested: entry.key.range,
             })
             .collect()
@@ -769,7 +780,7 @@ impl<R: Registrar> RegCache<R> {
             let mut removed = Vec::new();
             remove(&mut state.index, &mut removed);
             state.invalidations += removed.len() as u64;
-            state.take(removed, &mut doomed);
+            state.take(removed, &mut doomed, &mut Pinned::default());
             let count = doomed.len();
             state.held_too(&affected, &mut doomed);
             count
@@ -933,6 +944,16 @@ struct Seen {
     insertions: u64,
 }
 
+impl<R: Registrar> Drop for State<R> {
+    /// The cache is going: the handles pinning its entries get references of their own.
+    fn drop(&mut self) {
+        let mut pinned = Pinned::default();
+        for entry in self.lru.iter() {
+            pinned.convert(entry);
+        }
+    }
+}
+
 impl<R: Registrar> State<R> {
     fn seen(&self) -> Seen {
         Seen {
@@ -960,7 +981,7 @@ impl<R: Registrar> State<R> {
         if !removed.is_empty() {
             self.epoch += 1;
             self.invalidations += removed.len() as u64;
-            self.take(removed, dropped);
+            self.take(removed, dropped, &mut Pinned::default());
             self.held_too(&|key: &RegKey| key.export.device() == device, dropped);
         }
     }
@@ -1014,16 +1035,19 @@ impl<R: Registrar> State<R> {
         }
     }
 
-    /// A cached entry that serves `key`, marked as used (under the read lock: the mark is an
-    /// atomic, written only when it changes, so that hits on one entry share its line).
+    /// A handle to a cached entry that serves `key`, pinned in `slot` (the calling thread's)
+    /// if it can be, and the entry marked as used (under the read lock: the mark is an atomic,
+    /// written only when it changes, so that hits on one entry share its line).
     #[allow(unsafe_code)]
     #[inline]
-    fn find(&self, key: &RegKey) -> Option<Arc<Entry<R>>> {
+    fn hold(&self, key: &RegKey, slot: Option<usize>) -> Option<Held<Entry<R>>> {
         let (_, lent) = self.index.find(key)?;
-        // The recency list holds a reference to every entry the index points to (`State`), and
-        // `&self` is borrowed from a guard of the lock under which both change.
-        // SAFETY: so the list's reference to this entry lives until this returns.
-        let entry = unsafe { lent.to_arc() };
+        // The recency list holds a reference to every entry the index points to (`State`),
+        // `&self` is borrowed from a guard of the lock under which both change, and the cache
+        // converts an entry's pins whenever it lets go of it otherwise than by eviction
+        // (`take`, `drop`), and evicts only entries of which it saw no pin (`make_room`).
+        // SAFETY: so `Held::pin`'s contract holds.
+        let entry = unsafe { Held::pin(lent, slot) };
         if !entry.referenced.load(Relaxed) {
             entry.referenced.store(true, Relaxed);
         }
@@ -1041,8 +1065,8 @@ impl<R: Registrar> State<R> {
     /// room. The dropped entries go to `dropped`, for the caller to release once it has let
     /// go of the lock.
     ///
-    /// An entry no handle holds has only the list's reference ([`CACHE_REFERENCES`]); under
-    /// the lock none can be made (hits clone under it, and
+    /// An entry no handle holds has only the list's reference ([`CACHE_REFERENCES`]) and no
+    /// pin ([`pin`]); under the lock no handle can be made (hits pin or count under it, and
     /// cloning a [`Registration`] needs one), so an idle entry stays idle while the lock is
     /// held.
     fn make_room(
@@ -1063,6 +1087,8 @@ impl<R: Registrar> State<R> {
             count < limits.max_count && bytes.saturating_add(length) <= limits.max_bytes
         };
         let mut evicted = std::mem::take(&mut self.evicting);
+        let mut pinned = std::mem::take(&mut self.pinned);
+        pinned.reset();
         let mut next = self.lru.oldest();
         while !fits(count, bytes) {
             let Some(slot) = next else {
@@ -1073,6 +1099,7 @@ impl<R: Registrar> State<R> {
                 }
                 evicted.clear();
                 self.evicting = evicted;
+                self.pinned = pinned;
                 return false;
             };
             next = self.lru.newer(slot);
@@ -1080,6 +1107,7 @@ impl<R: Registrar> State<R> {
             // A covered entry is out of the index but still on the list.
             if Arc::strong_count(entry) == CACHE_REFERENCES
                 && !covered.iter().any(|&(covered, _)| covered == slot)
+                && !pinned.holds(entry)
             {
                 if entry.referenced.load(Relaxed) {
                     entry.referenced.store(false, Relaxed);
@@ -1097,15 +1125,18 @@ impl<R: Registrar> State<R> {
             }
         }
         self.superseded += covered.len() as u64;
-        // Those a handle holds live on uncached: invalidations must still find them.
+        // Those a handle holds live on uncached: invalidations must still find them. Their
+        // pins are converted first, so that the count says whether a handle holds them.
         for &(slot, _) in &covered {
             let entry = self.lru.get(slot);
+            pinned.convert(entry);
             if Arc::strong_count(entry) > CACHE_REFERENCES {
                 let entry = Arc::clone(entry);
                 self.track(&entry);
             }
         }
-        self.take(covered, dropped);
+        self.take(covered, dropped, &mut pinned);
+        self.pinned = pinned;
         for slot in evicted.drain(..) {
             let entry = self.lru.remove(slot);
             let indexed = self.index.remove(&entry.key);
@@ -1132,10 +1163,17 @@ impl<R: Registrar> State<R> {
         self.bytes += key.range.length();
     }
 
-    /// Takes the entries `removed` from the index off the LRU list.
-    fn take(&mut self, removed: Vec<Cached<R>>, dropped: &mut impl Extend<Arc<Entry<R>>>) {
+    /// Takes the entries `removed` from the index off the LRU list, their pins converted
+    /// (`pinned`: what this write lock's holder saw, if it looked).
+    fn take(
+        &mut self,
+        removed: Vec<Cached<R>>,
+        dropped: &mut impl Extend<Arc<Entry<R>>>,
+        pinned: &mut Pinned,
+    ) {
         for (slot, _) in removed {
             let entry = self.lru.remove(slot);
+            pinned.convert(&entry);
             self.bytes -= entry.key.range.length();
             dropped.extend([entry]);
         }

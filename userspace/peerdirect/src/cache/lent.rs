@@ -47,6 +47,12 @@ impl<T> Lent<T> {
         }
     }
 
+    /// The pointer: `Arc::into_raw`'s.
+    #[inline]
+    pub(super) fn as_non_null(&self) -> NonNull<T> {
+        self.0
+    }
+
     /// Whether this points to `arc`'s value.
     pub(super) fn is(&self, arc: &Arc<T>) -> bool {
         std::ptr::eq(self.0.as_ptr().cast_const(), Arc::as_ptr(arc))

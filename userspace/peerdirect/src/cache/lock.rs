@@ -63,7 +63,7 @@
 //! Not reentrant: a thread holding a read guard must not take another guard of the same lock
 //! (its second read would clear the first's mark; a write would wait for its own mark).
 //!
-//! The cache's only `unsafe` code: the guards' access to the data, each block proved by the
+//! The lock's `unsafe` code: the guards' access to the data, each block proved by the
 //! arguments above.
 
 #![allow(unsafe_code)]

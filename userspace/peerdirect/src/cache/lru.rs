@@ -112,7 +112,6 @@ impl<T> Lru<T> {
     }
 
     /// The values from the most to the least recently used.
-    #[cfg(test)]
     pub(super) fn iter(&self) -> impl Iterator<Item = &T> {
         let mut index = self.newest;
         std::iter::from_fn(move || {

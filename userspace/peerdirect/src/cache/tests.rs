@@ -476,10 +476,52 @@ fn dropping_the_cache_deregisters_what_no_one_holds() {
     let nic = FakeRegistrar::new(1);
     let held = get(&cache, &nic, EXPORT, 0, 1, RW);
     get(&cache, &nic, EXPORT, 1, 1, RW);
+    get(&cache, &nic, EXPORT, 2, 1, RW);
+    // A hit's handle is pinned: the cache gives it a reference of its own as it goes.
+    let hit = get(&cache, &nic, EXPORT, 2, 1, RW);
+    assert!(hit.entry.is_pinned());
     drop(cache);
-    assert_eq!(nic.live(), HashSet::from([held.mr().id]));
+    assert_eq!(nic.live(), HashSet::from([held.mr().id, hit.mr().id]));
     drop(held);
+    assert_eq!(nic.live(), HashSet::from([hit.mr().id]));
+    drop(hit);
     assert!(nic.live().is_empty());
+}
+
+/// A thread's hits are pinned while it has pins, then counted; either kind, and clones, sent
+/// to another thread or not, keeps its registration through an invalidation until dropped.
+#[test]
+fn pinned_and_counted_handles_outlive_their_entry() {
+    let cache = cache(16, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let id = get(&cache, &nic, EXPORT, 0, 4, RW).mr().id;
+    let mut hits: Vec<_> = (0..2 * pin::PINS as u64)
+        .map(|page| get(&cache, &nic, EXPORT, page % 4, 1, RW))
+        .collect();
+    assert!(hits.iter().all(|hit| hit.mr().id == id));
+    let pinned = hits.iter().filter(|hit| hit.entry.is_pinned()).count();
+    assert!(
+        (1..=pin::PINS).contains(&pinned),
+        "{pinned} of {} hits pinned",
+        hits.len()
+    );
+    hits.push(hits[0].clone());
+    assert!(
+        !hits.last().unwrap().entry.is_pinned(),
+        "a clone is counted"
+    );
+    let elsewhere: Vec<_> = hits.drain(..hits.len() / 2).collect();
+    assert_eq!(cache.invalidate_export(EXPORT), 1);
+    assert!(nic.is_live(id));
+    thread::spawn(move || {
+        assert!(elsewhere.iter().all(|hit| hit.mr().id == id));
+        drop(elsewhere);
+    })
+    .join()
+    .unwrap();
+    assert!(nic.is_live(id));
+    drop(hits);
+    assert!(!nic.is_live(id));
 }
 
 /// The cache holds a registrar only through its live registrations: once they are gone it
@@ -1238,11 +1280,16 @@ fn the_listener_hears_once_of_every_live_registration_whose_memory_goes() {
     let cache = cache(16, 12 * PAGE);
     let heard = listen(&cache, &registrar);
     let other = ExportId::new(0, 200);
+    // `held` and `superseded` are hits' handles, pinned: invalidation and supersession give
+    // them references of their own, and say they are held.
+    get(&cache, &registrar, EXPORT, 0, 4, RW);
     let held = get(&cache, &registrar, EXPORT, 0, 4, RW);
     let idle = get(&cache, &registrar, EXPORT, 8, 2, RW).mr().id;
     let too_large = get(&cache, &registrar, EXPORT, 0, 16, RW);
     assert_eq!(too_large.uncached(), Some(Uncached::TooLarge));
+    get(&cache, &registrar, EXPORT, 20, 1, RW);
     let superseded = get(&cache, &registrar, EXPORT, 20, 1, RW);
+    assert!(held.entry.is_pinned() && superseded.entry.is_pinned());
     let container = get(&cache, &registrar, EXPORT, 20, 3, RW).mr().id;
     assert_eq!(cache.stats().superseded, 1);
     let elsewhere = get(&cache, &registrar, other, 0, 1, RW).mr().id;

@@ -134,7 +134,8 @@ impl Attachment<'_> {
     ///
     /// # Safety
     ///
-    /// Called from the `map_dma_buf` callback (the reservation lock is held).
+    /// Called from the `map_dma_buf` or `unmap_dma_buf` callback (the reservation lock is
+    /// held).
     pub(crate) unsafe fn by_bus_address(&self) -> bool {
         // SAFETY: as in `set_pinned`.
         unsafe { ffi::attach_by_bus_address(self.raw.as_ptr()) }
@@ -196,12 +197,14 @@ impl Attachment<'_> {
         unsafe { ffi::map_phys(attach, provider, paddr, len, seg, dir) }.map(SgTable)
     }
 
-    /// Maps `len` bytes of a companion device's BAR at CPU physical address `paddr` (bus
-    /// address `paddr + bus_offset`), in segments of at most `seg` bytes: by bus address when
-    /// `bus_addr`, else through the host bridge. `_unrevoked`: the BAR stays while the buffer
-    /// is not revoked (removal of a companion revokes its exports before it returns).
+    /// Maps `len` bytes of a BAR at CPU physical address `paddr` (bus address
+    /// `paddr + bus_offset`), in segments of at most `seg` bytes, in a table of our own: by bus
+    /// address when `bus_addr`, else through the host bridge. A companion device's BAR (no
+    /// provider of ours), or our own device's by bus address. `_unrevoked`: the BAR stays
+    /// while the buffer is not revoked (removal revokes a device's exports before it returns).
     #[expect(clippy::too_many_arguments)]
-    pub(crate) fn map_companion(
+    #[inline]
+    pub(crate) fn map_table(
         &self,
         _unrevoked: &Unrevoked<'_>,
         paddr: u64,
@@ -211,10 +214,14 @@ impl Attachment<'_> {
         dir: DataDirection,
         bus_addr: bool,
     ) -> Result<SgTable> {
+        // The max segment is an `unsigned int`, page aligned by the caller: at most 4 GiB
+        // less a page, as an entry's 32-bit length needs.
+        debug_assert!(seg > 0 && seg <= u64::from(u32::MAX));
         // SAFETY: the core holds the reservation lock while it maps (map_dma_buf's contract),
-        // `seg` is non-zero, and the buffer is not revoked (`_unrevoked`), so the BAR stays.
-        let sgt = unsafe {
-            ffi::map_companion(
+        // `seg` is non-zero and fits an entry (above), and the buffer is not revoked
+        // (`_unrevoked`), so the BAR stays.
+        unsafe {
+            ffi::map_table(
                 self.raw.as_ptr(),
                 paddr,
                 bus_offset,
@@ -223,16 +230,16 @@ impl Attachment<'_> {
                 dir,
                 bus_addr,
             )
-        };
-        let sgt = from_err_ptr(sgt)?;
-        NonNull::new(sgt).map(SgTable).ok_or(ENOMEM)
+        }
+        .map(SgTable)
     }
 
-    /// Undoes [`Attachment::map_companion`].
-    pub(crate) fn unmap_companion(&self, sgt: SgTable, dir: DataDirection) {
-        // SAFETY: `sgt` came from `map_companion` on this attachment, under the reservation
-        // lock (unmap_dma_buf's contract).
-        unsafe { ffi::unmap_companion(self.raw.as_ptr(), sgt.0.as_ptr(), dir) }
+    /// Undoes [`Attachment::map_table`].
+    #[inline]
+    pub(crate) fn unmap_table(&self, sgt: SgTable, dir: DataDirection) {
+        // SAFETY: `sgt` came from `map_table` on this attachment, under the reservation lock
+        // (unmap_dma_buf's contract).
+        unsafe { ffi::unmap_table(self.raw.as_ptr(), sgt.0.as_ptr(), dir) }
     }
 
     /// The importer's PCI device, if it is one.

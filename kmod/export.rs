@@ -5,9 +5,9 @@
 //! - attach refuses importers that cannot take device memory (no `peer2peer`) and those the
 //!   kernel's P2P rules give no path to (`pci_p2pdma_distance_many`: the same verdict as
 //!   `pci_p2pdma_map_type`, which modules cannot call), with one rate-limited log line;
-//! - map hands out the BAR range through `dma_buf_phys_vec_to_sgt` (bus addresses behind a
-//!   shared switch, an IOMMU mapping through the host bridge), in segments no longer than the
-//!   importer's max segment size, never one per page;
+//! - map hands out the BAR range in segments no longer than the importer's max segment size,
+//!   never one per page: bus addresses behind a shared switch, in a table of our own;
+//!   through the host bridge, `dma_buf_phys_vec_to_sgt` (an IOMMU mapping);
 //! - a read-only export (no `PEERDIRECT_EXPORT_RDWR`) maps only `DMA_TO_DEVICE`: `EACCES` for
 //!   a mapping that lets the peer write;
 //! - the range never moves, so pinning costs nothing (EFA's pinned import works); pins are
@@ -117,14 +117,17 @@ impl Exporter for Export {
         let hbm = self.hbm();
         let page = PAGE_SIZE as u64;
         let seg = (attach.max_segment_size() & !(page - 1)).max(page);
-        let sgt = if hbm.is_companion() {
-            // No provider of ours: the route decides bus address or host bridge (attach has
-            // checked that the kernel allows P2P at all).
-            // SAFETY: the `map_dma_buf` callback, called with the reservation lock held.
-            let bus_addr = unsafe { attach.by_bus_address() };
+        // SAFETY: the `map_dma_buf` callback, called with the reservation lock held.
+        let bus_addr = unsafe { attach.by_bus_address() };
+        let sgt = if hbm.is_companion() || bus_addr {
+            // A companion's BAR has no provider of ours: the route decides bus address or
+            // host bridge (attach has checked that the kernel allows P2P at all). Our own
+            // BAR by bus address: the entries are the BAR's bus addresses, cut at the max
+            // segment, which a table of our own fills without asking the kernel's P2P map
+            // type again or walking one range per segment (Documentation/exporter.md).
             let info = hbm.recorded();
             let bus_offset = info.bus_addr.wrapping_sub(info.phys_addr);
-            attach.map_companion(
+            attach.map_table(
                 unrevoked,
                 self.phys_addr(),
                 bus_offset,
@@ -138,13 +141,10 @@ impl Exporter for Export {
             // links every range into one IOVA range and hands out one entry per 4 GiB, so a
             // cut is undone there and only costs a `dma_iova_link()` per segment: the range
             // goes whole (Documentation/exporter.md). The importer's DMA translation is
-            // asked only when the range is longer than a segment and does not go by bus
-            // address.
+            // asked only when the range is longer than a segment.
             // A max segment at least as long as the entries the core cuts every range into
             // (EFA's) makes a cut of ours the core's own: the range goes whole there too.
-            // SAFETY: the `map_dma_buf` callback, called with the reservation lock held.
-            let through_iommu = || !unsafe { attach.by_bus_address() } && attach.dma_translated();
-            let seg = if self.len > seg && (seg >= CORE_MAX_ENTRY || through_iommu()) {
+            let seg = if self.len > seg && (seg >= CORE_MAX_ENTRY || attach.dma_translated()) {
                 self.len
             } else {
                 seg
@@ -163,8 +163,10 @@ impl Exporter for Export {
 
     #[inline]
     fn unmap(&self, attach: &Attachment<'_>, sgt: SgTable, dir: DataDirection) {
-        if self.hbm().is_companion() {
-            attach.unmap_companion(sgt, dir);
+        // As `map` chose: the route is fixed at attach.
+        // SAFETY: the `unmap_dma_buf` callback, called with the reservation lock held.
+        if self.hbm().is_companion() || unsafe { attach.by_bus_address() } {
+            attach.unmap_table(sgt, dir);
         } else {
             attach.unmap(sgt, dir);
         }

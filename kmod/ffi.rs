@@ -61,7 +61,7 @@ mod raw {
         pub(super) fn peerdirect_dev_dma_translated(dev: *mut bindings::device) -> bool;
         pub(super) fn peerdirect_pci_generation_register() -> c_int;
         pub(super) fn peerdirect_pci_generation_unregister();
-        pub(super) fn peerdirect_map_companion(
+        pub(super) fn peerdirect_map_table(
             attach: *mut bindings::dma_buf_attachment,
             paddr: bindings::phys_addr_t,
             bus_offset: u64,
@@ -70,7 +70,7 @@ mod raw {
             dir: bindings::dma_data_direction,
             bus_addr: bool,
         ) -> *mut bindings::sg_table;
-        pub(super) fn peerdirect_unmap_companion(
+        pub(super) fn peerdirect_unmap_table(
             attach: *mut bindings::dma_buf_attachment,
             sgt: *mut bindings::sg_table,
             dir: bindings::dma_data_direction,
@@ -662,15 +662,15 @@ fn from_err_ptr<T>(ptr: *mut T) -> Result<NonNull<T>> {
     NonNull::new(ptr).ok_or(ENOMEM)
 }
 
-/// Maps `len` bytes of a companion device's BAR at `paddr` for `attach`'s device: by bus
-/// address (`paddr + bus_offset`) when `bus_addr`, else through the host bridge
-/// (`dma_map_phys`).
+/// Maps `len` bytes of a BAR at `paddr` for `attach`'s device in a table filled by
+/// `helpers.c`: by bus address (`paddr + bus_offset`) when `bus_addr`, else through the host
+/// bridge (`dma_map_phys`).
 ///
 /// # Safety
 ///
-/// `attach` is being mapped under its buffer's reservation lock; `seg` is non-zero; the BAR
-/// stays (the buffer is not revoked: `dmabuf::Unrevoked`).
-pub(crate) unsafe fn map_companion(
+/// `attach` is being mapped under its buffer's reservation lock; `seg` is non-zero and at most
+/// 4 GiB less a page; the BAR stays (the buffer is not revoked: `dmabuf::Unrevoked`).
+pub(crate) unsafe fn map_table(
     attach: *mut bindings::dma_buf_attachment,
     paddr: u64,
     bus_offset: u64,
@@ -678,23 +678,25 @@ pub(crate) unsafe fn map_companion(
     seg: u64,
     dir: bindings::dma_data_direction,
     bus_addr: bool,
-) -> *mut bindings::sg_table {
+) -> Result<NonNull<bindings::sg_table>> {
     // SAFETY: forwarded from the caller.
-    unsafe { raw::peerdirect_map_companion(attach, paddr, bus_offset, len, seg, dir, bus_addr) }
+    from_err_ptr(unsafe {
+        raw::peerdirect_map_table(attach, paddr, bus_offset, len, seg, dir, bus_addr)
+    })
 }
 
-/// Undoes [`map_companion`].
+/// Undoes [`map_table`].
 ///
 /// # Safety
 ///
-/// `sgt` was returned by [`map_companion`] for `attach`, whose reservation lock is held.
-pub(crate) unsafe fn unmap_companion(
+/// `sgt` was returned by [`map_table`] for `attach`, whose reservation lock is held.
+pub(crate) unsafe fn unmap_table(
     attach: *mut bindings::dma_buf_attachment,
     sgt: *mut bindings::sg_table,
     dir: bindings::dma_data_direction,
 ) {
     // SAFETY: forwarded from the caller.
-    unsafe { raw::peerdirect_unmap_companion(attach, sgt, dir) }
+    unsafe { raw::peerdirect_unmap_table(attach, sgt, dir) }
 }
 
 /// The PCI device of `dev`, if it is one, borrowed for as long as `dev` is.

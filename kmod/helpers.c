@@ -228,26 +228,30 @@ bool peerdirect_dev_dma_translated(struct device *dev)
 }
 
 /*
- * A companion device's BAR has no p2pdma provider of ours (its owner driver holds the device
- * and its device-managed state), so dma_buf_phys_vec_to_sgt() cannot be used. The caller
- * has the kernel's P2P verdict and the path (p2p.rs) and says how the importer reaches the
- * BAR: @bus_addr, behind a shared switch without ACS redirect, by bus address (the CPU
- * physical address plus @bus_offset, what pci_p2pdma_bus_addr_map() computes); otherwise
+ * An sg table filled here rather than by dma_buf_phys_vec_to_sgt(): for a companion device's
+ * BAR, which has no p2pdma provider of ours (its owner driver holds the device and its
+ * device-managed state), and for our own device's BAR by bus address, where the core would
+ * ask the P2P map type again and walk one range per segment to compute the same entries.
+ * The caller has the kernel's P2P verdict and the path (p2p.rs) and says how the importer
+ * reaches the BAR: @bus_addr, behind a shared switch without ACS redirect, by bus address (the
+ * CPU physical address plus @bus_offset, what pci_p2pdma_bus_addr_map() computes); otherwise
  * through the host bridge, mapped for the importer with dma_map_phys(DMA_ATTR_MMIO), as the
  * core does without an IOVA range (and as habanalabs maps its BARs with dma_map_resource()).
+ * Entries are at most @seg bytes (at most 4 GiB less a page: sg_dma_len is 32 bits).
  */
-struct peerdirect_companion_sgt {
+struct peerdirect_table {
 	struct sg_table sgt;
 	bool mapped;
 };
 
-struct sg_table *peerdirect_map_companion(struct dma_buf_attachment *attach,
-					 phys_addr_t paddr, u64 bus_offset, u64 len, u64 seg,
-					 enum dma_data_direction dir, bool bus_addr)
+struct sg_table *peerdirect_map_table(struct dma_buf_attachment *attach, phys_addr_t paddr,
+				      u64 bus_offset, u64 len, u64 seg, enum dma_data_direction dir,
+				      bool bus_addr)
 {
-	struct peerdirect_companion_sgt *m;
+	/* A real NIC's max segment holds the whole range: no division. */
+	unsigned int i, nr = len <= seg ? 1 : DIV_ROUND_UP(len, seg);
+	struct peerdirect_table *m;
 	struct scatterlist *sg;
-	unsigned int i, nr = DIV_ROUND_UP(len, seg);
 	int ret;
 
 	dma_resv_assert_held(attach->dmabuf->resv);
@@ -270,7 +274,7 @@ struct sg_table *peerdirect_map_companion(struct dma_buf_attachment *attach,
 			addr = dma_map_phys(attach->dev, paddr + off, n, dir, DMA_ATTR_MMIO);
 			if (dma_mapping_error(attach->dev, addr)) {
 				m->sgt.nents = i;
-				peerdirect_unmap_companion(attach, &m->sgt, dir);
+				peerdirect_unmap_table(attach, &m->sgt, dir);
 				return ERR_PTR(-EIO);
 			}
 		}
@@ -280,10 +284,10 @@ struct sg_table *peerdirect_map_companion(struct dma_buf_attachment *attach,
 	return &m->sgt;
 }
 
-void peerdirect_unmap_companion(struct dma_buf_attachment *attach, struct sg_table *sgt,
-				enum dma_data_direction dir)
+void peerdirect_unmap_table(struct dma_buf_attachment *attach, struct sg_table *sgt,
+			    enum dma_data_direction dir)
 {
-	struct peerdirect_companion_sgt *m = container_of(sgt, struct peerdirect_companion_sgt, sgt);
+	struct peerdirect_table *m = container_of(sgt, struct peerdirect_table, sgt);
 	struct scatterlist *sg;
 	unsigned int i;
 

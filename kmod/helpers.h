@@ -50,11 +50,11 @@ bool peerdirect_dev_dma_translated(struct device *dev);
 int peerdirect_pci_generation_register(void);
 void peerdirect_pci_generation_unregister(void);
 void peerdirect_pci_device_changed(struct device *dev); /* defined in ffi.rs */
-struct sg_table *peerdirect_map_companion(struct dma_buf_attachment *attach,
-					 phys_addr_t paddr, u64 bus_offset, u64 len, u64 seg,
-					 enum dma_data_direction dir, bool bus_addr);
-void peerdirect_unmap_companion(struct dma_buf_attachment *attach, struct sg_table *sgt,
-				enum dma_data_direction dir);
+struct sg_table *peerdirect_map_table(struct dma_buf_attachment *attach, phys_addr_t paddr,
+				      u64 bus_offset, u64 len, u64 seg, enum dma_data_direction dir,
+				      bool bus_addr);
+void peerdirect_unmap_table(struct dma_buf_attachment *attach, struct sg_table *sgt,
+			    enum dma_data_direction dir);
 struct pci_dev *peerdirect_to_pci_dev(struct device *dev);
 
 /*

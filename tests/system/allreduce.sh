@@ -64,7 +64,7 @@ run=$work/kill
 start=$(date +%s)
 rc=0
 PEERDIRECT_PREBUILT=1 "$ROOT/scripts/allreduce" --sizes 1M,4M --iterations 20 --timeout 20 \
-	--kill-node1 4 --out "$run" --quiet >"$work/kill.out" 2>&1 || rc=$?
+	--kill-node1 2 --out "$run" --quiet >"$work/kill.out" 2>&1 || rc=$?
 took=$(($(date +%s) - start))
 err=$(cat "$run/node0/out-direct-0" 2>/dev/null | grep '^allreduce: rank 0: ' || true)
 if [ $rc != 0 ] && [ "$(cat "$run/node0/rc-direct-0" 2>/dev/null)" = 1 ] &&

@@ -540,6 +540,51 @@ fn run_forgotten_verdict(setup: &mut Setup) -> Outcome {
     expect_eq("p2p_verdicts_kept after it", 1, kept_again)
 }
 
+/// Cycles [`run_leaves_nothing`] runs in one command.
+const LEAK_CYCLES: u64 = 2000;
+
+/// How many more objects the kernel's kmalloc caches may hold after [`LEAK_CYCLES`] cycles
+/// than before: one leaked per map would be [`LEAK_CYCLES`].
+const LEAK_SLACK: u64 = 200;
+
+/// The kernel's kmalloc caches' objects in use (`/proc/slabinfo`).
+fn kmalloc_objects() -> Result<u64, String> {
+    let text = std::fs::read_to_string("/proc/slabinfo")
+        .map_err(|err| format!("read /proc/slabinfo: {err}"))?;
+    text.lines()
+        .filter(|line| line.starts_with("kmalloc-"))
+        .map(|line| {
+            line.split_whitespace()
+                .nth(1)
+                .and_then(|active| active.parse::<u64>().ok())
+                .ok_or_else(|| format!("/proc/slabinfo: no object count in {line:?}"))
+        })
+        .sum()
+}
+
+/// [`LEAK_CYCLES`] dynamic attach, map, unmap and detach cycles of 2 MiB leave no memory
+/// behind: the dma-buf core's own helper leaks each map's scatterlist array when it frees its
+/// table (`ffi::unmap_phys`), which map uses through the host bridge.
+fn run_leaves_nothing(setup: &mut Setup) -> Outcome {
+    let len = 2 * MIB;
+    let exported = export(&setup.device, len, 0, len)?;
+    let case = Case::whole(Mode::Dynamic, len, "max_seg=4294967295 cycles=2000");
+    debug_assert_eq!(case.cycles(), Some(LEAK_CYCLES));
+    let line = case.command(setup, exported.dmabuf.as_fd().as_raw_fd());
+    let before = kmalloc_objects()?;
+    let report = setup.importer.command(&line)?;
+    let after = kmalloc_objects()?;
+    check_mapped(&report, &case, None)?;
+    check_cycles(&report, LEAK_CYCLES)?;
+    let grown = after.saturating_sub(before);
+    if grown > LEAK_SLACK {
+        return Err(format!(
+            "kmalloc objects in use: {before} before {LEAK_CYCLES} cycles, {after} after (+{grown}): a map's memory is not freed"
+        ));
+    }
+    Ok(())
+}
+
 fn check_debugfs_exports(setup: &Setup, bar_offset: u64, len: u64, nents: u64) -> Outcome {
     let path = format!("/sys/kernel/debug/peerdirect/peerdirect{INDEX}/exports");
     let text = std::fs::read_to_string(&path).map_err(|err| format!("read {path}: {err}"))?;
@@ -663,12 +708,19 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
     let forgotten = format!(
         "{topology}: the NIC deleted (sysfs remove), the P2P verdict cache forgets its verdict at once; rescanned, its attach asks the kernel again (debugfs stats)"
     );
+    // Where P2P is allowed: by bus address (a table of ours) and through the host bridge (the
+    // core's).
+    let leak = matches!(topology, Topology::Switch | Topology::HostBridge).then(|| {
+        format!("{topology}: {LEAK_CYCLES} dynamic map and unmap cycles of 2 MiB in one command leave no memory behind (kmalloc objects in use grow by at most {LEAK_SLACK})")
+    });
     let unload = format!("{MODULE} unloads");
     let p2p_query = format!(
         "{topology}: PEERDIRECT_IOC_P2P about the NIC gives the importer module's own pci_p2pdma_distance_many, with path facts that fit the topology"
     );
 
-    let mut tap = Tap::plan(1 + cases.len() + non_p2p.len() + 3 * usize::from(held) + 2);
+    let mut tap = Tap::plan(
+        1 + cases.len() + non_p2p.len() + 3 * usize::from(held) + usize::from(leak.is_some()) + 2,
+    );
     let setup_description =
         format!("{MODULE} loads, the NIC (virtio-net) is found, /dev/peerdirect0 answers INFO");
     let mut setup = match setup {
@@ -694,6 +746,9 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
                 tap.report(&read_only, &skipped);
                 tap.report(&forgotten, &skipped);
             }
+            if let Some(leak) = &leak {
+                tap.report(leak, &skipped);
+            }
             tap.report(&p2p_query, &skipped);
             tap.report(&unload, &skipped);
             return tap.finish();
@@ -710,6 +765,9 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
         tap.report(&held_description, &run_held(&mut setup));
         tap.report(&read_only, &run_read_only(&mut setup));
         tap.report(&forgotten, &run_forgotten_verdict(&mut setup));
+    }
+    if let Some(leak) = &leak {
+        tap.report(leak, &run_leaves_nothing(&mut setup));
     }
     tap.report(&p2p_query, &run_p2p_query(&mut setup));
     drop(setup);

@@ -753,48 +753,30 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
     let stop = Arc::new(AtomicBool::new(false));
     let (imported, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let unexpected = Arc::new(Unexpected::default());
-    let threads: Vec<_> = (0..2)
-        .map(|t| {
-            let (stop, imported, refused, unexpected, nic) = (
-                stop.clone(),
-                imported.clone(),
-                refused.clone(),
-                unexpected.clone(),
-                nic.clone(),
-            );
-            thread::spawn(move || {
-                let record = |err: String| unexpected.record_message(err);
-                let mut importer = match TestModule::load_importer() {
-                    Ok(importer) => importer,
-                    Err(err) => return record(err),
-                };
-                let mut n = t;
-                while !stop.load(Ordering::Relaxed) {
-                    let mode =
-                        ["dynamic", "revocable", "pinned", "dynamic hold=1 defer=1"][(n + 1) % 4];
-                    let report = match import_new(&mut importer, &nic, mode) {
-                        None => continue,
-                        Some(Ok(report)) => report,
-                        Some(Err(err)) => return record(err),
-                    };
-                    n += 1;
-                    // A held mapping: let go of it at once, an unbind may be invalidating it.
-                    if let Some(id) = report.value("id") {
-                        if let Err(err) = importer.command(&format!("release id={id}")) {
-                            return record(err);
-                        }
-                    }
-                    match imported_or_refused(&report) {
-                        Some(true) => imported.fetch_add(1, Ordering::Relaxed),
-                        Some(false) => refused.fetch_add(1, Ordering::Relaxed),
-                        None => return record(format!("{mode} import: {}", report.summary())),
-                    };
+    let mut threads = {
+        let (imported, refused) = (imported.clone(), refused.clone());
+        importing_threads(
+            &stop,
+            &unexpected,
+            &nic,
+            &["dynamic", "revocable", "pinned", "dynamic hold=1 defer=1"],
+            move |importer, mode, answer| {
+                let report = answer?;
+                // A held mapping: let go of it at once, an unbind may be invalidating it.
+                if let Some(id) = report.value("id") {
+                    importer.command(&format!("release id={id}"))?;
                 }
-            })
-        })
-        .collect();
+                let count = match imported_or_refused(&report) {
+                    Some(true) => &imported,
+                    Some(false) => &refused,
+                    None => return Err(format!("{mode} import: {}", report.summary())),
+                };
+                count.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            },
+        )
+    };
     let (reads, listed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let mut threads = threads;
     threads.push({
         let (stop, reads, listed, unexpected) = (
             stop.clone(),
@@ -865,44 +847,33 @@ fn nic_rescan(tap: &mut Tap, bdf: &str, budget: Duration) {
     let unexpected = Arc::new(Unexpected::default());
     let counts = Arc::new([const { AtomicU64::new(0) }; 3]);
     let (imported, refused, absent) = (0, 1, 2);
-    let mut threads: Vec<_> = (0..2)
-        .map(|t| {
-            let (stop, counts, unexpected, nic) = (
-                stop.clone(),
-                counts.clone(),
-                unexpected.clone(),
-                nic.clone(),
-            );
-            thread::spawn(move || {
-                let record = |err: String| unexpected.record_message(err);
-                let mut importer = match TestModule::load_importer() {
-                    Ok(importer) => importer,
-                    Err(err) => return record(err),
+    let mut threads = {
+        let counts = counts.clone();
+        importing_threads(
+            &stop,
+            &unexpected,
+            &nic,
+            &["dynamic", "pinned"],
+            move |_, mode, answer| {
+                let report = match answer {
+                    Ok(report) => report,
+                    Err(err) if err.contains(NO_NIC) => {
+                        counts[absent].fetch_add(1, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    Err(err) => return Err(err),
                 };
-                let mut n = t;
-                while !stop.load(Ordering::Relaxed) {
-                    let mode = ["dynamic", "pinned"][(n + 1) % 2];
-                    let report = match import_new(&mut importer, &nic, mode) {
-                        None => continue,
-                        Some(Ok(report)) => report,
-                        Some(Err(err)) if err.contains(NO_NIC) => {
-                            counts[absent].fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        }
-                        Some(Err(err)) => return record(err),
-                    };
-                    n += 1;
-                    // The NIC's deletion does not move it: the verdict never changes.
-                    let count = match imported_or_refused(&report) {
-                        Some(true) => imported,
-                        Some(false) => refused,
-                        None => return record(format!("{mode} import: {}", report.summary())),
-                    };
-                    counts[count].fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
+                // The NIC's deletion does not move it: the verdict never changes.
+                let count = match imported_or_refused(&report) {
+                    Some(true) => imported,
+                    Some(false) => refused,
+                    None => return Err(format!("{mode} import: {}", report.summary())),
+                };
+                counts[count].fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            },
+        )
+    };
     let rescans = Arc::new(AtomicU64::new(0));
     threads.push({
         let (stop, rescans, unexpected, nic) = (
@@ -962,6 +933,49 @@ fn import_once(nic: &str) -> Outcome {
         Some(true) => Ok(()),
         _ => Err(format!("import: {}", report.summary())),
     }
+}
+
+/// Two threads, each with its own handle on the importer module, that import new dma-bufs on
+/// `nic` ([`import_new`]) in `modes` in turn until `stop`, and give `each` the importer, the
+/// mode and each answer (`Err`: the command was refused). An `Err` from `each` is recorded in
+/// `unexpected` and ends its thread.
+fn importing_threads(
+    stop: &Arc<AtomicBool>,
+    unexpected: &Arc<Unexpected>,
+    nic: &str,
+    modes: &'static [&'static str],
+    each: impl Fn(&mut TestModule, &str, Result<crate::testmod::Report, String>) -> Outcome
+        + Clone
+        + Send
+        + 'static,
+) -> Vec<thread::JoinHandle<()>> {
+    (0..2)
+        .map(|t| {
+            let (stop, unexpected, nic, each) = (
+                stop.clone(),
+                unexpected.clone(),
+                nic.to_owned(),
+                each.clone(),
+            );
+            thread::spawn(move || {
+                let mut importer = match TestModule::load_importer() {
+                    Ok(importer) => importer,
+                    Err(err) => return unexpected.record_message(err),
+                };
+                let mut n = t;
+                while !stop.load(Ordering::Relaxed) {
+                    let mode = modes[(n + 1) % modes.len()];
+                    let Some(answer) = import_new(&mut importer, &nic, mode) else {
+                        continue;
+                    };
+                    n += 1;
+                    if let Err(err) = each(&mut importer, mode, answer) {
+                        return unexpected.record_message(err);
+                    }
+                }
+            })
+        })
+        .collect()
 }
 
 /// Exports 16 pages of a new allocation and has `nic` import them in `mode` through

@@ -238,10 +238,17 @@ bool peerdirect_dev_dma_translated(struct device *dev)
  * through the host bridge, mapped for the importer with dma_map_phys(DMA_ATTR_MMIO), as the
  * core does without an IOVA range (and as habanalabs maps its BARs with dma_map_resource()).
  * Entries are at most @seg bytes (at most 4 GiB less a page: sg_dma_len is 32 bits).
+ *
+ * Up to PEERDIRECT_TABLE_INLINE entries (any range up to 16 GiB with mlx5's 2 GiB segment or
+ * EFA's) live in the table's own allocation: a map and its unmap make one allocation and one
+ * free, where sg_alloc_table() would add a second of each.
  */
+#define PEERDIRECT_TABLE_INLINE 8
+
 struct peerdirect_table {
 	struct sg_table sgt;
 	bool mapped;
+	struct scatterlist inline_sg[PEERDIRECT_TABLE_INLINE];
 };
 
 struct sg_table *peerdirect_map_table(struct dma_buf_attachment *attach, phys_addr_t paddr,
@@ -255,13 +262,20 @@ struct sg_table *peerdirect_map_table(struct dma_buf_attachment *attach, phys_ad
 	int ret;
 
 	dma_resv_assert_held(attach->dmabuf->resv);
-	m = kzalloc(sizeof(*m), GFP_KERNEL);
+	m = kmalloc(sizeof(*m), GFP_KERNEL);
 	if (!m)
 		return ERR_PTR(-ENOMEM);
-	ret = sg_alloc_table(&m->sgt, nr, GFP_KERNEL | __GFP_ZERO);
-	if (ret) {
-		kfree(m);
-		return ERR_PTR(ret);
+	if (nr <= PEERDIRECT_TABLE_INLINE) {
+		sg_init_table(m->inline_sg, nr);
+		m->sgt.sgl = m->inline_sg;
+		m->sgt.nents = nr;
+		m->sgt.orig_nents = nr;
+	} else {
+		ret = sg_alloc_table(&m->sgt, nr, GFP_KERNEL | __GFP_ZERO);
+		if (ret) {
+			kfree(m);
+			return ERR_PTR(ret);
+		}
 	}
 	m->mapped = !bus_addr;
 	for_each_sgtable_dma_sg(&m->sgt, sg, i) {
@@ -295,7 +309,8 @@ void peerdirect_unmap_table(struct dma_buf_attachment *attach, struct sg_table *
 		for_each_sgtable_dma_sg(sgt, sg, i)
 			dma_unmap_phys(attach->dev, sg_dma_address(sg), sg_dma_len(sg), dir,
 				       DMA_ATTR_MMIO);
-	sg_free_table(sgt);
+	if (sgt->sgl != m->inline_sg)
+		sg_free_table(sgt);
 	kfree(m);
 }
 

@@ -123,6 +123,13 @@ fn get(
     registration
 }
 
+/// Whether this thread has a slot, so that its hits pin: a test thread that started while
+/// another test held every slot (`lock.rs`'s `with_every_slot_held`) has none, and its hits'
+/// handles are counted.
+fn has_slot() -> bool {
+    slot::current().is_some()
+}
+
 /// The MR ids of the cached entries, most recently used first.
 fn cached_ids(cache: &Cache) -> Vec<u64> {
     cache.cached().iter().map(|r| r.mr().id).collect()
@@ -479,7 +486,7 @@ fn dropping_the_cache_deregisters_what_no_one_holds() {
     get(&cache, &nic, EXPORT, 2, 1, RW);
     // A hit's handle is pinned: the cache gives it a reference of its own as it goes.
     let hit = get(&cache, &nic, EXPORT, 2, 1, RW);
-    assert!(hit.entry.is_pinned());
+    assert!(hit.entry.is_pinned() || !has_slot());
     drop(cache);
     assert_eq!(nic.live(), HashSet::from([held.mr().id, hit.mr().id]));
     drop(held);
@@ -500,8 +507,9 @@ fn pinned_and_counted_handles_outlive_their_entry() {
         .collect();
     assert!(hits.iter().all(|hit| hit.mr().id == id));
     let pinned = hits.iter().filter(|hit| hit.entry.is_pinned()).count();
+    let least = usize::from(has_slot());
     assert!(
-        (1..=pin::PINS).contains(&pinned),
+        (least..=pin::PINS).contains(&pinned),
         "{pinned} of {} hits pinned",
         hits.len()
     );
@@ -1289,7 +1297,7 @@ fn the_listener_hears_once_of_every_live_registration_whose_memory_goes() {
     assert_eq!(too_large.uncached(), Some(Uncached::TooLarge));
     get(&cache, &registrar, EXPORT, 20, 1, RW);
     let superseded = get(&cache, &registrar, EXPORT, 20, 1, RW);
-    assert!(held.entry.is_pinned() && superseded.entry.is_pinned());
+    assert!(held.entry.is_pinned() && superseded.entry.is_pinned() || !has_slot());
     let container = get(&cache, &registrar, EXPORT, 20, 3, RW).mr().id;
     assert_eq!(cache.stats().superseded, 1);
     let elsewhere = get(&cache, &registrar, other, 0, 1, RW).mr().id;

@@ -13,11 +13,11 @@ rc=$?
 if [ $rc = 7 ]; then ok "qemu/run exits with the command's status"; else not_ok "qemu/run exits with the command's status" "expected 7, got $rc"; fi
 
 echo "from the host $RANDOM" > "$work/in"
-out=$(guest --share "$work" -- sh -c 'cat /mnt/host/in; cp /mnt/host/in /mnt/host/out; echo guest-was-here >> /mnt/host/out' 2>&1)
+out=$(guest --share "$work" -- sh -c 'cat /mnt/host/in; cp /mnt/host/in /mnt/host/out; echo guest-was-here >> /mnt/host/out' 2>"$work/err")
 if [ "$out" = "$(cat "$work/in")" ] && [ "$(tail -1 "$work/out" 2>/dev/null)" = guest-was-here ]; then
 	ok "--share DIR is /mnt/host in the guest, both ways"
 else
-	not_ok "--share DIR is /mnt/host in the guest, both ways" "guest printed: $out"
+	not_ok "--share DIR is /mnt/host in the guest, both ways" "guest printed: $out" "$(cat "$work/err")"
 fi
 
 out=$(guest --hbm 64M --hbm-backing "$work/hbm" -- peerdirect devices --json 2>"$work/err")

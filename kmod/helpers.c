@@ -240,15 +240,17 @@ bool peerdirect_dev_dma_translated(struct device *dev)
  * Entries are at most @seg bytes (at most 4 GiB less a page: sg_dma_len is 32 bits).
  *
  * Up to PEERDIRECT_TABLE_INLINE entries (any range up to 16 GiB with mlx5's 2 GiB segment or
- * EFA's) live in the table's own allocation: a map and its unmap make one allocation and one
- * free, where sg_alloc_table() would add a second of each.
+ * EFA's) live in the table's own allocation, sized to them: a map and its unmap make one
+ * allocation and one free, where sg_alloc_table() would add a second of each. (A fixed inline
+ * array of 8 made every map's allocation 512 bytes, which Debian's kernel zeroes on
+ * allocation: the map of one entry took longer than with two small allocations.)
  */
 #define PEERDIRECT_TABLE_INLINE 8
 
 struct peerdirect_table {
 	struct sg_table sgt;
 	bool mapped;
-	struct scatterlist inline_sg[PEERDIRECT_TABLE_INLINE];
+	struct scatterlist inline_sg[];
 };
 
 struct sg_table *peerdirect_map_table(struct dma_buf_attachment *attach, phys_addr_t paddr,
@@ -262,7 +264,7 @@ struct sg_table *peerdirect_map_table(struct dma_buf_attachment *attach, phys_ad
 	int ret;
 
 	dma_resv_assert_held(attach->dmabuf->resv);
-	m = kmalloc(sizeof(*m), GFP_KERNEL);
+	m = kmalloc(struct_size(m, inline_sg, nr <= PEERDIRECT_TABLE_INLINE ? nr : 0), GFP_KERNEL);
 	if (!m)
 		return ERR_PTR(-ENOMEM);
 	if (nr <= PEERDIRECT_TABLE_INLINE) {

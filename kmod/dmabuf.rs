@@ -256,14 +256,15 @@ impl Attachment<'_> {
     }
 }
 
-/// A scatter-gather table made by [`Attachment::map_range`].
+/// A scatter-gather table made by [`Attachment::map_range`] or [`Attachment::map_table`].
 pub(crate) struct SgTable(NonNull<bindings::sg_table>);
 
 impl SgTable {
     /// Number of DMA segments.
     pub(crate) fn entries(&self) -> u32 {
-        // SAFETY: the table was returned by `dma_buf_phys_vec_to_sgt` and is not freed while
-        // this value exists (it is freed through `Attachment::unmap`, which consumes it).
+        // SAFETY: the table was returned by `dma_buf_phys_vec_to_sgt` or `peerdirect_map_table`
+        // and is not freed while this value exists (it is freed through `Attachment::unmap` or
+        // `Attachment::unmap_table`, which consume it).
         unsafe { (*self.0.as_ptr()).nents }
     }
 }

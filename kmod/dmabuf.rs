@@ -217,9 +217,9 @@ impl Attachment<'_> {
         // The max segment is an `unsigned int`, page aligned by the caller: at most 4 GiB
         // less a page, as an entry's 32-bit length needs.
         debug_assert!(seg > 0 && seg <= u64::from(u32::MAX));
-        // SAFETY: the core holds the reservation lock while it maps (map_dma_buf's contract),
-        // `seg` is non-zero and fits an entry (above), and the buffer is not revoked
-        // (`_unrevoked`), so the BAR stays.
+        // The core holds the reservation lock while it maps (map_dma_buf's contract), and the
+        // buffer is not revoked (`_unrevoked`), so the BAR stays.
+        // SAFETY: so `map_table`'s contract holds; `seg` is non-zero and fits an entry (above).
         unsafe {
             ffi::map_table(
                 self.raw.as_ptr(),
@@ -262,9 +262,9 @@ pub(crate) struct SgTable(NonNull<bindings::sg_table>);
 impl SgTable {
     /// Number of DMA segments.
     pub(crate) fn entries(&self) -> u32 {
-        // SAFETY: the table was returned by `dma_buf_phys_vec_to_sgt` or `peerdirect_map_table`
-        // and is not freed while this value exists (it is freed through `Attachment::unmap` or
-        // `Attachment::unmap_table`, which consume it).
+        // The table was returned by `dma_buf_phys_vec_to_sgt` or `peerdirect_map_table`, and is
+        // freed only through `Attachment::unmap` or `Attachment::unmap_table`, which consume this.
+        // SAFETY: so it is live while this value exists.
         unsafe { (*self.0.as_ptr()).nents }
     }
 }

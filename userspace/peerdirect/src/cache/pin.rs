@@ -115,9 +115,9 @@ impl<T> Deref for Held<T> {
 
     #[inline]
     fn deref(&self) -> &T {
-        // SAFETY: a counted handle owns a reference; a pinned one's entry is kept by its cache
-        // until its pin is converted, and then by the reference the conversion took for it
-        // (module proof). Either lasts until this handle is dropped.
+        // A counted handle owns a reference; a pinned one's entry is kept by its cache until
+        // its pin is converted, then by the reference the conversion took for it (module proof).
+        // SAFETY: either lasts until this handle is dropped, so the value is alive and shared.
         unsafe { self.value.as_ref() }
     }
 }

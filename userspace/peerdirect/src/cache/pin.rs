@@ -201,7 +201,9 @@ impl Pinned {
     }
 
     /// Converts every pin of `arc`'s value, which its cache is letting go of under its write
-    /// lock: each handle pinning it gets a reference of its own.
+    /// lock: each handle pinning it gets a reference of its own. It is then forgotten as
+    /// pinned, so that converting it again under the same lock (a superseded entry, converted
+    /// before its count is read and again as it is taken off the list) scans nothing.
     pub(super) fn convert<T>(&mut self, arc: &Arc<T>) {
         if !self.holds(arc) {
             return;
@@ -222,5 +224,7 @@ impl Pinned {
                 }
             }
         }
+        // None can be pinned again: it is out of the index, and hits are locked out.
+        self.addresses.retain(|&pinned| pinned != address);
     }
 }

@@ -55,8 +55,8 @@ impl Attachment<'_> {
         unsafe { (*self.raw.as_ptr()).peer2peer }
     }
 
-    /// How the importer reaches the HBM device (the kernel's P2P distance, and whether by bus
-    /// address), `None` when the kernel's P2P rules give no path (or the importer is not a PCI
+    /// How the importer reaches the HBM device (by bus address or through the host bridge),
+    /// `None` when the kernel's P2P rules give no path (or the importer is not a PCI
     /// device). `live` gives the HBM device while it is bound; it is asked only when
     /// `verdicts`, the device's cache, does not know the importer's device (the verdict reads
     /// the HBM device's p2pdma state, which goes with its binding).
@@ -93,8 +93,8 @@ impl Attachment<'_> {
         // verdict asked now one the cache does not keep.
         let generation = verdicts.generation();
         let (device, live) = (self.dev() as usize, live()?);
-        let route = ffi::p2p_distance(live.pci_device(), self.dev()).map(|distance| Route {
-            distance,
+        // Any distance is a path; how it goes is what map needs.
+        let route = ffi::p2p_distance(live.pci_device(), self.dev()).map(|_| Route {
             by_bus_address: self
                 .pci_device()
                 .is_some_and(|peer| crate::p2p::by_bus_address(live.pci_device(), peer)),

@@ -12,7 +12,9 @@ echo "1..5"
 
 # Two UDP ports the kernel says are free now.
 read -r port0 port1 < <("$ROOT/scripts/free-udp-ports" 2)
-backings() { find /dev/shm -maxdepth 1 -name 'peerdirect-hbm*' | sort; }
+# The temporary backings qemu/run makes for these two guests (named after them, so that
+# other guests running on the host meanwhile do not count).
+backings() { find /dev/shm -maxdepth 1 -name 'peerdirect-hbm*.node[01].*' | sort; }
 backings >"$work/backings.before"
 
 # The server takes one client; the client tries until the server listens (the guests boot

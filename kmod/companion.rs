@@ -165,7 +165,7 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
         device_id: pdev.device_id(),
         index: index.get(),
     };
-    let hbm = Hbm::new(info, pdev.clone(), None)?;
+    let hbm = Hbm::new(info, pdev.clone(), true)?;
     let device = KBox::pin_init(HbmDevice::new(index, hbm), GFP_KERNEL)?;
     companions
         .push_within_capacity(Companion {

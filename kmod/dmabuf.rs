@@ -8,7 +8,7 @@
 //! peerdirect's exporter logic in safe code.
 
 use crate::{
-    ffi::{self, P2pProvider},
+    ffi,
     hbm::Live,
     p2p::{Route, Verdicts},
 };
@@ -169,39 +169,16 @@ impl Attachment<'_> {
         ffi::attach_revocable(self.raw.as_ptr())
     }
 
-    /// Whether the importer's DMA is translated by an IOMMU (its device is in a DMA domain).
-    pub(crate) fn dma_translated(&self) -> bool {
-        ffi::dev_dma_translated(self.dev())
-    }
-
     /// The largest DMA segment the importer's device handles.
     pub(crate) fn max_segment_size(&self) -> u64 {
         u64::from(ffi::dma_max_seg_size(self.dev()))
     }
 
-    /// Maps `len` bytes of the BAR at CPU physical address `paddr` for the importer, in
-    /// segments of at most `seg` bytes (a multiple of the page size).
-    #[inline]
-    pub(crate) fn map_range(
-        &self,
-        provider: &P2pProvider,
-        paddr: u64,
-        len: u64,
-        seg: u64,
-        dir: DataDirection,
-    ) -> Result<SgTable> {
-        let (attach, provider) = (self.raw.as_ptr(), provider.as_raw());
-        // The core holds the reservation lock while it maps (map_dma_buf's contract), and the
-        // caller holds the device's `P2pProvider`.
-        // SAFETY: `attach` is being mapped under its lock, `provider` is live, `seg` non-zero.
-        unsafe { ffi::map_phys(attach, provider, paddr, len, seg, dir) }.map(SgTable)
-    }
-
     /// Maps `len` bytes of a BAR at CPU physical address `paddr` (bus address
-    /// `paddr + bus_offset`), in segments of at most `seg` bytes, in a table of our own: by bus
-    /// address when `bus_addr`, else through the host bridge. A companion device's BAR (no
-    /// provider of ours), or our own device's by bus address. `_unrevoked`: the BAR stays
-    /// while the buffer is not revoked (removal revokes a device's exports before it returns).
+    /// `paddr + bus_offset`), in segments of at most `seg` bytes (through an IOMMU: as long as
+    /// an entry holds), in a table of our own: by bus address when `bus_addr`, else through
+    /// the host bridge. `_unrevoked`: the BAR stays while the buffer is not revoked (removal
+    /// revokes a device's exports before it returns).
     #[expect(clippy::too_many_arguments)]
     #[inline]
     pub(crate) fn map_table(
@@ -247,23 +224,16 @@ impl Attachment<'_> {
         // SAFETY: the importer's device is valid while the attachment is (type invariant).
         unsafe { ffi::pci_dev_of(self.dev()) }
     }
-
-    /// Undoes [`Attachment::map_range`].
-    pub(crate) fn unmap(&self, sgt: SgTable, dir: DataDirection) {
-        // SAFETY: `sgt` came from `map_range` on this attachment (the core hands back what
-        // `map_dma_buf` returned), the reservation lock is held (unmap_dma_buf's contract).
-        unsafe { ffi::unmap_phys(self.raw.as_ptr(), sgt.0.as_ptr(), dir) }
-    }
 }
 
-/// A scatter-gather table made by [`Attachment::map_range`] or [`Attachment::map_table`].
+/// A scatter-gather table made by [`Attachment::map_table`].
 pub(crate) struct SgTable(NonNull<bindings::sg_table>);
 
 impl SgTable {
     /// Number of DMA segments.
     pub(crate) fn entries(&self) -> u32 {
-        // The table was returned by `dma_buf_phys_vec_to_sgt` or `peerdirect_map_table`, and is
-        // freed only through `Attachment::unmap` or `Attachment::unmap_table`, which consume this.
+        // The table was returned by `peerdirect_map_table`, and is freed only through
+        // `Attachment::unmap_table`, which consumes this.
         // SAFETY: so it is live while this value exists.
         unsafe { (*self.0.as_ptr()).nents }
     }

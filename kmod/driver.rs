@@ -10,7 +10,7 @@
 use crate::{
     chardev::HbmFile,
     debugfs::{self, DeviceFiles},
-    ffi::{self, BarIndex, P2pProvider},
+    ffi::{self, BarIndex},
     hbm::{Hbm, HbmInfo, PciAddress},
     index::{DeviceIndex, DEVICES},
 };
@@ -216,9 +216,8 @@ impl pci::Driver for HbmDriver {
             let index = DEVICES.take()?;
             let info = record_hbm(pdev, bar, index.get())?;
             ffi::p2pdma_init(pdev)?;
-            let provider = P2pProvider::new(pdev, bar)?;
             let pci_dev: &pci::Device = pdev;
-            let hbm = Hbm::new(info, ARef::from(pci_dev), Some(provider))?;
+            let hbm = Hbm::new(info, ARef::from(pci_dev), false)?;
             dev_info!(
                 pdev,
                 "{}: HBM BAR{} {} MiB at bus address {:#x}\n",

@@ -6,8 +6,9 @@
 //!   kernel's P2P rules give no path to (`pci_p2pdma_distance_many`: the same verdict as
 //!   `pci_p2pdma_map_type`, which modules cannot call), with one rate-limited log line;
 //! - map hands out the BAR range in segments no longer than the importer's max segment size,
-//!   never one per page: bus addresses behind a shared switch, in a table of our own;
-//!   through the host bridge, `dma_buf_phys_vec_to_sgt` (an IOMMU mapping);
+//!   never one per page, in a table of our own: bus addresses behind a shared switch;
+//!   through the host bridge, one `dma_map_phys` of the whole range (through an IOMMU, one
+//!   IOVA range, in entries as long as an entry holds);
 //! - a read-only export (no `PEERDIRECT_EXPORT_RDWR`) maps only `DMA_TO_DEVICE`: `EACCES` for
 //!   a mapping that lets the peer write;
 //! - the range never moves, so pinning costs nothing (EFA's pinned import works); pins are
@@ -56,10 +57,6 @@ impl Export {
         self.hbm().recorded().phys_addr + self.alloc.offset() + self.offset
     }
 }
-
-/// The longest sg entry the dma-buf core makes of a range: it cuts every range there itself
-/// (`MAX_SG_ENT_SZ` in drivers/dma-buf/dma-buf-mapping.c, `sg_dma_len` being 32 bits).
-const CORE_MAX_ENTRY: u64 = u32::MAX as u64 & !(PAGE_SIZE as u64 - 1);
 
 impl Exporter for Export {
     // Inlined into the `attach` callback: one call less per attach.
@@ -119,41 +116,19 @@ impl Exporter for Export {
         let seg = (attach.max_segment_size() & !(page - 1)).max(page);
         // SAFETY: the `map_dma_buf` callback, called with the reservation lock held.
         let bus_addr = unsafe { attach.by_bus_address() };
-        let sgt = if hbm.is_companion() || bus_addr {
-            // A companion's BAR has no provider of ours: the route decides bus address or
-            // host bridge (attach has checked that the kernel allows P2P at all). Our own
-            // BAR by bus address: the entries are the BAR's bus addresses, cut at the max
-            // segment, which a table of our own fills without asking the kernel's P2P map
-            // type again or walking one range per segment (Documentation/exporter.md).
-            let info = hbm.recorded();
-            let bus_offset = info.bus_addr.wrapping_sub(info.phys_addr);
-            attach.map_table(
-                unrevoked,
-                self.phys_addr(),
-                bus_offset,
-                self.len,
-                seg,
-                dir,
-                bus_addr,
-            )?
-        } else {
-            // Through the host bridge into an importer behind a translating IOMMU, the core
-            // links every range into one IOVA range and hands out one entry per 4 GiB, so a
-            // cut is undone there and only costs a `dma_iova_link()` per segment: the range
-            // goes whole (Documentation/exporter.md). The importer's DMA translation is
-            // asked only when the range is longer than a segment.
-            // A max segment at least as long as the entries the core cuts every range into
-            // (EFA's) makes a cut of ours the core's own: the range goes whole there too.
-            let seg = if self.len > seg && (seg >= CORE_MAX_ENTRY || attach.dma_translated()) {
-                self.len
-            } else {
-                seg
-            };
-            // SAFETY: `export` registers this export with its device before its file exists,
-            // so before any importer can map it; `unrevoked` is this export's buffer.
-            let provider = unsafe { hbm.provider_unrevoked(unrevoked) }?;
-            attach.map_range(provider, self.phys_addr(), self.len, seg, dir)?
-        };
+        // Our own table, for a companion's BAR (no p2pdma provider of ours) and ours alike:
+        // the route attach recorded says bus address or host bridge (Documentation/exporter.md).
+        let info = hbm.recorded();
+        let bus_offset = info.bus_addr.wrapping_sub(info.phys_addr);
+        let sgt = attach.map_table(
+            unrevoked,
+            self.phys_addr(),
+            bus_offset,
+            self.len,
+            seg,
+            dir,
+            bus_addr,
+        )?;
         let revocable = attach.is_revocable();
         hbm.mapped(revocable);
         // SAFETY: the `map_dma_buf` callback, called with the reservation lock held.
@@ -163,13 +138,7 @@ impl Exporter for Export {
 
     #[inline]
     fn unmap(&self, attach: &Attachment<'_>, sgt: SgTable, dir: DataDirection) {
-        // As `map` chose: the route is fixed at attach.
-        // SAFETY: the `unmap_dma_buf` callback, called with the reservation lock held.
-        if self.hbm().is_companion() || unsafe { attach.by_bus_address() } {
-            attach.unmap_table(sgt, dir);
-        } else {
-            attach.unmap(sgt, dir);
-        }
+        attach.unmap_table(sgt, dir);
         // Uncounted as it was counted.
         // SAFETY: the `unmap_dma_buf` callback, called with the reservation lock held.
         self.hbm().unmapped(unsafe { attach.mapped_revocable() });

@@ -58,7 +58,6 @@ mod raw {
         pub(super) fn peerdirect_current_tgid() -> bindings::pid_t;
         pub(super) fn peerdirect_page_set_bits(page: *mut bindings::page, offset: usize, bits: u32);
         pub(super) fn peerdirect_vma_pgoff(vma: *mut bindings::vm_area_struct) -> usize;
-        pub(super) fn peerdirect_dev_dma_translated(dev: *mut bindings::device) -> bool;
         pub(super) fn peerdirect_pci_generation_register() -> c_int;
         pub(super) fn peerdirect_pci_generation_unregister();
         pub(super) fn peerdirect_map_table(
@@ -90,21 +89,6 @@ mod raw {
         pub(super) fn peerdirect_dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool;
         #[cfg(CONFIG_LOCKDEP)]
         pub(super) fn peerdirect_assert_resv_held(attach: *mut bindings::dma_buf_attachment);
-        // The dma-buf core's (linux/dma-buf-mapping.h, which the kernel's bindings leave out);
-        // the signatures must match it.
-        pub(super) fn dma_buf_phys_vec_to_sgt(
-            attach: *mut bindings::dma_buf_attachment,
-            provider: *mut bindings::p2pdma_provider,
-            phys_vec: *mut bindings::phys_vec,
-            nr_ranges: usize,
-            size: usize,
-            dir: bindings::dma_data_direction,
-        ) -> *mut bindings::sg_table;
-        pub(super) fn dma_buf_free_sgt(
-            attach: *mut bindings::dma_buf_attachment,
-            sgt: *mut bindings::sg_table,
-            dir: bindings::dma_data_direction,
-        );
         pub(super) fn peerdirect_dmabuf_attachments(
             dmabuf: *mut bindings::dma_buf,
             out: *mut super::AttachInfo,
@@ -341,33 +325,6 @@ pub(crate) fn p2pdma_init(pdev: &pci::Device<kernel::device::Core<'_>>) -> Resul
     kernel::error::to_result(unsafe { bindings::pcim_p2pdma_init(raw_pci_dev(pdev)) })
 }
 
-/// A BAR as a peer-to-peer DMA provider (`struct p2pdma_provider`).
-///
-/// # Invariants
-///
-/// Points to the provider of a BAR of a device peerdirect is bound to; device-managed, it
-/// lives until the driver unbinds. Users check that the device is still bound first.
-pub(crate) struct P2pProvider(NonNull<bindings::p2pdma_provider>);
-
-// SAFETY: the provider is written once by `pcim_p2pdma_init` and only read afterwards.
-unsafe impl Send for P2pProvider {}
-// SAFETY: as above.
-unsafe impl Sync for P2pProvider {}
-
-impl P2pProvider {
-    /// The provider of `bar`; requires [`p2pdma_init`] first.
-    pub(crate) fn new(pdev: &pci::Device<kernel::device::Core<'_>>, bar: BarIndex) -> Result<Self> {
-        // SAFETY: `raw_pci_dev` is a valid `struct pci_dev` while `pdev` is borrowed; `bar` is
-        // a standard BAR index.
-        let raw = unsafe { bindings::pcim_p2pdma_provider(raw_pci_dev(pdev), bar.as_c_int()) };
-        NonNull::new(raw).map(Self).ok_or(EINVAL)
-    }
-
-    pub(crate) fn as_raw(&self) -> *mut bindings::p2pdma_provider {
-        self.0.as_ptr()
-    }
-}
-
 /// The kernel's peer-to-peer distance from `hbm` to the device `dev`
 /// (`pci_p2pdma_distance_many`), `None` when there is no P2P path. `dev` must be a live
 /// `struct device` (an attachment's).
@@ -584,70 +541,11 @@ pub(crate) fn attach_revocable(attach: *mut bindings::dma_buf_attachment) -> boo
     }
 }
 
-/// Whether the DMA API maps `dev`'s DMA through an IOMMU (a DMA domain). `dev` must be a live
-/// `struct device` (an attachment's).
-pub(crate) fn dev_dma_translated(dev: *mut bindings::device) -> bool {
-    // SAFETY: as in `dev_is_pci`.
-    unsafe { raw::peerdirect_dev_dma_translated(dev) }
-}
-
 /// Rate-limited log line on `hbm`'s device naming the refused importer `dev` and why.
 pub(crate) fn log_refused_attach(hbm: &pci::Device, dev: *mut bindings::device, reason: &CStr) {
     // SAFETY: `hbm` is borrowed, `dev` is a live attachment's device (callers), `reason` is a
     // NUL-terminated string.
     unsafe { raw::peerdirect_log_refused_attach(raw_pci_dev(hbm), dev, reason.as_char_ptr()) }
-}
-
-/// How many segments a map describes on the stack: any range up to 16 GiB, with an RDMA NIC's
-/// max segment (mlx5's 2 GiB, EFA's 4 GiB).
-const MAP_ON_STACK: usize = 8;
-
-/// `dma_buf_phys_vec_to_sgt` over `[paddr, paddr + len)` cut in `seg`-byte segments.
-///
-/// # Safety
-///
-/// `attach` is being mapped with its dma-buf's reservation lock held, `provider` is live, and
-/// `seg` is a non-zero multiple of the page size.
-#[inline]
-pub(crate) unsafe fn map_phys(
-    attach: *mut bindings::dma_buf_attachment,
-    provider: *mut bindings::p2pdma_provider,
-    paddr: u64,
-    len: u64,
-    seg: u64,
-    dir: bindings::dma_data_direction,
-) -> Result<NonNull<bindings::sg_table>> {
-    let (size, seg) = (usize::try_from(len)?, usize::try_from(seg)?);
-    // No division for what a real NIC's max segment makes of a range: one segment.
-    let nr = if size <= seg { 1 } else { size.div_ceil(seg) };
-    let range = |i: usize| bindings::phys_vec {
-        paddr: paddr + (i * seg) as u64,
-        len: (size - i * seg).min(seg),
-    };
-    let (mut one, mut few, mut many);
-    let ranges = if nr == 1 {
-        // What a real NIC's max segment makes of any range up to 2 GiB.
-        one = [range(0)];
-        &mut one[..]
-    } else if nr <= MAP_ON_STACK {
-        few = [bindings::phys_vec::default(); MAP_ON_STACK];
-        for (i, r) in few[..nr].iter_mut().enumerate() {
-            *r = range(i);
-        }
-        &mut few[..nr]
-    } else {
-        many = KVVec::with_capacity(nr, GFP_KERNEL)?;
-        for i in 0..nr {
-            many.push(range(i), GFP_KERNEL)?;
-        }
-        &mut many[..]
-    };
-    // SAFETY: as the caller promises; `ranges` holds `nr` ranges that cover `size` bytes, and
-    // the core reads them during the call only.
-    let sgt = unsafe {
-        raw::dma_buf_phys_vec_to_sgt(attach, provider, ranges.as_mut_ptr(), nr, size, dir)
-    };
-    from_err_ptr(sgt)
 }
 
 /// The kernel's `IS_ERR()` and `PTR_ERR()` of `ptr`, read here rather than through the two
@@ -664,7 +562,7 @@ fn from_err_ptr<T>(ptr: *mut T) -> Result<NonNull<T>> {
 
 /// Maps `len` bytes of a BAR at `paddr` for `attach`'s device in a table filled by
 /// `helpers.c`: by bus address (`paddr + bus_offset`) when `bus_addr`, else through the host
-/// bridge (`dma_map_phys`).
+/// bridge (one `dma_map_phys` of the whole range).
 ///
 /// # Safety
 ///
@@ -711,35 +609,6 @@ pub(crate) unsafe fn pci_dev_of<'a>(dev: *mut bindings::device) -> Option<PciDev
     }
     // SAFETY: `dev` is a PCI device's embedded `struct device`, valid for `'a`.
     NonNull::new(unsafe { raw::peerdirect_to_pci_dev(dev) }).map(|p| PciDev(p, PhantomData))
-}
-
-/// `dma_buf_free_sgt`, with the table's entries freed too.
-///
-/// `dma_buf_phys_vec_to_sgt` marks its table as having no CPU list by setting `orig_nents`
-/// to 0, and `dma_buf_free_sgt` frees it with `sg_free_table`, which frees `orig_nents`
-/// entries: none, so each map's scatterlist array leaked (one 32-byte object per map of up
-/// to 127 entries, counted in the guest's `/proc/slabinfo`, vfio-pci's maps included). The
-/// core filled exactly `nents` entries of the `nents` it allocated (it warns otherwise), so
-/// giving `orig_nents` that count back makes `sg_free_table` free them; a kernel that kept
-/// `orig_nents` is left as it is.
-///
-/// # Safety
-///
-/// `sgt` was returned by [`map_phys`] for `attach`, whose reservation lock is held.
-pub(crate) unsafe fn unmap_phys(
-    attach: *mut bindings::dma_buf_attachment,
-    sgt: *mut bindings::sg_table,
-    dir: bindings::dma_data_direction,
-) {
-    // SAFETY: `sgt` is the core's live table (caller), ours to hand back, and no one else's
-    // under the reservation lock.
-    unsafe {
-        if (*sgt).orig_nents == 0 {
-            (*sgt).orig_nents = (*sgt).nents;
-        }
-    }
-    // SAFETY: forwarded from the caller.
-    unsafe { raw::dma_buf_free_sgt(attach, sgt, dir) }
 }
 
 /// Sets up a user mapping of `dmabuf`'s CPU window, to be filled at fault time.

@@ -8,8 +8,8 @@
 //! fails with `ENODEV`.
 
 use crate::{
-    dmabuf::{self, DmaBufId, Unrevoked},
-    ffi::{AttachInfo, BarIndex, P2pProvider},
+    dmabuf::{self, DmaBufId},
+    ffi::{AttachInfo, BarIndex},
     memory::{self, HbmMemory},
     p2p,
     status::StatusPage,
@@ -136,9 +136,8 @@ pub(crate) struct Hbm {
     info: HbmInfo,
     present: Atomic<bool>,
     pdev: ARef<pci::Device>,
-    /// The BAR as a P2P provider, for a device peerdirect owns; `None` for a companion
-    /// (another driver owns the device and its p2pdma state).
-    provider: Option<P2pProvider>,
+    /// Another driver owns the device and its p2pdma state (a companion device).
+    companion: bool,
     /// The kernel's P2P verdicts for importers seen at attach.
     pub(crate) verdicts: p2p::Cache,
     /// What userspace maps from the device file to see the device go.
@@ -181,7 +180,7 @@ impl Hbm {
     pub(crate) fn new(
         info: HbmInfo,
         pdev: ARef<pci::Device>,
-        provider: Option<P2pProvider>,
+        companion: bool,
     ) -> Result<Arc<Self>> {
         Arc::pin_init(
             try_pin_init!(Self {
@@ -189,7 +188,7 @@ impl Hbm {
                 info,
                 present: Atomic::new(true),
                 pdev,
-                provider,
+                companion,
                 verdicts: p2p::Cache::new()?,
                 status: StatusPage::new()?,
                 handles: Handles::new(1),
@@ -222,7 +221,7 @@ impl Hbm {
     /// distance reads) does so through it: removal waits for every guard taken before the
     /// device was marked gone, and the binding's managed resources are released only after
     /// removal returns. Maps need no guard: they run under their buffer's reservation lock,
-    /// under which removal revokes it (see [`Hbm::provider_unrevoked`]).
+    /// under which removal revokes it (see [`Hbm::register_export`]).
     pub(crate) fn live(&self) -> Result<Live<'_>> {
         let guard = self.gate.read_lock();
         self.info()?;
@@ -230,21 +229,6 @@ impl Hbm {
             hbm: self,
             _guard: guard,
         })
-    }
-
-    /// The P2P provider of an owned device, while a map of one of its exports runs;
-    /// `EOPNOTSUPP` for a companion. Removal revokes every export recorded before it (see
-    /// [`Hbm::register_export`]) and waits for their mappings to go before the binding, and
-    /// the p2pdma state the provider stands for, are released.
-    ///
-    /// # Safety
-    ///
-    /// `unrevoked` is for the buffer of an export recorded with this device.
-    pub(crate) unsafe fn provider_unrevoked<'a>(
-        &'a self,
-        _unrevoked: &'a Unrevoked<'_>,
-    ) -> Result<&'a P2pProvider> {
-        self.provider.as_ref().ok_or(EOPNOTSUPP)
     }
 
     /// The description as recorded, whether or not the device is still there (for logs and
@@ -262,9 +246,9 @@ impl Hbm {
         &self.pdev
     }
 
-    /// Whether another driver owns the device (a companion device: no provider, no heap use).
+    /// Whether another driver owns the device (a companion device: no heap use).
     pub(crate) fn is_companion(&self) -> bool {
-        self.provider.is_none()
+        self.companion
     }
 
     /// Records a new export, unless the device is gone (`ENODEV`): a removal revokes every

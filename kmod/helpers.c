@@ -5,7 +5,6 @@
 #include <linux/capability.h>
 #include <linux/device.h>
 #include <linux/dma-buf.h>
-#include <linux/dma-buf-mapping.h>
 #include <linux/dma-mapping.h>
 #include <linux/dma-resv.h>
 #include <linux/file.h>
@@ -219,25 +218,24 @@ pid_t peerdirect_current_tgid(void)
 	return task_tgid_vnr(current);
 }
 
-/* Whether the DMA API maps @dev's DMA through an IOMMU (a DMA domain, not identity). */
-bool peerdirect_dev_dma_translated(struct device *dev)
-{
-	struct iommu_domain *domain = iommu_get_domain_for_dev(dev);
-
-	return domain && iommu_is_dma_domain(domain);
-}
-
 /*
- * An sg table filled here rather than by dma_buf_phys_vec_to_sgt(): for a companion device's
- * BAR, which has no p2pdma provider of ours (its owner driver holds the device and its
- * device-managed state), and for our own device's BAR by bus address, where the core would
- * ask the P2P map type again and walk one range per segment to compute the same entries.
- * The caller has the kernel's P2P verdict and the path (p2p.rs) and says how the importer
- * reaches the BAR: @bus_addr, behind a shared switch without ACS redirect, by bus address (the
- * CPU physical address plus @bus_offset, what pci_p2pdma_bus_addr_map() computes); otherwise
- * through the host bridge, mapped for the importer with dma_map_phys(DMA_ATTR_MMIO), as the
- * core does without an IOVA range (and as habanalabs maps its BARs with dma_map_resource()).
- * Entries are at most @seg bytes (at most 4 GiB less a page: sg_dma_len is 32 bits).
+ * The sg table of every map, filled here rather than by dma_buf_phys_vec_to_sgt(), which
+ * needs a p2pdma provider (a companion device's BAR has none of ours: its owner driver holds
+ * the device and its device-managed state), asks the P2P map type again on every map, and
+ * takes one range per segment. The caller has the kernel's P2P verdict and the path (p2p.rs)
+ * and says how the importer reaches the BAR: @bus_addr, behind a shared switch without ACS
+ * redirect, by bus address (the CPU physical address plus @bus_offset, what
+ * pci_p2pdma_bus_addr_map() computes); otherwise through the host bridge, mapped for the
+ * importer whole, as the core maps one range: where an IOMMU translates the importer's DMA,
+ * in one IOVA range (dma_iova_try_alloc(), dma_iova_link(), dma_iova_sync()), whose unmap
+ * (dma_iova_destroy()) invalidates the IOTLB before it returns, where dma_unmap_phys() may
+ * leave that to a flush queue; where none does, with one dma_map_phys(DMA_ATTR_MMIO) (as
+ * habanalabs maps its BARs with dma_map_resource()).
+ *
+ * Entries are at most @seg bytes (at most 4 GiB less a page: sg_dma_len is 32 bits), the
+ * importer's max segment, but in an IOVA range: that range is one, which entries as long as
+ * sg_dma_len holds describe (as the core's IOVA path does), whatever the max segment
+ * (Documentation/exporter.md).
  *
  * Up to PEERDIRECT_TABLE_INLINE entries (any range up to 16 GiB with mlx5's 2 GiB segment or
  * EFA's) live in the table's own allocation, sized to them: a map and its unmap make one
@@ -247,26 +245,68 @@ bool peerdirect_dev_dma_translated(struct device *dev)
  */
 #define PEERDIRECT_TABLE_INLINE 8
 
+/* The longest entry: what sg_dma_len holds, page aligned (the core's MAX_SG_ENT_SZ). */
+#define PEERDIRECT_MAX_ENTRY ALIGN_DOWN((u64)UINT_MAX, PAGE_SIZE)
+
 struct peerdirect_table {
 	struct sg_table sgt;
-	bool mapped;
+	/* The IOVA range, if the range was mapped in one. */
+	struct dma_iova_state iova;
+	/* Bytes mapped for the importer from the first entry's address; 0 by bus address. */
+	u64 mapped;
 	struct scatterlist inline_sg[];
 };
+
+/* Undoes the DMA mapping of @len bytes at @addr (in @iova if it is one) for @dev. */
+static void peerdirect_table_unmap_dma(struct device *dev, struct dma_iova_state *iova,
+				       dma_addr_t addr, u64 len, enum dma_data_direction dir)
+{
+	if (dma_use_iova(iova))
+		dma_iova_destroy(dev, iova, len, dir, DMA_ATTR_MMIO);
+	else if (len)
+		dma_unmap_phys(dev, addr, len, dir, DMA_ATTR_MMIO);
+}
 
 struct sg_table *peerdirect_map_table(struct dma_buf_attachment *attach, phys_addr_t paddr,
 				      u64 bus_offset, u64 len, u64 seg, enum dma_data_direction dir,
 				      bool bus_addr)
 {
-	/* A real NIC's max segment holds the whole range: no division. */
-	unsigned int i, nr = len <= seg ? 1 : DIV_ROUND_UP(len, seg);
+	struct dma_iova_state iova = {};
+	struct device *dev = attach->dev;
 	struct peerdirect_table *m;
 	struct scatterlist *sg;
+	unsigned int i, nr;
+	dma_addr_t addr;
 	int ret;
 
 	dma_resv_assert_held(attach->dmabuf->resv);
+	if (bus_addr) {
+		addr = paddr + bus_offset;
+	} else if (dma_iova_try_alloc(dev, &iova, paddr, len)) {
+		ret = dma_iova_link(dev, &iova, paddr, 0, len, dir, DMA_ATTR_MMIO);
+		if (ret) {
+			dma_iova_free(dev, &iova);
+			return ERR_PTR(ret);
+		}
+		ret = dma_iova_sync(dev, &iova, 0, len);
+		if (ret) {
+			dma_iova_destroy(dev, &iova, len, dir, DMA_ATTR_MMIO);
+			return ERR_PTR(ret);
+		}
+		addr = iova.addr;
+		seg = PEERDIRECT_MAX_ENTRY;
+	} else {
+		addr = dma_map_phys(dev, paddr, len, dir, DMA_ATTR_MMIO);
+		if (dma_mapping_error(dev, addr))
+			return ERR_PTR(-EIO);
+	}
+	/* A real NIC's max segment holds the whole range: no division. */
+	nr = len <= seg ? 1 : DIV_ROUND_UP(len, seg);
 	m = kmalloc(struct_size(m, inline_sg, nr <= PEERDIRECT_TABLE_INLINE ? nr : 0), GFP_KERNEL);
-	if (!m)
-		return ERR_PTR(-ENOMEM);
+	if (!m) {
+		ret = -ENOMEM;
+		goto err_unmap;
+	}
 	if (nr <= PEERDIRECT_TABLE_INLINE) {
 		sg_init_table(m->inline_sg, nr);
 		m->sgt.sgl = m->inline_sg;
@@ -276,41 +316,31 @@ struct sg_table *peerdirect_map_table(struct dma_buf_attachment *attach, phys_ad
 		ret = sg_alloc_table(&m->sgt, nr, GFP_KERNEL | __GFP_ZERO);
 		if (ret) {
 			kfree(m);
-			return ERR_PTR(ret);
+			goto err_unmap;
 		}
 	}
-	m->mapped = !bus_addr;
+	m->iova = iova;
+	m->mapped = bus_addr ? 0 : len;
 	for_each_sgtable_dma_sg(&m->sgt, sg, i) {
-		u64 off = (u64)i * seg, n = min(seg, len - off);
-		dma_addr_t addr;
+		u64 off = (u64)i * seg;
 
-		if (bus_addr) {
-			addr = paddr + off + bus_offset;
-		} else {
-			addr = dma_map_phys(attach->dev, paddr + off, n, dir, DMA_ATTR_MMIO);
-			if (dma_mapping_error(attach->dev, addr)) {
-				m->sgt.nents = i;
-				peerdirect_unmap_table(attach, &m->sgt, dir);
-				return ERR_PTR(-EIO);
-			}
-		}
-		sg_dma_address(sg) = addr;
-		sg_dma_len(sg) = n;
+		sg_dma_address(sg) = addr + off;
+		sg_dma_len(sg) = min(seg, len - off);
 	}
 	return &m->sgt;
+
+err_unmap:
+	peerdirect_table_unmap_dma(dev, &iova, addr, bus_addr ? 0 : len, dir);
+	return ERR_PTR(ret);
 }
 
 void peerdirect_unmap_table(struct dma_buf_attachment *attach, struct sg_table *sgt,
 			    enum dma_data_direction dir)
 {
 	struct peerdirect_table *m = container_of(sgt, struct peerdirect_table, sgt);
-	struct scatterlist *sg;
-	unsigned int i;
 
-	if (m->mapped)
-		for_each_sgtable_dma_sg(sgt, sg, i)
-			dma_unmap_phys(attach->dev, sg_dma_address(sg), sg_dma_len(sg), dir,
-				       DMA_ATTR_MMIO);
+	peerdirect_table_unmap_dma(attach->dev, &m->iova, sg_dma_address(sgt->sgl), m->mapped,
+				   dir);
 	if (sgt->sgl != m->inline_sg)
 		sg_free_table(sgt);
 	kfree(m);

@@ -33,7 +33,6 @@ void peerdirect_companion_bound(struct pci_dev *pdev);
 
 struct dma_buf;
 struct dma_buf_attachment;
-struct p2pdma_provider;
 struct sg_table;
 struct vm_area_struct;
 
@@ -46,7 +45,6 @@ void peerdirect_file_replace_fops(struct file *file, const struct file_operation
 pid_t peerdirect_current_tgid(void);
 void peerdirect_page_set_bits(struct page *page, size_t offset, u32 bits);
 unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma);
-bool peerdirect_dev_dma_translated(struct device *dev);
 int peerdirect_pci_generation_register(void);
 void peerdirect_pci_generation_unregister(void);
 void peerdirect_pci_device_changed(struct device *dev); /* defined in ffi.rs */

@@ -34,6 +34,7 @@
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
+use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::ExitCode;
 
@@ -689,9 +690,34 @@ fn expected_nents(len: u64, max_seg: u64) -> u64 {
     len.div_ceil(len.min((max_seg & !(PAGE - 1)).max(PAGE)))
 }
 
-/// Whether peerdirect meets [`GOAL`] against vfio-pci with a real NIC's max segment:
-/// `None` where there is no goal (the PCI default) or nothing to compare.
-fn goal(ours: &Measured, vfio: &Measured, len: u64, max_seg: u64) -> Option<bool> {
+/// The longest sg entry: what its 32-bit length holds, page aligned.
+const MAX_ENTRY: u64 = u32::MAX as u64 & !(PAGE - 1);
+
+/// The entries a map of `len` bytes owes an importer with `max_seg`: one per
+/// `min(len, max_seg)`, but in one IOVA range, where the max segment is moot (the decision
+/// in Documentation/exporter.md): one per [`MAX_ENTRY`].
+fn owed_nents(len: u64, max_seg: u64, one_iova: bool) -> u64 {
+    expected_nents(len, if one_iova { MAX_ENTRY } else { max_seg })
+}
+
+impl Measured {
+    /// Whether the importer got one IOVA range: its DMA goes through an IOMMU, and the map's
+    /// first address is not in `bar`, the HBM BAR's bus addresses.
+    fn one_iova(&self, bar: &Range<u64>) -> bool {
+        self.importer_iommu == "1" && !bar.contains(&self.dma_first)
+    }
+}
+
+/// Whether peerdirect meets [`GOAL`] against vfio-pci with a real NIC's max segment, and maps
+/// the entries owed ([`owed_nents`]; `bar`: the HBM BAR's bus addresses): `None` where there
+/// is no goal (the PCI default) or nothing to compare.
+fn goal(
+    ours: &Measured,
+    vfio: &Measured,
+    len: u64,
+    max_seg: u64,
+    bar: &Range<u64>,
+) -> Option<bool> {
     if max_seg < 2 << 30 {
         return None;
     }
@@ -700,13 +726,14 @@ fn goal(ours: &Measured, vfio: &Measured, len: u64, max_seg: u64) -> Option<bool
         within(ours.attach_ns, vfio.attach_ns)
             && within(ours.map_ns, vfio.map_ns)
             && within(ours.unmap_detach_ns, vfio.unmap_detach_ns)
-            && ours.nents == expected_nents(len, max_seg),
+            && ours.nents == owed_nents(len, max_seg, ours.one_iova(bar)),
     )
 }
 
 /// peerdirect's times divided by another exporter's, per max segment and size (below 1:
-/// peerdirect is faster), and against vfio-pci whether the goal is met.
-fn ratios(results: &Results, sizes: &[u64]) -> Vec<String> {
+/// peerdirect is faster), and against vfio-pci whether the goal is met (`bar`: the HBM BAR's
+/// bus addresses).
+fn ratios(results: &Results, sizes: &[u64], bar: &Range<u64>) -> Vec<String> {
     let mut lines = vec![format!(
         "{:<21} {:>10} {:>7} {:>7} {:>7} {:>13} {:>8}",
         "ratio", "max_seg", "size", "attach", "map", "unmap+detach", "goal"
@@ -724,7 +751,7 @@ fn ratios(results: &Results, sizes: &[u64]) -> Vec<String> {
                     continue;
                 };
                 let verdict = match other {
-                    Exporter::VfioPci => goal(ours, theirs, len, seg),
+                    Exporter::VfioPci => goal(ours, theirs, len, seg, bar),
                     _ => None,
                 };
                 lines.push(format!(
@@ -950,7 +977,8 @@ pub(crate) fn run() -> ExitCode {
     println!(
         "# peerdirect's best time divided by the other exporter's (below 1: peerdirect is faster)"
     );
-    for line in ratios(&results, &sizes) {
+    let bar = info.hbm_bus_addr..info.hbm_bus_addr + info.hbm_bytes;
+    for line in ratios(&results, &sizes, &bar) {
         println!("{line}");
     }
     for line in notes(&results, &sizes, info.hbm_bus_addr) {
@@ -962,7 +990,8 @@ pub(crate) fn run() -> ExitCode {
          DMAs to bus addresses, as habanalabs does, and maps them whole through an IOMMU; \
          vfio-pci gives one entry per range (up to 4 GiB); udmabuf's entries are what the \
          IOMMU mapping merged. goal: with a real NIC's max segment, attach, map and \
-         unmap+detach each within {GOAL}x of vfio-pci's, and one entry per min(size, max_seg)",
+         unmap+detach each within {GOAL}x of vfio-pci's, and one entry per min(size, max_seg) \
+         (in one IOVA range, where the max segment is moot: one per 4 GiB less a page)",
         MAX_SEGS
             .iter()
             .map(|(seg, whose)| format!("{seg} ({whose})"))
@@ -1417,7 +1446,7 @@ mod tests {
             Ok(measured(500, 1000, 1000)),
         );
         results.insert((Exporter::Udmabuf, SEG, 2 * MIB), Err("no".to_owned()));
-        let lines = ratios(&results, &[2 * MIB]);
+        let lines = ratios(&results, &[2 * MIB], &(0xd000_0000..0xe000_0000));
         // A header, then per other exporter one line per max segment.
         assert_eq!(lines.len(), 1 + 2 * MAX_SEGS.len());
         let vfio: Vec<&str> = lines[1].split_whitespace().collect();
@@ -1447,16 +1476,42 @@ mod tests {
             nents: 1,
             ..measured(1200, 1100, 900)
         };
-        assert_eq!(goal(&fast, &vfio, GIB, 64 << 10), None);
-        assert_eq!(goal(&fast, &vfio, GIB, efa), Some(true));
-        assert_eq!(goal(&fast, &vfio, GIB, 2 * GIB), Some(true));
+        // `measured`'s first address is the BAR's bus address.
+        let bar = 0xd000_0000..0xd000_0000 + 16 * GIB;
+        assert_eq!(goal(&fast, &vfio, GIB, 64 << 10, &bar), None);
+        assert_eq!(goal(&fast, &vfio, GIB, efa, &bar), Some(true));
+        assert_eq!(goal(&fast, &vfio, GIB, 2 * GIB, &bar), Some(true));
         let slow_map = Measured {
             map_ns: 1201,
             ..fast.clone()
         };
-        assert_eq!(goal(&slow_map, &vfio, GIB, efa), Some(false));
-        let cut = Measured { nents: 2, ..fast };
-        assert_eq!(goal(&cut, &vfio, GIB, efa), Some(false));
+        assert_eq!(goal(&slow_map, &vfio, GIB, efa, &bar), Some(false));
+        let cut = Measured {
+            nents: 2,
+            ..fast.clone()
+        };
+        assert_eq!(goal(&cut, &vfio, GIB, efa, &bar), Some(false));
+        // 16 GiB with mlx5's segment: 8 entries by bus address; 5 in one IOVA range (an
+        // IOMMU, and an address outside the BAR), where the max segment is moot.
+        let bus = |nents| Measured {
+            nents,
+            ..fast.clone()
+        };
+        assert_eq!(goal(&bus(8), &vfio, 16 * GIB, 2 * GIB, &bar), Some(true));
+        assert_eq!(goal(&bus(5), &vfio, 16 * GIB, 2 * GIB, &bar), Some(false));
+        let iova = |nents| Measured {
+            nents,
+            dma_first: 0xffff_0000_0000,
+            ..fast.clone()
+        };
+        assert_eq!(goal(&iova(5), &vfio, 16 * GIB, 2 * GIB, &bar), Some(true));
+        assert_eq!(goal(&iova(8), &vfio, 16 * GIB, 2 * GIB, &bar), Some(false));
+        // Outside the BAR without an IOMMU: the physical range, cut at the max segment.
+        let direct = Measured {
+            importer_iommu: "0".to_owned(),
+            ..iova(8)
+        };
+        assert_eq!(goal(&direct, &vfio, 16 * GIB, 2 * GIB, &bar), Some(true));
         // 16 GiB with EFA's max segment: cut below 4 GiB, at a page boundary.
         assert_eq!(expected_nents(16 * GIB, efa), 5);
         assert_eq!(expected_nents(2 * MIB, 64 << 10), 32);

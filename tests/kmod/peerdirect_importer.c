@@ -387,6 +387,13 @@ static void pdi_teardown(struct pdi_attachment *p)
 	dma_resv_unlock(resv);
 	dma_buf_detach(p->dmabuf, p->attach);
 	p->attach = NULL;
+	/*
+	 * An invalidation between the flush above and the lock (the exporter's device going
+	 * away) may have queued another late unmap, with the mapping still there: the unmap
+	 * above made it a no-op, but its timer must not outlive p. Detached, none is queued
+	 * again.
+	 */
+	cancel_delayed_work_sync(&p->unmap_work);
 }
 
 static void pdi_free(struct pdi_attachment *p)

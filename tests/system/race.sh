@@ -2,7 +2,8 @@
 # Races between the HBM device going away and userspace using it, on the KASAN kernel
 # (userspace/guest-tests: race.rs, fuzz.rs): opens against unbind and rebind; CPU mappings
 # against unbind and hot-unplug (every mapping must fault afterwards); last closes of dma-bufs
-# against unbind; NIC imports (attach, pin, map) against unbind and rebind; the NIC deleted and
+# against unbind; NIC imports (attach, pin, map) against unbind and rebind, behind the switch
+# and through the host bridge (IOVA mappings); the NIC deleted and
 # rescanned against those imports and unbind and rebind (the PCI notifier against the P2P
 # verdict caches); module unloads against binds; a seeded random sequence of operations from several threads, alone and
 # against unbind, rebind and rmmod; two devices unbound and bound at once.
@@ -19,6 +20,13 @@ guest --kernel kasan --kmemleak --timeout $((seconds * 9 + 240)) -- sh -c "
 	peerdirect-guest-tests --race open-unbind,mmap-unbind,close-unbind,import-unbind,nic-rescan,rmmod-bind --seconds $seconds &&
 	peerdirect-guest-tests --fuzz $seed --seconds $seconds &&
 	peerdirect-guest-tests --fuzz $((seed + 1)) --fuzz-removal --seconds $seconds" || rc=$?
+# Imports through the host bridge and the IOMMU (one IOVA range per map) against unbind, its
+# checks named so.
+guest --kernel kasan --kmemleak --topology host-bridge --timeout $((seconds * 2 + 240)) -- \
+	peerdirect-guest-tests --race import-unbind --seconds "$seconds" |
+	sed -E 's/^((not )?ok [0-9]+ - )/\1through the host bridge: /'
+status=${PIPESTATUS[0]}
+[ "$status" = 0 ] || rc=$status
 guest --kernel kasan --kmemleak --hotplug --timeout 300 -- \
 	peerdirect-guest-tests --race mmap-unplug || rc=$?
 guest --kernel kasan --kmemleak --second-hbm --timeout $((seconds * 2 + 240)) -- \

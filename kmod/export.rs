@@ -7,8 +7,8 @@
 //!   `pci_p2pdma_map_type`, which modules cannot call), with one rate-limited log line;
 //! - map hands out the BAR range in segments no longer than the importer's max segment size,
 //!   never one per page, in a table of our own: bus addresses behind a shared switch;
-//!   through the host bridge, one `dma_map_phys` of the whole range (through an IOMMU, one
-//!   IOVA range, in entries as long as an entry holds);
+//!   through the host bridge, the whole range mapped at once (through an IOMMU one IOVA
+//!   range, in entries as long as an entry holds);
 //! - a read-only export (no `PEERDIRECT_EXPORT_RDWR`) maps only `DMA_TO_DEVICE`: `EACCES` for
 //!   a mapping that lets the peer write;
 //! - the range never moves, so pinning costs nothing (EFA's pinned import works); pins are

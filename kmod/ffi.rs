@@ -562,7 +562,7 @@ fn from_err_ptr<T>(ptr: *mut T) -> Result<NonNull<T>> {
 
 /// Maps `len` bytes of a BAR at `paddr` for `attach`'s device in a table filled by
 /// `helpers.c`: by bus address (`paddr + bus_offset`) when `bus_addr`, else through the host
-/// bridge (one `dma_map_phys` of the whole range).
+/// bridge (one IOVA range through an IOMMU, else one `dma_map_phys` of the whole range).
 ///
 /// # Safety
 ///

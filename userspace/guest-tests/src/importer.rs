@@ -228,7 +228,7 @@ fn run_case(setup: &mut Setup, case: &Case) -> Outcome {
     };
     if allowed {
         check_mapped(first, case, expected_first)?;
-        // Past the core's own 4 GiB entries: its cut must stay within the NIC's max segment.
+        // Past 4 GiB, the longest entry: the cut must stay within the NIC's max segment.
         if case.len >= 4 << 30 {
             expect_eq(
                 "entries over the max segment",
@@ -566,8 +566,8 @@ fn kmalloc_objects() -> Result<u64, String> {
 }
 
 /// [`LEAK_CYCLES`] dynamic attach, map, unmap and detach cycles of 2 MiB leave no memory
-/// behind: the dma-buf core's own helper leaks each map's scatterlist array when it frees its
-/// table (`ffi::unmap_phys`), which map uses through the host bridge.
+/// behind (the dma-buf core's own helper, which map used through the host bridge until it
+/// filled its own table there too, leaked each map's scatterlist array).
 fn run_leaves_nothing(setup: &mut Setup) -> Outcome {
     let len = 2 * MIB;
     let exported = export(&setup.device, len, 0, len)?;
@@ -654,8 +654,8 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
             },
         ));
     }
-    // Longer than the entries the dma-buf core cuts ranges into (4 GiB less a page), with
-    // EFA's max segment: the range goes whole and the core's own cut makes the two entries.
+    // Longer than an entry holds (4 GiB less a page), with EFA's max segment: the range goes
+    // whole and the entries' own limit makes the two entries.
     if matches!(&setup, Ok(setup) if setup.info.hbm_bytes >= 8 << 30) {
         cases.push((
             format!("{topology}: pinned attach of 5 GiB by a NIC with EFA's max segment agrees with the kernel's P2P verdict (mapped: two entries, none over the max segment)"),
@@ -711,8 +711,7 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
     let forgotten = format!(
         "{topology}: the NIC deleted (sysfs remove), the P2P verdict cache forgets its verdict at once; rescanned, its attach asks the kernel again (debugfs stats)"
     );
-    // Where P2P is allowed: by bus address (a table of ours) and through the host bridge (the
-    // core's).
+    // Where P2P is allowed: by bus address and through the host bridge (an IOVA range).
     let leak = matches!(topology, Topology::Switch | Topology::HostBridge).then(|| {
         format!("{topology}: {LEAK_CYCLES} dynamic map and unmap cycles of 2 MiB in one command leave no memory behind (kmalloc objects in use grow by at most {LEAK_SLACK})")
     });

@@ -51,6 +51,14 @@ pub(crate) fn init() {
     unsafe { CACHES.init() };
 }
 
+/// Frees the list's buffer; from module exit, once every device's cache is gone. A static is
+/// never dropped: the buffer an emptied list keeps would leak with the module (kmemleak saw
+/// it after every unload).
+pub(crate) fn release_all() {
+    let caches = core::mem::take(&mut *CACHES.lock());
+    drop(caches);
+}
+
 /// A PCI device at address `device` was added or deleted: the device an address names may
 /// change from here on, so every bound device's cache forgets the verdict it keeps for it.
 /// Called by the PCI bus notifier, which runs before a deleted device can be freed and its

@@ -104,6 +104,7 @@ impl Drop for Shared {
     fn drop(&mut self) {
         debugfs::release_root();
         memory::release_all();
+        p2p::release_all();
     }
 }
 

@@ -33,7 +33,9 @@
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "1..18"
+# Plan: make install and pkg-config (2); the first boot: hbm_export (4), fabric_register (3),
+# verbs_register (2), hcl_style (2); the companion boot (5).
+plan 18
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }

@@ -3,5 +3,6 @@
 # fault time (Documentation/exporter.md): 4 KiB entries at a 4 KiB-aligned address, one PMD
 # per 2 MiB at a 2 MiB-aligned one, one PUD for 1 GiB at a 1 GiB-aligned one, told apart by
 # the page faults that touching them costs.
+# Plan: the checks are peerdirect-guest-tests', with its own plan; none of this script's own.
 . "$(dirname "$0")/../lib.sh"
-guest --hbm 2G -- peerdirect-guest-tests --cpu-mapping
+guest_tap "peerdirect-guest-tests --cpu-mapping" 1 --hbm 2G -- peerdirect-guest-tests --cpu-mapping

@@ -12,11 +12,14 @@
 # suites' --kmemleak scans are skipped), the KASAN races (tests/system/race.sh, on the KASAN
 # test kernel) and the peer-memory client (needs the contract-test core's symbols).
 # PEERDIRECT_DEBIAN_SUITES="NAME..." runs only those suites after the first checks.
+# Plan: this script's own 4 checks of what the guest is, declared first; each suite's TAP is
+# relayed with its plan lines as they came (the suite declares them before its checks).
 . "$(dirname "$0")/../lib.sh"
 # PEERDIRECT_CACHE as the scripts have it, also when this suite runs outside make.
 . "$ROOT/scripts/env.sh"
 failed=0
 fail() { failed=1; not_ok "$@"; }
+plan 4
 export PEERDIRECT_KERNEL=debian
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -61,22 +64,28 @@ else
 	fail "$desc" "$out"
 fi
 
-# The suites, unchanged; their TAP lines named after them, numbered in this script.
+# The suites, unchanged; their TAP lines named after them, numbered in this script, their plan
+# lines passed on as they are. Each suite's boots (qemu/run's PEERDIRECT_BOOT_LOG: "KERNEL
+# TOPOLOGY NAME" per boot) must all be of Debian's kernel: a suite that asks for a kernel of
+# its own would check another kernel under this suite's name.
 for suite in ${PEERDIRECT_DEBIAN_SUITES:-devices alloc-export cpu-mapping revoke lifecycle importer pinned ibimport}; do
 	echo "# $suite on Debian's kernel"
-	bash "$ROOT/tests/system/$suite.sh" >"$work/$suite.tap" 2>&1
+	: >"$work/$suite.boots"
+	PEERDIRECT_BOOT_LOG=$work/$suite.boots bash "$ROOT/tests/system/$suite.sh" >"$work/$suite.tap" 2>&1
 	rc=$?
+	[ -z "${PEERDIRECT_BOOT_LOG:-}" ] || cat "$work/$suite.boots" >>"$PEERDIRECT_BOOT_LOG"
 	n_fail=0
 	while IFS= read -r l; do
 		case $l in
 		"ok "*) ok "debian $release: $suite: $(sed -E 's/^ok [0-9]* ?-? ?//' <<<"$l")" ;;
 		"not ok "*) n_fail=$((n_fail + 1)); fail "debian $release: $suite: $(sed -E 's/^not ok [0-9]* ?-? ?//' <<<"$l")" ;;
-		"1.."*) ;;
 		"#"*) echo "$l" ;;
-		*) echo "# $l" ;;
+		*) if [[ $l =~ ^1\.\.[0-9]+$ ]]; then echo "$l"; else echo "# $l"; fi ;;
 		esac
 	done <"$work/$suite.tap"
 	[ $rc = 0 ] || [ $n_fail != 0 ] || fail "debian $release: $suite exited $rc"
+	grep -qE '^1\.\.[0-9]+$' "$work/$suite.tap" || fail "debian $release: $suite declares its plan"
+	other=$(grep -v '^debian ' "$work/$suite.boots")
+	[ -z "$other" ] || fail "debian $release: $suite: every guest boots Debian's kernel" "boots (kernel topology name):" "$other"
 done
-echo "1..$tap_n"
 exit $failed

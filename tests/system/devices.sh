@@ -85,9 +85,22 @@ devices_case() {
 	fi
 }
 
-echo "1..9"
-devices_case switch 256M 268435456 bus_address
-devices_case switch 1G 1073741824
-devices_case split 256M 268435456 no_common
-devices_case iommu 256M 268435456 no_common
-devices_case acs 256M 268435456 acs
+# The cases: TOPOLOGY HBM BYTES [P2P-EXPECTATION]. Plan: one check per case, and one more
+# (peerdirect topo) per case with a P2P expectation.
+cases=(
+	"switch 256M 268435456 bus_address"
+	"switch 1G 1073741824"
+	"split 256M 268435456 no_common"
+	"iommu 256M 268435456 no_common"
+	"acs 256M 268435456 acs"
+)
+n=0
+for c in "${cases[@]}"; do
+	read -ra args <<<"$c"
+	n=$((n + 1 + (${#args[@]} > 3)))
+done
+plan $n
+for c in "${cases[@]}"; do
+	read -ra args <<<"$c"
+	devices_case "${args[@]}"
+done

@@ -15,7 +15,8 @@
 # Boot signing (no openssl in the chroot: DKMS says it cannot make its MOK key), booting
 # Debian's kernel with the module.
 . "$(dirname "$0")/../lib.sh"
-echo "1..11"
+# Plan: the 11 check_that calls below, one per numbered step.
+plan 11
 export LC_ALL=C
 failed=0
 fail() { failed=1; not_ok "$@"; }

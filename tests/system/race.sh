@@ -12,23 +12,35 @@
 #   PEERDIRECT_FUZZ_SEED     the random sequence's seed (default: a new one, printed)
 . "$(dirname "$0")/../lib.sh"
 
+# Plan: the checks are the programs', each with its own plan (6 in all); none of this script's
+# own (a guest run that does not end cleanly, or whose programs do not all report, adds a
+# failure: guest_tap).
 seconds=${PEERDIRECT_RACE_SECONDS:-10}
 seed=${PEERDIRECT_FUZZ_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
 echo "# fuzz seed $seed (PEERDIRECT_FUZZ_SEED=$seed replays its choices)"
-rc=0
-guest --kernel kasan --kmemleak --timeout $((seconds * 9 + 240)) -- sh -c "
-	peerdirect-guest-tests --race open-unbind,mmap-unbind,close-unbind,import-unbind,nic-rescan,rmmod-bind --seconds $seconds &&
-	peerdirect-guest-tests --fuzz $seed --seconds $seconds &&
-	peerdirect-guest-tests --fuzz $((seed + 1)) --fuzz-removal --seconds $seconds" || rc=$?
+rcs=()
+# Each of the three runs whatever the others' outcome; the run's status is the worst of theirs
+# (a status other than 0 or 1 is a failure no test reported).
+guest_tap "races and fuzzing" 3 --kernel kasan --kmemleak --timeout $((seconds * 9 + 240)) -- sh -c "
+	peerdirect-guest-tests --race open-unbind,mmap-unbind,close-unbind,import-unbind,nic-rescan,rmmod-bind --seconds $seconds
+	a=\$?
+	peerdirect-guest-tests --fuzz $seed --seconds $seconds
+	b=\$?
+	peerdirect-guest-tests --fuzz $((seed + 1)) --fuzz-removal --seconds $seconds
+	c=\$?
+	for s in \$a \$b \$c; do [ \$s -le 1 ] || exit \$s; done
+	[ \$a = 0 ] && [ \$b = 0 ] && [ \$c = 0 ]"
+rcs+=($?)
 # Imports through the host bridge and the IOMMU (one IOVA range per map) against unbind, its
 # checks named so.
-guest --kernel kasan --kmemleak --topology host-bridge --timeout $((seconds * 2 + 240)) -- \
-	peerdirect-guest-tests --race import-unbind --seconds "$seconds" |
-	sed -E 's/^((not )?ok [0-9]+ - )/\1through the host bridge: /'
-status=${PIPESTATUS[0]}
-[ "$status" = 0 ] || rc=$status
-guest --kernel kasan --kmemleak --hotplug --timeout 300 -- \
-	peerdirect-guest-tests --race mmap-unplug || rc=$?
-guest --kernel kasan --kmemleak --second-hbm --timeout $((seconds * 2 + 240)) -- \
-	peerdirect-guest-tests --race bind-two --seconds "$seconds" || rc=$?
-exit $rc
+tap_prefix="through the host bridge: " guest_tap "through the host bridge" 1 \
+	--kernel kasan --kmemleak --topology host-bridge --timeout $((seconds * 2 + 240)) -- \
+	peerdirect-guest-tests --race import-unbind --seconds "$seconds"
+rcs+=($?)
+guest_tap "mmap-unplug" 1 --kernel kasan --kmemleak --hotplug --timeout 300 -- \
+	peerdirect-guest-tests --race mmap-unplug
+rcs+=($?)
+guest_tap "bind-two" 1 --kernel kasan --kmemleak --second-hbm --timeout $((seconds * 2 + 240)) -- \
+	peerdirect-guest-tests --race bind-two --seconds "$seconds"
+rcs+=($?)
+exit "$(worst "${rcs[@]}")"

@@ -8,7 +8,10 @@
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "1..5"
+# Plan: the two guests and the transfer (2), what is left on the host (3).
+plan 5
+# Both guests boot side by side: what they need is built once, first.
+prebuild || true
 
 # Two UDP ports the kernel says are free now.
 read -r port0 port1 < <("$ROOT/scripts/free-udp-ports" 2)

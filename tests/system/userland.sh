@@ -5,7 +5,9 @@
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "1..10"
+# Plan: 8 checks of the first boot (Debian, libfabric version, 2 providers, FI_MR_DMABUF in the
+# header and in a program, peerdirect, modprobe), 2 of the --rxe boot.
+plan 10
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }

@@ -7,8 +7,12 @@
 //!
 //! Every call's answer must be one the ABI allows for its arguments (Documentation/uapi.md);
 //! afterwards, with every file closed, the device must be back to nothing allocated, nothing
-//! exported and all HBM free. A failure prints the seed: `--fuzz SEED` replays the same choices
-//! (the interleaving of the threads differs from run to run).
+//! exported and all HBM free. With `--fuzz-removal` the removals must have been met: some
+//! answers `ENODEV` (from files and dma-bufs that outlived a removal) and some `rmmod` refused
+//! (touches that fault on mappings revoked while held are counted too); without it, neither
+//! `ENODEV` nor a fault may come. The seed is printed first, and again with a failure: `--fuzz SEED` (with
+//! `--fuzz-removal` if it was given) replays the same choices (the interleaving of the threads
+//! differs from run to run).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::process::ExitCode;
@@ -20,7 +24,7 @@ use std::time::{Duration, Instant};
 use peerdirect::{Device, Errno, Error, ExportFlags, RawAlloc, RawExport, RawFree};
 
 use crate::race::{self, Mapping};
-use crate::support::{errno_name, FirstFailure, Outcome, Tap};
+use crate::support::{all_of, errno_name, join_all, FirstFailure, Outcome, Tap};
 use crate::INDEX;
 
 const PAGE: u64 = 4096;
@@ -49,16 +53,23 @@ impl Rng {
     }
 }
 
-/// The first answer the ABI does not allow, with the operation that got it.
+/// The first answer the ABI does not allow, with the operation that got it; and how many
+/// answers said the device was gone.
 #[derive(Default)]
-struct Violations(FirstFailure);
+struct Violations {
+    first: FirstFailure,
+    gone: AtomicU64,
+}
 
 impl Violations {
     fn check(&self, op: &str, got: Result<(), Errno>, allowed: &[Errno]) {
+        if got == Err(Errno::NODEV) {
+            self.gone.fetch_add(1, Ordering::Relaxed);
+        }
         if let Err(errno) = got {
             if !allowed.contains(&errno) {
                 let names: Vec<_> = allowed.iter().map(|&e| errno_name(e)).collect();
-                self.0.record(format!(
+                self.first.record(format!(
                     "{op}: expected success or one of {names:?}, got {errno} ({})",
                     errno_name(errno)
                 ));
@@ -68,14 +79,14 @@ impl Violations {
 
     /// `op` succeeded although its arguments (or the file's mode) call for `errno`.
     fn succeeded(&self, op: &str, errno: Errno) {
-        self.0.record(format!(
+        self.first.record(format!(
             "{op}: expected {errno} ({}), got success",
             errno_name(errno)
         ));
     }
 
     fn outcome(&self) -> Outcome {
-        self.0.outcome()
+        self.first.outcome()
     }
 }
 
@@ -102,14 +113,18 @@ struct Held {
 
 pub(crate) fn run(seed: u64, seconds: u64, removal: bool) -> ExitCode {
     let mut tap = Tap::plan(2);
-    println!("# seed {seed} (replay: --fuzz {seed})");
+    let replay = format!(
+        "--fuzz {seed}{}",
+        if removal { " --fuzz-removal" } else { "" }
+    );
+    println!("# seed {seed} (replay: {replay})");
     let outcome = fuzz(seed, Duration::from_secs(seconds), removal);
     tap.report(
         &format!(
             "{THREADS} threads run random device operations for {seconds} s{}, and every answer is one the ABI allows",
             if removal { " while the device is unbound and rebound" } else { "" }
         ),
-        &outcome.map_err(|err| format!("{err}\nseed {seed}: replay with --fuzz {seed}")),
+        &outcome.map_err(|err| format!("{err}\nseed {seed}: replay with {replay}")),
     );
     tap.report(
         "afterwards the device works, with nothing allocated or exported and all HBM free",
@@ -128,31 +143,29 @@ fn fuzz(seed: u64, budget: Duration, removal: bool) -> Outcome {
         .map_err(|err| format!("INFO failed: {err}"))?
         .hbm_bytes;
     let stop = Arc::new(AtomicBool::new(false));
-    let ops = Arc::new(AtomicU64::new(0));
     let violations = Arc::new(Violations::default());
+    // Touches of mappings revoked while held fault: the trap counts them.
+    race::sigbus::forget();
     let _trap = race::sigbus::Trap::install()?;
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
-            let (shared, stop, ops, violations) = (
-                shared.clone(),
-                stop.clone(),
-                ops.clone(),
-                violations.clone(),
-            );
+            let (shared, stop, violations) = (shared.clone(), stop.clone(), violations.clone());
             let mut rng = Rng(seed ^ t.wrapping_mul(0x2545_f491_4f6c_dd1d));
             thread::spawn(move || {
                 let mut held = Held::default();
                 held.files.push(shared);
+                let mut ops = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     step(&mut rng, &mut held, hbm_bytes, &violations);
-                    ops.fetch_add(1, Ordering::Relaxed);
+                    ops += 1;
                 }
+                ops
             })
         })
         .collect();
     drop(shared);
     let start = Instant::now();
-    let (mut cycles, mut outcome) = (0u64, Ok(()));
+    let (mut cycles, mut refused, mut outcome) = (0u64, 0u64, Ok(()));
     while start.elapsed() < budget {
         if !removal {
             thread::sleep(Duration::from_millis(100));
@@ -164,6 +177,7 @@ fn fuzz(seed: u64, budget: Duration, removal: bool) -> Outcome {
             outcome = Err("rmmod peerdirect succeeded while files were open".to_owned());
             break;
         }
+        refused += 1;
         if let Err(err) = race::unbind(&bdf).and_then(|()| race::rebind(&bdf)) {
             outcome = Err(err);
             break;
@@ -171,15 +185,33 @@ fn fuzz(seed: u64, budget: Duration, removal: bool) -> Outcome {
         cycles += 1;
     }
     stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join()
-            .map_err(|_| "a fuzzing thread panicked".to_owned())?;
+    let (ops, joined) = join_all("fuzzing thread", threads);
+    let (gone, faulted) = (
+        violations.gone.load(Ordering::Relaxed),
+        race::sigbus::trapped(),
+    );
+    println!(
+        "# operations per thread {ops:?}; {cycles} unbind/rebind cycles, {refused} rmmods refused; {gone} answers ENODEV, {faulted} touches faulted"
+    );
+    all_of([outcome, joined, violations.outcome()])?;
+    race::expect_raced("operations", ops.iter().sum(), 1000)?;
+    if removal {
+        // Faulting touches are counted, not required: a few per run (4 in 7 cycles).
+        race::expect_met(&[
+            ("unbind/rebind cycle", cycles),
+            ("rmmod refused while files were open", refused),
+            (
+                "answer ENODEV from a file or dma-buf that outlived a removal",
+                gone,
+            ),
+        ])
+    } else if gone + faulted > 0 {
+        Err(format!(
+            "expected no ENODEV and no SIGBUS while the device stays bound, got {gone} ENODEV answers and {faulted} faulting touches"
+        ))
+    } else {
+        Ok(())
     }
-    outcome?;
-    violations.outcome()?;
-    let ops = ops.load(Ordering::Relaxed);
-    println!("# {ops} operations, {cycles} unbind/rebind cycles");
-    race::expect_raced("operations", ops, 1000)
 }
 
 /// One random operation of one thread.
@@ -344,6 +376,7 @@ fn step(rng: &mut Rng, held: &mut Held, hbm_bytes: u64, v: &Violations) {
             let i = rng.below(held.files.len() as u64) as usize;
             match errno_of(held.files[i].info().map(drop)) {
                 Err(E::NODEV) => {
+                    v.gone.fetch_add(1, Ordering::Relaxed);
                     if let Ok(device) = Device::open_index(INDEX) {
                         held.files.push(Arc::new(device));
                         close_file(held, i);
@@ -380,6 +413,7 @@ mod tests {
         v.check("FREE", Ok(()), &[]);
         v.check("EXPORT", Err(Errno::NODEV), &[Errno::NODEV]);
         assert_eq!(v.outcome(), Ok(()));
+        assert_eq!(v.gone.load(Ordering::Relaxed), 1);
         v.check("mmap", Err(Errno::INVAL), &[Errno::NODEV]);
         v.check("ALLOC", Err(Errno::PERM), &[]);
         let first = v.outcome().unwrap_err();

@@ -14,7 +14,8 @@
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -23,8 +24,10 @@ use peerdirect::cache::{Access, ByteRange, CacheLimits, DomainId, RegKey, Regist
 use peerdirect::{Device, DmaBuf, ExportFlags, RegCache};
 
 use crate::race::{expect_idle, rebind};
-use crate::removal::{expect_going, expect_waits_log, importer_setup, Unbinding};
-use crate::support::{expect_eq, Tap};
+use crate::removal::{
+    expect_going, expect_waits_log, importer_setup, waits_reports, Unbinding, WAITS_LOG,
+};
+use crate::support::{expect_eq, join, Tap};
 use crate::testmod::{stats, TestModule};
 use crate::INDEX;
 
@@ -183,49 +186,48 @@ fn by_cache(tap: &mut Tap, bdf: &str, nic: &str, importer: TestModule) {
     let Ok(held) = held else {
         return;
     };
-    // Releases everything if the cache never lets go, so that the unbind returns.
-    let (watchdog, fired) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    {
-        let (done, fired) = (watchdog.clone(), fired.clone());
-        thread::spawn(move || {
-            thread::sleep(WATCHDOG);
-            if !done.load(Ordering::SeqCst) {
-                fired.store(true, Ordering::SeqCst);
-                if let Ok(mut module) = TestModule::load_importer() {
-                    let _ = module.command("release all");
-                }
+    // Releases everything if the cache never lets go, so that the unbind returns; ends early
+    // once told (its sender dropped). Says whether it fired.
+    let (settled, watching) = mpsc::channel::<()>();
+    let watchdog = thread::spawn(move || {
+        let fired = watching.recv_timeout(WATCHDOG) == Err(RecvTimeoutError::Timeout);
+        if fired {
+            if let Ok(mut module) = TestModule::load_importer() {
+                let _ = module.command("release all");
             }
-        });
-    }
+        }
+        fired
+    });
+    let waits_before = waits_reports();
     let unbinding = Unbinding::start(bdf);
     let finished = unbinding.finish(WATCHDOG + FINISH);
-    watchdog.store(true, Ordering::SeqCst);
-    let outcome = match finished {
-        Ok(took) if !fired.load(Ordering::SeqCst) && took <= BY_ITSELF => {
+    drop(settled);
+    // The removal reports at once when it finds a mapping it cannot revoke and waits for it.
+    let waited = waits_before.and_then(|before| Ok(waits_reports()? > before));
+    let outcome = match (finished, join("the watchdog", watchdog), waited) {
+        (Err(err), ..) | (_, Err(err), _) | (_, _, Err(err)) => Err(err),
+        (Ok(took), Ok(false), Ok(true)) if took <= BY_ITSELF => {
             println!(
-                "# the unbind returned by itself after {} ms",
+                "# the unbind waited for the pinned mapping and returned by itself after {} ms",
                 took.as_millis()
             );
             Ok(())
         }
-        Ok(took) => Err(format!(
-            "expected the unbind to return by itself within {} s, got it after {} ms{}",
+        (Ok(took), Ok(fired), Ok(waited)) => Err(format!(
+            "expected the removal to wait for the pinned mapping (a new '{WAITS_LOG}' line) and the unbind to return by itself within {} s, got {} and the unbind after {} ms{}",
             BY_ITSELF.as_secs(),
+            if waited { "a wait" } else { "no wait: the cache let go before the removal reached it" },
             took.as_millis(),
-            if fired.load(Ordering::SeqCst) {
+            if fired {
                 ", once the watchdog released the mapping"
             } else {
                 ""
             }
         )),
-        Err(err) => Err(err),
     };
     tap.report(
         &format!(
-            "unbind completes by itself within {} s: the cache deregisters when the device file polls POLLPRI",
+            "unbind waits for the pinned mapping and completes by itself within {} s: the cache deregisters when the device file polls POLLPRI",
             BY_ITSELF.as_secs()
         ),
         &outcome,

@@ -1,34 +1,46 @@
 //! `--race SUITE`: races between the HBM device going away and what userspace does with it
 //! (Documentation/lifecycle.md). Each suite runs for a bounded time (`--seconds`), counts how
-//! often the two sides met, and fails when the race was not run often enough to mean anything.
+//! often it ran, and counts the outcomes that only come when the two sides of the race meet
+//! (after "met:" in its first check); it fails when the race was not run often enough to mean
+//! anything, or when an outcome that proves the meeting never came: a race that never
+//! overlapped proves nothing. A thread that panics fails the check it was part of.
 //! Kernel reports (KASAN, refcount warnings, lockdep) fail the guest run itself (`qemu/run`);
 //! `make test` runs these suites on the KASAN kernel (`tests/system/race.sh`).
 //!
 //! - `open-unbind`: three threads open `/dev/peerdirect0`, ask INFO and close, while the device
-//!   is unbound and rebound in a loop.
+//!   is unbound and rebound in a loop. Met: files opened before a removal whose INFO then
+//!   fails with `ENODEV`, or opens refused (`ENODEV`, `ENXIO`) while the device went.
 //! - `mmap-unbind`, `mmap-unplug`: two threads export small dma-bufs, map and write them, while
 //!   the device is unbound (then rebound, in rounds) or hot-unplugged once; afterwards every
-//!   mapping made, whenever it was made, must fault (SIGBUS) instead of reaching the BAR.
+//!   mapping made, whenever it was made, must fault (SIGBUS) instead of reaching the BAR. Met:
+//!   mappings revoked while held, and exports or mmaps refused once removal began.
 //! - `close-unbind`: the last references of many dma-bufs are dropped by two threads while the
-//!   device is unbound, in rounds; nothing may be left exported afterwards.
+//!   device is unbound, in rounds; nothing may be left exported afterwards. Met: rounds whose
+//!   revocation (the kernel's report of it) found some of the dma-bufs closed and some not.
 //! - `import-unbind`: first, removal must wait for a dynamic importer that unmaps 300 ms after
 //!   it is told to (the test importer's `defer=`); then two threads have the NIC attach, pin,
 //!   map, unmap and detach dma-bufs through the test importer module (dynamic, revocable,
 //!   pinned, and dynamic holding its mapping with a 1 ms late unmap, in turn) while a third
 //!   reads debugfs's `exports` (which walks each dma-buf's attachments under its reservation
-//!   lock) and the device is unbound and rebound in a loop.
+//!   lock) and the device is unbound and rebound in a loop. Met: imports refused with `ENODEV`
+//!   at attach or map, or invalidated between their map and their unmap.
 //! - `nic-rescan`: the NIC is deleted (sysfs `remove`) and found again (bus rescan) in a loop,
 //!   each time the PCI bus notifier making every bound device's P2P verdict cache forget its
 //!   address, while the HBM device is unbound and rebound (its cache joining and leaving the
 //!   caches the notifier walks) and two threads have the NIC attach and map dma-bufs (asking
-//!   for verdicts and keeping them).
+//!   for verdicts and keeping them). Met: imports that found the NIC deleted, and deletions
+//!   during an unbind or a bind.
 //! - `bind-two` (`qemu/run --second-hbm`): two devices, each unbound and bound again in a loop
 //!   by a thread of its own; every bind must succeed. A device's index and names are given
 //!   back only once its node and debugfs directory are gone, so the other device never gets
-//!   names still in use.
+//!   names still in use. Met: binds during the other device's unbind or bind, and indexes
+//!   taken over from the other device (the kernel log's bind lines).
 //! - `rmmod-bind`: the module is unloaded (and loaded again) while a thread unbinds and binds
 //!   the device through the driver's sysfs files: a probe may run until the driver is
-//!   unregistered, so what devices share must outlive that.
+//!   unregistered, so what devices share must outlive that. Every other unload is held: a
+//!   bind waits behind a reset of the device across the unload's start, and probes while the
+//!   driver unregisters. Met: held binds that probed then (toggled binds that an unload began
+//!   under are counted too; they are rare).
 
 use std::fs;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -41,8 +53,8 @@ use std::time::{Duration, Instant};
 use peerdirect::{Device, Errno, Error, ExportFlags};
 
 use crate::support::{
-    errno_name, expect_eq, request_unplug, run_command, wait_for, write_sysfs, FirstFailure,
-    Outcome, Tap, SYSFS_PCI_DEVICES,
+    all_of, errno_name, expect_eq, join, join_all, request_unplug, run_command, wait_for,
+    write_sysfs, FirstFailure, Outcome, Tap, SYSFS_PCI_DEVICES,
 };
 use crate::testmod::{stats, TestModule};
 use crate::{INDEX, SYSFS_DRIVER};
@@ -145,7 +157,16 @@ pub(crate) fn unbind(bdf: &str) -> Outcome {
 
 /// Binds `bdf` again and waits for its device node.
 pub(crate) fn rebind(bdf: &str) -> Outcome {
-    write_sysfs(&format!("{SYSFS_DRIVER}/bind"), bdf)?;
+    bind(bdf)?;
+    node_appears()
+}
+
+fn bind(bdf: &str) -> Outcome {
+    write_sysfs(&format!("{SYSFS_DRIVER}/bind"), bdf)
+}
+
+/// Waits for the device node of a device just bound.
+fn node_appears() -> Outcome {
     let node = peerdirect::device_path(INDEX);
     wait_for(SETTLE, || node.exists()).map_err(|s| {
         format!(
@@ -186,27 +207,38 @@ impl Unexpected {
 }
 
 /// Unbinds and rebinds `bdf` in a loop for `budget` while `threads` race it, then stops and
-/// joins them: the cycles done, and the first failure to unbind or rebind.
-fn cycle_against(
+/// joins them: the cycles done, the first failure to unbind or rebind and every thread that
+/// panicked, and what the threads returned. `transitions`, if given, counts each unbind and
+/// each rebind as it starts and as it ends (odd while one runs).
+fn cycle_against<T>(
     bdf: &str,
     budget: Duration,
     stop: &AtomicBool,
-    threads: Vec<thread::JoinHandle<()>>,
-) -> (u64, Outcome) {
+    transitions: Option<&AtomicU64>,
+    threads: Vec<thread::JoinHandle<T>>,
+) -> (u64, Outcome, Vec<T>) {
     let start = Instant::now();
     let (mut cycles, mut outcome) = (0, Ok(()));
+    let transition = |step: &dyn Fn() -> Outcome| {
+        let count = || transitions.map(|t| t.fetch_add(1, Ordering::SeqCst));
+        count();
+        let done = step();
+        count();
+        done
+    };
     while start.elapsed() < budget {
-        if let Err(err) = unbind(bdf).and_then(|()| rebind(bdf)) {
+        let cycle = transition(&|| unbind(bdf))
+            .and_then(|()| transition(&|| bind(bdf)))
+            .and_then(|()| node_appears());
+        if let Err(err) = cycle {
             outcome = Err(err);
             break;
         }
         cycles += 1;
     }
     stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        let _ = t.join();
-    }
-    (cycles, outcome)
+    let (values, joined) = join_all("racing thread", threads);
+    (cycles, all_of([outcome, joined]), values)
 }
 
 /// Checks that the race ran: `met` times, at least `min`.
@@ -216,6 +248,24 @@ pub(crate) fn expect_raced(what: &str, met: u64, min: u64) -> Outcome {
     } else {
         Err(format!(
             "{what}: expected at least {min}, got {met}: the race was not run"
+        ))
+    }
+}
+
+/// Checks that each of `counts`, outcomes that only come when the two sides of the race meet,
+/// happened at least once: a race that never overlapped proves nothing.
+pub(crate) fn expect_met(counts: &[(&str, u64)]) -> Outcome {
+    let missed: Vec<&str> = counts
+        .iter()
+        .filter(|&&(_, n)| n == 0)
+        .map(|&(what, _)| what)
+        .collect();
+    if missed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "expected at least one of each outcome that shows the race was met, got no {}: the two sides never met",
+            missed.join(", no ")
         ))
     }
 }
@@ -269,41 +319,69 @@ pub(crate) fn expect_idle() -> Outcome {
 /// Every dma-buf of the system, as the dma-buf core lists them.
 const BUFINFO: &str = "/sys/kernel/debug/dma_buf/bufinfo";
 
+/// What the opening threads of `open-unbind` saw.
+#[derive(Default)]
+struct Opens {
+    opened: u64,
+    /// Files opened before a removal whose INFO then failed with `ENODEV`.
+    outlived: u64,
+    /// Opens that reached the device while it was going (`ENODEV`, `ENXIO`).
+    refused: u64,
+    /// Opens that found no device node (`ENOENT`): between an unbind and its rebind.
+    absent: u64,
+}
+
 fn open_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
     let stop = Arc::new(AtomicBool::new(false));
-    let opened = Arc::new(AtomicU64::new(0));
     let unexpected = Arc::new(Unexpected::default());
     let threads: Vec<_> = (0..3)
         .map(|_| {
-            let (stop, opened, unexpected) = (stop.clone(), opened.clone(), unexpected.clone());
+            let (stop, unexpected) = (stop.clone(), unexpected.clone());
             thread::spawn(move || {
+                let mut seen = Opens::default();
                 while !stop.load(Ordering::Relaxed) {
                     match Device::open_index(INDEX) {
                         Ok(device) => {
-                            opened.fetch_add(1, Ordering::Relaxed);
-                            if let Err(err) = device.info() {
-                                if !gone(&err) {
-                                    unexpected.record("INFO", &err);
-                                }
+                            seen.opened += 1;
+                            match device.info() {
+                                Ok(_) => {}
+                                Err(err) if err.errno() == Some(Errno::NODEV) => seen.outlived += 1,
+                                Err(err) => unexpected.record("INFO", &err),
                             }
                         }
-                        Err(err) if gone(&err) => {}
-                        Err(err) => unexpected.record("open", &err),
+                        Err(err) => match err.errno() {
+                            Some(Errno::NOENT) => seen.absent += 1,
+                            Some(Errno::NODEV | Errno::NXIO) => seen.refused += 1,
+                            _ => unexpected.record("open", &err),
+                        },
                     }
                 }
+                seen
             })
         })
         .collect();
     let start = Instant::now();
-    let (cycles, outcome) = cycle_against(bdf, budget, &stop, threads);
-    let opened = opened.load(Ordering::Relaxed);
-    let outcome = outcome
-        .and_then(|()| unexpected.outcome())
+    let (cycles, outcome, seen) = cycle_against(bdf, budget, &stop, None, threads);
+    let sum = |count: fn(&Opens) -> u64| seen.iter().map(count).sum::<u64>();
+    let (opened, outlived, refused, absent) = (
+        sum(|s| s.opened),
+        sum(|s| s.outlived),
+        sum(|s| s.refused),
+        sum(|s| s.absent),
+    );
+    let outcome = all_of([outcome, unexpected.outcome()])
         .and_then(|()| expect_raced("unbind/rebind cycles", cycles, 5))
-        .and_then(|()| expect_raced("opens", opened, 50));
+        .and_then(|()| expect_raced("opens", opened, 50))
+        // Either shows an open meeting a removal: before it (the file outlived it) or during.
+        .and_then(|()| {
+            expect_met(&[(
+                "open that met a removal (its file then saw ENODEV, or it was refused with ENODEV or ENXIO)",
+                outlived + refused,
+            )])
+        });
     tap.report(
         &format!(
-            "3 threads open, INFO and close /dev/peerdirect0 while it is unbound and rebound ({cycles} cycles, {opened} opens in {} s)",
+            "3 threads open, INFO and close /dev/peerdirect0 while it is unbound and rebound ({cycles} cycles, {opened} opens in {} s; met: {outlived} files outlived a removal and saw ENODEV, {refused} opens refused while it went; {absent} found no node)",
             start.elapsed().as_secs()
         ),
         &outcome,
@@ -380,7 +458,7 @@ impl Drop for Mapping {
 
 fn mmap_race(tap: &mut Tap, bdf: &str, budget: Duration, removal: Removal) {
     let start = Instant::now();
-    let (mut rounds, mut made, mut survived) = (0u64, 0u64, Vec::new());
+    let (mut rounds, mut counts, mut survived) = (0u64, MapCounts::default(), Vec::new());
     let mut outcome = Ok(());
     // Unplug removes the device for good: one round.
     while outcome.is_ok()
@@ -388,7 +466,12 @@ fn mmap_race(tap: &mut Tap, bdf: &str, budget: Duration, removal: Removal) {
     {
         match mmap_round(bdf, removal, rounds) {
             Ok(round) => {
-                made += round.made;
+                let c = &round.counts;
+                println!(
+                    "# mmap round {rounds}: {} mappings, {} revoked while held, {} exports and {} mmaps refused, {} faulted at their first write",
+                    c.made, c.revoked_held, c.export_refused, c.mmap_refused, c.faulted_at_once
+                );
+                counts.add(c);
                 survived.extend(round.survived);
             }
             Err(err) => outcome = Err(err),
@@ -399,12 +482,27 @@ fn mmap_race(tap: &mut Tap, bdf: &str, budget: Duration, removal: Removal) {
         Removal::Unbind => "unbound",
         Removal::Unplug => "hot-unplugged",
     };
+    let MapCounts {
+        made,
+        export_refused,
+        mmap_refused,
+        faulted_at_once,
+        revoked_held,
+    } = counts;
+    let refused = export_refused + mmap_refused;
     tap.report(
         &format!(
-            "2 threads export, map and write 4 KiB dma-bufs while the device is {how} ({rounds} rounds, {made} mappings in {} s)",
+            "2 threads export, map and write 4 KiB dma-bufs while the device is {how} ({rounds} rounds, {made} mappings in {} s; met: {revoked_held} mappings revoked while held, {refused} exports or mmaps refused with ENODEV once removal began ({mmap_refused} of them mmaps of dma-bufs exported before), {faulted_at_once} mappings faulted at their first write)",
             start.elapsed().as_secs()
         ),
-        &outcome.and_then(|()| expect_raced("mappings", made, MIN_MAPPINGS as u64 * rounds)),
+        &outcome
+            .and_then(|()| expect_raced("mappings", made, MIN_MAPPINGS as u64 * rounds))
+            .and_then(|()| {
+                expect_met(&[
+                    ("mapping revoked while held", revoked_held),
+                    ("export or mmap refused once removal began", refused),
+                ])
+            }),
     );
     tap.report(
         &format!("after the device is {how}, every one of those mappings faults (SIGBUS) instead of reaching the BAR"),
@@ -432,8 +530,32 @@ fn mmap_race(tap: &mut Tap, bdf: &str, budget: Duration, removal: Removal) {
     );
 }
 
-struct Round {
+/// What rounds of `mmap-*` counted.
+#[derive(Default)]
+struct MapCounts {
     made: u64,
+    /// ALLOC or EXPORT refused with `ENODEV`: the threads were still at work when removal began.
+    export_refused: u64,
+    /// mmaps refused with `ENODEV`, of dma-bufs exported before removal began.
+    mmap_refused: u64,
+    /// Mappings whose first write faulted: made right before their revocation.
+    faulted_at_once: u64,
+    /// Mappings written before the removal that fault after it.
+    revoked_held: u64,
+}
+
+impl MapCounts {
+    fn add(&mut self, other: &Self) {
+        self.made += other.made;
+        self.export_refused += other.export_refused;
+        self.mmap_refused += other.mmap_refused;
+        self.faulted_at_once += other.faulted_at_once;
+        self.revoked_held += other.revoked_held;
+    }
+}
+
+struct Round {
+    counts: MapCounts,
     /// Mappings that were still there after removal: (round, index, what was read).
     survived: Vec<(u64, usize, u64)>,
 }
@@ -449,8 +571,13 @@ fn mmap_round(bdf: &str, removal: Removal, round: u64) -> Result<Round, String> 
         .map(|_| {
             let (stop, mappings, unexpected) = (stop.clone(), mappings.clone(), unexpected.clone());
             thread::spawn(move || {
-                let Ok(device) = Device::open_index(INDEX) else {
-                    return;
+                let mut counts = MapCounts::default();
+                let device = match Device::open_index(INDEX) {
+                    Ok(device) => device,
+                    Err(err) => {
+                        unexpected.record_message(format!("cannot open the device: {err}"));
+                        return counts;
+                    }
                 };
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
@@ -464,7 +591,9 @@ fn mmap_round(bdf: &str, removal: Removal, round: u64) -> Result<Round, String> 
                     let dmabuf = match made {
                         Ok(dmabuf) => OwnedFd::from(dmabuf),
                         Err(err) => {
-                            if !gone(&err) {
+                            if gone(&err) {
+                                counts.export_refused += 1;
+                            } else {
                                 unexpected.record("ALLOC/EXPORT", &err);
                             }
                             thread::yield_now();
@@ -478,12 +607,13 @@ fn mmap_round(bdf: &str, removal: Removal, round: u64) -> Result<Round, String> 
                             map.write(n);
                             mappings.lock().unwrap_or_else(|e| e.into_inner()).push(map);
                         }
-                        Err(Errno::NODEV) => {}
+                        Err(Errno::NODEV) => counts.mmap_refused += 1,
                         Err(errno) => {
                             unexpected.record_errno("mmap", &errno.to_string(), Some(errno))
                         }
                     }
                 }
+                counts
             })
         })
         .collect();
@@ -498,23 +628,28 @@ fn mmap_round(bdf: &str, removal: Removal, round: u64) -> Result<Round, String> 
         Removal::Unplug => unplug(bdf),
     };
     stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        let _ = t.join();
-    }
+    let (per_thread, joined) = join_all("mapping thread", threads);
+    // Only the threads' first writes ran under the trap so far.
+    let faulted_at_once = sigbus::trapped();
     drop(trap);
-    removed?;
-    unexpected.outcome()?;
+    all_of([removed, joined, unexpected.outcome()])?;
     let mappings = std::mem::take(&mut *mappings.lock().unwrap_or_else(|e| e.into_inner()));
-    let survived = sigbus::probe_each(&mappings)?
+    let survived: Vec<_> = sigbus::probe_each(&mappings)?
         .into_iter()
         .map(|(i, word)| (round, i, word))
         .collect();
-    let made = mappings.len() as u64;
+    let mut counts = MapCounts {
+        made: mappings.len() as u64,
+        faulted_at_once,
+        revoked_held: ((mappings.len() - survived.len()) as u64).saturating_sub(faulted_at_once),
+        ..MapCounts::default()
+    };
+    per_thread.iter().for_each(|c| counts.add(c));
     drop(mappings);
     if removal == Removal::Unbind {
         rebind(bdf)?;
     }
-    Ok(Round { made, survived })
+    Ok(Round { counts, survived })
 }
 
 /// Asks the host to hot-unplug the HBM device and waits until it is gone.
@@ -534,11 +669,20 @@ fn expect_unplugged() -> Outcome {
 
 fn close_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
     let start = Instant::now();
-    let (mut rounds, mut closed) = (0u64, 0u64);
+    let (mut rounds, mut met, mut totals) = (0u64, 0u64, Closes::default());
     let mut outcome = Ok(());
     while start.elapsed() < budget {
         match close_round(bdf, rounds) {
-            Ok(n) => closed += n,
+            Ok(round) => {
+                println!(
+                    "# close-unbind round {rounds}: revocation found {} of {CLOSE_BUFS} dma-bufs open and {} being released",
+                    round.revoked, round.releasing
+                );
+                met += u64::from(round.met());
+                totals.closed += round.closed;
+                totals.revoked += round.revoked;
+                totals.releasing += round.releasing;
+            }
             Err(err) => {
                 outcome = Err(err);
                 break;
@@ -546,12 +690,19 @@ fn close_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
         }
         rounds += 1;
     }
+    let Closes {
+        closed,
+        revoked,
+        releasing,
+    } = totals;
     tap.report(
         &format!(
-            "2 threads close the last references of {CLOSE_BUFS} dma-bufs while the device is unbound ({rounds} rounds, {closed} closed in {} s)",
+            "2 threads close the last references of {CLOSE_BUFS} dma-bufs while the device is unbound ({rounds} rounds, {closed} closed in {} s; met: {met} rounds whose revocation came amid the closes, {revoked} dma-bufs revoked still open, {releasing} skipped being released)",
             start.elapsed().as_secs()
         ),
-        &outcome.and_then(|()| expect_raced("rounds", rounds, 3)),
+        &outcome
+            .and_then(|()| expect_raced("rounds", rounds, 3))
+            .and_then(|()| expect_met(&[("round whose revocation came amid the closes", met)])),
     );
     tap.report(
         "afterwards the device works, with nothing allocated or exported and all HBM free",
@@ -559,9 +710,28 @@ fn close_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
     );
 }
 
+/// What a round of `close-unbind` closed, and what the unbind's revocation found.
+#[derive(Default)]
+struct Closes {
+    closed: u64,
+    /// Dma-bufs still open when revocation reached them.
+    revoked: u64,
+    /// Dma-bufs whose release had begun when revocation reached them.
+    releasing: u64,
+}
+
+impl Closes {
+    /// Whether revocation came while the closes went on: some dma-bufs were gone by then and
+    /// some were not.
+    fn met(&self) -> bool {
+        let found = self.revoked + self.releasing;
+        found > 0 && found < CLOSE_BUFS as u64
+    }
+}
+
 /// One round of `close-unbind`: `CLOSE_BUFS` dma-bufs, closed from two threads while the
-/// device is unbound; then rebinds. Returns how many were closed.
-fn close_round(bdf: &str, round: u64) -> Result<u64, String> {
+/// device is unbound; then rebinds.
+fn close_round(bdf: &str, round: u64) -> Result<Closes, String> {
     let device =
         Device::open_index(INDEX).map_err(|err| format!("cannot open the device: {err}"))?;
     let alloc = device
@@ -598,12 +768,15 @@ fn close_round(bdf: &str, round: u64) -> Result<u64, String> {
     // Start the unbind a little later each round, so it meets the closes at different points.
     thread::sleep(Duration::from_micros(200 * (round % 8)));
     let unbound = unbind(bdf);
-    for t in threads {
-        let _ = t.join();
-    }
-    unbound?;
+    let (_, joined) = join_all("closing thread", threads);
+    all_of([unbound, joined])?;
+    let (revoked, releasing) = crate::removal::last_removal_report(INDEX, bdf)?;
     rebind(bdf)?;
-    Ok(closed.load(Ordering::Relaxed) as u64)
+    Ok(Closes {
+        closed: closed.load(Ordering::Relaxed) as u64,
+        revoked,
+        releasing,
+    })
 }
 
 fn bind_two(tap: &mut Tap, budget: Duration) {
@@ -621,24 +794,45 @@ fn bind_two(tap: &mut Tap, budget: Duration) {
     };
     let stop = Arc::new(AtomicBool::new(false));
     let failure = Arc::new(FirstFailure::default());
+    // Each device's unbinds and binds, counted as they start and as they end (odd while one
+    // runs), so that the other thread sees whether its bind overlapped one.
+    let transitions = Arc::new([const { AtomicU64::new(0) }; 2]);
     let start = Instant::now();
     let threads: Vec<_> = bdfs
         .iter()
-        .map(|bdf| {
-            let (stop, failure, bdf) = (stop.clone(), failure.clone(), bdf.clone());
+        .enumerate()
+        .map(|(me, bdf)| {
+            let (stop, failure, transitions, bdf) = (
+                stop.clone(),
+                failure.clone(),
+                transitions.clone(),
+                bdf.clone(),
+            );
             thread::spawn(move || {
-                let mut cycles = 0u64;
+                let (mut cycles, mut overlapped) = (0u64, 0u64);
+                let mine = &transitions[me];
+                let other = &transitions[1 - me];
+                let step = |what: &dyn Fn() -> Outcome| {
+                    mine.fetch_add(1, Ordering::SeqCst);
+                    let done = what();
+                    mine.fetch_add(1, Ordering::SeqCst);
+                    done
+                };
                 while !stop.load(Ordering::Relaxed) {
-                    let cycle = unbind(&bdf)
-                        .and_then(|()| write_sysfs(&format!("{SYSFS_DRIVER}/bind"), &bdf));
+                    let unbound = step(&|| unbind(&bdf));
+                    let before = other.load(Ordering::SeqCst);
+                    let cycle = unbound.and_then(|()| step(&|| bind(&bdf)));
                     if let Err(err) = cycle {
                         failure.record(format!("{bdf}, cycle {cycles}: {err}"));
                         stop.store(true, Ordering::Relaxed);
                         break;
                     }
+                    if before % 2 == 1 || other.load(Ordering::SeqCst) != before {
+                        overlapped += 1;
+                    }
                     cycles += 1;
                 }
-                cycles
+                (cycles, overlapped)
             })
         })
         .collect();
@@ -646,18 +840,25 @@ fn bind_two(tap: &mut Tap, budget: Duration) {
         thread::sleep(Duration::from_millis(50));
     }
     stop.store(true, Ordering::Relaxed);
-    let cycles: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap_or(0)).collect();
+    let (counts, joined) = join_all("binding thread", threads);
+    let cycles: Vec<u64> = counts.iter().map(|&(c, _)| c).collect();
+    let overlapped: u64 = counts.iter().map(|&(_, o)| o).sum();
+    let handovers = crate::removal::kernel_log().map(|log| index_handovers(&log));
     tap.report(
         &format!(
-            "two devices are unbound and bound again by a thread each, and every bind succeeds ({} and {} cycles in {} s)",
-            cycles[0],
-            cycles[1],
-            start.elapsed().as_secs()
+            "two devices are unbound and bound again by a thread each, and every bind succeeds ({:?} cycles in {} s; met: {overlapped} binds during the other device's unbind or bind, {} indexes taken over from the other device)",
+            cycles,
+            start.elapsed().as_secs(),
+            handovers.as_ref().map_or_else(|_| "?".to_owned(), u64::to_string)
         ),
-        &failure.outcome().and_then(|()| {
+        &all_of([failure.outcome(), joined]).and_then(|()| {
             cycles
                 .iter()
-                .try_for_each(|&c| expect_raced("unbind/bind cycles of each device", c, 20))
+                .try_for_each(|&c| expect_raced("unbind/bind cycles of each device", c, 20))?;
+            expect_met(&[
+                ("bind during the other device's unbind or bind", overlapped),
+                ("index taken over from the other device", handovers?),
+            ])
         }),
     );
     let nodes = (0..2).map(peerdirect::device_path).collect::<Vec<_>>();
@@ -671,36 +872,105 @@ fn bind_two(tap: &mut Tap, budget: Duration) {
     );
 }
 
+/// How often, in the kernel log `log`, a bind gave a device the index (and names) another
+/// device held last: the index went back and the other device took it.
+fn index_handovers(log: &str) -> u64 {
+    let mut holders = std::collections::BTreeMap::new();
+    let mut handovers = 0;
+    for line in log.lines() {
+        // "peerdirect 0000:01:00.0: peerdirect1: HBM BAR2 ...": the driver, the device, its name.
+        let Some((prefix, index)) = line
+            .split_once(crate::removal::BOUND_LOG)
+            .and_then(|(named, _)| named.rsplit_once(": peerdirect"))
+        else {
+            continue;
+        };
+        let (Ok(index), Some(bdf)) = (index.parse::<u32>(), prefix.split_whitespace().last())
+        else {
+            continue;
+        };
+        if holders.insert(index, bdf).is_some_and(|last| last != bdf) {
+            handovers += 1;
+        }
+    }
+    handovers
+}
+
 /// The module file in the guest.
 const MODULE_PATH: &str = "/lib/peerdirect/peerdirect.ko";
 
+/// What `/sys/module/peerdirect/initstate` says of the module: `live`, `going` while it
+/// unloads, `None` when it is not loaded.
+fn module_state() -> Option<String> {
+    fs::read_to_string("/sys/module/peerdirect/initstate")
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+/// How long the reset of a held unload gets to take the device's lock, and then the bind to
+/// queue behind it, before the next step begins.
+const HOLD_LEAD: Duration = Duration::from_millis(20);
+
 fn rmmod_bind(tap: &mut Tap, bdf: &str, budget: Duration) {
     let stop = Arc::new(AtomicBool::new(false));
-    let bound = Arc::new(AtomicU64::new(0));
+    // Held unloads stop the thread meanwhile: `pause` asks, `idle` answers.
+    let (pause, idle) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
     // Unbinds and binds in a loop; every write may fail while the driver comes and goes
-    // (no such file, already bound, not bound, no driver), so only successes are counted.
+    // (no such file, already bound, not bound, no driver), so only successes are counted:
+    // all binds, and those the unload began under (the module live before the write, going
+    // or gone once the bind returned), whose probe ran while the driver was unregistering.
     let toggler = {
-        let (stop, bound, bdf) = (stop.clone(), bound.clone(), bdf.to_owned());
+        let (stop, pause, idle, bdf) = (stop.clone(), pause.clone(), idle.clone(), bdf.to_owned());
         thread::spawn(move || {
+            let (mut bound, mut under_unload) = (0u64, 0u64);
             while !stop.load(Ordering::Relaxed) {
+                if pause.load(Ordering::SeqCst) {
+                    idle.store(true, Ordering::SeqCst);
+                    thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
                 let _ = fs::write(format!("{SYSFS_DRIVER}/unbind"), &bdf);
+                let live = module_state().as_deref() == Some("live");
                 if fs::write(format!("{SYSFS_DRIVER}/bind"), &bdf).is_ok() {
-                    bound.fetch_add(1, Ordering::Relaxed);
+                    bound += 1;
+                    if live && module_state().as_deref() != Some("live") {
+                        under_unload += 1;
+                    }
                 }
             }
+            (bound, under_unload)
         })
     };
+    let paused = |f: &dyn Fn() -> Result<bool, String>| {
+        pause.store(true, Ordering::SeqCst);
+        let done = wait_for(SETTLE, || idle.load(Ordering::SeqCst))
+            .map_err(|s| format!("the toggling thread did not stop within {s} s"))
+            .and_then(|()| f());
+        idle.store(false, Ordering::SeqCst);
+        pause.store(false, Ordering::SeqCst);
+        done
+    };
     let start = Instant::now();
-    let (mut cycles, mut outcome) = (0u64, Ok(()));
+    let (mut cycles, mut held, mut outcome) = (0u64, 0u64, Ok(()));
     while start.elapsed() < budget {
-        // Once loaded, the device binds by itself (driver_override); then the thread toggles
-        // it for a while, a little longer each cycle, so that the unload meets the toggling at
-        // different points.
+        // Once loaded, the device binds by itself (driver_override). Every other unload, the
+        // thread toggles it for a while, a little longer each time, so that the unload meets
+        // the toggling at different points; the others are held unloads.
         let loaded = wait_for(SETTLE, || peerdirect::device_path(INDEX).exists())
             .map_err(|s| format!("/dev/peerdirect{INDEX} did not appear within {s} s of insmod"));
-        thread::sleep(Duration::from_millis(3 * (cycles % 16)));
         let unloaded = loaded
-            .and_then(|()| run_command("rmmod", &["peerdirect"]))
+            .and_then(|()| {
+                if cycles % 2 == 1 {
+                    held += u64::from(paused(&|| unload_across_a_held_bind(bdf))?);
+                    Ok(())
+                } else {
+                    thread::sleep(Duration::from_millis(3 * (cycles / 2 % 16)));
+                    run_command("rmmod", &["peerdirect"])
+                }
+            })
             .and_then(|()| run_command("insmod", &[MODULE_PATH]));
         if let Err(err) = unloaded {
             outcome = Err(err);
@@ -709,16 +979,24 @@ fn rmmod_bind(tap: &mut Tap, bdf: &str, budget: Duration) {
         cycles += 1;
     }
     stop.store(true, Ordering::Relaxed);
-    let _ = toggler.join();
-    let bound = bound.load(Ordering::Relaxed);
+    let (bound, under_unload) = match join("the toggling thread", toggler) {
+        Ok(counts) => counts,
+        Err(err) => {
+            outcome = all_of([outcome, Err(err)]);
+            (0, 0)
+        }
+    };
+    // Toggled binds seldom meet an unload (the window is a probe's length); held ones do.
+    println!("# {under_unload} toggled binds were in flight when an unload began");
     tap.report(
         &format!(
-            "rmmod and insmod peerdirect while a thread unbinds and binds the device ({cycles} unloads, {bound} binds in {} s)",
+            "rmmod and insmod peerdirect while a thread unbinds and binds the device ({cycles} unloads, {bound} binds in {} s; met: {held} binds held by a reset across an unload's start that probed during it)",
             start.elapsed().as_secs()
         ),
         &outcome
             .and_then(|()| expect_raced("unloads", cycles, 5))
-            .and_then(|()| expect_raced("binds", bound, 5)),
+            .and_then(|()| expect_raced("binds", bound, 5))
+            .and_then(|()| expect_met(&[("bind held across an unload's start", held)])),
     );
     // The thread may have left the device unbound.
     let _ = fs::write(format!("{SYSFS_DRIVER}/bind"), bdf);
@@ -728,6 +1006,46 @@ fn rmmod_bind(tap: &mut Tap, bdf: &str, budget: Duration) {
             .map_err(|s| format!("/dev/peerdirect{INDEX} did not come back within {s} s"))
             .and_then(|()| expect_idle()),
     );
+}
+
+/// An unload that a bind waits across: a reset of the unbound device holds its lock (a
+/// secondary bus reset, 100 ms or more), a bind queues behind that lock, and meanwhile the
+/// unload starts; the driver's unregistration waits for the bind, whose probe then runs with
+/// the module going. Whether it did: the bind succeeded, and returned with the module no
+/// longer live. (A bind that came too late for the driver is refused; not an error.)
+fn unload_across_a_held_bind(bdf: &str) -> Result<bool, String> {
+    if std::path::Path::new(&format!("{SYSFS_DRIVER}/{bdf}")).exists() {
+        unbind(bdf)?;
+    }
+    let reset = {
+        let path = format!("{SYSFS_PCI_DEVICES}/{bdf}/reset");
+        thread::spawn(move || write_sysfs(&path, "1"))
+    };
+    thread::sleep(HOLD_LEAD);
+    let binding = {
+        let bdf = bdf.to_owned();
+        thread::spawn(move || (bind(&bdf), module_state()))
+    };
+    thread::sleep(HOLD_LEAD);
+    // The system call itself: starting rmmod can take longer than the reset holds the lock.
+    // SAFETY: a NUL-terminated name and flags; the call reads nothing else of this process.
+    let unloaded = match unsafe {
+        libc::syscall(
+            libc::SYS_delete_module,
+            c"peerdirect".as_ptr(),
+            libc::O_NONBLOCK,
+        )
+    } {
+        0 => Ok(()),
+        _ => Err(format!(
+            "unloading peerdirect failed: {}",
+            std::io::Error::last_os_error()
+        )),
+    };
+    let (bound, after) = join("the binding thread", binding)?;
+    join("the resetting thread", reset)??;
+    unloaded?;
+    Ok(bound.is_ok() && after.as_deref() != Some("live"))
 }
 
 fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
@@ -751,10 +1069,11 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
         &removal_waits_for_late_unmap(&mut importer, bdf, &nic),
     );
     let stop = Arc::new(AtomicBool::new(false));
-    let (imported, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let counts = Arc::new([const { AtomicU64::new(0) }; 3]);
+    let (imported, refused, invalidated) = (0, 1, 2);
     let unexpected = Arc::new(Unexpected::default());
     let mut threads = {
-        let (imported, refused) = (imported.clone(), refused.clone());
+        let counts = counts.clone();
         importing_threads(
             &stop,
             &unexpected,
@@ -762,16 +1081,24 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
             &["dynamic", "revocable", "pinned", "dynamic hold=1 defer=1"],
             move |importer, mode, answer| {
                 let report = answer?;
-                // A held mapping: let go of it at once, an unbind may be invalidating it.
-                if let Some(id) = report.value("id") {
-                    importer.command(&format!("release id={id}"))?;
-                }
+                // A held mapping: let go of it at once, an unbind may be invalidating it. Its
+                // invalidations are in the release's answer.
+                let released = match report.value("id") {
+                    Some(id) => Some(importer.command(&format!("release id={id}"))?),
+                    None => None,
+                };
                 let count = match imported_or_refused(&report) {
-                    Some(true) => &imported,
-                    Some(false) => &refused,
+                    Some(true) => imported,
+                    Some(false) => refused,
                     None => return Err(format!("{mode} import: {}", report.summary())),
                 };
-                count.fetch_add(1, Ordering::Relaxed);
+                counts[count].fetch_add(1, Ordering::Relaxed);
+                // Removal told the importer to drop the mapping it made: the unbind came
+                // between its map and its unmap.
+                let last = released.as_ref().unwrap_or(&report);
+                if count == imported && last.uint("invalidations")? > 0 {
+                    counts[invalidated].fetch_add(1, Ordering::Relaxed);
+                }
                 Ok(())
             },
         )
@@ -797,23 +1124,27 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
             }
         })
     });
-    let (cycles, outcome) = cycle_against(bdf, budget, &stop, threads);
-    let (imported, refused) = (
-        imported.load(Ordering::Relaxed),
-        refused.load(Ordering::Relaxed),
-    );
+    let (cycles, outcome, _) = cycle_against(bdf, budget, &stop, None, threads);
+    let [imported, refused, invalidated] =
+        [imported, refused, invalidated].map(|i| counts[i].load(Ordering::Relaxed));
     let (reads, listed) = (
         reads.load(Ordering::Relaxed),
         listed.load(Ordering::Relaxed),
     );
-    let outcome = outcome
-        .and_then(|()| unexpected.outcome())
+    let outcome = all_of([outcome, unexpected.outcome()])
         .and_then(|()| expect_raced("unbind/rebind cycles", cycles, 5))
         .and_then(|()| expect_raced("imports", imported, 20))
-        .and_then(|()| expect_raced("debugfs exports reads", reads, 20));
+        .and_then(|()| expect_raced("debugfs exports reads", reads, 20))
+        // Either shows an import meeting a removal: before its attach or map, or after its map.
+        .and_then(|()| {
+            expect_met(&[(
+                "import that met a removal (refused with ENODEV at attach or map, or invalidated while mapped)",
+                refused + invalidated,
+            )])
+        });
     tap.report(
         &format!(
-            "2 threads have the NIC attach, pin, map, unmap and detach dma-bufs while debugfs's exports is read and the device is unbound and rebound ({cycles} cycles, {imported} imports, {refused} refused with ENODEV, {reads} reads listing {listed} attachments)"
+            "2 threads have the NIC attach, pin, map, unmap and detach dma-bufs while debugfs's exports is read and the device is unbound and rebound ({cycles} cycles, {imported} imports, {reads} reads listing {listed} attachments; met: {refused} imports refused with ENODEV, {invalidated} invalidated while mapped)"
         ),
         &outcome,
     );
@@ -874,11 +1205,14 @@ fn nic_rescan(tap: &mut Tap, bdf: &str, budget: Duration) {
             },
         )
     };
-    let rescans = Arc::new(AtomicU64::new(0));
+    let (rescans, amid) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let transitions = Arc::new(AtomicU64::new(0));
     threads.push({
-        let (stop, rescans, unexpected, nic) = (
+        let (stop, rescans, amid, transitions, unexpected, nic) = (
             stop.clone(),
             rescans.clone(),
+            amid.clone(),
+            transitions.clone(),
             unexpected.clone(),
             nic.clone(),
         );
@@ -887,7 +1221,14 @@ fn nic_rescan(tap: &mut Tap, bdf: &str, budget: Duration) {
             // A deletion and a rescan take seconds on the KASAN kernel: past the budget, the
             // thread goes on until it made the fewest that mean anything.
             while !stop.load(Ordering::Relaxed) || rescans.load(Ordering::Relaxed) < MIN_RESCANS {
-                let cycle = write_sysfs(&format!("{dir}/remove"), "1")
+                // The deletion's notifier walks the verdict caches: it met a cache joining or
+                // leaving if an unbind or bind ran at any time during it.
+                let before = transitions.load(Ordering::SeqCst);
+                let deleted = write_sysfs(&format!("{dir}/remove"), "1");
+                if before % 2 == 1 || transitions.load(Ordering::SeqCst) != before {
+                    amid.fetch_add(1, Ordering::Relaxed);
+                }
+                let cycle = deleted
                     .and_then(|()| write_sysfs("/sys/bus/pci/rescan", "1"))
                     .and_then(|()| {
                         wait_for(SETTLE, || std::path::Path::new(&dir).exists()).map_err(|s| {
@@ -901,20 +1242,27 @@ fn nic_rescan(tap: &mut Tap, bdf: &str, budget: Duration) {
             }
         })
     });
-    let (cycles, outcome) = cycle_against(bdf, budget, &stop, threads);
+    let (cycles, outcome, _) = cycle_against(bdf, budget, &stop, Some(&transitions), threads);
     let [imported, refused, absent] =
         [imported, refused, absent].map(|i| counts[i].load(Ordering::Relaxed));
-    let rescans = rescans.load(Ordering::Relaxed);
-    let outcome = outcome
-        .and_then(|()| unexpected.outcome())
+    let (rescans, amid) = (
+        rescans.load(Ordering::Relaxed),
+        amid.load(Ordering::Relaxed),
+    );
+    let outcome = all_of([outcome, unexpected.outcome()])
         .and_then(|()| expect_raced("unbind/rebind cycles", cycles, 5))
         .and_then(|()| expect_raced("NIC deletions and rescans", rescans, MIN_RESCANS))
         // The NIC is away for much of the run (15-23 imports in 10 s on a busy host).
         .and_then(|()| expect_raced("imports", imported, 5))
-        .and_then(|()| expect_raced("imports that found the NIC deleted", absent, 1));
+        .and_then(|()| {
+            expect_met(&[
+                ("import that found the NIC deleted", absent),
+                ("NIC deletion during an unbind or bind", amid),
+            ])
+        });
     tap.report(
         &format!(
-            "the NIC is deleted and rescanned while the device is unbound and rebound and 2 threads have the NIC attach and map dma-bufs ({rescans} rescans, {cycles} cycles, {imported} imports, {refused} refused with ENODEV, {absent} without a NIC)"
+            "the NIC is deleted and rescanned while the device is unbound and rebound and 2 threads have the NIC attach and map dma-bufs ({rescans} rescans, {cycles} cycles, {imported} imports, {refused} refused with ENODEV; met: {absent} imports without a NIC, {amid} deletions during an unbind or bind)"
         ),
         &outcome,
     );
@@ -1092,6 +1440,11 @@ pub(crate) mod sigbus {
         TRAPPED_N.store(0, Ordering::SeqCst);
     }
 
+    /// How many faults were trapped since [`forget`].
+    pub(crate) fn trapped() -> u64 {
+        TRAPPED_N.load(Ordering::SeqCst) as u64
+    }
+
     /// Replaces the page that faulted with anonymous memory and records it, so the faulting
     /// read completes (reading 0) and the caller learns that it faulted.
     extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
@@ -1181,5 +1534,38 @@ pub(crate) mod sigbus {
     fn zeroed_action() -> libc::sigaction {
         // SAFETY: a zeroed sigaction is a valid (default) disposition.
         unsafe { std::mem::zeroed() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handovers_are_indexes_another_device_held_last() {
+        let bound = |bdf: &str, index: u32| {
+            format!("[ 5.1] peerdirect {bdf}: peerdirect{index}: HBM BAR2 256 MiB at bus address 0xd0000000")
+        };
+        let (a, b) = ("0000:03:00.0", "0000:04:00.0");
+        let log = [
+            bound(a, 0),
+            bound(b, 1),
+            "[ 6.0] peerdirect: peerdirect0: removed 0000:03:00.0".to_owned(),
+            bound(a, 0),
+            bound(b, 0),
+            bound(a, 1),
+            bound(a, 1),
+        ]
+        .join("\n");
+        // b took 0 from a, a took 1 from b; a's own rebinds are no handover.
+        assert_eq!(index_handovers(&log), 2);
+        assert_eq!(index_handovers(""), 0);
+    }
+
+    #[test]
+    fn expect_met_names_each_outcome_that_never_came() {
+        assert_eq!(expect_met(&[("refusal", 3), ("fault", 1)]), Ok(()));
+        let err = expect_met(&[("refusal", 0), ("fault", 1), ("handover", 0)]).unwrap_err();
+        assert!(err.contains("got no refusal, no handover:"), "{err}");
     }
 }

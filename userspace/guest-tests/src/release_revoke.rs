@@ -21,7 +21,7 @@ use peerdirect::{Device, DmaBuf, ExportFlags};
 
 use crate::race::{expect_idle, rebind};
 use crate::removal::{importer_setup, revocation_report, Unbinding};
-use crate::support::{expect_eq, wait_for, Tap};
+use crate::support::{all_of, expect_eq, join_all, wait_for, Tap};
 use crate::testmod::TestModule;
 use crate::INDEX;
 
@@ -128,17 +128,13 @@ pub(crate) fn run() -> ExitCode {
     let finished = unbinding.finish(limit).map(|took| {
         println!("# the unbind returned after {} ms", took.as_millis());
     });
-    let joined = closers.into_iter().try_for_each(|closer| {
-        closer
-            .join()
-            .map_err(|_| "a closing thread panicked".to_owned())
-    });
+    let (_, joined) = join_all("closing thread", closers);
     tap.report(
         &format!(
             "the unbind returns within {} s, and every close returns",
             limit.as_secs()
         ),
-        &finished.and(joined),
+        &all_of([finished, joined]),
     );
 
     let report = revocation_report().and_then(|(revoked, releasing)| {

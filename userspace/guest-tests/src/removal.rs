@@ -13,7 +13,7 @@ use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 
 use crate::race::bound_device;
-use crate::support::{find_nic, write_sysfs, Outcome, Tap};
+use crate::support::{find_nic, join, write_sysfs, Outcome, Tap};
 use crate::testmod::TestModule;
 use crate::SYSFS_DRIVER;
 
@@ -23,11 +23,14 @@ pub(crate) const WAITS_LOG: &str = "removal waits";
 /// What the kernel says once removal has revoked the exports: "revoked N export(s); M more
 /// were being released".
 const REVOKED_LOG: &str = ": revoked ";
+/// What the kernel says, after the device's name, when it binds a device (`HbmDriver::probe`).
+pub(crate) const BOUND_LOG: &str = ": HBM BAR";
 
 /// An unbind running in a thread of its own.
 pub(crate) struct Unbinding {
     done: Receiver<(Outcome, Duration)>,
     started: Instant,
+    thread: thread::JoinHandle<()>,
 }
 
 impl Unbinding {
@@ -36,11 +39,15 @@ impl Unbinding {
         let (tx, done) = mpsc::channel();
         let bdf = bdf.to_owned();
         let started = Instant::now();
-        thread::spawn(move || {
+        let thread = thread::spawn(move || {
             let outcome = write_sysfs(&format!("{SYSFS_DRIVER}/unbind"), &bdf);
             let _ = tx.send((outcome, started.elapsed()));
         });
-        Self { done, started }
+        Self {
+            done,
+            started,
+            thread,
+        }
     }
 
     /// How long ago it started.
@@ -64,17 +71,23 @@ impl Unbinding {
 
     /// Waits up to `limit` for the unbind to return; its outcome and how long it took.
     pub(crate) fn finish(self, limit: Duration) -> Result<Duration, String> {
-        match self.done.recv_timeout(limit) {
-            Ok((outcome, took)) => outcome.map(|()| took),
-            Err(RecvTimeoutError::Timeout) => Err(format!(
-                "expected the unbind to return within {} s, still waiting after {} s",
-                limit.as_secs(),
-                self.started.elapsed().as_secs()
-            )),
-            Err(RecvTimeoutError::Disconnected) => {
-                Err("the unbinding thread ended without a word".to_owned())
+        let answer = match self.done.recv_timeout(limit) {
+            Ok(answer) => answer,
+            Err(RecvTimeoutError::Timeout) => {
+                return Err(format!(
+                    "expected the unbind to return within {} s, still waiting after {} s",
+                    limit.as_secs(),
+                    self.started.elapsed().as_secs()
+                ))
             }
-        }
+            Err(RecvTimeoutError::Disconnected) => {
+                join("the unbinding thread", self.thread)?;
+                return Err("the unbinding thread ended without a word".to_owned());
+            }
+        };
+        join("the unbinding thread", self.thread)?;
+        let (outcome, took) = answer;
+        outcome.map(|()| took)
     }
 }
 
@@ -145,6 +158,38 @@ pub(crate) fn revocation_report() -> Result<(u64, u64), String> {
         .rev()
         .find(|l| l.contains(REVOKED_LOG))
         .ok_or_else(|| format!("expected a kernel line with '{REVOKED_LOG}', got none"))?;
+    parse_revoked(line)
+}
+
+/// The revocation report of the last removal of device `index` at `bdf`, which has returned:
+/// (revoked, skipped as being released), (0, 0) if it found no export (it says nothing then).
+pub(crate) fn last_removal_report(index: u32, bdf: &str) -> Result<(u64, u64), String> {
+    removal_report_in(&kernel_log()?, index, bdf)
+}
+
+/// [`last_removal_report`] in the kernel log `log`: the report between the device's last
+/// bind and its last removal.
+fn removal_report_in(log: &str, index: u32, bdf: &str) -> Result<(u64, u64), String> {
+    let lines: Vec<&str> = log.lines().collect();
+    let removed = format!("peerdirect{index}: removed {bdf}");
+    let end = lines
+        .iter()
+        .rposition(|l| l.contains(&removed))
+        .ok_or_else(|| format!("expected a kernel line with '{removed}', got none"))?;
+    let bound = format!("peerdirect{index}{BOUND_LOG}");
+    let start = lines[..end]
+        .iter()
+        .rposition(|l| l.contains(&bound))
+        .map_or(0, |i| i + 1);
+    lines[start..end]
+        .iter()
+        .rev()
+        .find(|l| l.contains(REVOKED_LOG))
+        .map_or(Ok((0, 0)), |line| parse_revoked(line))
+}
+
+/// The numbers of a revocation report line.
+fn parse_revoked(line: &str) -> Result<(u64, u64), String> {
     let numbers: Vec<u64> = line
         .split_once(REVOKED_LOG)
         .map_or("", |(_, rest)| rest)
@@ -157,7 +202,7 @@ pub(crate) fn revocation_report() -> Result<(u64, u64), String> {
     }
 }
 
-fn kernel_log() -> Result<String, String> {
+pub(crate) fn kernel_log() -> Result<String, String> {
     let output = Command::new("dmesg")
         .output()
         .map_err(|err| format!("cannot run dmesg: {err}"))?;
@@ -199,4 +244,24 @@ pub(crate) fn importer_setup(tap: &mut Tap) -> Option<(String, String, TestModul
         );
     }
     setup.ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removal_reports_belong_to_the_last_removal() {
+        let bound = "[ 5.1] peerdirect 0000:01:00.0: peerdirect0: HBM BAR2 256 MiB at bus address 0xfe000000";
+        let revoked = "[ 6.2] peerdirect 0000:01:00.0: peerdirect0: revoked 300 export(s); 2 more were being released";
+        let removed = "[ 6.3] peerdirect0: removed 0000:01:00.0";
+        let log = [bound, revoked, removed].join("\n");
+        assert_eq!(removal_report_in(&log, 0, "0000:01:00.0"), Ok((300, 2)));
+        // Bound again and removed with nothing exported: no report of its own.
+        let log = [bound, revoked, removed, bound, removed].join("\n");
+        assert_eq!(removal_report_in(&log, 0, "0000:01:00.0"), Ok((0, 0)));
+        let none = removal_report_in(bound, 0, "0000:01:00.0").unwrap_err();
+        assert!(none.contains("peerdirect0: removed 0000:01:00.0"), "{none}");
+        assert_eq!(parse_revoked(revoked), Ok((300, 2)));
+    }
 }

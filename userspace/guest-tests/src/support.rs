@@ -70,6 +70,53 @@ impl Tap {
     }
 }
 
+/// Joins each of `threads`: the values of those that returned, and `Err` naming each that
+/// panicked (`what` and its place in `threads`) with its message.
+pub(crate) fn join_all<T>(what: &str, threads: Vec<thread::JoinHandle<T>>) -> (Vec<T>, Outcome) {
+    let (mut values, mut panics) = (Vec::with_capacity(threads.len()), Vec::new());
+    for (i, t) in threads.into_iter().enumerate() {
+        match t.join() {
+            Ok(value) => values.push(value),
+            Err(payload) => panics.push(format!(
+                "{what} {i} panicked: {}",
+                panic_message(payload.as_ref())
+            )),
+        }
+    }
+    let outcome = if panics.is_empty() {
+        Ok(())
+    } else {
+        Err(panics.join("\n"))
+    };
+    (values, outcome)
+}
+
+/// Joins `thread`: its value, or `Err` saying that `what` panicked, with its message.
+pub(crate) fn join<T>(what: &str, thread: thread::JoinHandle<T>) -> Result<T, String> {
+    thread
+        .join()
+        .map_err(|payload| format!("{what} panicked: {}", panic_message(payload.as_ref())))
+}
+
+/// What a panic said, when it said it with a string (as `panic!` and `unwrap` do).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
+}
+
+/// Every failure of `outcomes`, one per line; `Ok` if none failed.
+pub(crate) fn all_of(outcomes: impl IntoIterator<Item = Outcome>) -> Outcome {
+    let failures: Vec<String> = outcomes.into_iter().filter_map(Result::err).collect();
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n"))
+    }
+}
+
 /// The first failure any of several threads records; later ones are dropped.
 #[derive(Default)]
 pub(crate) struct FirstFailure(Mutex<Option<String>>);
@@ -334,6 +381,34 @@ mod tests {
         assert_eq!(size_name(1 << 30), "1 GiB");
         assert_eq!(size_name(3 << 29), "1536 MiB");
         assert_eq!(size_name(0x1000), "0x1000 bytes");
+    }
+
+    #[test]
+    fn joins_report_every_panic_with_its_message() {
+        let threads = vec![
+            thread::spawn(|| 1),
+            thread::spawn(|| -> i32 { panic!("lost {}", 2) }),
+            thread::spawn(|| 3),
+            thread::spawn(|| -> i32 { std::panic::panic_any(4u8) }),
+        ];
+        let (values, outcome) = join_all("racer", threads);
+        assert_eq!(values, [1, 3]);
+        assert_eq!(
+            outcome,
+            Err("racer 1 panicked: lost 2\nracer 3 panicked: (no message)".to_owned())
+        );
+        assert_eq!(join("toggler", thread::spawn(|| 5)), Ok(5));
+        let panicked = join("toggler", thread::spawn(|| -> u8 { panic!("gone") }));
+        assert_eq!(panicked, Err("toggler panicked: gone".to_owned()));
+    }
+
+    #[test]
+    fn all_of_keeps_every_failure() {
+        assert_eq!(all_of([Ok(()), Ok(())]), Ok(()));
+        assert_eq!(
+            all_of([Err("a".to_owned()), Ok(()), Err("b".to_owned())]),
+            Err("a\nb".to_owned())
+        );
     }
 
     #[test]

@@ -86,15 +86,19 @@ else
 	not_ok "known-splats drops the known early-boot KASAN report at 0.004 s and calls the run unchecked (3)" \
 		"exit $rc" "$(cat "$work/early.out" "$work/early.err")"
 fi
+# kept NAME PATTERN DESCRIPTION: known-splats on $work/NAME.log keeps the report PATTERN matches,
+# drops nothing and calls the run checked (0).
+kept() {
+	"$ROOT/qemu/known-splats" "$work/$1.log" >"$work/$1.out" 2>"$work/$1.err"
+	local r=$?
+	if [ $r = 0 ] && grep -q "$2" "$work/$1.out" && [ ! -s "$work/$1.err" ]; then
+		ok "$3"
+	else
+		not_ok "$3" "exit $r" "$(cat "$work/$1.out" "$work/$1.err")"
+	fi
+}
 early_report 5.004123 > "$work/late.log"
-"$ROOT/qemu/known-splats" "$work/late.log" > "$work/late.out" 2>"$work/late.err"
-rc=$?
-if [ $rc = 0 ] && grep -q 'BUG: KASAN: wild-memory-access' "$work/late.out" && [ ! -s "$work/late.err" ]; then
-	ok "the same report at 5 s is kept (a splat), and the run counts as checked (0)"
-else
-	not_ok "the same report at 5 s is kept (a splat), and the run counts as checked (0)" \
-		"exit $rc" "$(cat "$work/late.out" "$work/late.err")"
-fi
+kept late 'BUG: KASAN: wild-memory-access' "the same report at 5 s is kept (a splat), and the run counts as checked (0)"
 
 # A leak: two kmemleak scans after the command find the selftest's 1000 bytes (kmalloc-1k).
 out=$(guest --kmemleak -- insmod $selftest mode=1 2>&1)
@@ -172,23 +176,23 @@ cat >"$work/lockdep.log" <<-LOG
 	[   12.000000]  <TASK>
 	[   12.000000]  </TASK>
 LOG
-"$ROOT/qemu/known-splats" "$work/lockdep.log" >"$work/lockdep.out" 2>"$work/lockdep.err"
-rc=$?
-if [ $rc = 0 ] && grep -q 'possible circular locking dependency' "$work/lockdep.out" && [ ! -s "$work/lockdep.err" ]; then
-	ok "known-splats keeps a lockdep report on pciehp's removal path that names a peerdirect lock"
-else
-	not_ok "known-splats keeps a lockdep report on pciehp's removal path that names a peerdirect lock" \
-		"exit $rc" "$(cat "$work/lockdep.out" "$work/lockdep.err")"
-fi
+kept lockdep 'possible circular locking dependency' \
+	"known-splats keeps a lockdep report on pciehp's removal path that names a peerdirect lock"
 
 # tests/run on suites of this test's own (PEERDIRECT_SUITES), with logs of their own.
-# run_harness NAME: tests/run -k NAME over $work/suites; its output in $work/NAME.out, status in
-# $rc.
+# run_harness NAME FAILURE CLOSING DESCRIPTION: tests/run -k NAME over $work/suites must fail,
+# print the line FAILURE (a regular expression) and close with the line CLOSING.
 mkdir -p "$work/suites" "$work/logs"
 run_harness() {
+	local r
 	chmod +x "$work"/suites/*.sh
 	PEERDIRECT_SUITES=$work/suites PEERDIRECT_TEST_LOGS=$work/logs "$ROOT/tests/run" -k "$1" >"$work/$1.out" 2>&1
-	rc=$?
+	r=$?
+	if [ $r != 0 ] && grep -q "$2" "$work/$1.out" && grep -qx "$3" "$work/$1.out"; then
+		ok "$4"
+	else
+		not_ok "$4" "tests/run exited $r" "$(cat "$work/$1.out")"
+	fi
 }
 
 cat >"$work/suites/short-plan.sh" <<-'SUITE'
@@ -196,34 +200,19 @@ cat >"$work/suites/short-plan.sh" <<-'SUITE'
 	echo "ok 1 - one"
 	echo "ok 2 - two"
 SUITE
-run_harness short-plan
-if [ $rc != 0 ] && grep -q '^not ok - short-plan: planned 3 checks, reported 2$' "$work/short-plan.out" &&
-	grep -q '^2 passed, 1 failed$' "$work/short-plan.out"; then
-	ok "tests/run fails a suite that reports fewer checks than its plan"
-else
-	not_ok "tests/run fails a suite that reports fewer checks than its plan" "tests/run exited $rc" "$(cat "$work/short-plan.out")"
-fi
+run_harness short-plan '^not ok - short-plan: planned 3 checks, reported 2$' '2 passed, 1 failed' \
+	"tests/run fails a suite that reports fewer checks than its plan"
 
 cat >"$work/suites/undeclared-skip.sh" <<-'SUITE'
 	echo 1..2
 	echo "ok 1 - runs"
 	echo "ok 2 - is skipped # SKIP for no declared reason"
 SUITE
-run_harness undeclared-skip
-if [ $rc != 0 ] && grep -q '^not ok - undeclared-skip: is skipped$' "$work/undeclared-skip.out" &&
-	grep -q '^1 passed, 1 failed$' "$work/undeclared-skip.out"; then
-	ok "tests/run fails a skip that tests/expected-skips does not declare"
-else
-	not_ok "tests/run fails a skip that tests/expected-skips does not declare" "tests/run exited $rc" "$(cat "$work/undeclared-skip.out")"
-fi
+run_harness undeclared-skip '^not ok - undeclared-skip: is skipped$' '1 passed, 1 failed' \
+	"tests/run fails a skip that tests/expected-skips does not declare"
 
-run_harness no-such-check-anywhere
-if [ $rc != 0 ] && grep -q "^not ok - no check matches 'no-such-check-anywhere'" "$work/no-such-check-anywhere.out" &&
-	grep -q '^0 passed, 1 failed$' "$work/no-such-check-anywhere.out"; then
-	ok "tests/run -k with no match fails"
-else
-	not_ok "tests/run -k with no match fails" "tests/run exited $rc" "$(cat "$work/no-such-check-anywhere.out")"
-fi
+run_harness no-such-check-anywhere "^not ok - no check matches 'no-such-check-anywhere'" '0 passed, 1 failed' \
+	"tests/run -k with no match fails"
 
 # Two guests in one suite: the first times out, the second's kernel splats (on the first run of
 # the suite only, so a harness that ran the suite again would see no splat).
@@ -242,10 +231,5 @@ fi
 r=\$?
 if [ \$r = 0 ]; then ok "the second guest passes"; else not_ok "the second guest passes" "qemu/run exited \$r"; fi
 SUITE
-run_harness sibling
-if [ $rc != 0 ] && grep -q '^not ok - sibling: the second guest passes$' "$work/sibling.out" &&
-	grep -q '^1 passed, 1 failed$' "$work/sibling.out"; then
-	ok "tests/run counts a sibling guest's splat in a suite where another guest timed out"
-else
-	not_ok "tests/run counts a sibling guest's splat in a suite where another guest timed out" "tests/run exited $rc" "$(cat "$work/sibling.out")"
-fi
+run_harness sibling '^not ok - sibling: the second guest passes$' '1 passed, 1 failed' \
+	"tests/run counts a sibling guest's splat in a suite where another guest timed out"

@@ -59,7 +59,7 @@ fi
 flags=$(PKG_CONFIG_PATH=$lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$stage pkg-config --cflags --libs peerdirect 2>&1)
 expected="-I$stage/usr/local/include -L$stage/usr/local/lib -lpeerdirect"
 if [ "$(echo $flags)" = "$expected" ] && grep -qx 'prefix=/usr/local' "$lib/pkgconfig/peerdirect.pc"; then
-	ok "peerdirect.pc has prefix=/usr/local and gives: $expected"
+	ok "peerdirect.pc has prefix=/usr/local and gives: ${expected//$stage/\$DESTDIR}"
 else
 	fail "peerdirect.pc has prefix=/usr/local and gives -I, -L and -lpeerdirect" "got: $flags" \
 		"$(cat "$lib/pkgconfig/peerdirect.pc" 2>/dev/null)"

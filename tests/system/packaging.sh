@@ -68,7 +68,7 @@ missing=$(comm -13 <({ dpkg-deb -c "$dkms_deb"; dpkg-deb -c "$lib_deb"; } 2>/dev
 		/usr/lib/x86_64-linux-gnu/{libpeerdirect.so.0,libpeerdirect.so,libpeerdirect.a,pkgconfig/peerdirect.pc} \
 		/usr/include/peerdirect.h /usr/include/peerdirect/peerdirect_uapi.h | sort) | tr '\n' ' ')
 depends=$(dpkg-deb -f "$lib_deb" Depends 2>/dev/null)
-desc="scripts/build-deb (make deb) from $CARGO_TARGET_DIR/release: peerdirect-dkms_${version}_all.deb (the module's sources for DKMS, udev rule, kernel hook) and peerdirect_${version}_$arch.deb (CLI, libpeerdirect with soname $so, headers, peerdirect.pc; Depends: $depends)"
+desc="scripts/build-deb (make deb) from the release build: peerdirect-dkms_${version}_all.deb (the module's sources for DKMS, udev rule, kernel hook) and peerdirect_${version}_$arch.deb (CLI, libpeerdirect with soname $so, headers, peerdirect.pc; Depends: $depends)"
 check_that "$desc" '[ $rc = 0 ] && [ -n "$version" ] && [ -z "$missing" ] && [ "$so" = libpeerdirect.so.0 ] && [[ $depends == "libc6 (>= 2."*", libgcc-s1" ]] && dpkg-deb -f "$dkms_deb" Depends | grep -q "^dkms (>= 3.0), "' \
 	"exit $rc; missing: $missing" "$(cat "$work/build-deb.log")"
 [ $rc = 0 ] || exit 1

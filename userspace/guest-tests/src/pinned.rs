@@ -9,7 +9,8 @@
 //! 2. Held by a registration in a [`RegCache`] attached to the device, whose registrar pins
 //!    through the importer module and releases on deregistration: the unbind completes by
 //!    itself, because the cache's watching thread sees the device file poll `POLLPRI` and
-//!    deregisters the device's registrations. A watchdog releases everything after
+//!    deregisters the device's registrations (once the removal has reported waiting for the
+//!    mapping: [`PinnedImporter::release_after_wait`]). A watchdog releases everything after
 //!    [`WATCHDOG`] so that a broken protocol fails the test instead of hanging it.
 
 use std::os::fd::{AsFd, AsRawFd};
@@ -25,7 +26,8 @@ use peerdirect::{Device, DmaBuf, ExportFlags, RegCache};
 
 use crate::race::{expect_idle, rebind};
 use crate::removal::{
-    expect_going, expect_waits_log, importer_setup, waits_reports, Unbinding, WAITS_LOG,
+    expect_going, expect_waiting, expect_waits_log, importer_setup, waits_reports, Unbinding,
+    WAITS_LOG,
 };
 use crate::support::{expect_eq, join, Tap};
 use crate::testmod::{stats, TestModule};
@@ -47,7 +49,16 @@ struct PinnedImporter {
     module: Mutex<TestModule>,
     nic: String,
     deregistered: AtomicU64,
+    /// If set, the kernel log's count of [`WAITS_LOG`] lines before an unbind: deregistration
+    /// lets go only once the removal has reported waiting for the mapping (a new line), or after
+    /// [`SLOW_DEREGISTRATION`]. The cache's thread sees `POLLPRI` as soon as removal begins, and
+    /// would otherwise often release before the removal walks the exports: the wait the test
+    /// must see would not happen. A NIC whose deregistration is slow does the same.
+    release_after_wait: Mutex<Option<usize>>,
 }
+
+/// How long a deregistration waits for the removal to report waiting for it.
+const SLOW_DEREGISTRATION: Duration = Duration::from_secs(5);
 
 impl Registrar for PinnedImporter {
     type Source = DmaBuf;
@@ -70,6 +81,10 @@ impl Registrar for PinnedImporter {
     }
 
     fn deregister(&self, id: u64) {
+        if let Some(before) = *lock(&self.release_after_wait) {
+            // Not waited for: the test then finds no new line and says so.
+            let _ = expect_waiting(before, SLOW_DEREGISTRATION);
+        }
         let _ = lock(&self.module).command(&format!("release id={id}"));
         self.deregistered.fetch_add(1, Ordering::SeqCst);
     }
@@ -163,6 +178,7 @@ fn by_cache(tap: &mut Tap, bdf: &str, nic: &str, importer: TestModule) {
         module: Mutex::new(importer),
         nic: nic.to_owned(),
         deregistered: AtomicU64::new(0),
+        release_after_wait: Mutex::new(None),
     });
     let cache = Arc::new(RegCache::<PinnedImporter>::new(CacheLimits::default()));
     let held = (|| {
@@ -199,10 +215,12 @@ fn by_cache(tap: &mut Tap, bdf: &str, nic: &str, importer: TestModule) {
         fired
     });
     let waits_before = waits_reports();
+    *lock(&registrar.release_after_wait) = waits_before.as_ref().ok().copied();
     let unbinding = Unbinding::start(bdf);
     let finished = unbinding.finish(WATCHDOG + FINISH);
     drop(settled);
     // The removal reports at once when it finds a mapping it cannot revoke and waits for it.
+    *lock(&registrar.release_after_wait) = None;
     let waited = waits_before.and_then(|before| Ok(waits_reports()? > before));
     let outcome = match (finished, join("the watchdog", watchdog), waited) {
         (Err(err), ..) | (_, Err(err), _) | (_, _, Err(err)) => Err(err),

@@ -206,13 +206,44 @@ impl Unexpected {
     }
 }
 
+/// Unbind/rebind cycles a race against them needs at least.
+const MIN_CYCLES: u64 = 5;
+/// Opens `open-unbind` needs at least.
+const MIN_OPENS: u64 = 50;
+/// Imports `import-unbind` needs at least, and reads of debugfs's exports.
+const MIN_IMPORTS: u64 = 20;
+const MIN_READS: u64 = 20;
+/// Imports `nic-rescan` needs at least: the NIC is away for much of the run (15-23 imports in
+/// 10 s on a busy host).
+const MIN_RESCAN_IMPORTS: u64 = 5;
+
+/// Rounds `close-unbind` needs at least.
+const MIN_ROUNDS: u64 = 3;
+/// Unloads `rmmod-bind` needs at least.
+const MIN_UNLOADS: u64 = 5;
+
+/// How many times its budget a race may run past it while what it must count has not come
+/// yet (a loaded host: two guests under TCG on two cores).
+const OVERTIME: u32 = 4;
+
+/// Whether a race started at `start` goes on: for its `budget`, then while it has not run
+/// `enough`, up to [`OVERTIME`] budgets more.
+fn running(start: Instant, budget: Duration, enough: impl FnOnce() -> bool) -> bool {
+    let elapsed = start.elapsed();
+    elapsed < budget || (elapsed < budget * (1 + OVERTIME) && !enough())
+}
+
 /// Unbinds and rebinds `bdf` in a loop for `budget` while `threads` race it, then stops and
 /// joins them: the cycles done, the first failure to unbind or rebind and every thread that
-/// panicked, and what the threads returned. `transitions`, if given, counts each unbind and
-/// each rebind as it starts and as it ends (odd while one runs).
+/// panicked, and what the threads returned. Past `budget` the loop goes on while `enough`,
+/// given the cycles so far, says the race has not yet run as often as its checks require, up
+/// to [`OVERTIME`] budgets more: a slow host lengthens the run instead of failing it, and a
+/// race that never comes still fails. `transitions`, if given, counts each unbind and each
+/// rebind as it starts and as it ends (odd while one runs).
 fn cycle_against<T>(
     bdf: &str,
     budget: Duration,
+    enough: &dyn Fn(u64) -> bool,
     stop: &AtomicBool,
     transitions: Option<&AtomicU64>,
     threads: Vec<thread::JoinHandle<T>>,
@@ -226,7 +257,7 @@ fn cycle_against<T>(
         count();
         done
     };
-    while start.elapsed() < budget {
+    while running(start, budget, || enough(cycles)) {
         let cycle = transition(&|| unbind(bdf))
             .and_then(|()| transition(&|| bind(bdf)))
             .and_then(|()| node_appears());
@@ -334,24 +365,34 @@ struct Opens {
 fn open_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
     let stop = Arc::new(AtomicBool::new(false));
     let unexpected = Arc::new(Unexpected::default());
+    // Opens, and opens that met a removal, as they come: what the run waits for.
+    let progress = Arc::new([const { AtomicU64::new(0) }; 2]);
     let threads: Vec<_> = (0..3)
         .map(|_| {
-            let (stop, unexpected) = (stop.clone(), unexpected.clone());
+            let (stop, unexpected, progress) = (stop.clone(), unexpected.clone(), progress.clone());
             thread::spawn(move || {
                 let mut seen = Opens::default();
+                let count = |i: usize| progress[i].fetch_add(1, Ordering::Relaxed);
                 while !stop.load(Ordering::Relaxed) {
                     match Device::open_index(INDEX) {
                         Ok(device) => {
                             seen.opened += 1;
+                            count(0);
                             match device.info() {
                                 Ok(_) => {}
-                                Err(err) if err.errno() == Some(Errno::NODEV) => seen.outlived += 1,
+                                Err(err) if err.errno() == Some(Errno::NODEV) => {
+                                    seen.outlived += 1;
+                                    count(1);
+                                }
                                 Err(err) => unexpected.record("INFO", &err),
                             }
                         }
                         Err(err) => match err.errno() {
                             Some(Errno::NOENT) => seen.absent += 1,
-                            Some(Errno::NODEV | Errno::NXIO) => seen.refused += 1,
+                            Some(Errno::NODEV | Errno::NXIO) => {
+                                seen.refused += 1;
+                                count(1);
+                            }
                             _ => unexpected.record("open", &err),
                         },
                     }
@@ -361,7 +402,12 @@ fn open_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
         })
         .collect();
     let start = Instant::now();
-    let (cycles, outcome, seen) = cycle_against(bdf, budget, &stop, None, threads);
+    let enough = |cycles| {
+        cycles >= MIN_CYCLES
+            && progress[0].load(Ordering::Relaxed) >= MIN_OPENS
+            && progress[1].load(Ordering::Relaxed) > 0
+    };
+    let (cycles, outcome, seen) = cycle_against(bdf, budget, &enough, &stop, None, threads);
     let sum = |count: fn(&Opens) -> u64| seen.iter().map(count).sum::<u64>();
     let (opened, outlived, refused, absent) = (
         sum(|s| s.opened),
@@ -370,8 +416,8 @@ fn open_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
         sum(|s| s.absent),
     );
     let outcome = all_of([outcome, unexpected.outcome()])
-        .and_then(|()| expect_raced("unbind/rebind cycles", cycles, 5))
-        .and_then(|()| expect_raced("opens", opened, 50))
+        .and_then(|()| expect_raced("unbind/rebind cycles", cycles, MIN_CYCLES))
+        .and_then(|()| expect_raced("opens", opened, MIN_OPENS))
         // Either shows an open meeting a removal: before it (the file outlived it) or during.
         .and_then(|()| {
             expect_met(&[(
@@ -671,7 +717,7 @@ fn close_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
     let start = Instant::now();
     let (mut rounds, mut met, mut totals) = (0u64, 0u64, Closes::default());
     let mut outcome = Ok(());
-    while start.elapsed() < budget {
+    while running(start, budget, || rounds >= MIN_ROUNDS && met > 0) {
         match close_round(bdf, rounds) {
             Ok(round) => {
                 println!(
@@ -701,7 +747,7 @@ fn close_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
             start.elapsed().as_secs()
         ),
         &outcome
-            .and_then(|()| expect_raced("rounds", rounds, 3))
+            .and_then(|()| expect_raced("rounds", rounds, MIN_ROUNDS))
             .and_then(|()| expect_met(&[("round whose revocation came amid the closes", met)])),
     );
     tap.report(
@@ -955,7 +1001,7 @@ fn rmmod_bind(tap: &mut Tap, bdf: &str, budget: Duration) {
     };
     let start = Instant::now();
     let (mut cycles, mut held, mut outcome) = (0u64, 0u64, Ok(()));
-    while start.elapsed() < budget {
+    while running(start, budget, || cycles >= MIN_UNLOADS && held > 0) {
         // Once loaded, the device binds by itself (driver_override). Every other unload, the
         // thread toggles it for a while, a little longer each time, so that the unload meets
         // the toggling at different points; the others are held unloads.
@@ -994,7 +1040,7 @@ fn rmmod_bind(tap: &mut Tap, bdf: &str, budget: Duration) {
             start.elapsed().as_secs()
         ),
         &outcome
-            .and_then(|()| expect_raced("unloads", cycles, 5))
+            .and_then(|()| expect_raced("unloads", cycles, MIN_UNLOADS))
             .and_then(|()| expect_raced("binds", bound, 5))
             .and_then(|()| expect_met(&[("bind held across an unload's start", held)])),
     );
@@ -1124,7 +1170,14 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
             }
         })
     });
-    let (cycles, outcome, _) = cycle_against(bdf, budget, &stop, None, threads);
+    let enough = |cycles| {
+        let count = |i: usize| counts[i].load(Ordering::Relaxed);
+        cycles >= MIN_CYCLES
+            && count(imported) >= MIN_IMPORTS
+            && count(refused) + count(invalidated) > 0
+            && reads.load(Ordering::Relaxed) >= MIN_READS
+    };
+    let (cycles, outcome, _) = cycle_against(bdf, budget, &enough, &stop, None, threads);
     let [imported, refused, invalidated] =
         [imported, refused, invalidated].map(|i| counts[i].load(Ordering::Relaxed));
     let (reads, listed) = (
@@ -1132,9 +1185,9 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
         listed.load(Ordering::Relaxed),
     );
     let outcome = all_of([outcome, unexpected.outcome()])
-        .and_then(|()| expect_raced("unbind/rebind cycles", cycles, 5))
-        .and_then(|()| expect_raced("imports", imported, 20))
-        .and_then(|()| expect_raced("debugfs exports reads", reads, 20))
+        .and_then(|()| expect_raced("unbind/rebind cycles", cycles, MIN_CYCLES))
+        .and_then(|()| expect_raced("imports", imported, MIN_IMPORTS))
+        .and_then(|()| expect_raced("debugfs exports reads", reads, MIN_READS))
         // Either shows an import meeting a removal: before its attach or map, or after its map.
         .and_then(|()| {
             expect_met(&[(
@@ -1242,7 +1295,14 @@ fn nic_rescan(tap: &mut Tap, bdf: &str, budget: Duration) {
             }
         })
     });
-    let (cycles, outcome, _) = cycle_against(bdf, budget, &stop, Some(&transitions), threads);
+    let enough = |cycles| {
+        cycles >= MIN_CYCLES
+            && counts[imported].load(Ordering::Relaxed) >= MIN_RESCAN_IMPORTS
+            && counts[absent].load(Ordering::Relaxed) > 0
+            && amid.load(Ordering::Relaxed) > 0
+    };
+    let (cycles, outcome, _) =
+        cycle_against(bdf, budget, &enough, &stop, Some(&transitions), threads);
     let [imported, refused, absent] =
         [imported, refused, absent].map(|i| counts[i].load(Ordering::Relaxed));
     let (rescans, amid) = (
@@ -1250,10 +1310,9 @@ fn nic_rescan(tap: &mut Tap, bdf: &str, budget: Duration) {
         amid.load(Ordering::Relaxed),
     );
     let outcome = all_of([outcome, unexpected.outcome()])
-        .and_then(|()| expect_raced("unbind/rebind cycles", cycles, 5))
+        .and_then(|()| expect_raced("unbind/rebind cycles", cycles, MIN_CYCLES))
         .and_then(|()| expect_raced("NIC deletions and rescans", rescans, MIN_RESCANS))
-        // The NIC is away for much of the run (15-23 imports in 10 s on a busy host).
-        .and_then(|()| expect_raced("imports", imported, 5))
+        .and_then(|()| expect_raced("imports", imported, MIN_RESCAN_IMPORTS))
         .and_then(|()| {
             expect_met(&[
                 ("import that found the NIC deleted", absent),

@@ -91,6 +91,18 @@ guest_tap() {
 	return $r
 }
 
+# guest_each: a guest command (qemu/run ... -- "${guest_each[@]}" CMD...) that runs each CMD, a
+# shell command line, whatever the others' outcome, and exits with the worst of their statuses
+# (worst, below): several programs in one boot.
+# shellcheck disable=SC2016
+guest_each=(sh -c 'w=0
+for c in "$@"; do
+	sh -c "$c"
+	s=$?
+	case $s in 0) ;; 1) [ $w != 0 ] || w=1 ;; *) [ $w -gt 1 ] || w=$s ;; esac
+done
+exit $w' sh)
+
 # worst STATUS...: the status a run of several commands ends with: the first that is neither 0
 # nor 1 (a failure no test reported), else 1 if any is 1 (failed tests), else 0.
 worst() {

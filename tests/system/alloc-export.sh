@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # PEERDIRECT_IOC_ALLOC, FREE and EXPORT: their ABI rules and dma-bufs from the guest
-# (peerdirect-guest-tests --alloc-export, kmemleak scan after), then data through a dma-buf
-# checked on the host, both ways, in the HBM backing file; and the `peerdirect alloc|export|stats`
-# commands.
+# (peerdirect-guest-tests --alloc-export) and the `peerdirect alloc|export|stats` commands, in
+# one boot with a kmemleak scan after; then data through a dma-buf checked on the host, both
+# ways, in the HBM backing file.
 # Plan: this script's own 7 checks (2 of data through dma-bufs, 5 of the commands), declared
 # first; peerdirect-guest-tests --alloc-export declares its own. Exits non-zero if anything failed.
 . "$(dirname "$0")/../lib.sh"
@@ -17,8 +17,28 @@ fail() { failed=1; not_ok "$@"; }
 # pattern fill FILE SEED | check FILE OFFSET LENGTH SEED | zero FILE OFFSET LENGTH (tests/hbm-pattern)
 pattern() { "$ROOT/tests/hbm-pattern" "$@"; }
 
-# (a) The guest's own tests, passed through with their plan (guest_tap).
-guest_tap "peerdirect-guest-tests --alloc-export" 1 --kmemleak -- peerdirect-guest-tests --alloc-export
+# (a) The guest's own tests, passed through with their plan (guest_tap), and in the same boot
+# (c) the commands: alloc, export of a sub-range, a failed --verify, stats; results land in
+# the shared folder, checked below.
+cat >"$work/cmds.sh" <<'EOF'
+cd /mnt/host
+peerdirect alloc --size 5000 --align 4K --json >alloc.json
+echo $? >alloc.rc
+peerdirect export --size 1M --offset 256K --length 128K --pattern 7 --verify 7 --json >sub.json
+echo $? >sub.rc
+peerdirect export --size 1M --verify 0x5eed0003 --json >mismatch.json 2>mismatch.err
+echo $? >mismatch.rc
+peerdirect stats --json >stats.json
+echo $? >stats.rc
+peerdirect export --size 2M --hold 3 >/dev/null &
+holder=$!
+sleep 1
+cat /sys/kernel/debug/peerdirect/peerdirect0/allocations >held.txt
+echo "$holder" >holder.pid
+wait
+EOF
+guest_tap "peerdirect-guest-tests --alloc-export and the commands" 1 --kmemleak --share "$work" -- \
+	"${guest_each[@]}" "peerdirect-guest-tests --alloc-export" "sh /mnt/host/cmds.sh"
 rc=$?
 
 # (b) Guest to host: a pattern written through a dma-buf's mapping is in the backing file at
@@ -57,30 +77,9 @@ else
 	fail "$desc" "qemu/run exited $r" "$out$(printf '\n'; cat "$work/err")"
 fi
 
-# (c) The commands: alloc, export of a sub-range, a failed --verify, stats; results land in
-# the shared folder.
-cat >"$work/cmds.sh" <<'EOF'
-cd /mnt/host
-peerdirect alloc --size 5000 --align 4K --json >alloc.json
-echo $? >alloc.rc
-peerdirect export --size 1M --offset 256K --length 128K --pattern 7 --verify 7 --json >sub.json
-echo $? >sub.rc
-peerdirect export --size 1M --verify 0x5eed0003 --json >mismatch.json 2>mismatch.err
-echo $? >mismatch.rc
-peerdirect stats --json >stats.json
-echo $? >stats.rc
-peerdirect export --size 2M --hold 3 >/dev/null &
-holder=$!
-sleep 1
-cat /sys/kernel/debug/peerdirect/peerdirect0/allocations >held.txt
-echo "$holder" >holder.pid
-wait
-EOF
-out=$(guest --share "$work" -- sh /mnt/host/cmds.sh 2>&1)
-r=$?
+# (c) What the commands left in the shared folder.
 rc_of() { cat "$work/$1.rc" 2>/dev/null || echo none; }
 show() { echo "exit status $(rc_of "$1"):"; cat "$work/$1.json" "$work/$1.err" 2>/dev/null; }
-[ $r = 0 ] || fail "the guest runs the peerdirect commands" "qemu/run exited $r" "$out"
 
 desc="alloc --size 5000 --align 4K --json: 8192 bytes at a 4 KiB-aligned hbm_offset, a nonzero handle"
 if [ "$(rc_of alloc)" = 0 ] && jq -e '.length == 8192 and .hbm_offset % 4096 == 0 and .handle > 0

@@ -9,7 +9,10 @@
 #   make deb       Debian packages in build/deb: peerdirect-dkms (the module, built by DKMS for
 #                  each kernel) and peerdirect (CLI, libpeerdirect, headers); packaging.md
 #   make bench     benchmarks (not tests): ratios against baselines measured in the same run
-#   make stress    the race suites (tests/system/race.sh) for 120 s each instead of 10
+#   make stress    every suite that races (tests/run --stress: race, companion, pinned,
+#                  KUnit's), each race for 120 s instead of 10
+#   make check-quick   the edit loop: lints, host tests, KUnit and one guest suite on the test
+#                  kernel (tests/run --quick); make test stays the whole proof
 #   make guest     everything the test guests need, for the three guest kernels: the default
 #                  test kernel (gcc), its KASAN flavour (clang 19; `qemu/run --kernel kasan`) and
 #                  Debian's own stock kernel (`qemu/run --kernel debian`); guest-default,
@@ -30,7 +33,7 @@ BIN := $(CARGO_TARGET_DIR)/release
 
 .PHONY: all setup kernel module module-kunit test-modules peermem peermem-test userspace userland \
 	guest guest-default guest-debian \
-	kernel-kasan module-kasan module-kunit-kasan test-modules-kasan guest-kasan demo test stress bench install deb clean
+	kernel-kasan module-kasan module-kunit-kasan test-modules-kasan guest-kasan demo test check-quick stress bench install deb clean
 
 all: module userspace
 
@@ -114,8 +117,13 @@ demo: guest-default
 test: guest
 	@PEERDIRECT_PREBUILT=1 tests/run
 
+# The edit loop's run: lints, host tests, KUnit and the exporter's guest suite on the test
+# kernel (tests/run --quick). make test stays the whole proof, and what CI runs.
+check-quick: guest-default
+	@PEERDIRECT_PREBUILT=1 tests/run --quick
+
 stress: guest
-	@PEERDIRECT_PREBUILT=1 PEERDIRECT_RACE_SECONDS=$${PEERDIRECT_RACE_SECONDS:-120} tests/run -k race
+	@PEERDIRECT_PREBUILT=1 PEERDIRECT_RACE_SECONDS=$${PEERDIRECT_RACE_SECONDS:-120} tests/run --stress
 
 bench:
 	@scripts/bench

@@ -22,10 +22,13 @@ plan $guest_checks
 share=$(mktemp -d)
 trap 'rm -rf "$share"' EXIT
 mkdir -p "$share/debs" "$share/kbuild"
+t=$SECONDS
 if ! "$ROOT/scripts/build-deb" "$share/debs" >"$share/build-deb.log" 2>&1; then
 	fail "scripts/build-deb makes the packages" "$(tail -20 "$share/build-deb.log")"
 	exit 1
 fi
+
+echo "# scripts/build-deb took $((SECONDS - t)) s"
 
 cat >"$share/guest.sh" <<'EOF'
 # Runs in the guest, in the trixie-kbuild userland; prints TAP lines, whose plan
@@ -39,8 +42,10 @@ release=$(uname -r)
 mkdir -p /var/cache/peerdirect
 ln -s /mnt/host/kbuild /var/cache/peerdirect/kbuild
 
+t=$SECONDS
 out=$(dpkg -i /mnt/host/debs/peerdirect-dkms_*.deb /mnt/host/debs/peerdirect_*.deb 2>&1)
 rc=$?
+echo "# dpkg -i, DKMS's build included, took $((SECONDS - t)) s"
 if [ $rc = 0 ] && [ "$(dpkg-query -W -f '${Status}' peerdirect-dkms)" = "install ok installed" ] &&
    [ "$(dpkg-query -W -f '${Status}' peerdirect)" = "install ok installed" ]; then
 	ok "dpkg -i peerdirect-dkms and peerdirect installs both on Debian $release"
@@ -140,12 +145,14 @@ EOF
 
 # The host's kbuild cache at /mnt/host/kbuild, read-only, through a bind mount that only
 # this run's mount namespace sees.
+t=$SECONDS
 out=$(unshare --mount --propagation private /bin/bash -c \
 	'mount --bind "$1" "$2/kbuild" && mount -o remount,bind,ro "$2/kbuild" && shift 2 && exec "$@"' sh \
 	"$PEERDIRECT_CACHE/kbuild" "$share" \
 	env PEERDIRECT_PREBUILT="${PEERDIRECT_PREBUILT:-0}" "$ROOT/qemu/run" --kernel debian --userland trixie-kbuild --writable \
 	--no-bind --mem 2G --share "$share" --timeout 600 -- bash /mnt/host/guest.sh 2>"$share/err")
 rc=$?
+echo "# the guest's run took $((SECONDS - t)) s"
 tap_n=0
 while IFS= read -r l; do
 	case $l in

@@ -6,7 +6,8 @@
 . "$(dirname "$0")/../lib.sh"
 
 suites=(peerdirect_heap peerdirect_index peerdirect_requests peerdirect_uapi peerdirect_p2p_verdicts peerdirect_handles)
-kernels=(default kasan)
+# PEERDIRECT_KUNIT_KERNELS: which (tests/run --quick: the test kernel's only).
+read -ra kernels <<<"${PEERDIRECT_KUNIT_KERNELS:-default kasan}"
 # The plan, before anything runs: one check per KUnit case per kernel, the cases being the
 # #[test] functions of each #[kunit_tests(SUITE)] module in kmod/ (what the KUnit build runs;
 # the guest lists every peerdirect_* suite), each module from that line to its closing brace

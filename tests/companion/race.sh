@@ -37,9 +37,13 @@ loop() { # loop NAME "OUTCOME..." CMD...: runs CMD while going; CMD prints a wor
 	for word in "${!n[@]}"; do line+=" $word=${n[$word]}"; done
 	echo "$line"
 }
-# Outcomes: added / add_refused, removed / remove_refused
+# Outcomes: added / add_refused, removed / remove_refused. The companion is kept a second
+# before its removal: each of the other loops' runs takes seconds on the KASAN kernel, and
+# with an add at once followed by a remove they seldom found it there (2 of 13 runs), so the
+# run went on for minutes until each loop had seen both.
 add_remove() {
 	if peerdirect companion add $hbm --bar 2 >/dev/null 2>&1; then echo added; else echo add_refused; fi
+	sleep 1
 	if peerdirect companion remove $hbm >/dev/null 2>&1; then echo removed; else echo remove_refused; fi
 }
 # Outcomes: unbound / unbind_refused (vfio-pci had no device), bound / not_bound

@@ -1,5 +1,7 @@
-//! The structs and constants of `include/peerdirect.h`, as Rust sees them. The header is
-//! written by hand; `tests::layout_matches_the_header` compiles it and compares.
+//! The structs and constants of `include/peerdirect.h`, as Rust sees them, except
+//! `struct pd_invalidation` and `pd_invalidate_fn`, which name a `pd_domain` and live with it
+//! in `regcache`. The header is written by hand; `tests::layout_matches_the_header` compiles
+//! it and compares.
 
 use pd::uapi;
 
@@ -32,23 +34,6 @@ const _: () = assert!(PD_ACCESS_REMOTE_WRITE == pd::cache::Access::REMOTE_WRITE.
 pub const PD_INVALIDATED_MEMORY: u32 = 1;
 pub const PD_INVALIDATED_DEVICE: u32 = 2;
 pub const PD_INVALIDATED_DOMAIN: u32 = 3;
-
-/// `struct pd_invalidation`: a registration whose memory, device or domain goes, as the
-/// callback of `pd_regcache_set_invalidate_callback` is told.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct PdInvalidation {
-    pub domain: *mut crate::regcache::PdDomain,
-    pub key: u64,
-    pub addr: *mut std::ffi::c_void,
-    pub length: u64,
-    pub cause: u32,
-    pub held: u32,
-}
-
-/// `pd_invalidate_fn`: the invalidation callback.
-pub type PdInvalidateFn =
-    unsafe extern "C" fn(ctx: *mut std::ffi::c_void, invalidation: *const PdInvalidation);
 
 /// `struct ibv_pd` of libibverbs: only ever behind a pointer.
 #[repr(C)]

@@ -26,6 +26,7 @@
 
 mod abi;
 mod error;
+mod handle;
 mod regcache;
 mod registrar;
 
@@ -38,53 +39,9 @@ use pd::{Device, Errno, ExportFlags, RawExport, RawFree, Stats};
 
 pub use abi::{FidDomain, PdDeviceInfo, PdRegcacheStats, PdStats};
 use error::{guard_status, handle_guard, shield, Failure};
+use handle::{arg, put};
+pub use handle::{PdAllocation, PdDevice};
 pub use regcache::{PdMr, PdRegCache};
-
-/// `pd_device`: an open `/dev/peerdirectN`. Allocations share it, so the file stays open until
-/// the device handle is closed and every allocation made through it is freed.
-pub struct PdDevice {
-    device: Arc<Device>,
-}
-
-/// `pd_allocation`: HBM allocated through a `pd_device`, freed by `pd_allocation_free`.
-///
-/// The crate's `Allocation` borrows its `Device`, which a C handle cannot express; this keeps
-/// the device alive instead and names the allocation by its handle, issuing the same
-/// FREE and EXPORT commands as `Allocation` does.
-pub struct PdAllocation {
-    device: Arc<Device>,
-    handle: u32,
-    hbm_offset: u64,
-    length: u64,
-    /// The export `pd_register` registers from, made (and mapped) on its first call. Closed
-    /// when the handle is freed, after the device has invalidated its cache entries.
-    source: Mutex<Option<Arc<regcache::Source>>>,
-}
-
-/// Converts a C reference argument, refusing NULL.
-///
-/// # Safety
-///
-/// `ptr` is NULL or points to a live `T` that nothing mutates for `'a`.
-unsafe fn arg<'a, T>(function: &str, name: &str, ptr: *const T) -> Result<&'a T, Failure> {
-    // SAFETY: the caller promises `ptr` is NULL (refused by `as_ref`) or valid for `'a`.
-    unsafe { ptr.as_ref() }.ok_or_else(|| Failure::null(function, name))
-}
-
-/// Writes an output argument, refusing NULL.
-///
-/// # Safety
-///
-/// `ptr` is NULL or valid for writing a `T` (alignment included).
-unsafe fn put<T>(function: &str, name: &str, ptr: *mut T, value: T) -> Result<(), Failure> {
-    if ptr.is_null() {
-        return Err(Failure::null(function, name));
-    }
-    // SAFETY: not NULL, and the caller promises it is valid and aligned for a `T`. `write`
-    // does not drop the old contents, which may be uninitialized.
-    unsafe { ptr.write(value) };
-    Ok(())
-}
 
 /// Opens the device node at `path`, storing the status in `err` (if not NULL).
 ///

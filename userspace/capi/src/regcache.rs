@@ -30,16 +30,28 @@ use pd::registrar::ibverbs::{self, IbverbsRegistrar};
 use pd::registrar::libfabric::{Fabric, LibfabricError, LibfabricRegistrar, MappedDmaBuf};
 use pd::{Cause, Device, Errno, Invalidated, RawExport, RegPath, Registrar, Registration};
 
-use crate::abi::{self, FidDomain, IbvPd, PdInvalidateFn, PdInvalidation, PdRegcacheStats};
+use crate::abi::{self, FidDomain, IbvPd, PdRegcacheStats};
 use crate::error::{guard_status, handle_guard, shield, Failure};
+use crate::handle::{arg, put, PdAllocation, PdDevice, Source};
 use crate::registrar::AnyRegistrar;
-use crate::{arg, put, PdAllocation, PdDevice};
 
-/// What `pd_register` registers an allocation from: its export and that export's identity.
-pub(crate) struct Source {
-    mapped: MappedDmaBuf,
-    export: ExportId,
+/// `struct pd_invalidation`: a registration whose memory, device or domain goes, as the
+/// callback of `pd_regcache_set_invalidate_callback` is told. Here rather than in `abi` with
+/// the other structs of the header, since it names a [`PdDomain`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PdInvalidation {
+    pub domain: *mut PdDomain,
+    pub key: u64,
+    pub addr: *mut c_void,
+    pub length: u64,
+    pub cause: u32,
+    pub held: u32,
 }
+
+/// `pd_invalidate_fn`: the invalidation callback.
+pub type PdInvalidateFn =
+    unsafe extern "C" fn(ctx: *mut c_void, invalidation: *const PdInvalidation);
 
 /// `pd_regcache`: a registration cache, shared with the `pd_domain` handles attached to it.
 pub struct PdRegCache {

@@ -2,20 +2,9 @@
 
 use std::mem::ManuallyDrop;
 
-use crate::sys::RawExport;
-use crate::uapi;
-use crate::{Device, DmaBuf, Error};
-
-bitflags::bitflags! {
-    /// How [`Allocation::export`] makes the dma-buf (`PEERDIRECT_EXPORT_*`).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub struct ExportFlags: u32 {
-        /// The dma-buf fd is close-on-exec.
-        const CLOEXEC = uapi::PEERDIRECT_EXPORT_CLOEXEC;
-        /// The dma-buf may be mapped writable; without it, [`DmaBuf::mmap`] maps it read-only.
-        const RDWR = uapi::PEERDIRECT_EXPORT_RDWR;
-    }
-}
+use crate::error::Operation;
+use crate::sys::{RawAlloc, RawExport};
+use crate::{Device, DmaBuf, Error, ExportFlags};
 
 /// HBM allocated with [`Device::alloc`]: freed when dropped (errors ignored) or with
 /// [`Allocation::free`], and in any case when its file is closed.
@@ -82,6 +71,33 @@ impl<'d> Allocation<'d> {
     /// until someone frees `handle` on that file ([`Device::free_raw`]).
     pub fn into_handle(self) -> u32 {
         ManuallyDrop::new(self).handle
+    }
+}
+
+// Here rather than in device.rs: an `Allocation` borrows its `Device`, so this file is above
+// that one, and only it may name both.
+impl Device {
+    /// Allocates `length` bytes of HBM (`PEERDIRECT_IOC_ALLOC`), rounded up to the page size,
+    /// aligned to `align` in the BAR (a power of two of at least the page size; `None` for the
+    /// module's default, 2 MiB).
+    ///
+    /// The allocation belongs to this open file: it is freed when the [`Allocation`] is dropped
+    /// or freed, or at the latest when the file is closed. Its memory goes back to the module
+    /// once every dma-buf exported from it is gone too.
+    pub fn alloc(&self, length: u64, align: Option<u64>) -> Result<Allocation<'_>, Error> {
+        let mut raw = RawAlloc::<0>::new();
+        raw.alloc.length = length;
+        raw.alloc.align = align.unwrap_or(0);
+        self.alloc_raw(&mut raw)?;
+        if raw.alloc.handle == 0 {
+            return Err(self.invalid_reply(Operation::Alloc, "handle", 0));
+        }
+        Ok(Allocation::new(
+            self,
+            raw.alloc.handle,
+            raw.alloc.hbm_offset,
+            raw.alloc.length,
+        ))
     }
 }
 

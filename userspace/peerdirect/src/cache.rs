@@ -128,10 +128,11 @@ use std::sync::{Arc, Mutex, Weak};
 
 use serde::Serialize;
 
+pub use crate::invalidation::ExportId;
 use crate::invalidation::Invalidate;
 use crate::{Device, DeviceStatus};
 use index::Index;
-pub use key::{Access, ByteRange, DomainId, ExportId, RangeError, RegKey};
+pub use key::{Access, ByteRange, DomainId, RangeError, RegKey};
 use lent::Lent;
 pub use limits::{CacheLimits, LimitsError, MAX_COUNT_VAR, MAX_SIZE_VAR};
 use lock::{ReadGuard, ReadMostly, WriteGuard};

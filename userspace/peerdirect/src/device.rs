@@ -4,15 +4,13 @@ use std::fs;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::allocation::{Allocation, ExportFlags};
-use crate::cache::ExportId;
 use crate::error::Operation;
-use crate::invalidation::{Hooks, Invalidate};
+use crate::invalidation::{DeviceStatus, ExportId, Hooks, Invalidate};
 use crate::sys::status::StatusPage;
 use crate::sys::{self, RawAlloc, RawExport, RawExportRange, RawFree, RawInfo, RawP2p, RawRequest};
 use crate::uapi::{self, DEVICE_PREFIX};
@@ -24,6 +22,17 @@ const DEV_DIR: &str = "/dev";
 /// The device node of HBM device `index`: `/dev/peerdirect<index>`.
 pub fn device_path(index: u32) -> PathBuf {
     Path::new(DEV_DIR).join(format!("{DEVICE_PREFIX}{index}"))
+}
+
+bitflags::bitflags! {
+    /// How [`crate::Allocation::export`] makes the dma-buf (`PEERDIRECT_EXPORT_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct ExportFlags: u32 {
+        /// The dma-buf fd is close-on-exec.
+        const CLOEXEC = uapi::PEERDIRECT_EXPORT_CLOEXEC;
+        /// The dma-buf may be mapped writable; without it, [`DmaBuf::mmap`] maps it read-only.
+        const RDWR = uapi::PEERDIRECT_EXPORT_RDWR;
+    }
 }
 
 /// An open peerdirect device node.
@@ -40,29 +49,6 @@ pub struct Device {
     path: PathBuf,
     index: u32,
     status: Option<DeviceStatus>,
-}
-
-/// A device file's status page (`PEERDIRECT_STATUS_OFFSET`), mapped read-only: tells, without
-/// a system call, that the device is going away. Cheap to clone; stays valid (and then says
-/// revoked) after the device is gone.
-///
-/// The mapping holds the device file open: until the last clone is dropped, closing the
-/// [`Device`] does not release the file (nor free its allocations). Registration caches
-/// therefore let go of theirs when the [`Device`] is dropped ([`crate::RegCache::attach`]).
-#[derive(Debug, Clone)]
-pub struct DeviceStatus(Arc<StatusPage>);
-
-impl DeviceStatus {
-    /// Whether the module has started revoking the device's exports (unbind, removal, unload):
-    /// registrations of them must not be handed out any more.
-    pub fn revoked(&self) -> bool {
-        self.0.state() & uapi::PEERDIRECT_STATUS_REVOKED != 0
-    }
-
-    /// Whether `self` and `other` are the same mapping (of the same file).
-    pub(crate) fn is(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
 }
 
 impl Device {
@@ -82,7 +68,7 @@ impl Device {
         // noticed by ENODEV.
         device.status = StatusPage::map(device.fd.as_fd())
             .ok()
-            .map(|page| DeviceStatus(Arc::new(page)));
+            .map(DeviceStatus::new);
         if let Some(status) = &device.status {
             device.hooks.set_status(status.clone());
         }
@@ -175,29 +161,6 @@ impl Device {
     /// ([`Error::RequestTooLarge`]); so are those of the other `*_raw` methods.
     pub fn info_raw<const TAIL: usize>(&self, raw: &mut RawInfo<TAIL>) -> Result<(), Error> {
         self.send(Operation::Info, raw)
-    }
-
-    /// Allocates `length` bytes of HBM (`PEERDIRECT_IOC_ALLOC`), rounded up to the page size,
-    /// aligned to `align` in the BAR (a power of two of at least the page size; `None` for the
-    /// module's default, 2 MiB).
-    ///
-    /// The allocation belongs to this open file: it is freed when the [`Allocation`] is dropped
-    /// or freed, or at the latest when the file is closed. Its memory goes back to the module
-    /// once every dma-buf exported from it is gone too.
-    pub fn alloc(&self, length: u64, align: Option<u64>) -> Result<Allocation<'_>, Error> {
-        let mut raw = RawAlloc::<0>::new();
-        raw.alloc.length = length;
-        raw.alloc.align = align.unwrap_or(0);
-        self.alloc_raw(&mut raw)?;
-        if raw.alloc.handle == 0 {
-            return Err(self.invalid_reply(Operation::Alloc, "handle", 0));
-        }
-        Ok(Allocation::new(
-            self,
-            raw.alloc.handle,
-            raw.alloc.hbm_offset,
-            raw.alloc.length,
-        ))
     }
 
     /// Sends `PEERDIRECT_IOC_ALLOC` with an argument the caller built, like
@@ -333,7 +296,12 @@ impl Device {
         check_request_size(operation, &self.path, raw)
     }
 
-    fn invalid_reply(&self, operation: Operation, field: &'static str, value: i64) -> Error {
+    pub(crate) fn invalid_reply(
+        &self,
+        operation: Operation,
+        field: &'static str,
+        value: i64,
+    ) -> Error {
         Error::InvalidReply {
             operation,
             path: self.path.clone(),

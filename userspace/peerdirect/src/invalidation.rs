@@ -24,18 +24,106 @@
 //!
 //! Hooks are held weakly: a cache that is dropped unsubscribes by itself. They run on the
 //! thread that frees (or the watching thread), outside this module's locks.
+//!
+//! What the device and the caches tell each other, the exports' identities ([`ExportId`]) and
+//! the file's status page ([`DeviceStatus`]), is defined here, below both.
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::{self, JoinHandle};
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
 use rustix::io::Errno;
+use serde::Serialize;
 
-use crate::cache::ExportId;
-use crate::DeviceStatus;
+use crate::sys::status::StatusPage;
+use crate::{uapi, DmaBuf};
+
+/// Which export a registration maps: the peerdirect device it came from and the dma-buf.
+///
+/// The dma-buf is named by its inode number, which the kernel takes from a 64-bit counter
+/// (`dma_buf_getfile`): unique for the life of the system, so two dma-bufs never share one,
+/// even when the later one exports the same HBM after the first was freed. A cached entry can
+/// therefore only ever be found again through the very dma-buf it was registered from, and a
+/// reused allocation handle or HBM range can never alias a stale registration. The device
+/// index is there so that a device's entries can be dropped at once when it goes away
+/// ([`crate::RegCache::invalidate_device`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ExportId {
+    device: u32,
+    dma_buf_inode: u64,
+}
+
+impl ExportId {
+    /// The export of `/dev/peerdirect<device>` whose dma-buf has inode number `dma_buf_inode`.
+    pub const fn new(device: u32, dma_buf_inode: u64) -> Self {
+        Self {
+            device,
+            dma_buf_inode,
+        }
+    }
+
+    /// The identity of `dma_buf`, exported from `/dev/peerdirect<device>`: its inode number
+    /// from `fstat`, which does not fail on an open dma-buf.
+    pub fn of_dma_buf(device: u32, dma_buf: &DmaBuf) -> Result<Self, Errno> {
+        let stat = rustix::fs::fstat(dma_buf.as_fd())?;
+        Ok(Self::new(device, stat.st_ino))
+    }
+
+    /// The identity of a dma-buf exported by something else than peerdirect (habanalabs'
+    /// `HL_MEM_OP_EXPORT_DMABUF_FD`, a GPU driver, udmabuf, another process): its inode number,
+    /// under the pseudo-device [`ExportId::FOREIGN`]. No peerdirect device knows when its
+    /// memory goes, so the caller invalidates its entries
+    /// ([`crate::RegCache::invalidate_export`]) before that.
+    pub fn foreign(dma_buf: &DmaBuf) -> Result<Self, Errno> {
+        Self::of_dma_buf(Self::FOREIGN, dma_buf)
+    }
+
+    /// The device index of [`ExportId::foreign`] identities: no `/dev/peerdirectN` has it.
+    pub const FOREIGN: u32 = u32::MAX;
+
+    /// The index of the peerdirect device the dma-buf was exported from
+    /// ([`ExportId::FOREIGN`] for others).
+    pub const fn device(self) -> u32 {
+        self.device
+    }
+
+    /// The dma-buf's inode number.
+    pub const fn dma_buf_inode(self) -> u64 {
+        self.dma_buf_inode
+    }
+}
+
+/// A device file's status page (`PEERDIRECT_STATUS_OFFSET`), mapped read-only: tells, without
+/// a system call, that the device is going away. Cheap to clone; stays valid (and then says
+/// revoked) after the device is gone.
+///
+/// The mapping holds the device file open: until the last clone is dropped, closing the
+/// [`crate::Device`] does not release the file (nor free its allocations). Registration
+/// caches therefore let go of theirs when the [`crate::Device`] is dropped
+/// ([`crate::RegCache::attach`]).
+#[derive(Debug, Clone)]
+pub struct DeviceStatus(Arc<StatusPage>);
+
+impl DeviceStatus {
+    /// The status of the file whose page `page` is.
+    pub(crate) fn new(page: StatusPage) -> Self {
+        Self(Arc::new(page))
+    }
+
+    /// Whether the module has started revoking the device's exports (unbind, removal, unload):
+    /// registrations of them must not be handed out any more.
+    pub fn revoked(&self) -> bool {
+        self.0.state() & uapi::PEERDIRECT_STATUS_REVOKED != 0
+    }
+
+    /// Whether `self` and `other` are the same mapping (of the same file).
+    pub(crate) fn is(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
 
 /// Something that holds on to exports and must let go before their memory goes away: a
 /// registration cache. Implemented by [`crate::RegCache`].

@@ -49,14 +49,14 @@ mod stats;
 mod sys;
 pub mod uapi;
 
-pub use allocation::{Allocation, ExportFlags};
+pub use allocation::Allocation;
 pub use cache::{CacheStats, Cause, Invalidated, Listener, RegCache, Registrar, Registration};
 pub use control::{control_path, Control};
-pub use device::{device_path, devices, Device, DeviceStatus};
+pub use device::{device_path, devices, Device, ExportFlags};
 pub use dma_buf::{DmaBuf, DmaBufMap, SyncFlags};
 pub use error::{Error, Operation};
 pub use info::{DeviceInfo, PciAddress, Provider};
-pub use invalidation::Invalidate;
+pub use invalidation::{DeviceStatus, Invalidate};
 pub use p2p::{P2pMapping, P2pPath};
 pub use registrar::RegPath;
 pub use rustix::io::Errno;

@@ -29,7 +29,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::key::{Access, DomainId, ExportId, RegKey};
+use super::key::{Access, DomainId, RegKey};
+use crate::invalidation::ExportId;
 
 /// How many emptied group vectors an index keeps for reuse, and the largest capacity it keeps
 /// (8 KiB of the cache's 32-byte elements): what a large group grew to is given back.

@@ -2,12 +2,10 @@
 //! of that export and the access it grants.
 
 use std::fmt;
-use std::os::fd::AsFd;
 
-use rustix::io::Errno;
 use serde::Serialize;
 
-use crate::DmaBuf;
+use crate::invalidation::ExportId;
 
 /// The network domain a registration lives in: an `fi_domain`, an ibverbs protection domain,
 /// the host-bounce pool. Opaque to the cache; a [`super::Registrar`] picks it, e.g. the
@@ -21,61 +19,6 @@ impl DomainId {
     pub fn unique() -> Self {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-    }
-}
-
-/// Which export a registration maps: the peerdirect device it came from and the dma-buf.
-///
-/// The dma-buf is named by its inode number, which the kernel takes from a 64-bit counter
-/// (`dma_buf_getfile`): unique for the life of the system, so two dma-bufs never share one,
-/// even when the later one exports the same HBM after the first was freed. A cached entry can
-/// therefore only ever be found again through the very dma-buf it was registered from, and a
-/// reused allocation handle or HBM range can never alias a stale registration. The device
-/// index is there so that a device's entries can be dropped at once when it goes away
-/// ([`super::RegCache::invalidate_device`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct ExportId {
-    device: u32,
-    dma_buf_inode: u64,
-}
-
-impl ExportId {
-    /// The export of `/dev/peerdirect<device>` whose dma-buf has inode number `dma_buf_inode`.
-    pub const fn new(device: u32, dma_buf_inode: u64) -> Self {
-        Self {
-            device,
-            dma_buf_inode,
-        }
-    }
-
-    /// The identity of `dma_buf`, exported from `/dev/peerdirect<device>`: its inode number
-    /// from `fstat`, which does not fail on an open dma-buf.
-    pub fn of_dma_buf(device: u32, dma_buf: &DmaBuf) -> Result<Self, Errno> {
-        let stat = rustix::fs::fstat(dma_buf.as_fd())?;
-        Ok(Self::new(device, stat.st_ino))
-    }
-
-    /// The identity of a dma-buf exported by something else than peerdirect (habanalabs'
-    /// `HL_MEM_OP_EXPORT_DMABUF_FD`, a GPU driver, udmabuf, another process): its inode number,
-    /// under the pseudo-device [`ExportId::FOREIGN`]. No peerdirect device knows when its
-    /// memory goes, so the caller invalidates its entries ([`super::RegCache::invalidate_export`])
-    /// before that.
-    pub fn foreign(dma_buf: &DmaBuf) -> Result<Self, Errno> {
-        Self::of_dma_buf(Self::FOREIGN, dma_buf)
-    }
-
-    /// The device index of [`ExportId::foreign`] identities: no `/dev/peerdirectN` has it.
-    pub const FOREIGN: u32 = u32::MAX;
-
-    /// The index of the peerdirect device the dma-buf was exported from
-    /// ([`ExportId::FOREIGN`] for others).
-    pub const fn device(self) -> u32 {
-        self.device
-    }
-
-    /// The dma-buf's inode number.
-    pub const fn dma_buf_inode(self) -> u64 {
-        self.dma_buf_inode
     }
 }
 
@@ -191,7 +134,11 @@ impl fmt::Display for RegKey {
         write!(
             f,
             "domain {:#x} device {} dma-buf inode {} bytes {} access {:?}",
-            self.domain.0, self.export.device, self.export.dma_buf_inode, self.range, self.access
+            self.domain.0,
+            self.export.device(),
+            self.export.dma_buf_inode(),
+            self.range,
+            self.access
         )
     }
 }
@@ -199,6 +146,7 @@ impl fmt::Display for RegKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::DmaBuf;
 
     fn range(offset: u64, length: u64) -> ByteRange {
         ByteRange::new(offset, length).unwrap()

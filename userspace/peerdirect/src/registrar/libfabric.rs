@@ -76,12 +76,13 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+// Defined with the loader that opens it, which this file is above.
+pub use sys::LIBRARY;
+
 use super::RegPath;
 use crate::cache::{Access, ByteRange, DomainId, RegKey, Registrar};
 use crate::DmaBuf;
 
-/// The library loaded at run time.
-pub const LIBRARY: &str = "libfabric.so.1";
 /// The piece size of transfers: every transfer is one tagged message per chunk (tag + chunk
 /// index), whatever the registration's path, so direct and bounced peers interoperate.
 pub const CHUNK: usize = 1 << 20;

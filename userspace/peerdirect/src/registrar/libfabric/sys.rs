@@ -24,6 +24,9 @@ use rustix::mm::{self, MapFlags, ProtFlags};
 
 use super::bindings as b;
 
+/// The library loaded at run time.
+pub const LIBRARY: &str = "libfabric.so.1";
+
 /// A negative libfabric return value (`-FI_E*`, errno values below 256).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct FiErrno(pub(super) i32);
@@ -72,7 +75,7 @@ impl Lib {
     /// The process's libfabric, loaded on first use.
     pub(super) fn get() -> core::result::Result<&'static Lib, LoadError> {
         static LIB: OnceLock<core::result::Result<Lib, LoadError>> = OnceLock::new();
-        LIB.get_or_init(|| Lib::load(super::LIBRARY))
+        LIB.get_or_init(|| Lib::load(LIBRARY))
             .as_ref()
             .map_err(Clone::clone)
     }

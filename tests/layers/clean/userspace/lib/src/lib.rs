@@ -1,0 +1,5 @@
+mod cache;
+mod device;
+
+pub use cache::Cache;
+pub use device::Device;

@@ -1,0 +1,5 @@
+use crate::{b::{self, B}};
+
+pub(crate) fn a() -> B {
+    b::make()
+}

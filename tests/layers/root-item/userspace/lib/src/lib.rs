@@ -1,0 +1,7 @@
+mod cache;
+
+pub struct Handle;
+
+pub fn open() -> Handle {
+    cache::lookup()
+}

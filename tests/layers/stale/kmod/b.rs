@@ -1,0 +1,5 @@
+pub(crate) struct B;
+
+pub(crate) fn make() -> B {
+    super::a::a()
+}

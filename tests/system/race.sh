@@ -19,22 +19,21 @@ seconds=${PEERDIRECT_RACE_SECONDS:-10}
 seed=${PEERDIRECT_FUZZ_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
 echo "# fuzz seed $seed (PEERDIRECT_FUZZ_SEED=$seed replays its choices)"
 rcs=()
-# Each of the three runs whatever the others' outcome (guest_each). A race runs its seconds,
+# Each of the four runs whatever the others' outcome (guest_each). A race runs its seconds,
 # and up to 4 times as long again until it met what it counts (race.rs, OVERTIME): the timeout
-# allows that of every race.
-guest_tap "races and fuzzing" 3 --kernel kasan --kmemleak --timeout $((seconds * (6 * 5 + 2) + 240)) -- "${guest_each[@]}" \
+# allows that of every race. CPU mappings against hot-unplug come last: the device is gone
+# after it.
+guest_tap "races and fuzzing" 4 --kernel kasan --kmemleak --hotplug --timeout $((seconds * (6 * 5 + 2) + 300)) -- "${guest_each[@]}" \
 	"peerdirect-guest-tests --race open-unbind,mmap-unbind,close-unbind,import-unbind,nic-rescan,rmmod-bind --seconds $seconds" \
 	"peerdirect-guest-tests --fuzz $seed --seconds $seconds" \
-	"peerdirect-guest-tests --fuzz $((seed + 1)) --fuzz-removal --seconds $seconds"
+	"peerdirect-guest-tests --fuzz $((seed + 1)) --fuzz-removal --seconds $seconds" \
+	"peerdirect-guest-tests --race mmap-unplug"
 rcs+=($?)
 # Imports through the host bridge and the IOMMU (one IOVA range per map) against unbind, its
 # checks named so.
 tap_prefix="through the host bridge: " guest_tap "through the host bridge" 1 \
 	--kernel kasan --kmemleak --topology host-bridge --timeout $((seconds * 5 + 240)) -- \
 	peerdirect-guest-tests --race import-unbind --seconds "$seconds"
-rcs+=($?)
-guest_tap "mmap-unplug" 1 --kernel kasan --kmemleak --hotplug --timeout 300 -- \
-	peerdirect-guest-tests --race mmap-unplug
 rcs+=($?)
 guest_tap "bind-two" 1 --kernel kasan --kmemleak --second-hbm --timeout $((seconds * 2 + 240)) -- \
 	peerdirect-guest-tests --race bind-two --seconds "$seconds"

@@ -71,7 +71,8 @@ impl Attachment<'_> {
         live: impl FnOnce() -> Result<Live<'h>>,
     ) -> Result<Option<Route>> {
         // Only PCI devices: the cache forgets what the PCI bus notifier tells it of.
-        if !ffi::dev_is_pci(self.dev()) {
+        // SAFETY: the importer's device is valid while the attachment is (type invariant).
+        if !unsafe { ffi::dev_is_pci(self.dev()) } {
             return Ok(None);
         }
         match verdicts.get(self.dev() as usize) {
@@ -94,7 +95,9 @@ impl Attachment<'_> {
         let generation = verdicts.generation();
         let (device, live) = (self.dev() as usize, live()?);
         // Any distance is a path; how it goes is what map needs.
-        let route = ffi::p2p_distance(live.pci_device(), self.dev()).map(|_| Route {
+        // SAFETY: the importer's device is valid while the attachment is (type invariant).
+        let distance = unsafe { ffi::p2p_distance(live.pci_device(), self.dev()) };
+        let route = distance.map(|_| Route {
             by_bus_address: self
                 .pci_device()
                 .is_some_and(|peer| crate::p2p::by_bus_address(live.pci_device(), peer)),
@@ -105,7 +108,8 @@ impl Attachment<'_> {
 
     /// Logs (rate-limited) why an attach from this importer to `hbm` was refused.
     pub(crate) fn log_refused(&self, hbm: &kernel::pci::Device, reason: &CStr) {
-        ffi::log_refused_attach(hbm, self.dev(), reason);
+        // SAFETY: the importer's device is valid while the attachment is (type invariant).
+        unsafe { ffi::log_refused_attach(hbm, self.dev(), reason) };
     }
 
     /// Records whether the importer pinned the attachment (for debugfs and removal's log).
@@ -166,12 +170,14 @@ impl Attachment<'_> {
     /// Whether the importer drops its mappings when told to (`dma_buf_attach_revocable`):
     /// false for pinned importers such as EFA memory registrations.
     pub(crate) fn is_revocable(&self) -> bool {
-        ffi::attach_revocable(self.raw.as_ptr())
+        // SAFETY: `raw` is an attachment passed to the callback this runs in (type invariant).
+        unsafe { ffi::attach_revocable(self.raw.as_ptr()) }
     }
 
     /// The largest DMA segment the importer's device handles.
     pub(crate) fn max_segment_size(&self) -> u64 {
-        u64::from(ffi::dma_max_seg_size(self.dev()))
+        // SAFETY: the importer's device is valid while the attachment is (type invariant).
+        u64::from(unsafe { ffi::dma_max_seg_size(self.dev()) })
     }
 
     /// Maps `len` bytes of a BAR at CPU physical address `paddr` (bus address

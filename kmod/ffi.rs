@@ -326,12 +326,16 @@ pub(crate) fn p2pdma_init(pdev: &pci::Device<kernel::device::Core<'_>>) -> Resul
 }
 
 /// The kernel's peer-to-peer distance from `hbm` to the device `dev`
-/// (`pci_p2pdma_distance_many`), `None` when there is no P2P path. `dev` must be a live
-/// `struct device` (an attachment's).
-pub(crate) fn p2p_distance(hbm: &pci::Device, dev: *mut bindings::device) -> Option<u32> {
+/// (`pci_p2pdma_distance_many`), `None` when there is no P2P path.
+///
+/// # Safety
+///
+/// `dev` is a valid `struct device` for the call (an attachment's, or a PCI device's own).
+pub(crate) unsafe fn p2p_distance(hbm: &pci::Device, dev: *mut bindings::device) -> Option<u32> {
     let mut clients = [dev];
-    // SAFETY: `hbm` is borrowed, `clients` holds one live device (callers) and outlives the
-    // call; `pci_p2pdma_map_type`, which decides the same thing, is not exported to modules.
+    // SAFETY: `hbm` is borrowed, `clients` holds one valid device (the caller's contract) and
+    // outlives the call; `pci_p2pdma_map_type`, which decides the same thing, is not exported
+    // to modules.
     let distance = unsafe {
         bindings::pci_p2pdma_distance_many(raw_pci_dev(hbm), clients.as_mut_ptr(), 1, false)
     };
@@ -451,9 +455,9 @@ impl<'a> PciDev<'a> {
     /// The kernel's peer-to-peer distance from `hbm` to this device
     /// (`pci_p2pdma_distance_many`), `None` when its P2P rules give no path.
     pub(crate) fn p2p_distance_from(self, hbm: &pci::Device) -> Option<u32> {
-        // SAFETY: the device is alive for `'a`, so is its embedded `struct device`.
-        let dev = unsafe { &raw mut (*self.raw()).dev };
-        p2p_distance(hbm, dev)
+        // SAFETY: the device is alive for `'a`, so is its embedded `struct device`, which is
+        // therefore valid for the call as `p2p_distance` requires.
+        unsafe { p2p_distance(hbm, &raw mut (*self.raw()).dev) }
     }
 }
 
@@ -499,20 +503,27 @@ pub(crate) fn current_tgid() -> i32 {
 }
 
 /// Whether `dev` is a PCI device (the kernel's `dev_is_pci()`, read here rather than through
-/// a call: attach asks it every time). `dev` must be a live `struct device` (an attachment's).
-pub(crate) fn dev_is_pci(dev: *mut bindings::device) -> bool {
-    // SAFETY: `dev` is a live attachment's device (callers), so its `bus` may be read; of the
-    // PCI core's static `pci_bus_type` only the address is taken.
+/// a call: attach asks it every time).
+///
+/// # Safety
+///
+/// `dev` is a valid `struct device` for the call (an attachment's).
+pub(crate) unsafe fn dev_is_pci(dev: *mut bindings::device) -> bool {
+    // SAFETY: `dev` is valid (the caller's contract), so its `bus` may be read; of the PCI
+    // core's static `pci_bus_type` only the address is taken.
     unsafe { core::ptr::eq((*dev).bus, core::ptr::addr_of!(bindings::pci_bus_type)) }
 }
 
 /// The device's DMA max segment size (the kernel's `dma_get_max_seg_size()`, read here rather
-/// than through a call: map asks it every time). `dev` must be a live `struct device` (an
-/// attachment's).
-pub(crate) fn dma_max_seg_size(dev: *mut bindings::device) -> u32 {
+/// than through a call: map asks it every time).
+///
+/// # Safety
+///
+/// `dev` is a valid `struct device` for the call (an attachment's).
+pub(crate) unsafe fn dma_max_seg_size(dev: *mut bindings::device) -> u32 {
     // The device's bus or driver sets `dma_parms` before it maps, as the dma-buf core reads it.
-    // SAFETY: `dev` is a live attachment's device (callers); its `dma_parms`, when set, points
-    // to parameters that live as long as the device.
+    // SAFETY: `dev` is valid (the caller's contract); its `dma_parms`, when set, points to
+    // parameters that live as long as the device.
     let set = unsafe {
         let parms = (*dev).dma_parms;
         if parms.is_null() {
@@ -531,10 +542,15 @@ pub(crate) fn dma_max_seg_size(dev: *mut bindings::device) -> u32 {
 
 /// Whether `attach`'s importer drops its mappings when told to (the kernel's
 /// `dma_buf_attach_revocable()`, read here rather than through a call: map asks it every
-/// time). `attach` must be an attachment passed to one of our callbacks.
-pub(crate) fn attach_revocable(attach: *mut bindings::dma_buf_attachment) -> bool {
-    // SAFETY: `attach` is live for the callback (callers); its `importer_ops`, set at attach
-    // and never changed, is NULL or the importer's operations, which outlive its attachments.
+/// time).
+///
+/// # Safety
+///
+/// `attach` is an attachment passed to one of our callbacks, during that callback.
+pub(crate) unsafe fn attach_revocable(attach: *mut bindings::dma_buf_attachment) -> bool {
+    // SAFETY: `attach` is valid for the callback (the caller's contract); its `importer_ops`,
+    // set at attach and never changed, is NULL or the importer's operations, which outlive
+    // its attachments.
     unsafe {
         let ops = (*attach).importer_ops;
         !ops.is_null() && (*ops).invalidate_mappings.is_some()
@@ -542,8 +558,16 @@ pub(crate) fn attach_revocable(attach: *mut bindings::dma_buf_attachment) -> boo
 }
 
 /// Rate-limited log line on `hbm`'s device naming the refused importer `dev` and why.
-pub(crate) fn log_refused_attach(hbm: &pci::Device, dev: *mut bindings::device, reason: &CStr) {
-    // SAFETY: `hbm` is borrowed, `dev` is a live attachment's device (callers), `reason` is a
+///
+/// # Safety
+///
+/// `dev` is a valid `struct device` for the call (an attachment's).
+pub(crate) unsafe fn log_refused_attach(
+    hbm: &pci::Device,
+    dev: *mut bindings::device,
+    reason: &CStr,
+) {
+    // SAFETY: `hbm` is borrowed, `dev` is valid (the caller's contract), `reason` is a
     // NUL-terminated string.
     unsafe { raw::peerdirect_log_refused_attach(raw_pci_dev(hbm), dev, reason.as_char_ptr()) }
 }
@@ -603,8 +627,8 @@ pub(crate) unsafe fn unmap_table(
 ///
 /// `dev` is a valid `struct device` for `'a`.
 pub(crate) unsafe fn pci_dev_of<'a>(dev: *mut bindings::device) -> Option<PciDev<'a>> {
-    // `dev` is valid (the caller's contract), as `dev_is_pci` needs.
-    if !dev_is_pci(dev) {
+    // SAFETY: `dev` is valid (the caller's contract), as `dev_is_pci` needs.
+    if !unsafe { dev_is_pci(dev) } {
         return None;
     }
     // SAFETY: `dev` is a PCI device's embedded `struct device`, valid for `'a`.

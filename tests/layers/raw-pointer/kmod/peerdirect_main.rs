@@ -1,0 +1,2 @@
+mod ffi;
+mod sys;

@@ -8,6 +8,9 @@ fail() { failed=1; not_ok "$@"; }
 share=$(mktemp -d)
 trap 'rm -rf "$share"' EXIT
 cp "$ROOT"/tests/companion/*.sh "$ROOT/tests/companion/probe.c" "$ROOT/include/uapi/peerdirect.h" "$share/"
+# The probe, built once with the guest's gcc (in_trixie), for every guest of the suite; a
+# guest builds it itself only if this failed (build_probe).
+in_trixie "$share" 'gcc -Wall -Werror -o /tmp/probe probe.c && cp /tmp/probe probe' >"$share/probe.build" 2>&1
 
 record() { sed -n "s/^@$1 //p" "$share/$2.out"; }
 rc_of() { record "$1" "$2" | cut -d' ' -f1; }

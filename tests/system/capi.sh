@@ -68,26 +68,15 @@ fi
 cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/fabric_register.c" \
 	"$ROOT/userspace/capi/examples/hcl_style.cpp" "$ROOT/userspace/capi/examples/verbs_register.c" \
 	"$work/share/"
-# The programs are built on the host, chrooted in the guest's trixie userland (its gcc, g++,
-# pkg-config, headers and libraries, the files the guest runs them with), in a mount namespace
-# of their own with the share at /mnt/host and a scratch /tmp: a second each, where TCG takes
-# half a minute for the C++ one. They run in the guest.
-userland=$("$ROOT/scripts/build-userland" trixie) || userland=
-# trixie_build NAME CMD: CMD in the userland's /mnt/host, its output and status in NAME.out and
-# NAME.rc of the share, as the guest scripts' run() leaves them.
+# The programs are built on the host, chrooted in the guest's trixie userland (in_trixie: its
+# gcc, g++, pkg-config, headers and libraries, the files the guest runs them with): a second
+# each, where TCG takes half a minute for the C++ one. They run in the guest.
+# trixie_build NAME CMD: CMD's output and status in NAME.out and NAME.rc of the share, as the
+# guest scripts' run() leaves them.
 trixie_build() {
-	local name=$1
-	shift
-	if [ -z "$userland" ]; then
-		echo "scripts/build-userland trixie failed" >"$work/share/$name.out"
-		echo 1 >"$work/share/$name.rc"
-		return
-	fi
-	unshare -m --propagation private sh -c 'mount --bind "$1" "$2/mnt/host" && mount -t tmpfs tmpfs "$2/tmp" &&
-		exec chroot "$2" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 \
-			PKG_CONFIG_PATH=/mnt/host/stage/usr/local/lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=/mnt/host/stage \
-			sh -c "cd /mnt/host && $3"' sh "$work/share" "$userland" "$*" >"$work/share/$name.out" 2>&1
-	echo $? >"$work/share/$name.rc"
+	PKG_CONFIG_PATH=/mnt/host/stage/usr/local/lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=/mnt/host/stage \
+		in_trixie "$work/share" "$2" >"$work/share/$1.out" 2>&1
+	echo $? >"$work/share/$1.rc"
 }
 trixie_build build 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hbm_export hbm_export.c $(pkg-config --cflags --libs peerdirect) && cp /tmp/hbm_export .'
 trixie_build hbuild 'g++ -std=c++17 -Wall -Wextra -Werror -o /tmp/hcl_style hcl_style.cpp $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/hcl_style .'

@@ -21,8 +21,12 @@
 race_loops=(add_remove owner import pinned info list)
 plan $((24 + 11 + 9 + 3 + 1 + ${#race_loops[@]}))
 
-guest_run owner "HBM owned by vfio-pci" --topology switch-iommu --no-bind --userland trixie \
-	--kmemleak --share "$share" -- bash /mnt/host/owner.sh
+# One boot for two scripts: the owner's (its records in owner.out, written by the guest), then
+# the exports' (exports.out), with the HBM's backing file kept to check the data. owner.sh
+# ends with peerdirect unloaded and the device bound to vfio-pci, where exports.sh begins.
+guest_run exports "HBM owned by vfio-pci, and exports of a companion" --topology switch-iommu \
+	--no-bind --userland trixie --kmemleak --share "$share" --hbm-backing "$share/hbm" -- \
+	bash -c 'bash /mnt/host/owner.sh >/mnt/host/owner.out; bash /mnt/host/exports.sh'
 
 expect "the HBM device is bound to vfio-pci, standing in for habanalabs" owner owner 0 'drivers/vfio-pci$'
 expect "companion add without companion=1: EOPNOTSUPP, and told to load the module with companion=1" \
@@ -71,9 +75,7 @@ expect "remove of a device that is not a companion: ENOENT" owner remove_again 1
 expect "rmmod with a companion in place unloads cleanly" owner rmmod 0 '^$'
 expect "the kernel log says each companion's start and end" owner log 0 'companion 0000:03:00.0: its driver unbinds or it is being removed.*companion 0000:03:00.0: removed on request'
 
-# Exports of companion ranges, with the HBM's backing file kept to check the data.
-guest_run exports "exports of a companion" --topology switch-iommu --no-bind --userland trixie \
-	--kmemleak --share "$share" --hbm-backing "$share/hbm" -- bash /mnt/host/exports.sh
+# Exports of companion ranges (the boot above).
 expect "EXPORT_RANGE at an unaligned BAR offset: EINVAL" exports unaligned 0 '^EINVAL$'
 expect "EXPORT_RANGE of an unaligned length: EINVAL" exports unaligned_len 0 '^EINVAL$'
 expect "EXPORT_RANGE of length 0: EINVAL" exports zero 0 '^EINVAL$'

@@ -12,6 +12,9 @@
 way=$1
 hbm=0000:03:00.0 nic=0000:04:00.0 dev=/dev/peerdirect0
 . /mnt/host/guest-lib.sh
+# The ways run one after another in one boot: each reads only the kernel log of its own (the
+# host checks the console, which keeps everything, for splats).
+dmesg -C
 build_probe
 owned_by_vfio $hbm
 load_companion_mode

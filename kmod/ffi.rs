@@ -332,10 +332,10 @@ pub(crate) fn p2pdma_init(pdev: &pci::Device<kernel::device::Core<'_>>) -> Resul
 ///
 /// `dev` is a valid `struct device` for the call (an attachment's, or a PCI device's own).
 pub(crate) unsafe fn p2p_distance(hbm: &pci::Device, dev: *mut bindings::device) -> Option<u32> {
+    // `pci_p2pdma_map_type`, which decides the same thing, is not exported to modules.
     let mut clients = [dev];
-    // SAFETY: `hbm` is borrowed, `clients` holds one valid device (the caller's contract) and
-    // outlives the call; `pci_p2pdma_map_type`, which decides the same thing, is not exported
-    // to modules.
+    // SAFETY: `hbm` is borrowed; `clients` holds one device, valid (the caller's contract),
+    // and outlives the call.
     let distance = unsafe {
         bindings::pci_p2pdma_distance_many(raw_pci_dev(hbm), clients.as_mut_ptr(), 1, false)
     };
@@ -548,9 +548,9 @@ pub(crate) unsafe fn dma_max_seg_size(dev: *mut bindings::device) -> u32 {
 ///
 /// `attach` is an attachment passed to one of our callbacks, during that callback.
 pub(crate) unsafe fn attach_revocable(attach: *mut bindings::dma_buf_attachment) -> bool {
-    // SAFETY: `attach` is valid for the callback (the caller's contract); its `importer_ops`,
-    // set at attach and never changed, is NULL or the importer's operations, which outlive
-    // its attachments.
+    // `importer_ops` is set at attach and never changed.
+    // SAFETY: `attach` is valid (the caller's contract); its `importer_ops` is NULL or the
+    // importer's operations, which outlive its attachments.
     unsafe {
         let ops = (*attach).importer_ops;
         !ops.is_null() && (*ops).invalidate_mappings.is_some()

@@ -145,30 +145,22 @@ impl Attachment<'_> {
         unsafe { ffi::attach_by_bus_address(self.raw.as_ptr()) }
     }
 
-    /// Records the attachment's current mapping: how many DMA segments it has (0: none), and
-    /// whether it was counted as revocable.
+    /// Counts the DMA segments of a mapping made (`mapped`) or undone on the attachment, for
+    /// debugfs: the attachment may hold more than one mapping.
     ///
     /// # Safety
     ///
     /// Called from the `map_dma_buf` or `unmap_dma_buf` callback (the reservation lock is
     /// held).
-    pub(crate) unsafe fn set_mapped(&self, entries: u32, revocable: bool) {
+    pub(crate) unsafe fn count_mapping(&self, entries: u32, mapped: bool) {
         // SAFETY: as in `set_pinned`.
-        unsafe { ffi::attach_set_mapped(self.raw.as_ptr(), entries, revocable) }
-    }
-
-    /// Whether the current mapping was counted as revocable ([`Attachment::set_mapped`]).
-    ///
-    /// # Safety
-    ///
-    /// Called from the `unmap_dma_buf` callback (the reservation lock is held).
-    pub(crate) unsafe fn mapped_revocable(&self) -> bool {
-        // SAFETY: as in `set_pinned`.
-        unsafe { ffi::attach_mapped_revocable(self.raw.as_ptr()) }
+        unsafe { ffi::attach_count_mapping(self.raw.as_ptr(), entries, mapped) }
     }
 
     /// Whether the importer drops its mappings when told to (`dma_buf_attach_revocable`):
-    /// false for pinned importers such as EFA memory registrations.
+    /// false for pinned importers such as EFA memory registrations. Fixed for the
+    /// attachment's life (its importer ops are set at attach), so a mapping is uncounted at
+    /// unmap as it was counted at map.
     pub(crate) fn is_revocable(&self) -> bool {
         // SAFETY: `raw` is an attachment passed to the callback this runs in (type invariant).
         unsafe { ffi::attach_revocable(self.raw.as_ptr()) }

@@ -129,21 +129,21 @@ impl Exporter for Export {
             dir,
             bus_addr,
         )?;
-        let revocable = attach.is_revocable();
-        hbm.mapped(revocable);
+        hbm.mapped(attach.is_revocable());
         // SAFETY: the `map_dma_buf` callback, called with the reservation lock held.
-        unsafe { attach.set_mapped(sgt.entries(), revocable) };
+        unsafe { attach.count_mapping(sgt.entries(), true) };
         Ok(sgt)
     }
 
     #[inline]
     fn unmap(&self, attach: &Attachment<'_>, sgt: SgTable, dir: DataDirection) {
+        let entries = sgt.entries();
         attach.unmap_table(sgt, dir);
-        // Uncounted as it was counted.
+        // Uncounted as it was counted: whether an attachment is revocable never changes, and
+        // each of its mappings (an importer may hold several) was counted on its own.
+        self.hbm().unmapped(attach.is_revocable());
         // SAFETY: the `unmap_dma_buf` callback, called with the reservation lock held.
-        self.hbm().unmapped(unsafe { attach.mapped_revocable() });
-        // SAFETY: as above.
-        unsafe { attach.set_mapped(0, false) };
+        unsafe { attach.count_mapping(entries, false) };
     }
 
     fn mmap(&self) -> Result {

@@ -678,12 +678,11 @@ pub(crate) unsafe fn dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool {
 }
 
 /// The exporter-private word of an attachment (helpers.h's `PEERDIRECT_ATTACH_*`): pinned,
-/// the current mapping counted as revocable, the importer reaching the BAR by bus address,
-/// and the current mapping's DMA segments above them.
+/// the importer reaching the BAR by bus address, and above them the DMA segments of all its
+/// current mappings (an importer may map one attachment more than once).
 const ATTACH_PINNED: usize = 1;
-const ATTACH_REVOCABLE: usize = 2;
-const ATTACH_BUS_ADDR: usize = 4;
-const ATTACH_ENTRIES_SHIFT: u32 = 3;
+const ATTACH_BUS_ADDR: usize = 2;
+const ATTACH_ENTRIES_SHIFT: u32 = 2;
 
 /// Replaces `attach`'s exporter-private word by `f` of it.
 ///
@@ -761,35 +760,29 @@ pub(crate) unsafe fn attach_by_bus_address(attach: *mut bindings::dma_buf_attach
     unsafe { (*attach).priv_.addr() & ATTACH_BUS_ADDR != 0 }
 }
 
-/// Records `attach`'s current mapping: its DMA segments, and whether it was counted as
-/// revocable (0 entries: unmapped).
+/// Adds (`mapped`) or takes away the DMA segments of one of `attach`'s mappings to or from
+/// those its word counts.
 ///
 /// # Safety
 ///
 /// As for [`attach_set_pinned`], from the `map_dma_buf` or `unmap_dma_buf` callback.
-pub(crate) unsafe fn attach_set_mapped(
+pub(crate) unsafe fn attach_count_mapping(
     attach: *mut bindings::dma_buf_attachment,
     entries: u32,
-    revocable: bool,
+    mapped: bool,
 ) {
-    let mapped =
-        (entries as usize) << ATTACH_ENTRIES_SHIFT | if revocable { ATTACH_REVOCABLE } else { 0 };
+    let flags = ATTACH_PINNED | ATTACH_BUS_ADDR;
+    let update = |word: usize| {
+        let counted = word >> ATTACH_ENTRIES_SHIFT;
+        let counted = if mapped {
+            counted.saturating_add(entries as usize)
+        } else {
+            counted.saturating_sub(entries as usize)
+        };
+        word & flags | counted << ATTACH_ENTRIES_SHIFT
+    };
     // SAFETY: forwarded from the caller.
-    unsafe {
-        update_attach_word(attach, |word| {
-            word & (ATTACH_PINNED | ATTACH_BUS_ADDR) | mapped
-        })
-    }
-}
-
-/// Whether `attach`'s current mapping was counted as revocable ([`attach_set_mapped`]).
-///
-/// # Safety
-///
-/// As for [`attach_set_pinned`], from the `unmap_dma_buf` callback.
-pub(crate) unsafe fn attach_mapped_revocable(attach: *mut bindings::dma_buf_attachment) -> bool {
-    // SAFETY: as in `update_attach_word`.
-    unsafe { (*attach).priv_.addr() & ATTACH_REVOCABLE != 0 }
+    unsafe { update_attach_word(attach, update) }
 }
 
 /// One importer's attachment as `peerdirect_dmabuf_attachments` describes it (mirrors

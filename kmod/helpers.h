@@ -75,16 +75,15 @@ bool peerdirect_dmabuf_revoke(struct dma_buf *dmabuf);
 /*
  * What the exporter keeps of an attachment lives in its exporter-private word
  * (attach->priv), so that attach allocates nothing and detach has nothing to undo: whether the
- * importer pinned it, whether its current mapping is counted as revocable, whether the
- * importer reaches the BAR by bus address, and how many DMA segments the current mapping has.
+ * importer pinned it, whether the importer reaches the BAR by bus address, and how many DMA
+ * segments its current mappings have (an importer may map one attachment more than once).
  * ffi.rs writes it (its ATTACH_* constants mirror these): at attach, before the core publishes
  * the attachment, then under the buffer's reservation lock only (pin, unpin, map and unmap
  * run under it), under which it is read.
  */
 #define PEERDIRECT_ATTACH_PINNED 1UL
-#define PEERDIRECT_ATTACH_REVOCABLE 2UL
-#define PEERDIRECT_ATTACH_BUS_ADDR 4UL
-#define PEERDIRECT_ATTACH_ENTRIES_SHIFT 3
+#define PEERDIRECT_ATTACH_BUS_ADDR 2UL
+#define PEERDIRECT_ATTACH_ENTRIES_SHIFT 2
 
 #ifdef CONFIG_LOCKDEP
 void peerdirect_assert_resv_held(struct dma_buf_attachment *attach);

@@ -10,7 +10,7 @@
  *
  *   fd=N dev=DDDD:BB:SS.F mode=dynamic|pinned|revocable|static [hbm=DDDD:BB:SS.F]
  *        [dir=bidir|to_device|from_device] [p2p=0|1] [hold=0|1] [stall=MS] [defer=MS]
- *        [max_seg=BYTES] [cycles=N]
+ *        [max_seg=BYTES] [cycles=N] [maps=1|2]
  *	attach dma-buf fd N (an fd of the writing process) to PCI device dev, (pin,) map, walk
  *	the sg table, then unmap, (unpin,) detach, unless hold=1: then the attachment stays
  *	mapped until "release id=I". With hbm=, also reports the kernel's P2P distance from
@@ -29,6 +29,10 @@
  *	the reported one, each mapping as many entries as the first) and adds each step's
  *	median time over the N cycles (attach_ns_p50, map_ns_p50, unmap_detach_ns_p50), so that
  *	a benchmark's numbers are not single samples.
+ *	maps=2 maps the attachment a second time while the first mapping is still mapped (the
+ *	dma-buf core keeps no sg table per attachment, so each map reaches the exporter), and
+ *	unmaps that second mapping at once; the first is then held or unmapped as usual. The
+ *	result adds map2= and map2_nents=.
  *   stalls		how many stalled invalidations have started (takes no lock)
  *   status id=I	invalidations seen, whether mapped, whether revoked
  *   remap id=I		map again an attachment whose mapping the exporter invalidated
@@ -195,7 +199,7 @@ struct pdi_cmd {
 	bool has_mode;
 	enum dma_data_direction dir;
 	bool p2p, hold;
-	unsigned int stall_ms, defer_ms, max_seg, cycles;
+	unsigned int stall_ms, defer_ms, max_seg, cycles, maps;
 	u32 id;
 };
 
@@ -212,6 +216,7 @@ static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 	cmd->verb = "run";
 	cmd->dir = DMA_BIDIRECTIONAL;
 	cmd->p2p = true;
+	cmd->maps = 1;
 
 	while ((tok = strsep(&line, " \t\n")) != NULL) {
 		if (!*tok)
@@ -273,6 +278,10 @@ static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 		} else if (!strcmp(tok, "cycles")) {
 			ret = kstrtouint(val, 10, &cmd->cycles);
 			if (!ret && (!cmd->cycles || cmd->cycles > PDI_MAX_CYCLES))
+				ret = -EINVAL;
+		} else if (!strcmp(tok, "maps")) {
+			ret = kstrtouint(val, 10, &cmd->maps);
+			if (!ret && cmd->maps != 1 && cmd->maps != 2)
 				ret = -EINVAL;
 		} else if (!strcmp(tok, "max_seg")) {
 			ret = kstrtouint(val, 0, &cmd->max_seg);
@@ -639,6 +648,18 @@ static int pdi_run_on(const struct pdi_cmd *cmd, struct seq_buf *out, struct pci
 	wait = dma_resv_wait_timeout(resv, DMA_RESV_USAGE_KERNEL, false, MAX_SCHEDULE_TIMEOUT);
 	seq_buf_printf(out, "fence_wait=%ld\n", wait < 0 ? wait : 0);
 	pdi_report_sgt(out, sgt, dev);
+
+	if (cmd->maps == 2) {
+		struct sg_table *sgt2 = dma_buf_map_attachment(p->attach, p->dir);
+
+		ret = PTR_ERR_OR_ZERO(sgt2);
+		seq_buf_printf(out, "map2=%d\n", ret);
+		if (!ret) {
+			seq_buf_printf(out, "map2_nents=%u\n", sgt2->nents);
+			dma_buf_unmap_attachment(p->attach, sgt2, p->dir);
+		}
+		ret = 0;
+	}
 
 	if (cmd->hold) {
 		dma_resv_unlock(resv);

@@ -13,6 +13,10 @@
 //! a hidden flag, the dma-buf as its stdin) that maps it before the removal and touches it after:
 //! it must die of SIGBUS.
 //!
+//! Before the removal, a second attachment of B maps twice over (the second map while the first
+//! is still mapped) and unmaps twice, once as a revocable and once as a pinned importer: the
+//! counts removal waits on must come back to what they were.
+//!
 //! The device then goes away: `unbind` writes it to the driver's `unbind`; `unplug` prints
 //! `@@peerdirect-unplug hbm0`, which the host harness (`qemu/run --hotplug`) answers with QEMU
 //! `device_del` of the HBM device (a PCIe hot-unplug), and waits for the device to disappear.
@@ -362,6 +366,10 @@ fn steps(removal: Removal) -> Vec<Step> {
         gate(
             "a registration cache attached to D caches a registration of A; D's status page says live",
             cache_a,
+        ),
+        check(
+            "a second attachment of B from the NIC, revocable and then pinned, each mapped a second time while its first mapping is mapped and unmapped twice, leaves the counts as they were: mappings_revocable 2, mappings_pinned 1",
+            map_twice,
         ),
         check(
             "debugfs stats before removal: allocations 3, exports 3, mappings_revocable 2, mappings_pinned 1, present true",
@@ -949,6 +957,31 @@ fn map_wait_touch(dmabuf: DmaBuf, go: &Path) -> Result<[u8; 8], String> {
 }
 
 /// Checks the stats' values of `keys` (the whole file on a mismatch).
+/// Two mappings on one attachment: the dma-buf core keeps no sg table per attachment, so each
+/// map reaches the exporter, which must undo each unmap as it counted its map. (Counted by one
+/// bit per attachment, the second unmap of a revocable importer was taken for a pinned one:
+/// `mappings_pinned` wrapped below zero, and removal then waited forever.)
+fn map_twice(s: &mut State) -> Outcome {
+    for mode in [Mode::Revocable, Mode::Pinned] {
+        let line = format!(
+            "fd={} dev={} mode={} maps=2",
+            s.bufs[B].fd()?,
+            s.nic,
+            mode.name()
+        );
+        let report = s.importer()?.command(&line)?;
+        report.expect(&[("attach", 0), ("map", 0), ("map2", 0)])?;
+        expect_eq(
+            &format!("{}: map2_nents", mode.name()),
+            report.int("nents")?,
+            report.int("map2_nents")?,
+        )?;
+        expect_stats(&[("mappings_revocable", "2"), ("mappings_pinned", "1")])
+            .map_err(|err| format!("after the {} importer's two maps: {err}", mode.name()))?;
+    }
+    Ok(())
+}
+
 fn expect_stats(keys: &[(&str, &str)]) -> Outcome {
     let stats = stats()?;
     for &(key, expected) in keys {

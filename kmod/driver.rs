@@ -163,6 +163,16 @@ fn record_hbm(pdev: &pci::Device<Core<'_>>, bar: BarIndex, index: u32) -> Result
         return Err(ENODEV);
     }
     ffi::request_bar(pdev, bar)?;
+    // Without it, CPU mappings of the BAR would be uncached (UC-) however mmap asks; with a
+    // conflicting reservation already made, they stay so, and say so.
+    if let Err(err) = ffi::reserve_wc(pdev, bar) {
+        dev_warn!(
+            pdev,
+            "BAR{}: cannot reserve write-combining ({:?}): CPU mappings of it will be uncached\n",
+            bar.get(),
+            err
+        );
+    }
     Ok(HbmInfo {
         bar,
         bytes,

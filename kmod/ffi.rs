@@ -26,6 +26,7 @@ mod raw {
         pub(super) fn peerdirect_pci_domain(pdev: *mut bindings::pci_dev) -> c_int;
         pub(super) fn peerdirect_pci_numa_node(pdev: *mut bindings::pci_dev) -> c_int;
         pub(super) fn peerdirect_pci_bar_is_mem(pdev: *mut bindings::pci_dev, bar: c_int) -> bool;
+        pub(super) fn peerdirect_pci_reserve_wc(pdev: *mut bindings::pci_dev, bar: c_int) -> c_int;
         pub(super) fn peerdirect_pci_dev_id(pdev: *mut bindings::pci_dev) -> u16;
         pub(super) fn peerdirect_pci_upstream_bridge(
             pdev: *mut bindings::pci_dev,
@@ -315,6 +316,16 @@ pub(crate) fn request_bar(pdev: &pci::Device<kernel::device::Core<'_>>, bar: Bar
             bar.as_c_int(),
             c"peerdirect".as_char_ptr(),
         )
+    })
+}
+
+/// Reserves write-combining as the CPU's memory type of `bar` while the driver is bound
+/// (device-managed; helpers.c says why CPU mappings need it).
+pub(crate) fn reserve_wc(pdev: &pci::Device<kernel::device::Core<'_>>, bar: BarIndex) -> Result {
+    // The `Core` context means we are in probe, where device-managed resources may be added.
+    // SAFETY: `raw_pci_dev` is valid while `pdev` is borrowed; `bar` is a standard BAR index.
+    kernel::error::to_result(unsafe {
+        raw::peerdirect_pci_reserve_wc(raw_pci_dev(pdev), bar.as_c_int())
     })
 }
 

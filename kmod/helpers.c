@@ -13,6 +13,7 @@
 #include <linux/iommu.h>
 #include <linux/export.h>
 #include <linux/mm.h>
+#include <linux/io.h>
 #include <linux/notifier.h>
 #include <linux/sched.h>
 #include <linux/slab.h>
@@ -33,6 +34,25 @@ int peerdirect_pci_domain(struct pci_dev *pdev)
 int peerdirect_pci_numa_node(struct pci_dev *pdev)
 {
 	return dev_to_node(&pdev->dev);
+}
+
+/*
+ * Reserves write-combining as the memory type of @bar for the CPU (x86 PAT; an MTRR where PAT
+ * is off), for as long as the driver is bound (device-managed), as DRM drivers do for their
+ * VRAM BARs: on x86 vmf_insert_pfn*() give a PFN mapping the type reserved for its range
+ * whatever the VMA asks for, UC- when nothing is reserved. Probe only.
+ */
+int peerdirect_pci_reserve_wc(struct pci_dev *pdev, int bar)
+{
+	resource_size_t start = pci_resource_start(pdev, bar);
+	resource_size_t len = pci_resource_len(pdev, bar);
+	int ret;
+
+	ret = devm_arch_io_reserve_memtype_wc(&pdev->dev, start, len);
+	if (ret)
+		return ret;
+	ret = devm_arch_phys_wc_add(&pdev->dev, start, len);
+	return ret < 0 ? ret : 0;
 }
 
 bool peerdirect_pci_bar_is_mem(struct pci_dev *pdev, int bar)
@@ -375,6 +395,13 @@ static vm_fault_t peerdirect_dmabuf_huge_fault(struct vm_fault *vmf, unsigned in
 	unsigned long addr = vmf->address & ~((PAGE_SIZE << order) - 1);
 	unsigned long pfn = (window->phys >> PAGE_SHIFT) + vma->vm_pgoff +
 			    ((addr - vma->vm_start) >> PAGE_SHIFT);
+	/*
+	 * A write fault asks for a writable entry: where the mapping needs write notification
+	 * (soft-dirty tracking), the entry a read fault inserted is read-only, and a write to it
+	 * comes back here for the present entry, which only a write insert makes writable: else
+	 * the fault repeats forever. panthor's and drm_gem_shmem's huge faults do the same.
+	 */
+	bool write = vmf->flags & FAULT_FLAG_WRITE;
 	vm_fault_t ret = VM_FAULT_FALLBACK;
 
 	if (order && (addr < vma->vm_start || addr + (PAGE_SIZE << order) > vma->vm_end ||
@@ -388,11 +415,11 @@ static vm_fault_t peerdirect_dmabuf_huge_fault(struct vm_fault *vmf, unsigned in
 		ret = vmf_insert_pfn(vma, vmf->address, pfn);
 #ifdef CONFIG_ARCH_SUPPORTS_PMD_PFNMAP
 	else if (order == PMD_ORDER)
-		ret = vmf_insert_pfn_pmd(vmf, pfn, false);
+		ret = vmf_insert_pfn_pmd(vmf, pfn, write);
 #endif
 #ifdef CONFIG_ARCH_SUPPORTS_PUD_PFNMAP
 	else if (order == PUD_ORDER)
-		ret = vmf_insert_pfn_pud(vmf, pfn, false);
+		ret = vmf_insert_pfn_pud(vmf, pfn, write);
 #endif
 	dma_resv_unlock(dmabuf->resv);
 	return ret;

@@ -86,7 +86,7 @@ static ssize_t cmdfile_read(struct file *file, char __user *ubuf, size_t count, 
 }
 
 /* Parses "DDDD:BB:SS.F" into @bdf[4]; -EINVAL unless it is exactly that, in range. */
-static int cmdfile_parse_bdf(const char *s, unsigned int *bdf)
+static int __maybe_unused cmdfile_parse_bdf(const char *s, unsigned int *bdf)
 {
 	char tail;
 

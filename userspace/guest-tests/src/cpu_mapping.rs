@@ -2,14 +2,28 @@
 //! table entries the alignment allows (Documentation/exporter.md): one PUD entry for 1 GiB,
 //! one PMD entry per 2 MiB, else 4 KiB PTEs. Told apart by counting this thread's page faults
 //! (`getrusage`) while touching every page; needs `qemu/run --hbm 2G`.
+//!
+//! The entries themselves are read back from the page table (tests/kmod/peerdirect_pte.c):
+//! their size, their physical address, and the memory type the CPU uses, which must be
+//! write-combining: on x86 the insert functions replace the mapping's requested type by the
+//! type reserved for the range, so the exporter reserves write-combining for the BAR.
+//!
+//! A write must also complete where the kernel first put a read-only huge entry and then
+//! allows writing: after `mprotect` from read-only to read-write, and once the mapping is
+//! tracked for soft-dirty writes (`echo 4 > /proc/PID/clear_refs`, as CRIU's pre-dump does;
+//! on kernels with `CONFIG_MEM_SOFT_DIRTY`). There the write faults on a present entry, and
+//! the fault handler must make that entry writable, else the write faults forever.
 
 use std::os::fd::AsFd;
 use std::process::ExitCode;
+use std::sync::mpsc;
+use std::time::Duration;
 
 use peerdirect::{Device, DmaBuf, ExportFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
-use crate::support::{Outcome, Tap};
+use crate::support::{expect_eq, Outcome, Tap};
+use crate::testmod::TestModule;
 use crate::INDEX;
 
 const KIB: u64 = 1 << 10;
@@ -119,8 +133,146 @@ fn case(device: &Device, len: u64, align: u64, skew: u64, most: u64, least: u64)
     }
 }
 
+/// The page-table entry behind each of a 4 KiB-, a 2 MiB- and a 1 GiB-aligned mapping, once
+/// touched: its size, writable, at the BAR's physical address plus the allocation's offset
+/// (x86: physical and bus addresses of a BAR are the same), and write-combining with PAT on.
+fn entries_write_combining(device: &Device) -> Outcome {
+    let mut pte = TestModule::load_pte()?;
+    let bar = device
+        .info()
+        .map_err(|e| format!("INFO: {e}"))?
+        .hbm_bus_addr;
+    for (len, align, skew, size) in [
+        (4 * MIB, 2 * MIB, PAGE, PAGE),
+        (4 * MIB, 2 * MIB, 0, 2 * MIB),
+        (GIB, GIB, 0, GIB),
+    ] {
+        let alloc = device
+            .alloc(len, Some(align.max(2 * MIB)))
+            .map_err(|e| format!("ALLOC of {len} bytes: {e}"))?;
+        let dmabuf = alloc
+            .export(0, 0, ExportFlags::RDWR)
+            .map_err(|e| format!("EXPORT: {e}"))?;
+        let placed = Placed::new(&dmabuf, align, skew)?;
+        placed.faults_touching([0].into_iter());
+        let report = pte.command(&format!("addr={:#x}", placed.addr))?;
+        let what = |key: &str| format!("{} MiB mapped at + {skew:#x}: {key}", len / MIB);
+        println!("# {}: {}", what("entry"), report.summary());
+        report.expect(&[("mapped", 1), ("writable", 1), ("pat", 1)])?;
+        expect_eq(&what("size"), size, report.uint("size")?)?;
+        expect_eq(
+            &what("phys"),
+            bar + alloc.hbm_offset(),
+            report.uint("phys")?,
+        )?;
+        expect_eq(&what("cachemode"), "wc", report.get("cachemode")?)?;
+    }
+    Ok(())
+}
+
+/// How long a write through a fresh mapping gets before it counts as stuck in its fault.
+const WRITE_WAIT: Duration = Duration::from_secs(10);
+
+/// Writes `value` at `addr` in a thread and waits up to [`WRITE_WAIT`] for it: a write that
+/// faults forever (the fault handler returning without making the entry writable) keeps its
+/// thread in a fault loop, which the process's exit ends.
+fn write_within_limit(addr: usize, value: u64) -> Outcome {
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        // SAFETY: the caller's mapping, readable and writable, stays mapped until this
+        // function returns (or, if the write never completes, until the process exits).
+        unsafe { std::ptr::write_volatile(addr as *mut u64, value) };
+        let _ = done.send(());
+    });
+    finished.recv_timeout(WRITE_WAIT).map_err(|_| {
+        format!(
+            "the write at {addr:#x} did not complete within {} s: its page fault repeats without making the entry writable",
+            WRITE_WAIT.as_secs()
+        )
+    })?;
+    // SAFETY: as above; the write completed.
+    let read = unsafe { std::ptr::read_volatile(addr as *const u64) };
+    if read == value {
+        Ok(())
+    } else {
+        Err(format!(
+            "wrote {value:#x} at {addr:#x}, read back {read:#x}"
+        ))
+    }
+}
+
+/// A 4 MiB dma-buf mapped read-write at a 2 MiB-aligned address (PMD entries).
+fn placed_pmd(device: &Device) -> Result<(Placed, DmaBuf), String> {
+    let len = 4 * MIB;
+    let alloc = device
+        .alloc(len, Some(2 * MIB))
+        .map_err(|e| format!("ALLOC of {len} bytes: {e}"))?;
+    let dmabuf = alloc
+        .export(0, 0, ExportFlags::RDWR)
+        .map_err(|e| format!("EXPORT: {e}"))?;
+    Ok((Placed::new(&dmabuf, 2 * MIB, 0)?, dmabuf))
+}
+
+/// Read-only first (a read faults in a read-only PMD entry), then read-write: a write to the
+/// same 2 MiB completes.
+fn write_after_mprotect(device: &Device) -> Outcome {
+    let (placed, _dmabuf) = placed_pmd(device)?;
+    let protect = |flags| {
+        // SAFETY: the range is the placed mapping, which this function owns.
+        unsafe { rustix::mm::mprotect(placed.addr as *mut _, placed.len, flags) }
+            .map_err(|e| format!("mprotect to {flags:?}: {e}"))
+    };
+    protect(rustix::mm::MprotectFlags::READ)?;
+    let faults = placed.faults_touching([0, 2 * MIB].into_iter());
+    println!("# read-only: reading a word in each 2 MiB took {faults} faults");
+    protect(rustix::mm::MprotectFlags::READ | rustix::mm::MprotectFlags::WRITE)?;
+    writes_within_limit(placed, 0x5eed_0001)
+}
+
+/// [`write_within_limit`] of `value` in the first and second 2 MiB of `placed`. Should a
+/// write not complete, the mapping is left in place for the thread stuck in its fault (else
+/// that thread would die of SIGSEGV once it is unmapped).
+fn writes_within_limit(placed: Placed, value: u64) -> Outcome {
+    let result = write_within_limit(placed.addr + 8, value)
+        .and_then(|()| write_within_limit(placed.addr + 2 * MIB as usize + 8, value + 1));
+    if result.is_err() {
+        std::mem::forget(placed);
+    }
+    result
+}
+
+/// Whether the kernel tracks soft-dirty pages (`CONFIG_MEM_SOFT_DIRTY`): a page this process
+/// just wrote has bit 55 set in `/proc/self/pagemap` only then.
+fn soft_dirty_tracked() -> Result<bool, String> {
+    let page = Box::new([1u8; PAGE as usize * 2]);
+    let addr = (page.as_ptr() as u64).div_ceil(PAGE) * PAGE;
+    // SAFETY: inside `page`, which is ours and writable.
+    unsafe { std::ptr::write_volatile(addr as *mut u8, 2) };
+    let pagemap = std::fs::File::open("/proc/self/pagemap")
+        .map_err(|e| format!("/proc/self/pagemap: {e}"))?;
+    let mut entry = [0u8; 8];
+    std::os::unix::fs::FileExt::read_exact_at(&pagemap, &mut entry, addr / PAGE * 8)
+        .map_err(|e| format!("read /proc/self/pagemap: {e}"))?;
+    drop(page);
+    Ok(u64::from_ne_bytes(entry) >> 55 & 1 == 1)
+}
+
+/// With soft-dirty tracking cleared (`clear_refs` 4), the mapping needs write notification:
+/// a write to each untouched 2 MiB completes. Fails on a kernel that does not track soft-dirty
+/// pages, where it could not fail otherwise (the test kernels and Debian's have
+/// `CONFIG_MEM_SOFT_DIRTY`).
+fn write_after_clear_refs(device: &Device) -> Outcome {
+    if !soft_dirty_tracked()? {
+        return Err("this kernel does not track soft-dirty pages (no CONFIG_MEM_SOFT_DIRTY: a page just written has no soft-dirty bit in /proc/self/pagemap), so clear_refs 4 asks for no write notification and the check cannot tell anything".into());
+    }
+    let (placed, _dmabuf) = placed_pmd(device)?;
+    std::fs::write("/proc/self/clear_refs", "4")
+        .map_err(|e| format!("write 4 to /proc/self/clear_refs: {e}"))?;
+    writes_within_limit(placed, 0x5eed_0003)
+}
+
 pub(crate) fn run() -> ExitCode {
-    let mut tap = Tap::plan(3);
+    let mut tap = Tap::plan(6);
     let device = match Device::open_index(INDEX) {
         Ok(device) => device,
         Err(err) => {
@@ -142,6 +294,18 @@ pub(crate) fn run() -> ExitCode {
     tap.report(
         "a 1 GiB dma-buf mapped at a 1 GiB-aligned address: touching a word in each 2 MiB faults once (one PUD entry)",
         &case(&device, GIB, GIB, 0, 1 + 4, 1),
+    );
+    tap.report(
+        "the page-table entries of a 4 KiB-, a 2 MiB- and a 1 GiB-aligned mapping (peerdirect_pte reads them): 4 KiB, 2 MiB and 1 GiB, writable, at the BAR's physical address + the allocation's offset, write-combining (PAT on)",
+        &entries_write_combining(&device),
+    );
+    tap.report(
+        "a 4 MiB dma-buf mapped at a 2 MiB-aligned address, made read-only by mprotect and read (read-only PMD entries), then read-write again: a write to each 2 MiB completes within 10 s and reads back",
+        &write_after_mprotect(&device),
+    );
+    tap.report(
+        "a 4 MiB dma-buf mapped read-write at a 2 MiB-aligned address after clear_refs 4 (soft-dirty tracking, as CRIU's pre-dump; the kernel tracks soft-dirty pages): a write to each untouched 2 MiB completes within 10 s and reads back",
+        &write_after_clear_refs(&device),
     );
     tap.finish()
 }

@@ -1,5 +1,5 @@
 //! The test modules' debugfs command channel (tests/kmod: peerdirect_importer,
-//! peerdirect_ibimport, peerdirect_peermem_core): this process writes one command line to the
+//! peerdirect_ibimport, peerdirect_peermem_core, peerdirect_pte): this process writes one command line to the
 //! module's `run` file and reads the module's answer, `key=value` lines, back as a [`Report`].
 //! [`Report`] also reads peerdirect's own debugfs stats (`key: value` lines).
 
@@ -15,6 +15,11 @@ use crate::INDEX;
 pub(crate) const IMPORTER: &str = "peerdirect_importer";
 const IMPORTER_PATH: &str = "/lib/peerdirect/tests/peerdirect_importer.ko";
 const IMPORTER_RUN_FILE: &str = "/sys/kernel/debug/peerdirect_importer/run";
+
+/// The page-table reader (tests/kmod/peerdirect_pte.c).
+const PTE: &str = "peerdirect_pte";
+const PTE_PATH: &str = "/lib/peerdirect/tests/peerdirect_pte.ko";
+const PTE_RUN_FILE: &str = "/sys/kernel/debug/peerdirect_pte/run";
 
 /// A test module's debugfs command file, open for commands.
 pub(crate) struct TestModule {
@@ -35,6 +40,11 @@ impl TestModule {
     /// Loads the importer module unless it is loaded already, and opens its command file.
     pub(crate) fn load_importer() -> Result<Self, String> {
         Self::load(IMPORTER, IMPORTER_PATH, IMPORTER_RUN_FILE)
+    }
+
+    /// Loads the page-table reader unless it is loaded already, and opens its command file.
+    pub(crate) fn load_pte() -> Result<Self, String> {
+        Self::load(PTE, PTE_PATH, PTE_RUN_FILE)
     }
 
     /// Opens the command file of a module already loaded.

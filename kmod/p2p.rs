@@ -21,6 +21,18 @@ use kernel::{
 
 /// Importers whose verdict one HBM device keeps.
 const VERDICTS: usize = 16;
+const _: () = assert!(VERDICTS.is_power_of_two());
+
+/// The slot where the lookup of `device` starts: its address hashed as the kernel's
+/// `hash_ptr` does (`hash_64`, a multiply by the golden ratio, keeping the top bits).
+/// `struct device`s sit at one offset inside `pci_dev`s that are all allocated with the same
+/// alignment, so their low bits are the same: a hash of those bits alone sent every importer
+/// to one slot, and each lookup but the first one past it.
+fn home(device: usize) -> usize {
+    const GOLDEN_RATIO_64: u64 = 0x61c8_8646_80b5_83eb;
+    ((device as u64).wrapping_mul(GOLDEN_RATIO_64) >> (u64::BITS - VERDICTS.trailing_zeros()))
+        as usize
+}
 
 /// Counts PCI devices added and deleted: what names a PCI device by its address is valid only
 /// under the count it was read at.
@@ -197,8 +209,7 @@ impl Verdicts {
 
     /// The slots to look for `device` in, in order.
     fn probe(&self, device: usize) -> impl Iterator<Item = &Slot> {
-        // Addresses of `struct device`s differ in their low bits by at least their alignment.
-        let start = (device >> 3) % VERDICTS;
+        let start = home(device);
         Iterator::chain(self.entries[start..].iter(), &self.entries[..start])
     }
 
@@ -423,6 +434,19 @@ mod tests {
         v.slot_of(device)
             .filter(|slot| slot.0.load(Relaxed) != 0)
             .map(core::ptr::from_ref)
+    }
+
+    #[test]
+    fn devices_spread_over_slots() -> Result {
+        // `struct device` at one offset (0xc8) inside `pci_dev`s of kmalloc-4k, one per 4 KiB.
+        let mut used = [false; VERDICTS];
+        for i in 0..VERDICTS {
+            used[home(0xffff_8880_0400_0000 + i * 4096 + 0xc8)] = true;
+        }
+        let slots = used.iter().filter(|&&u| u).count();
+        // The address bits below 4 KiB alone sent all to one slot.
+        assert!(slots >= VERDICTS / 2);
+        Ok(())
     }
 
     #[test]

@@ -21,7 +21,7 @@ impl Allocation {
     /// process, under `handle` (from [`Hbm::handles`]).
     pub(crate) fn new(hbm: &Arc<Hbm>, handle: u32, len: u64, align: u64) -> Result<Arc<Self>> {
         let record = RBTreeNodeReservation::new(GFP_KERNEL)?;
-        let pid = crate::ffi::current_tgid();
+        let pid = crate::sys::task::current_tgid();
         let range = {
             let mut state = hbm.memory.heap.lock();
             let range = state.heap.alloc(len, align)?;

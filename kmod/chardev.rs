@@ -9,15 +9,15 @@ use crate::{
     allocation::Allocation,
     driver::HbmDevice,
     export,
-    ffi::{self, DriverName},
     hbm::Hbm,
     p2p,
+    sys::{self, pci::DriverName},
     uapi::{
         peerdirect_alloc, peerdirect_export, peerdirect_export_range, peerdirect_free,
         peerdirect_info, peerdirect_p2p, ExtensibleStruct, Request, PEERDIRECT_ALLOC_ALIGN_DEFAULT,
-        PEERDIRECT_EXPORT_CLOEXEC, PEERDIRECT_EXPORT_RDWR, PEERDIRECT_IOC_ALLOC,
-        PEERDIRECT_IOC_EXPORT, PEERDIRECT_IOC_EXPORT_RANGE, PEERDIRECT_IOC_FREE,
-        PEERDIRECT_IOC_INFO, PEERDIRECT_IOC_P2P, PEERDIRECT_P2P_ACS_REDIRECT,
+        PEERDIRECT_DRIVER_NAME_LEN, PEERDIRECT_EXPORT_CLOEXEC, PEERDIRECT_EXPORT_RDWR,
+        PEERDIRECT_IOC_ALLOC, PEERDIRECT_IOC_EXPORT, PEERDIRECT_IOC_EXPORT_RANGE,
+        PEERDIRECT_IOC_FREE, PEERDIRECT_IOC_INFO, PEERDIRECT_IOC_P2P, PEERDIRECT_P2P_ACS_REDIRECT,
         PEERDIRECT_P2P_COMMON_BRIDGE, PEERDIRECT_P2P_PEER_IOMMU, PEERDIRECT_P2P_SAME_HOST_BRIDGE,
         PEERDIRECT_PROVIDER_COMPANION, PEERDIRECT_PROVIDER_OWNED,
     },
@@ -110,6 +110,9 @@ pub(crate) fn devfn(slot: u8, func: u8) -> Result<u8> {
     }
     Ok(slot << 3 | func)
 }
+
+// The floor's driver names are the ABI's `peerdirect_info::driver`.
+const _: () = assert!(sys::pci::DRIVER_NAME_LEN == PEERDIRECT_DRIVER_NAME_LEN as usize);
 
 /// `name` as `PEERDIRECT_IOC_INFO` reports a driver's name: NUL-padded (and cut short, which
 /// no name of ours needs).
@@ -261,7 +264,7 @@ impl HbmFile {
         if !self.hbm.is_companion() {
             return Err(EOPNOTSUPP);
         }
-        if !ffi::capable_sys_admin() {
+        if !sys::task::capable_sys_admin() {
             return Err(EPERM);
         }
         if req.value.length == 0 {
@@ -395,7 +398,7 @@ impl MiscDevice for HbmFile {
         )?;
         // SAFETY: `file` is being opened by our misc device, and `FILE_OPS` is its operations
         // table plus `poll`, which reads the private data the abstraction sets after this.
-        unsafe { ffi::file_replace_fops(file, &FILE_OPS.0) };
+        unsafe { sys::mm::file_replace_fops(file, &FILE_OPS.0) };
         Ok(me)
     }
 

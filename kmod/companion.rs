@@ -14,9 +14,12 @@
 
 use crate::{
     driver::{table_hbm_bar, HbmDevice},
-    ffi::{self, BarIndex, DeviceLock, DriverName, PciDevRef},
     hbm::{Hbm, HbmInfo, PciAddress},
     index::DEVICES,
+    sys::{
+        self,
+        pci::{BarIndex, DeviceLock, DriverName, PciDevRef},
+    },
     uapi::{
         peerdirect_companion, Request, PEERDIRECT_COMPANION_BAR_DEFAULT,
         PEERDIRECT_IOC_COMPANION_ADD, PEERDIRECT_IOC_COMPANION_REMOVE,
@@ -32,7 +35,7 @@ use kernel::{
 
 /// One companion device.
 struct Companion {
-    /// The device's identity ([`ffi::pci_dev_key`]), as the bus notifier names it.
+    /// The device's identity ([`sys::pci::pci_dev_key`]), as the bus notifier names it.
     key: usize,
     address: PciAddress,
     /// The owner driver's name (`PEERDIRECT_IOC_INFO`), all NULs while none is bound.
@@ -79,14 +82,14 @@ pub(crate) fn remove_all() {
 /// Whether `pdev` is served as a companion. Its owned probe calls this under the device lock,
 /// which [`add`] holds too, so the answer holds until probe returns.
 pub(crate) fn is_companion(pdev: &pci::Device) -> bool {
-    let key = ffi::pci_dev_key(pdev);
+    let key = sys::pci::pci_dev_key(pdev);
     COMPANIONS.lock().iter().any(|c| c.key == key)
 }
 
 /// The name of the driver that owns the companion `pdev`; all NULs if none does, or if `pdev`
 /// is no companion (any more).
 pub(crate) fn owner_driver(pdev: &pci::Device) -> DriverName {
-    let key = ffi::pci_dev_key(pdev);
+    let key = sys::pci::pci_dev_key(pdev);
     COMPANIONS
         .lock()
         .iter()
@@ -142,14 +145,14 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
     if lock.bound_to(c"peerdirect") {
         return Err(EBUSY);
     }
-    let key = ffi::pci_dev_key(&pdev);
+    let key = sys::pci::pci_dev_key(&pdev);
     let driver = lock.driver_name();
     let mut companions = COMPANIONS.lock();
     if companions.iter().any(|c| c.key == key) {
         return Err(EEXIST);
     }
     let bytes = pdev.resource_len(bar.get())?;
-    if bytes == 0 || !ffi::bar_is_mem(&pdev, bar) {
+    if bytes == 0 || !sys::pci::bar_is_mem(&pdev, bar) {
         return Err(EINVAL);
     }
     companions.reserve(1, GFP_KERNEL)?;
@@ -157,10 +160,10 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
     let info = HbmInfo {
         bar,
         bytes,
-        bus_addr: ffi::bar_bus_address(&pdev, bar),
+        bus_addr: sys::pci::bar_bus_address(&pdev, bar),
         phys_addr: pdev.resource_start(bar.get())?,
-        numa_node: ffi::numa_node(&pdev),
-        address: PciAddress::new(ffi::domain(&pdev), pdev.dev_id()),
+        numa_node: sys::pci::numa_node(&pdev),
+        address: PciAddress::new(sys::pci::domain(&pdev), pdev.dev_id()),
         vendor_id: pdev.vendor_id().as_raw(),
         device_id: pdev.device_id(),
         index: index.get(),
@@ -225,7 +228,7 @@ impl ControlFile {
         if !crate::companion_mode() {
             return Err(EOPNOTSUPP);
         }
-        if !ffi::capable_sys_admin() {
+        if !sys::task::capable_sys_admin() {
             return Err(EPERM);
         }
         let mut req = Request::<peerdirect_companion>::read(arg)?;

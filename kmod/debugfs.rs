@@ -5,8 +5,8 @@
 
 use crate::{
     dmabuf,
-    ffi::AttachInfo,
     hbm::{Hbm, MAX_LISTED},
+    sys::dma_buf::AttachInfo,
 };
 use kernel::{
     debugfs::{Dir, Scope, Writer},

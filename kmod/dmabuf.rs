@@ -3,14 +3,14 @@
 //! A small DMA-BUF exporter abstraction: a `dma_buf_ops` table built from a Rust
 //! [`Exporter`], and safe views of what the dma-buf core hands to it.
 //!
-//! Together with `ffi.rs` this is the only file that touches raw `struct dma_buf`,
+//! Together with the floor (`sys/`) this is the only file that touches raw `struct dma_buf`,
 //! `struct dma_buf_attachment` and `struct vm_area_struct` pointers; `export.rs` holds
 //! peerdirect's exporter logic in safe code.
 
 use crate::{
-    ffi,
     hbm::Live,
     p2p::{Route, Verdicts},
+    sys,
 };
 use core::{marker::PhantomData, ptr::NonNull};
 use kernel::{
@@ -72,7 +72,7 @@ impl Attachment<'_> {
     ) -> Result<Option<Route>> {
         // Only PCI devices: the cache forgets what the PCI bus notifier tells it of.
         // SAFETY: the importer's device is valid while the attachment is (type invariant).
-        if !unsafe { ffi::dev_is_pci(self.dev()) } {
+        if !unsafe { sys::pci::dev_is_pci(self.dev()) } {
             return Ok(None);
         }
         match verdicts.get(self.dev() as usize) {
@@ -96,7 +96,7 @@ impl Attachment<'_> {
         let (device, live) = (self.dev() as usize, live()?);
         // Any distance is a path; how it goes is what map needs.
         // SAFETY: the importer's device is valid while the attachment is (type invariant).
-        let distance = unsafe { ffi::p2p_distance(live.pci_device(), self.dev()) };
+        let distance = unsafe { sys::pci::p2p_distance(live.pci_device(), self.dev()) };
         let route = distance.map(|_| Route {
             by_bus_address: self
                 .pci_device()
@@ -109,7 +109,7 @@ impl Attachment<'_> {
     /// Logs (rate-limited) why an attach from this importer to `hbm` was refused.
     pub(crate) fn log_refused(&self, hbm: &kernel::pci::Device, reason: &CStr) {
         // SAFETY: the importer's device is valid while the attachment is (type invariant).
-        unsafe { ffi::log_refused_attach(hbm, self.dev(), reason) };
+        unsafe { sys::pci::log_refused_attach(hbm, self.dev(), reason) };
     }
 
     /// Records whether the importer pinned the attachment (for debugfs and removal's log).
@@ -119,7 +119,7 @@ impl Attachment<'_> {
     /// Called from the `pin` or `unpin` callback (the reservation lock is held).
     pub(crate) unsafe fn set_pinned(&self, pinned: bool) {
         // SAFETY: an attachment to one of our dma-bufs (type invariant), lock held (caller).
-        unsafe { ffi::attach_set_pinned(self.raw.as_ptr(), pinned) }
+        unsafe { sys::dma_buf::attach_set_pinned(self.raw.as_ptr(), pinned) }
     }
 
     /// Records how the importer reaches the HBM device, for `map` ([`Attachment::by_bus_address`]).
@@ -131,7 +131,7 @@ impl Attachment<'_> {
     /// writes its word yet.
     pub(crate) unsafe fn set_route(&self, route: Route) {
         // SAFETY: as the caller promises, the word is ours alone for now.
-        unsafe { ffi::attach_set_by_bus_address(self.raw.as_ptr(), route.by_bus_address) }
+        unsafe { sys::dma_buf::attach_set_by_bus_address(self.raw.as_ptr(), route.by_bus_address) }
     }
 
     /// Whether the importer reaches the HBM device by bus address, as recorded at attach.
@@ -142,7 +142,7 @@ impl Attachment<'_> {
     /// held).
     pub(crate) unsafe fn by_bus_address(&self) -> bool {
         // SAFETY: as in `set_pinned`.
-        unsafe { ffi::attach_by_bus_address(self.raw.as_ptr()) }
+        unsafe { sys::dma_buf::attach_by_bus_address(self.raw.as_ptr()) }
     }
 
     /// Counts the DMA segments of a mapping made (`mapped`) or undone on the attachment, for
@@ -154,7 +154,7 @@ impl Attachment<'_> {
     /// held).
     pub(crate) unsafe fn count_mapping(&self, entries: u32, mapped: bool) {
         // SAFETY: as in `set_pinned`.
-        unsafe { ffi::attach_count_mapping(self.raw.as_ptr(), entries, mapped) }
+        unsafe { sys::dma_buf::attach_count_mapping(self.raw.as_ptr(), entries, mapped) }
     }
 
     /// Whether the importer drops its mappings when told to (`dma_buf_attach_revocable`):
@@ -163,13 +163,13 @@ impl Attachment<'_> {
     /// unmap as it was counted at map.
     pub(crate) fn is_revocable(&self) -> bool {
         // SAFETY: `raw` is an attachment passed to the callback this runs in (type invariant).
-        unsafe { ffi::attach_revocable(self.raw.as_ptr()) }
+        unsafe { sys::dma_buf::attach_revocable(self.raw.as_ptr()) }
     }
 
     /// The largest DMA segment the importer's device handles.
     pub(crate) fn max_segment_size(&self) -> u64 {
         // SAFETY: the importer's device is valid while the attachment is (type invariant).
-        u64::from(unsafe { ffi::dma_max_seg_size(self.dev()) })
+        u64::from(unsafe { sys::pci::dma_max_seg_size(self.dev()) })
     }
 
     /// Maps `len` bytes of a BAR at CPU physical address `paddr` (bus address
@@ -196,7 +196,7 @@ impl Attachment<'_> {
         // buffer is not revoked (`_unrevoked`), so the BAR stays.
         // SAFETY: so `map_table`'s contract holds; `seg` is non-zero and fits an entry (above).
         unsafe {
-            ffi::map_table(
+            sys::dma_buf::map_table(
                 self.raw.as_ptr(),
                 paddr,
                 bus_offset,
@@ -214,13 +214,13 @@ impl Attachment<'_> {
     pub(crate) fn unmap_table(&self, sgt: SgTable, dir: DataDirection) {
         // SAFETY: `sgt` came from `map_table` on this attachment, under the reservation lock
         // (unmap_dma_buf's contract).
-        unsafe { ffi::unmap_table(self.raw.as_ptr(), sgt.0.as_ptr(), dir) }
+        unsafe { sys::dma_buf::unmap_table(self.raw.as_ptr(), sgt.0.as_ptr(), dir) }
     }
 
     /// The importer's PCI device, if it is one.
-    pub(crate) fn pci_device(&self) -> Option<ffi::PciDev<'_>> {
+    pub(crate) fn pci_device(&self) -> Option<sys::pci::PciDev<'_>> {
         // SAFETY: the importer's device is valid while the attachment is (type invariant).
-        unsafe { ffi::pci_dev_of(self.dev()) }
+        unsafe { sys::pci::pci_dev_of(self.dev()) }
     }
 }
 
@@ -352,7 +352,7 @@ impl DmaBuf {
     pub(crate) fn set_name(&self, index: u32, handle: u32, offset: u64, len: u64) -> Result {
         // SAFETY: we hold a reference to the dma-buf, and its name is set under its name lock.
         kernel::error::to_result(unsafe {
-            ffi::dmabuf_set_name(self.raw.as_ptr(), index, handle, offset, len)
+            sys::dma_buf::dmabuf_set_name(self.raw.as_ptr(), index, handle, offset, len)
         })
     }
 
@@ -548,7 +548,7 @@ impl<T: Exporter> Ops<T> {
             exporter.mmap()?;
             // SAFETY: `dmabuf` is ours (its `priv_` starts with a `CpuWindow`) and `vma` is
             // being set up under the mmap lock for it.
-            kernel::error::to_result(unsafe { ffi::dmabuf_mmap(dmabuf, vma) })?;
+            kernel::error::to_result(unsafe { sys::dma_buf::dmabuf_mmap(dmabuf, vma) })?;
             Ok(0)
         })
     }
@@ -570,7 +570,7 @@ pub(crate) struct DmaBufId(usize);
 /// The caller does not hold the buffer's reservation lock.
 pub(crate) unsafe fn revoke(id: DmaBufId) -> bool {
     // SAFETY: forwarded from the caller.
-    unsafe { ffi::dmabuf_revoke(id.0 as *mut bindings::dma_buf) }
+    unsafe { sys::dma_buf::dmabuf_revoke(id.0 as *mut bindings::dma_buf) }
 }
 
 /// Describes up to `out.len()` of the importers attached to the dma-buf `id`; returns how many
@@ -579,7 +579,7 @@ pub(crate) unsafe fn revoke(id: DmaBufId) -> bool {
 /// # Safety
 ///
 /// As for [`revoke`].
-pub(crate) unsafe fn attachments(id: DmaBufId, out: &mut [ffi::AttachInfo]) -> usize {
+pub(crate) unsafe fn attachments(id: DmaBufId, out: &mut [sys::dma_buf::AttachInfo]) -> usize {
     // SAFETY: forwarded from the caller.
-    unsafe { ffi::dmabuf_attachments(id.0 as *mut bindings::dma_buf, out) }
+    unsafe { sys::dma_buf::dmabuf_attachments(id.0 as *mut bindings::dma_buf, out) }
 }

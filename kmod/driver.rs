@@ -10,9 +10,9 @@
 use crate::{
     chardev::HbmFile,
     debugfs::{self, DeviceFiles},
-    ffi::{self, BarIndex},
     hbm::{Hbm, HbmInfo, PciAddress},
     index::{DeviceIndex, DEVICES},
+    sys::{self, pci::BarIndex},
 };
 use kernel::{
     bindings, container_of,
@@ -154,7 +154,7 @@ impl Drop for Bound {
 /// Records what peerdirect needs to know of the device's HBM BAR and claims it.
 fn record_hbm(pdev: &pci::Device<Core<'_>>, bar: BarIndex, index: u32) -> Result<HbmInfo> {
     let bytes = pdev.resource_len(bar.get())?;
-    if bytes == 0 || !ffi::bar_is_mem(pdev, bar) {
+    if bytes == 0 || !sys::pci::bar_is_mem(pdev, bar) {
         dev_err!(
             pdev,
             "BAR{} is not a memory BAR: not an HBM device\n",
@@ -162,10 +162,10 @@ fn record_hbm(pdev: &pci::Device<Core<'_>>, bar: BarIndex, index: u32) -> Result
         );
         return Err(ENODEV);
     }
-    ffi::request_bar(pdev, bar)?;
+    sys::pci::request_bar(pdev, bar)?;
     // Without it, CPU mappings of the BAR would be uncached (UC-) however mmap asks; with a
     // conflicting reservation already made, they stay so, and say so.
-    if let Err(err) = ffi::reserve_wc(pdev, bar) {
+    if let Err(err) = sys::pci::reserve_wc(pdev, bar) {
         dev_warn!(
             pdev,
             "BAR{}: cannot reserve write-combining ({:?}): CPU mappings of it will be uncached\n",
@@ -176,10 +176,10 @@ fn record_hbm(pdev: &pci::Device<Core<'_>>, bar: BarIndex, index: u32) -> Result
     Ok(HbmInfo {
         bar,
         bytes,
-        bus_addr: ffi::bar_bus_address(pdev, bar),
+        bus_addr: sys::pci::bar_bus_address(pdev, bar),
         phys_addr: pdev.resource_start(bar.get())?,
-        numa_node: ffi::numa_node(pdev),
-        address: PciAddress::new(ffi::domain(pdev), pdev.dev_id()),
+        numa_node: sys::pci::numa_node(pdev),
+        address: PciAddress::new(sys::pci::domain(pdev), pdev.dev_id()),
         vendor_id: pdev.vendor_id().as_raw(),
         device_id: pdev.device_id(),
         index,
@@ -225,7 +225,7 @@ impl pci::Driver for HbmDriver {
 
             let index = DEVICES.take()?;
             let info = record_hbm(pdev, bar, index.get())?;
-            ffi::p2pdma_init(pdev)?;
+            sys::pci::p2pdma_init(pdev)?;
             let pci_dev: &pci::Device = pdev;
             let hbm = Hbm::new(info, ARef::from(pci_dev), false)?;
             dev_info!(

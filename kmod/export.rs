@@ -201,7 +201,7 @@ pub(crate) fn export(
         handle: alloc.handle(),
         offset: alloc.offset() + offset,
         len,
-        pid: crate::ffi::current_tgid(),
+        pid: crate::sys::task::current_tgid(),
     };
     hbm.register_export(key, record, node)?;
     Ok(dmabuf.into_file())

@@ -9,10 +9,10 @@
 
 use crate::{
     dmabuf::{self, DmaBufId},
-    ffi::{AttachInfo, BarIndex},
     memory::{self, HbmMemory},
     p2p,
     status::StatusPage,
+    sys::{dma_buf::AttachInfo, pci::BarIndex},
     uapi::PEERDIRECT_STATUS_REVOKED,
 };
 use kernel::{

@@ -100,14 +100,16 @@ bool peerdirect_capable_sys_admin(void)
  * with the device lock held, so the BAR is still there), or the device is deleted: its
  * companion must go first (companion.rs revokes everything exported from it).
  */
+static const struct peerdirect_pci_events *peerdirect_pci_events;
+
 static int peerdirect_pci_notify(struct notifier_block *nb, unsigned long action, void *data)
 {
 	struct device *dev = data;
 
 	if (action == BUS_NOTIFY_UNBIND_DRIVER || action == BUS_NOTIFY_DEL_DEVICE)
-		peerdirect_companion_gone(to_pci_dev(dev));
+		peerdirect_pci_events->driver_unbinding_or_gone(to_pci_dev(dev));
 	else if (action == BUS_NOTIFY_BOUND_DRIVER)
-		peerdirect_companion_bound(to_pci_dev(dev));
+		peerdirect_pci_events->driver_bound(to_pci_dev(dev));
 	return NOTIFY_DONE;
 }
 
@@ -120,11 +122,13 @@ static struct notifier_block peerdirect_pci_nb = {
  * importer's device is stale once it is deleted (its memory may go to another device) or a
  * device is added at its address.
  */
+static const struct peerdirect_pci_events *peerdirect_pci_generation_events;
+
 static int peerdirect_pci_generation_notify(struct notifier_block *nb, unsigned long action,
 					    void *data)
 {
 	if (action == BUS_NOTIFY_ADD_DEVICE || action == BUS_NOTIFY_DEL_DEVICE)
-		peerdirect_pci_device_changed(data);
+		peerdirect_pci_generation_events->device_changed(data);
 	return NOTIFY_DONE;
 }
 
@@ -132,8 +136,13 @@ static struct notifier_block peerdirect_pci_generation_nb = {
 	.notifier_call = peerdirect_pci_generation_notify,
 };
 
-int peerdirect_pci_generation_register(void)
+/*
+ * The events are stored before the block joins the bus's chain: a notification runs under the
+ * chain's lock, which registration takes, so every notification sees them.
+ */
+int peerdirect_pci_generation_register(const struct peerdirect_pci_events *events)
 {
+	peerdirect_pci_generation_events = events;
 	return bus_register_notifier(&pci_bus_type, &peerdirect_pci_generation_nb);
 }
 
@@ -142,8 +151,10 @@ void peerdirect_pci_generation_unregister(void)
 	bus_unregister_notifier(&pci_bus_type, &peerdirect_pci_generation_nb);
 }
 
-int peerdirect_pci_notifier_register(void)
+/* As peerdirect_pci_generation_register(). */
+int peerdirect_pci_notifier_register(const struct peerdirect_pci_events *events)
 {
+	peerdirect_pci_events = events;
 	return bus_register_notifier(&pci_bus_type, &peerdirect_pci_nb);
 }
 
@@ -366,7 +377,7 @@ void peerdirect_unmap_table(struct dma_buf_attachment *attach, struct sg_table *
 	kfree(m);
 }
 
-/* The PCI device of @dev, which the caller checked is one (ffi.rs's dev_is_pci). */
+/* The PCI device of @dev, which the caller checked is one (sys/pci.rs's dev_is_pci). */
 struct pci_dev *peerdirect_to_pci_dev(struct device *dev)
 {
 	return to_pci_dev(dev);

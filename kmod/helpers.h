@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * C helpers for what kernel::bindings cannot reach (static inlines and macros).
- * The Rust side declares these in ffi.rs; keep the two in step.
+ * The Rust side declares these in sys/raw.rs; keep the two in step.
  */
 #ifndef PEERDIRECT_HELPERS_H
 #define PEERDIRECT_HELPERS_H
@@ -26,11 +26,19 @@ void peerdirect_pci_device_lock(struct pci_dev *pdev);
 void peerdirect_pci_device_unlock(struct pci_dev *pdev);
 bool peerdirect_capable_sys_admin(void);
 
-/* Companion devices: the PCI bus notifier, and what it calls (companion.rs). */
-int peerdirect_pci_notifier_register(void);
+/*
+ * What the two PCI bus notifiers call (sys/pci_notifier.rs's PciBusEvents), given at
+ * registration and valid until unregistration: the counting notifier calls @device_changed,
+ * the other @driver_unbinding_or_gone and @driver_bound.
+ */
+struct peerdirect_pci_events {
+	void (*device_changed)(struct device *dev);
+	void (*driver_unbinding_or_gone)(struct pci_dev *pdev);
+	void (*driver_bound)(struct pci_dev *pdev);
+};
+
+int peerdirect_pci_notifier_register(const struct peerdirect_pci_events *events);
 void peerdirect_pci_notifier_unregister(void);
-void peerdirect_companion_gone(struct pci_dev *pdev);
-void peerdirect_companion_bound(struct pci_dev *pdev);
 
 struct dma_buf;
 struct dma_buf_attachment;
@@ -46,9 +54,8 @@ void peerdirect_file_replace_fops(struct file *file, const struct file_operation
 pid_t peerdirect_current_tgid(void);
 void peerdirect_page_set_bits(struct page *page, size_t offset, u32 bits);
 unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma);
-int peerdirect_pci_generation_register(void);
+int peerdirect_pci_generation_register(const struct peerdirect_pci_events *events);
 void peerdirect_pci_generation_unregister(void);
-void peerdirect_pci_device_changed(struct device *dev); /* defined in ffi.rs */
 struct sg_table *peerdirect_map_table(struct dma_buf_attachment *attach, phys_addr_t paddr,
 				      u64 bus_offset, u64 len, u64 seg, enum dma_data_direction dir,
 				      bool bus_addr);
@@ -78,7 +85,7 @@ bool peerdirect_dmabuf_revoke(struct dma_buf *dmabuf);
  * (attach->priv), so that attach allocates nothing and detach has nothing to undo: whether the
  * importer pinned it, whether the importer reaches the BAR by bus address, and how many DMA
  * segments its current mappings have (an importer may map one attachment more than once).
- * ffi.rs writes it (its ATTACH_* constants mirror these): at attach, before the core publishes
+ * sys/dma_buf.rs writes it (its ATTACH_* constants mirror these): at attach, before the core publishes
  * the attachment, then under the buffer's reservation lock only (pin, unpin, map and unmap
  * run under it), under which it is read.
  */

@@ -8,7 +8,7 @@
 //! both devices sit below, the bridges between them with ACS redirect enabled, whether they
 //! share a host bridge, and that host bridge's IDs (what the kernel's allowlist is keyed by).
 
-use crate::ffi::{PciDev, PciDevRef};
+use crate::sys::pci::{PciDev, PciDevRef};
 use core::ops::Deref;
 use kernel::{
     new_spinlock, pci,

@@ -10,8 +10,10 @@
 //! module knows of it, [`memory`] and [`heap`] keep and allocate its BAR, [`allocation`] is one range owned by a file
 //! and its dma-bufs, [`export`] is the DMA-BUF exporter over the small exporter abstraction in
 //! [`dmabuf`], [`chardev`] is the misc device and its ioctls, [`uapi`] the ABI, [`debugfs`]
-//! the debug files, [`index`] the `/dev/peerdirectN` numbering, [`ffi`] the C helpers. The
-//! PeerDirect peer-memory client is a C module of its own (`kmod/peermem/`), for hosts whose
+//! the debug files, [`index`] the `/dev/peerdirectN` numbering, [`companion`] the companion
+//! devices and [`p2p`] the P2P verdicts. [`sys`] is the floor below them all: the raw FFI (the
+//! C helpers of `helpers.c` and what the kernel crate does not wrap), which knows nothing of
+//! peerdirect's types (Documentation/layers.md). The PeerDirect peer-memory client is a C module of its own (`kmod/peermem/`), for hosts whose
 //! ib_core offers that API.
 
 mod allocation;
@@ -21,17 +23,20 @@ mod debugfs;
 mod dmabuf;
 mod driver;
 mod export;
-mod ffi;
 mod hbm;
 mod heap;
 mod index;
 mod memory;
 mod p2p;
 mod status;
+mod sys;
 mod uapi;
 
-use ffi::{PciBusNotifier, PciGeneration};
 use kernel::{driver::Registration, miscdevice::MiscDeviceRegistration, pci, prelude::*};
+use sys::{
+    pci::DriverName,
+    pci_notifier::{PciBusEvents, PciBusNotifier, PciGeneration},
+};
 
 module! {
     type: Peerdirect,
@@ -68,6 +73,24 @@ struct Peerdirect {
     _shared: Shared,
 }
 
+/// What the PCI bus notifiers tell the module: the P2P verdict caches hear of devices added and
+/// deleted, the companions of their owner drivers.
+struct BusEvents;
+
+impl PciBusEvents for BusEvents {
+    fn device_changed(device: usize) {
+        p2p::pci_device_changed(device);
+    }
+
+    fn driver_unbinding_or_gone(key: usize) {
+        companion::gone(key);
+    }
+
+    fn driver_bound(key: usize, driver: DriverName) {
+        companion::bound(key, driver);
+    }
+}
+
 /// Removes the companion devices when dropped.
 struct Companions;
 
@@ -90,7 +113,7 @@ impl Shared {
     fn new() -> Result<Self> {
         // Before the notifier that reaches the verdict caches through it.
         p2p::init();
-        let generation = PciGeneration::register()?;
+        let generation = PciGeneration::register::<BusEvents>()?;
         debugfs::init_root();
         memory::init();
         companion::init();
@@ -114,7 +137,7 @@ impl kernel::InPlaceModule for Peerdirect {
             _shared: Shared::new()?,
             driver <- Registration::new(c"peerdirect", module),
             _companions: Companions,
-            _notifier: PciBusNotifier::register()?,
+            _notifier: PciBusNotifier::register::<BusEvents>()?,
             control <- companion::control_device(),
         })
     }

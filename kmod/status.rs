@@ -7,7 +7,7 @@
 //! `RegCache` checks it on every hit).
 
 use crate::{
-    ffi,
+    sys,
     uapi::{peerdirect_status, PEERDIRECT_STATUS_OFFSET, PEERDIRECT_STATUS_VERSION},
 };
 use core::mem::offset_of;
@@ -24,7 +24,7 @@ pub(crate) struct StatusPage(Page);
 impl StatusPage {
     pub(crate) fn new() -> Result<Self> {
         let page = Page::alloc_page(GFP_KERNEL | __GFP_ZERO)?;
-        ffi::page_set_bits(
+        sys::mm::page_set_bits(
             &page,
             offset_of!(peerdirect_status, version),
             PEERDIRECT_STATUS_VERSION,
@@ -36,13 +36,13 @@ impl StatusPage {
     /// the device's removal sets any).
     pub(crate) fn set(&self, bits: u32) {
         // The offset is a constant, aligned field of a struct much smaller than a page.
-        let _ = ffi::page_set_bits(&self.0, offset_of!(peerdirect_status, state), bits);
+        let _ = sys::mm::page_set_bits(&self.0, offset_of!(peerdirect_status, state), bits);
     }
 
     /// Maps the page into `vma`, which must be shared, read-only, not executable, one page
     /// long, at `PEERDIRECT_STATUS_OFFSET`.
     pub(crate) fn map(&self, vma: &VmaNew) -> Result {
-        if ffi::vma_pgoff(vma) != PEERDIRECT_STATUS_OFFSET as usize
+        if sys::mm::vma_pgoff(vma) != PEERDIRECT_STATUS_OFFSET as usize
             || vma.end() - vma.start() != PAGE_SIZE
             || vma.flags() & vm_flags::MAYSHARE == 0
         {

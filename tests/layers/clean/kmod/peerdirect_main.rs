@@ -1,6 +1,5 @@
 //! The root names every module; none names the root's own items.
 mod device;
-mod ffi;
 mod sys;
 
 use device::Device;

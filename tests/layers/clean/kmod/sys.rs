@@ -1,6 +1,7 @@
 //! The floor: `unsafe` and `bindings` are allowed here. A comment naming crate::device
 //! is no dependency, nor is "crate::device::Device" in a string, nor r#"crate::device"#.
 pub(crate) mod pci;
+mod util;
 
 use kernel::bindings;
 

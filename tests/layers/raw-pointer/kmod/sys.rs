@@ -19,3 +19,5 @@ impl Hbm {
         pages.first().copied().flatten().map(|p| unsafe { *p })
     }
 }
+
+mod util;

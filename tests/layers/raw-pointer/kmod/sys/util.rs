@@ -1,4 +1,4 @@
-//! In the floor too (layers.conf), so that only the raw pointer rule speaks.
+//! In the floor, so that only the raw pointer rule speaks.
 use kernel::bindings;
 
 /// Exempt by name (ADDRESS_ONLY in scripts/layers) as reading only the pointer's address, but

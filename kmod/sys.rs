@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The abstraction floor: the only place in the module with `unsafe` and `bindings` (the
+//! kernel's C), and the Rust side of the C helpers in `helpers.c`. Each file wraps one subject
+//! of the kernel in safe functions and types (or in `unsafe fn`s whose `# Safety` sections say
+//! what their callers vouch for) and knows nothing of peerdirect's own types; the domain above
+//! it is safe Rust over them, and what the kernel tells the module through the floor (the PCI
+//! bus notifiers) reaches it through a trait the crate root implements.
+//!
+//! - [`raw`]: every `extern "C"` declaration of the C helpers, and the C structs they name;
+//!   nothing outside this floor calls them.
+//! - [`pci`]: PCI devices: references and borrows, the device lock and the bound driver's name,
+//!   BAR facts, bridges, ACS, host bridges, IOMMU and P2P distance.
+//! - [`pci_notifier`]: the PCI bus notifiers and the [`pci_notifier::PciBusEvents`] they
+//!   dispatch to.
+//! - [`dma_buf`]: our dma-bufs' peer and host-bridge tables, mmap, naming, revocation and
+//!   attachment listing, and the exporter-private word of an attachment.
+//! - [`mm`]: pages, VMAs and files.
+//! - [`task`]: the calling task.
+//! - [`util`]: error pointers.
+
+pub(crate) mod dma_buf;
+pub(crate) mod mm;
+pub(crate) mod pci;
+pub(crate) mod pci_notifier;
+mod raw;
+pub(crate) mod task;
+mod util;

@@ -1,0 +1,17 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The calling task.
+
+use super::raw;
+
+/// Whether the calling task has `CAP_SYS_ADMIN` (in the initial user namespace).
+pub(crate) fn capable_sys_admin() -> bool {
+    // SAFETY: `capable` only reads the current task's credentials; any process context.
+    unsafe { raw::peerdirect_capable_sys_admin() }
+}
+
+/// The calling process's id, as its PID namespace sees it.
+pub(crate) fn current_tgid() -> i32 {
+    // SAFETY: `task_tgid_vnr(current)` may be called from any process context.
+    unsafe { raw::peerdirect_current_tgid() }
+}

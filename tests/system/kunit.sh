@@ -18,7 +18,7 @@ while read -r suite n; do cases[$suite]=$n; done < <(awk '
 	/^#\[kunit_tests\(/ { suite = $0; sub(/^#\[kunit_tests\(/, "", suite); sub(/\).*/, "", suite); n[suite] = 0; next }
 	suite != "" && /^[[:space:]]*#\[test\]/ { n[suite]++ }
 	suite != "" && /^}/ { suite = "" }
-	END { for (s in n) print s, n[s] }' "$ROOT"/kmod/*.rs)
+	END { for (s in n) print s, n[s] }' "$ROOT"/kmod/*.rs "$ROOT"/kmod/sys/*.rs)
 total=0
 for s in "${!cases[@]}"; do total=$((total + cases[$s])); done
 plan $((total * ${#kernels[@]}))

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The abstraction floor: the only place in the module with `unsafe` and `bindings` (the
-//! kernel's C), and the Rust side of the C helpers in `helpers.c`. Each file wraps one subject
-//! of the kernel in safe functions and types (or in `unsafe fn`s whose `# Safety` sections say
-//! what their callers vouch for) and knows nothing of peerdirect's own types; the domain above
-//! it is safe Rust over them, and what the kernel tells the module through the floor (the PCI
-//! bus notifiers) reaches it through a trait the crate root implements.
+//! The abstraction floor: where `unsafe` and `bindings` (the kernel's C) belong, and the Rust
+//! side of the C helpers in `sys/helpers/` (what the rest of the module still has of them is
+//! counted in `layers.conf`'s baseline). Each file wraps one subject of the kernel in safe
+//! functions and types (or in `unsafe fn`s whose `# Safety` sections say what their callers
+//! vouch for) and knows nothing of peerdirect's own types; the domain above it is safe Rust
+//! over them, and what the kernel tells the module through the floor (the PCI bus notifiers)
+//! reaches it through a trait the crate root implements.
 //!
 //! - [`raw`]: every `extern "C"` declaration of the C helpers, and the C structs they name;
 //!   nothing outside this floor calls them.
@@ -18,6 +19,9 @@
 //! - [`mm`]: pages, VMAs and files.
 //! - [`task`]: the calling task.
 //! - [`util`]: error pointers.
+//!
+//! The C helpers are in `helpers/`, one file per file of the floor that wraps them (`pci.c`
+//! for [`pci`], and so on), all declared in `helpers/helpers.h`.
 
 pub(crate) mod dma_buf;
 pub(crate) mod mm;

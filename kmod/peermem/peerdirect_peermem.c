@@ -35,7 +35,7 @@
 
 #include "peer_mem.h"
 
-/* peerdirect.ko's (kmod/helpers.c). */
+/* peerdirect.ko's (kmod/sys/helpers/dma_buf.c). */
 extern const struct vm_operations_struct peerdirect_dmabuf_vm_ops;
 
 /* One registration the core asked for: a range of one of our dma-bufs. */

@@ -28,8 +28,8 @@ pub(crate) unsafe fn attach_revocable(attach: *mut bindings::dma_buf_attachment)
 }
 
 /// Maps `len` bytes of a BAR at `paddr` for `attach`'s device in a table filled by
-/// `helpers.c`: by bus address (`paddr + bus_offset`) when `bus_addr`, else through the host
-/// bridge (one IOVA range through an IOMMU, else one `dma_map_phys` of the whole range).
+/// `helpers/dma_buf.c`: by bus address (`paddr + bus_offset`) when `bus_addr`, else through the
+/// host bridge (one IOVA range through an IOMMU, else one `dma_map_phys` of the whole range).
 ///
 /// # Safety
 ///

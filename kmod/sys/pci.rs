@@ -145,7 +145,7 @@ pub(crate) fn request_bar(pdev: &pci::Device<kernel::device::Core<'_>>, bar: Bar
 }
 
 /// Reserves write-combining as the CPU's memory type of `bar` while the driver is bound
-/// (device-managed; helpers.c says why CPU mappings need it).
+/// (device-managed; helpers/pci.c says why CPU mappings need it).
 pub(crate) fn reserve_wc(pdev: &pci::Device<kernel::device::Core<'_>>, bar: BarIndex) -> Result {
     // The `Core` context means we are in probe, where device-managed resources may be added.
     // SAFETY: `raw_pci_dev` is valid while `pdev` is borrowed; `bar` is a standard BAR index.

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The two notifiers of `helpers.c` on the PCI bus, each registered while a value of this
-//! file lives: [`PciGeneration`] for devices added and deleted, [`PciBusNotifier`] for drivers
-//! bound and unbinding. Both dispatch to a [`PciBusEvents`], which the crate root implements;
-//! the C side is given the trampolines of that implementation at registration.
+//! The two notifiers of `helpers/pci_notifier.c` on the PCI bus, each registered while a value
+//! of this file lives: [`PciGeneration`] for devices added and deleted, [`PciBusNotifier`] for
+//! drivers bound and unbinding. Both dispatch to a [`PciBusEvents`], which the crate root
+//! implements; the C side is given the trampolines of that implementation at registration.
 
 use super::{
     pci::{driver_name, DriverName},
@@ -45,14 +45,14 @@ impl<H: PciBusEvents> Events<H> {
     }
 }
 
-/// Called by helpers.c's PCI bus notifier for each PCI device added or deleted, with its
+/// Called by pci_notifier.c's PCI bus notifier for each PCI device added or deleted, with its
 /// `struct device`, before a deleted device can be freed.
 extern "C" fn device_changed<H: PciBusEvents>(dev: *mut bindings::device) {
     // Only the address is used: it names the device.
     H::device_changed(dev as usize);
 }
 
-/// Called by helpers.c's PCI bus notifier when `pdev`'s driver is about to unbind or `pdev` is
+/// Called by pci_notifier.c's PCI bus notifier when `pdev`'s driver is about to unbind or `pdev` is
 /// being deleted.
 ///
 /// # Safety
@@ -62,7 +62,7 @@ unsafe extern "C" fn driver_unbinding_or_gone<H: PciBusEvents>(pdev: *mut bindin
     H::driver_unbinding_or_gone(pdev as usize);
 }
 
-/// Called by helpers.c's PCI bus notifier once a driver is bound to `pdev`.
+/// Called by pci_notifier.c's PCI bus notifier once a driver is bound to `pdev`.
 ///
 /// # Safety
 ///
@@ -75,7 +75,7 @@ unsafe extern "C" fn driver_bound<H: PciBusEvents>(pdev: *mut bindings::pci_dev)
     H::driver_bound(pdev as usize, name);
 }
 
-/// peerdirect's notifier on the PCI bus (helpers.c), registered while this value lives: it
+/// peerdirect's notifier on the PCI bus (pci_notifier.c), registered while this value lives: it
 /// tells its [`PciBusEvents`] when a device's driver is bound or unbinds, or the device goes
 /// away.
 pub(crate) struct PciBusNotifier(());
@@ -83,7 +83,7 @@ pub(crate) struct PciBusNotifier(());
 impl PciBusNotifier {
     /// Registers the notifier, telling `H`; only the module initializer makes one.
     pub(crate) fn register<H: PciBusEvents>() -> Result<Self> {
-        // SAFETY: registers helpers.c's static notifier block, once (the only caller is the
+        // SAFETY: registers pci_notifier.c's static notifier block, once (the only caller is the
         // module initializer), unregistered in `drop`; the callbacks it is given are static.
         kernel::error::to_result(unsafe {
             raw::peerdirect_pci_notifier_register(Events::<H>::table())
@@ -101,13 +101,13 @@ impl Drop for PciBusNotifier {
 }
 
 /// Tells its [`PciBusEvents`] of every PCI device added or deleted while registered (a second
-/// PCI bus notifier in helpers.c, through [`PciBusEvents::device_changed`]).
+/// PCI bus notifier in pci_notifier.c, through [`PciBusEvents::device_changed`]).
 pub(crate) struct PciGeneration(());
 
 impl PciGeneration {
     /// Registers the counting notifier, telling `H`; only the module initializer makes one.
     pub(crate) fn register<H: PciBusEvents>() -> Result<Self> {
-        // SAFETY: registers helpers.c's static notifier block, once (the only caller is the
+        // SAFETY: registers pci_notifier.c's static notifier block, once (the only caller is the
         // module initializer), unregistered in `drop`; the callbacks it is given are static.
         kernel::error::to_result(unsafe {
             raw::peerdirect_pci_generation_register(Events::<H>::table())

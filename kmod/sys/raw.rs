@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The C helpers of `helpers.c` (declared in `helpers.h`; the signatures must match it), and
+//! The C helpers of `helpers/` (declared in `helpers/helpers.h`; the signatures must match it), and
 //! the C structs they name. Only the floor calls them, each through one safe function or one
 //! `unsafe fn` with a `# Safety` section: keep raw FFI in one place and wrap it once.
 
@@ -38,9 +38,9 @@ impl AttachInfo {
     }
 }
 
-/// What the PCI bus notifiers of `helpers.c` call (mirrors `struct peerdirect_pci_events` in
-/// `helpers.h`): each notifier is given one at registration, which stays valid and unchanged
-/// until it is unregistered.
+/// What the PCI bus notifiers of `helpers/pci_notifier.c` call (mirrors
+/// `struct peerdirect_pci_events` in `helpers.h`): each notifier is given one at registration,
+/// which stays valid and unchanged until it is unregistered.
 #[repr(C)]
 pub(super) struct PciEvents {
     /// A PCI device was added or is being deleted (`BUS_NOTIFY_ADD_DEVICE`,

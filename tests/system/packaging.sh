@@ -63,7 +63,7 @@ dpkg-deb -x "$lib_deb" "$work/lib" 2>/dev/null
 so=$(readelf -d "$work/lib/usr/lib/x86_64-linux-gnu/libpeerdirect.so.0" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 # What each must hold (make install's files, in Debian's places; what the DKMS build needs).
 missing=$(comm -13 <({ dpkg-deb -c "$dkms_deb"; dpkg-deb -c "$lib_deb"; } 2>/dev/null | awk '{print $6}' | sed 's|^\.||' | sort) \
-	<(printf '%s\n' "/usr/src/peerdirect-$version/"{dkms.conf,Makefile,Kbuild,kmod/peerdirect_main.rs,kmod/sys.rs,kmod/sys/raw.rs,kmod/helpers.c,include/uapi/peerdirect_uapi.rs,scripts/prepare-kbuild,scripts/build-module,scripts/env.sh} \
+	<(printf '%s\n' "/usr/src/peerdirect-$version/"{dkms.conf,Makefile,Kbuild,kmod/peerdirect_main.rs,kmod/sys.rs,kmod/sys/raw.rs,kmod/sys/helpers/helpers.h,kmod/sys/helpers/pci.c,include/uapi/peerdirect_uapi.rs,scripts/prepare-kbuild,scripts/build-module,scripts/env.sh} \
 		/usr/lib/udev/rules.d/60-peerdirect.rules /etc/kernel/postrm.d/peerdirect-dkms /usr/bin/peerdirect \
 		/usr/lib/x86_64-linux-gnu/{libpeerdirect.so.0,libpeerdirect.so,libpeerdirect.a,pkgconfig/peerdirect.pc} \
 		/usr/include/peerdirect.h /usr/include/peerdirect/peerdirect_uapi.h | sort) | tr '\n' ' ')

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * C helpers for what kernel::bindings cannot reach (static inlines and macros).
- * The Rust side declares these in sys/raw.rs; keep the two in step.
+ * C helpers for what kernel::bindings cannot reach (static inlines and macros), defined
+ * beside this header, one file per file of the floor that wraps them (pci.c for sys/pci.rs,
+ * and so on). The Rust side declares them all in sys/raw.rs; keep the two in step.
  */
 #ifndef PEERDIRECT_HELPERS_H
 #define PEERDIRECT_HELPERS_H
@@ -85,9 +86,9 @@ bool peerdirect_dmabuf_revoke(struct dma_buf *dmabuf);
  * (attach->priv), so that attach allocates nothing and detach has nothing to undo: whether the
  * importer pinned it, whether the importer reaches the BAR by bus address, and how many DMA
  * segments its current mappings have (an importer may map one attachment more than once).
- * sys/dma_buf.rs writes it (its ATTACH_* constants mirror these): at attach, before the core publishes
- * the attachment, then under the buffer's reservation lock only (pin, unpin, map and unmap
- * run under it), under which it is read.
+ * sys/dma_buf.rs writes it (its ATTACH_* constants mirror these): at attach, before the core
+ * publishes the attachment, then under the buffer's reservation lock only (pin, unpin, map
+ * and unmap run under it), under which it is read.
  */
 #define PEERDIRECT_ATTACH_PINNED 1UL
 #define PEERDIRECT_ATTACH_BUS_ADDR 2UL

@@ -1,253 +1,21 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * C helpers for what kernel::bindings cannot reach (static inlines and macros).
+ * The C helpers of sys/dma_buf.rs: the sg tables of our dma-bufs' mappings, their CPU
+ * mappings, naming, revocation and the listing of their attachments.
  */
-#include <linux/capability.h>
-#include <linux/device.h>
 #include <linux/dma-buf.h>
 #include <linux/dma-mapping.h>
 #include <linux/dma-resv.h>
+#include <linux/export.h>
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/huge_mm.h>
-#include <linux/iommu.h>
-#include <linux/export.h>
 #include <linux/mm.h>
-#include <linux/io.h>
-#include <linux/notifier.h>
-#include <linux/sched.h>
+#include <linux/scatterlist.h>
 #include <linux/slab.h>
 #include <linux/string.h>
 
 #include "helpers.h"
-
-u64 peerdirect_pci_bus_address(struct pci_dev *pdev, int bar)
-{
-	return pci_bus_address(pdev, bar);
-}
-
-int peerdirect_pci_domain(struct pci_dev *pdev)
-{
-	return pci_domain_nr(pdev->bus);
-}
-
-int peerdirect_pci_numa_node(struct pci_dev *pdev)
-{
-	return dev_to_node(&pdev->dev);
-}
-
-/*
- * Reserves write-combining as the memory type of @bar for the CPU (x86 PAT; an MTRR where PAT
- * is off), for as long as the driver is bound (device-managed), as DRM drivers do for their
- * VRAM BARs: on x86 vmf_insert_pfn*() give a PFN mapping the type reserved for its range
- * whatever the VMA asks for, UC- when nothing is reserved. Probe only.
- */
-int peerdirect_pci_reserve_wc(struct pci_dev *pdev, int bar)
-{
-	resource_size_t start = pci_resource_start(pdev, bar);
-	resource_size_t len = pci_resource_len(pdev, bar);
-	int ret;
-
-	ret = devm_arch_io_reserve_memtype_wc(&pdev->dev, start, len);
-	if (ret)
-		return ret;
-	ret = devm_arch_phys_wc_add(&pdev->dev, start, len);
-	return ret < 0 ? ret : 0;
-}
-
-bool peerdirect_pci_bar_is_mem(struct pci_dev *pdev, int bar)
-{
-	return pci_resource_flags(pdev, bar) & IORESOURCE_MEM;
-}
-
-/*
- * Whether the driver named @driver is bound to @pdev. The caller holds the device lock
- * (peerdirect_pci_device_lock), so the binding cannot change meanwhile.
- */
-bool peerdirect_pci_bound_to(struct pci_dev *pdev, const char *driver)
-{
-	return pdev->dev.driver && !strcmp(pdev->dev.driver->name, driver);
-}
-
-/*
- * The name of the driver bound to @pdev, NUL-padded into @len bytes at @name (all NULs if
- * none). The caller holds the device lock, or is a bus notification (which the driver core
- * sends with it held): the driver cannot unbind, nor its module go, meanwhile.
- */
-void peerdirect_pci_driver_name(struct pci_dev *pdev, u8 *name, size_t len)
-{
-	strscpy_pad((char *)name, pdev->dev.driver ? pdev->dev.driver->name : "", len);
-}
-
-/* The device lock, which the driver core holds across probe, remove and bus notifications. */
-void peerdirect_pci_device_lock(struct pci_dev *pdev)
-{
-	device_lock(&pdev->dev);
-}
-
-void peerdirect_pci_device_unlock(struct pci_dev *pdev)
-{
-	device_unlock(&pdev->dev);
-}
-
-bool peerdirect_capable_sys_admin(void)
-{
-	return capable(CAP_SYS_ADMIN);
-}
-
-/*
- * A companion device's owner driver unbinds (BUS_NOTIFY_UNBIND_DRIVER: before its remove(),
- * with the device lock held, so the BAR is still there), or the device is deleted: its
- * companion must go first (companion.rs revokes everything exported from it).
- */
-static const struct peerdirect_pci_events *peerdirect_pci_events;
-
-static int peerdirect_pci_notify(struct notifier_block *nb, unsigned long action, void *data)
-{
-	struct device *dev = data;
-
-	if (action == BUS_NOTIFY_UNBIND_DRIVER || action == BUS_NOTIFY_DEL_DEVICE)
-		peerdirect_pci_events->driver_unbinding_or_gone(to_pci_dev(dev));
-	else if (action == BUS_NOTIFY_BOUND_DRIVER)
-		peerdirect_pci_events->driver_bound(to_pci_dev(dev));
-	return NOTIFY_DONE;
-}
-
-static struct notifier_block peerdirect_pci_nb = {
-	.notifier_call = peerdirect_pci_notify,
-};
-
-/*
- * Tells the P2P verdict caches of PCI devices added and deleted: a verdict cached for an
- * importer's device is stale once it is deleted (its memory may go to another device) or a
- * device is added at its address.
- */
-static const struct peerdirect_pci_events *peerdirect_pci_generation_events;
-
-static int peerdirect_pci_generation_notify(struct notifier_block *nb, unsigned long action,
-					    void *data)
-{
-	if (action == BUS_NOTIFY_ADD_DEVICE || action == BUS_NOTIFY_DEL_DEVICE)
-		peerdirect_pci_generation_events->device_changed(data);
-	return NOTIFY_DONE;
-}
-
-static struct notifier_block peerdirect_pci_generation_nb = {
-	.notifier_call = peerdirect_pci_generation_notify,
-};
-
-/*
- * The events are stored before the block joins the bus's chain: a notification runs under the
- * chain's lock, which registration takes, so every notification sees them.
- */
-int peerdirect_pci_generation_register(const struct peerdirect_pci_events *events)
-{
-	peerdirect_pci_generation_events = events;
-	return bus_register_notifier(&pci_bus_type, &peerdirect_pci_generation_nb);
-}
-
-void peerdirect_pci_generation_unregister(void)
-{
-	bus_unregister_notifier(&pci_bus_type, &peerdirect_pci_generation_nb);
-}
-
-/* As peerdirect_pci_generation_register(). */
-int peerdirect_pci_notifier_register(const struct peerdirect_pci_events *events)
-{
-	peerdirect_pci_events = events;
-	return bus_register_notifier(&pci_bus_type, &peerdirect_pci_nb);
-}
-
-void peerdirect_pci_notifier_unregister(void)
-{
-	bus_unregister_notifier(&pci_bus_type, &peerdirect_pci_nb);
-}
-
-/* bus << 8 | devfn, as lspci prints a device without its domain. */
-u16 peerdirect_pci_dev_id(struct pci_dev *pdev)
-{
-	return pci_dev_id(pdev);
-}
-
-/* The bridge above @pdev; NULL on a root bus. The caller's reference on @pdev keeps it. */
-struct pci_dev *peerdirect_pci_upstream_bridge(struct pci_dev *pdev)
-{
-	return pci_upstream_bridge(pdev);
-}
-
-/*
- * Whether @bridge redirects peer-to-peer requests upstream: ACS request or completion
- * redirect, or egress control, enabled. The p2pdma core reads the same bits.
- */
-bool peerdirect_pci_acs_redirects(struct pci_dev *bridge)
-{
-	u16 ctrl;
-
-	if (!bridge->acs_cap)
-		return false;
-	if (pci_read_config_word(bridge, bridge->acs_cap + PCI_ACS_CTRL, &ctrl))
-		return false;
-	return ctrl & (PCI_ACS_RR | PCI_ACS_CR | PCI_ACS_EC);
-}
-
-bool peerdirect_pci_same_host_bridge(struct pci_dev *a, struct pci_dev *b)
-{
-	return pci_find_host_bridge(a->bus) == pci_find_host_bridge(b->bus);
-}
-
-/*
- * vendor << 16 | device of function 00.0 on @pdev's root bus (the "host bridge" the
- * kernel's P2P allowlist names), 0 if there is none.
- */
-u32 peerdirect_pci_host_bridge_ids(struct pci_dev *pdev)
-{
-	struct pci_host_bridge *host = pci_find_host_bridge(pdev->bus);
-	struct pci_dev *root = pci_get_slot(host->bus, PCI_DEVFN(0, 0));
-	u32 ids;
-
-	if (!root)
-		return 0;
-	ids = (u32)root->vendor << 16 | root->device;
-	pci_dev_put(root);
-	return ids;
-}
-
-bool peerdirect_pci_iommu_mapped(struct pci_dev *pdev)
-{
-	return device_iommu_mapped(&pdev->dev);
-}
-
-/*
- * Sets @bits in the u32 at @offset of @page, a page userspace maps read-only, with release
- * semantics: a reader that sees them (acquire) sees what the kernel did before.
- */
-void peerdirect_page_set_bits(struct page *page, size_t offset, u32 bits)
-{
-	u32 *word = page_address(page) + offset;
-
-	smp_store_release(word, READ_ONCE(*word) | bits);
-}
-
-unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma)
-{
-	return vma->vm_pgoff;
-}
-
-/*
- * Gives an open @file the operations @fops instead of the misc core's (replace_fops, as
- * misc_open itself does). Both belong to this module, whose reference the open holds, so
- * fops_get() cannot fail.
- */
-void peerdirect_file_replace_fops(struct file *file, const struct file_operations *fops)
-{
-	replace_fops(file, fops_get(fops));
-}
-
-/* The calling process's id as its own PID namespace sees it (for debugfs listings). */
-pid_t peerdirect_current_tgid(void)
-{
-	return task_tgid_vnr(current);
-}
 
 /*
  * The sg table of every map, filled here rather than by dma_buf_phys_vec_to_sgt(), which
@@ -375,12 +143,6 @@ void peerdirect_unmap_table(struct dma_buf_attachment *attach, struct sg_table *
 	if (sgt->sgl != m->inline_sg)
 		sg_free_table(sgt);
 	kfree(m);
-}
-
-/* The PCI device of @dev, which the caller checked is one (sys/pci.rs's dev_is_pci). */
-struct pci_dev *peerdirect_to_pci_dev(struct device *dev)
-{
-	return to_pci_dev(dev);
 }
 
 /*
@@ -552,11 +314,4 @@ size_t peerdirect_dmabuf_attachments(struct dma_buf *dmabuf, struct peerdirect_a
 	}
 	dma_resv_unlock(dmabuf->resv);
 	return n;
-}
-
-void peerdirect_log_refused_attach(struct pci_dev *hbm, struct device *importer,
-				   const char *reason)
-{
-	dev_warn_ratelimited(&hbm->dev, "refusing dma-buf attach from %s %s: %s\n",
-			     dev_driver_string(importer), dev_name(importer), reason);
 }

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use peerdirect::{Device, DmaBuf, ExportFlags};
+use peerdirect::{Allocation, Device, DmaBuf, ExportFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
 use crate::support::{expect_eq, Outcome, Tap};
@@ -109,13 +109,20 @@ fn touch_plan(len: u64) -> impl Iterator<Item = u64> {
         .chain((2 * MIB..len).step_by(2 * MIB as usize))
 }
 
-fn case(device: &Device, len: u64, align: u64, skew: u64, most: u64, least: u64) -> Outcome {
+/// An allocation of `len` bytes of HBM aligned to `align` (at least 2 MiB, so that huge entries
+/// can map it), exported whole, read-write.
+fn exported(device: &Device, len: u64, align: u64) -> Result<(Allocation<'_>, DmaBuf), String> {
     let alloc = device
         .alloc(len, Some(align.max(2 * MIB)))
         .map_err(|e| format!("ALLOC of {len} bytes aligned to {align}: {e}"))?;
     let dmabuf = alloc
         .export(0, 0, ExportFlags::RDWR)
         .map_err(|e| format!("EXPORT: {e}"))?;
+    Ok((alloc, dmabuf))
+}
+
+fn case(device: &Device, len: u64, align: u64, skew: u64, most: u64, least: u64) -> Outcome {
+    let (_alloc, dmabuf) = exported(device, len, align)?;
     let placed = Placed::new(&dmabuf, align, skew)?;
     let faults = placed.faults_touching(touch_plan(len));
     println!(
@@ -147,12 +154,7 @@ fn entries_write_combining(device: &Device) -> Outcome {
         (4 * MIB, 2 * MIB, 0, 2 * MIB),
         (GIB, GIB, 0, GIB),
     ] {
-        let alloc = device
-            .alloc(len, Some(align.max(2 * MIB)))
-            .map_err(|e| format!("ALLOC of {len} bytes: {e}"))?;
-        let dmabuf = alloc
-            .export(0, 0, ExportFlags::RDWR)
-            .map_err(|e| format!("EXPORT: {e}"))?;
+        let (alloc, dmabuf) = exported(device, len, align)?;
         let placed = Placed::new(&dmabuf, align, skew)?;
         placed.faults_touching([0].into_iter());
         let report = pte.command(&format!("addr={:#x}", placed.addr))?;
@@ -204,12 +206,7 @@ fn write_within_limit(addr: usize, value: u64) -> Outcome {
 /// A 4 MiB dma-buf mapped read-write at a 2 MiB-aligned address (PMD entries).
 fn placed_pmd(device: &Device) -> Result<(Placed, DmaBuf), String> {
     let len = 4 * MIB;
-    let alloc = device
-        .alloc(len, Some(2 * MIB))
-        .map_err(|e| format!("ALLOC of {len} bytes: {e}"))?;
-    let dmabuf = alloc
-        .export(0, 0, ExportFlags::RDWR)
-        .map_err(|e| format!("EXPORT: {e}"))?;
+    let (_alloc, dmabuf) = exported(device, len, 2 * MIB)?;
     Ok((Placed::new(&dmabuf, 2 * MIB, 0)?, dmabuf))
 }
 

@@ -2,8 +2,11 @@
 
 //! `/dev/peerdirectN`: the misc device of one HBM device, and its ioctls.
 //!
-//! Each open file has its own allocations: handles are unique on the device, but a file can
-//! only name the ones it made (another file's handle is `ENOENT`, as a freed one is).
+//! Each open file has its own allocations, and can only name the ones it made (another file's
+//! handle is `ENOENT`, as a freed one is): a handle is unique in its file. The device hands
+//! handles out in order from one 32-bit counter, so two files' handles also differ, until that
+//! counter wraps: then a handle this file still holds is skipped, one another file holds is
+//! not.
 
 use crate::{
     allocation::Allocation,

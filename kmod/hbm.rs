@@ -108,9 +108,10 @@ impl Mappings {
     }
 }
 
-/// Allocation handles of a device: counted up, never 0, and never one the caller still uses.
-/// After 2^32 allocations the count wraps; a handle still held then is skipped instead of
-/// being handed out twice.
+/// Allocation handles of a device: counted up, never 0, and never one the caller (a file)
+/// still uses. After 2^32 allocations the count wraps; a handle the file still holds is then
+/// skipped instead of being handed out twice, but one another file holds is not: handles are
+/// unique in a file, and on the device only until the wrap.
 pub(crate) struct Handles(Atomic<u32>);
 
 impl Handles {

@@ -1115,16 +1115,25 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
         &removal_waits_for_late_unmap(&mut importer, bdf, &nic),
     );
     let stop = Arc::new(AtomicBool::new(false));
-    let counts = Arc::new([const { AtomicU64::new(0) }; 3]);
-    let (imported, refused, invalidated) = (0, 1, 2);
+    let counts = Arc::new([const { AtomicU64::new(0) }; 4]);
+    let (imported, refused, invalidated, doubled) = (0, 1, 2, 3);
     let unexpected = Arc::new(Unexpected::default());
     let mut threads = {
         let counts = counts.clone();
+        // `maps=2`: a second map of the attachment while its first is mapped, each uncounted
+        // at its unmap as it was counted at its map, or removal waits for a mapping that is
+        // not there.
         importing_threads(
             &stop,
             &unexpected,
             &nic,
-            &["dynamic", "revocable", "pinned", "dynamic hold=1 defer=1"],
+            &[
+                "dynamic",
+                "revocable maps=2",
+                "pinned",
+                "dynamic hold=1 defer=1",
+                "revocable",
+            ],
             move |importer, mode, answer| {
                 let report = answer?;
                 // A held mapping: let go of it at once, an unbind may be invalidating it. Its
@@ -1139,6 +1148,9 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
                     None => return Err(format!("{mode} import: {}", report.summary())),
                 };
                 counts[count].fetch_add(1, Ordering::Relaxed);
+                if report.value("map2") == Some("0") {
+                    counts[doubled].fetch_add(1, Ordering::Relaxed);
+                }
                 // Removal told the importer to drop the mapping it made: the unbind came
                 // between its map and its unmap.
                 let last = released.as_ref().unwrap_or(&report);
@@ -1174,12 +1186,13 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
         let count = |i: usize| counts[i].load(Ordering::Relaxed);
         cycles >= MIN_CYCLES
             && count(imported) >= MIN_IMPORTS
+            && count(doubled) >= 1
             && count(refused) + count(invalidated) > 0
             && reads.load(Ordering::Relaxed) >= MIN_READS
     };
     let (cycles, outcome, _) = cycle_against(bdf, budget, &enough, &stop, None, threads);
-    let [imported, refused, invalidated] =
-        [imported, refused, invalidated].map(|i| counts[i].load(Ordering::Relaxed));
+    let [imported, refused, invalidated, doubled] =
+        [imported, refused, invalidated, doubled].map(|i| counts[i].load(Ordering::Relaxed));
     let (reads, listed) = (
         reads.load(Ordering::Relaxed),
         listed.load(Ordering::Relaxed),
@@ -1187,6 +1200,7 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
     let outcome = all_of([outcome, unexpected.outcome()])
         .and_then(|()| expect_raced("unbind/rebind cycles", cycles, MIN_CYCLES))
         .and_then(|()| expect_raced("imports", imported, MIN_IMPORTS))
+        .and_then(|()| expect_raced("imports mapped twice", doubled, 1))
         .and_then(|()| expect_raced("debugfs exports reads", reads, MIN_READS))
         // Either shows an import meeting a removal: before its attach or map, or after its map.
         .and_then(|()| {
@@ -1197,7 +1211,7 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
         });
     tap.report(
         &format!(
-            "2 threads have the NIC attach, pin, map, unmap and detach dma-bufs while debugfs's exports is read and the device is unbound and rebound ({cycles} cycles, {imported} imports, {reads} reads listing {listed} attachments; met: {refused} imports refused with ENODEV, {invalidated} invalidated while mapped)"
+            "2 threads have the NIC attach, pin, map (some twice over), unmap and detach dma-bufs while debugfs's exports is read and the device is unbound and rebound ({cycles} cycles, {imported} imports, {doubled} of them mapped twice, {reads} reads listing {listed} attachments; met: {refused} imports refused with ENODEV, {invalidated} invalidated while mapped)"
         ),
         &outcome,
     );

@@ -13,8 +13,8 @@
 //! the debug files, [`index`] the `/dev/peerdirectN` numbering, [`companion`] the companion
 //! devices and [`p2p`] the P2P verdicts. [`sys`] is the floor below them all: the raw FFI (the
 //! C helpers of `sys/helpers/` and what the kernel crate does not wrap), which knows nothing of
-//! peerdirect's types (Documentation/layers.md). The PeerDirect peer-memory client is a C module of its own (`kmod/peermem/`), for hosts whose
-//! ib_core offers that API.
+//! peerdirect's types (Documentation/layers.md). The PeerDirect peer-memory client is a C
+//! module of its own (`kmod/peermem/`), for hosts whose ib_core offers that API.
 
 mod allocation;
 mod chardev;

@@ -34,8 +34,10 @@ out=$(guest --rxe -- sh -c 'uname -r; cat /proc/version; cat /proc/sys/kernel/ta
 	for m in peerdirect ib_core rdma_rxe; do
 		od -An -tx1 -v /sys/module/$m/notes/.note.gnu.build-id | tr -d " \n" | tail -c 40; echo
 	done
-	rdma link show rxe0/1 | head -1' 2>&1)
+	rdma link show rxe0/1 | head -1' 2>"$work/first.err")
 rc=$?
+# qemu/run's notes (a boot done again) go to stderr, apart from the lines read below.
+out+=$'\n'$(cat "$work/first.err")
 mapfile -t line <<<"$out"
 desc="the guest runs Debian's own kernel: uname -r is $release, /proc/version names Debian $version"
 if [ $rc = 0 ] && [ "${line[0]}" = "$release" ] && [[ ${line[1]} == *"Debian $version"* ]]; then

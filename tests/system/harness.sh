@@ -8,11 +8,12 @@
 #   /init is done again and then given up, exit 124); that a known upstream report is dropped
 #   only where it is known, and lockdep stays on through a hot-unplug;
 # - tests/run: a suite that reports fewer checks than its plan fails, an undeclared skip fails,
-#   `-k` with no match fails, a sibling guest's splat counts when another guest timed out.
+#   `-k` with no match fails, a sibling guest's splat counts when another guest timed out, and
+#   the end of the output names the failures and the splat's head.
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-plan 17
+plan 18
 selftest=/lib/peerdirect/tests/peerdirect_splat_selftest.ko
 
 # One boot for three things qemu/run does: the command's exit status, the shared folder both
@@ -234,3 +235,12 @@ if [ \$r = 0 ]; then ok "the second guest passes"; else not_ok "the second guest
 SUITE
 run_harness sibling '^not ok - sibling: the second guest passes$' '1 passed, 1 failed' \
 	"tests/run counts a sibling guest's splat in a suite where another guest timed out"
+# The end of the output (all a CI log shown by its head and tail may keep) says it again: the
+# failure, and the head of the splat qemu/run reported.
+tail -n 24 "$work/sibling.out" >"$work/sibling.tail"
+if grep -qx '# what failed (1):' "$work/sibling.tail" && grep -qx '#   sibling: the second guest passes' "$work/sibling.tail" &&
+	grep -q '^#   sibling: qemu/run: kernel splat' "$work/sibling.tail" && grep -q '^#   sibling: .*WARNING:' "$work/sibling.tail"; then
+	ok "the end of tests/run's output names each failure and the head of the splat behind it"
+else
+	not_ok "the end of tests/run's output names each failure and the head of the splat behind it" "$(cat "$work/sibling.out")"
+fi

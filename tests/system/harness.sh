@@ -13,7 +13,7 @@
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-plan 18
+plan 19
 selftest=/lib/peerdirect/tests/peerdirect_splat_selftest.ko
 
 # One boot for three things qemu/run does: the command's exit status, the shared folder both
@@ -36,6 +36,36 @@ else
 	not_ok "--hbm-backing FILE backs the 64 MiB HBM BAR" "backing size ${size:-none}" "$(cat "$work/devices.json" "$work/err" 2>&1)"
 fi
 
+# Snapshots (qemu/run): a configuration's first run saves the guest at /init's ready line, the
+# next ones restore it. Three runs of one configuration, with a snapshot folder of this test's
+# own, each with a share of its own: the first boots, the other two are restored, and each runs its
+# own command with its own settings and share, on the host's clock, drawing random bytes none
+# of the others drew.
+: >"$work/snap.boots"
+snap_ok=1 snap_out=
+for i in 1 2 3; do
+	mkdir -p "$work/snap$i"
+	echo "run $i" >"$work/snap$i/in"
+	o=$(PEERDIRECT_SNAPSHOT_DIR=$work/snapshots PEERDIRECT_BOOT_LOG=$work/snap.boots guest --hbm 128M --share "$work/snap$i" -- sh -c 'cat /mnt/host/in
+		peerdirect devices --json | grep -o "\"hbm_bytes\": *[0-9]*" | tr -d " "
+		date +%s; head -c 16 /dev/urandom | od -An -tx1 | tr -d " \n"; echo' 2>&1)
+	r=$?
+	host_now=$(date +%s)
+	mapfile -t l <<<"$o"
+	snap_out+="run $i (exit $r):"$'\n'"$o"$'\n'
+	[ $r = 0 ] && [ "${l[0]}" = "run $i" ] && [ "${l[1]}" = '"hbm_bytes":134217728' ] &&
+		[ -n "${l[2]}" ] && [ $((host_now - l[2])) -ge 0 ] && [ $((host_now - l[2])) -le 60 ] &&
+		[ ${#l[3]} = 32 ] || snap_ok=0
+	echo "${l[3]:-}" >>"$work/snap.random"
+done
+if [ $snap_ok = 1 ] && [ "$(awk '{ print $4 }' "$work/snap.boots" | tr '\n' ' ')" = "boot restore restore " ] &&
+	[ "$(sort -u "$work/snap.random" | wc -l)" = 3 ]; then
+	ok "a configuration's first guest boots and is saved, the next two are restored: each runs its own command with its own share and HBM size, on the host's clock, with random bytes of its own"
+else
+	not_ok "a configuration's first guest boots and is saved, the next two are restored: each runs its own command with its own share and HBM size, on the host's clock, with random bytes of its own" \
+		"boots: $(cat "$work/snap.boots")" "$snap_out"
+fi
+
 out=$(guest -- insmod $selftest 2>&1)
 rc=$?
 if [ $rc = 99 ] && grep -q 'kernel splat' <<<"$out" && grep -q 'WARNING:' <<<"$out"; then
@@ -47,7 +77,7 @@ fi
 # A boot limit no kernel meets: three boots, each said with where the kernel was (its answer to
 # the NMI: a panic with every CPU's backtrace), then a timeout. Events go to a file of this
 # test's own, not to tests/run's (which would retry the suite).
-out=$(PEERDIRECT_BOOT_LIMIT=5 PEERDIRECT_GUEST_EVENTS=$work/events guest -- sh -c 'echo ran' 2>&1)
+out=$(PEERDIRECT_SNAPSHOTS=0 PEERDIRECT_BOOT_LIMIT=5 PEERDIRECT_GUEST_EVENTS=$work/events guest -- sh -c 'echo ran' 2>&1)
 rc=$?
 if [ $rc = 124 ] && [ "$(grep -c 'no /init after 5s' "$work/events")" = 3 ] &&
 	[ "$(grep -c 'booting again' "$work/events")" = 2 ] && grep -q '^qemu/run: guest timed out' "$work/events" &&

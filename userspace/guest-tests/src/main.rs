@@ -19,7 +19,6 @@ mod pinned;
 mod race;
 mod release_revoke;
 mod removal;
-mod reseed;
 mod revoke;
 mod support;
 mod testmod;
@@ -59,10 +58,6 @@ struct Args {
     /// unloaded.
     #[arg(long, value_enum, value_name = "HOW", conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export"])]
     revoke: Option<revoke::Removal>,
-    /// Not a test: credit 64 bytes of FILE to the kernel's entropy and reseed its CRNG
-    /// (qemu/init, after a guest is restored from a snapshot).
-    #[arg(long, value_name = "FILE")]
-    reseed_rng: Option<std::path::PathBuf>,
     /// Internal to --revoke: the child that maps the dma-buf on its stdin and touches the
     /// mapping once the file named exists.
     #[arg(long, hide = true, value_name = "GO_FILE")]
@@ -435,15 +430,6 @@ fn fields(info: &peerdirect_info) -> String {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(seed) = &args.reseed_rng {
-        return match reseed::run(seed) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("peerdirect-guest-tests: {e}");
-                ExitCode::FAILURE
-            }
-        };
-    }
     // Before any thread exists: soft-RoCE needs a smaller ofi_rxm universe than libfabric's.
     peerdirect::registrar::libfabric::default_universe_size();
     if args.lifecycle {

@@ -51,22 +51,28 @@ fi
 # next ones restore it. Three runs of one configuration, with a snapshot folder of this test's
 # own, each with a share of its own: the first boots, the other two are restored, and each runs its
 # own command with its own settings and share, on the host's clock (within 15 s), drawing random
-# bytes none of the others drew.
+# bytes none of the others drew; the third with modules and programs of another build (a copy
+# of this build's with a file added: PEERDIRECT_PAYLOAD), which it has, restored all the same.
 : >"$work/snap.boots"
 snap_ok=1 snap_out=
+cp -a "$ROOT/build/initramfs.payload" "$work/payload"
+echo "another build" >"$work/payload/usr/bin/peerdirect-build-mark"
 for i in 1 2 3; do
 	mkdir -p "$work/snap$i"
 	echo "run $i" >"$work/snap$i/in"
-	o=$(PEERDIRECT_SNAPSHOT_DIR=$work/snapshots PEERDIRECT_BOOT_LOG=$work/snap.boots PEERDIRECT_GUEST_EVENTS=$work/snap.events guest --hbm 128M --share "$work/snap$i" -- sh -c 'cat /mnt/host/in
+	mark=none payload=
+	[ $i != 3 ] || mark="another build" payload=$work/payload
+	o=$(PEERDIRECT_PAYLOAD=$payload PEERDIRECT_SNAPSHOT_DIR=$work/snapshots PEERDIRECT_BOOT_LOG=$work/snap.boots PEERDIRECT_GUEST_EVENTS=$work/snap.events guest --hbm 128M --share "$work/snap$i" -- sh -c 'cat /mnt/host/in
 		peerdirect devices --json | grep -o "\"hbm_bytes\": *[0-9]*" | tr -d " "
-		date +%s; head -c 16 /dev/urandom | od -An -tx1 | tr -d " \n"; echo' 2>&1)
+		date +%s; head -c 16 /dev/urandom | od -An -tx1 | tr -d " \n"; echo
+		cat /usr/bin/peerdirect-build-mark 2>/dev/null || echo none' 2>&1)
 	r=$?
 	host_now=$(date +%s)
 	mapfile -t l <<<"$o"
 	snap_out+="run $i (exit $r):"$'\n'"$o"$'\n'
 	[ $r = 0 ] && [ "${l[0]}" = "run $i" ] && [ "${l[1]}" = '"hbm_bytes":134217728' ] &&
 		[ -n "${l[2]}" ] && [ $((host_now - l[2])) -ge 0 ] && [ $((host_now - l[2])) -le 15 ] &&
-		[ ${#l[3]} = 32 ] || snap_ok=0
+		[ ${#l[3]} = 32 ] && [ "${l[4]}" = "$mark" ] || snap_ok=0
 	echo "${l[3]:-}" >>"$work/snap.random"
 	# The snapshot ages 30 s before it is restored: a guest on the saved boot's clock would
 	# be that far behind (without /init's date -s, 95 s behind after 90 s).
@@ -74,9 +80,9 @@ for i in 1 2 3; do
 done
 if [ $snap_ok = 1 ] && [ "$(ran "$work/snap.boots" "$work/snap.events")" = "boot restore restore " ] &&
 	[ "$(sort -u "$work/snap.random" | wc -l)" = 3 ]; then
-	ok "a configuration's first guest boots and is saved, the next two are restored: each runs its own command with its own share and HBM size, on the host's clock, with random bytes of its own"
+	ok "a configuration's first guest boots and is saved, the next two are restored: each runs its own command with its own share and HBM size, on the host's clock, with random bytes of its own, the last with another build's modules and programs"
 else
-	not_ok "a configuration's first guest boots and is saved, the next two are restored: each runs its own command with its own share and HBM size, on the host's clock, with random bytes of its own" \
+	not_ok "a configuration's first guest boots and is saved, the next two are restored: each runs its own command with its own share and HBM size, on the host's clock, with random bytes of its own, the last with another build's modules and programs" \
 		"boots: $(cat "$work/snap.boots")" "$snap_out"
 fi
 

@@ -321,7 +321,8 @@ fn export_fd<T: ExtensibleStruct>(
         0
     })?;
     let writable = flags & PEERDIRECT_EXPORT_RDWR != 0;
-    let file = export::export(alloc, offset, length, writable)?;
+    let module = kernel::module::this_module::<crate::LocalModule>();
+    let file = export::export(module, alloc, offset, length, writable)?;
     set_fd(
         &mut req,
         i32::try_from(fd.reserved_fd()).map_err(|_| EMFILE)?,

@@ -4,9 +4,8 @@
 //! `exports` (with their importers' attachments).
 
 use crate::{
-    dmabuf,
     hbm::{Hbm, MAX_LISTED},
-    sys::dma_buf::AttachInfo,
+    sys::dma_buf::{self, AttachInfo},
 };
 use kernel::{
     debugfs::{Dir, Scope, Writer},
@@ -93,7 +92,7 @@ impl Writer for Exports {
             let mut infos = [AttachInfo::EMPTY; MAX_LISTED];
             // SAFETY: a recorded buffer's release has not completed (we hold `exported`), and
             // we do not hold its reservation lock.
-            let n = unsafe { dmabuf::attachments(export.id, &mut infos) };
+            let n = unsafe { dma_buf::attachments(export.id, &mut infos) };
             for a in &infos[..n.min(MAX_LISTED)] {
                 writeln!(
                     f,

@@ -21,8 +21,9 @@
 
 use crate::{
     allocation::Allocation,
-    dmabuf::{Attachment, DataDirection, DmaBuf, Exporter, SgTable, Unrevoked},
     hbm::{ExportRecord, Hbm},
+    p2p,
+    sys::dma_buf::{Attaching, DataDirection, DmaBuf, Exporter, Locked, SgTable, Unrevoked},
 };
 use kernel::{
     fs::File,
@@ -30,6 +31,7 @@ use kernel::{
     prelude::*,
     rbtree::RBTreeNodeReservation,
     sync::{aref::ARef, atomic::Relaxed, Arc},
+    ThisModule,
 };
 
 struct Export {
@@ -61,7 +63,7 @@ impl Export {
 impl Exporter for Export {
     // Inlined into the `attach` callback: one call less per attach.
     #[inline]
-    fn attach(&self, attach: &Attachment<'_>) -> Result {
+    fn attach(&self, attach: &Attaching<'_>) -> Result {
         if !attach.peer2peer() {
             return Err(EOPNOTSUPP);
         }
@@ -70,7 +72,7 @@ impl Exporter for Export {
         // and asks for the device as bound. An attach that passes while the device goes is
         // harmless: its maps fail (revocation marks the export under the reservation lock
         // `map` runs under) and revocation tells it to let go.
-        let Some(route) = attach.p2p_route(&hbm.verdicts, || hbm.live())? else {
+        let Some(route) = p2p::route(attach, &hbm.verdicts, || hbm.live())? else {
             attach.log_refused(
                 hbm.pdev(),
                 c"no peer-to-peer path to the HBM device (kernel P2P verdict: not supported)",
@@ -78,29 +80,26 @@ impl Exporter for Export {
             return Err(EOPNOTSUPP);
         };
         // For `map`, in the attachment's own exporter-private word (as is what debugfs shows
-        // of it: see `Attachment::set_pinned`), so attach allocates nothing and detach has
+        // of it: see `Locked::set_pinned`), so attach allocates nothing and detach has
         // nothing to undo.
-        // SAFETY: the `attach` callback.
-        unsafe { attach.set_route(route) };
+        attach.set_by_bus_address(route.by_bus_address);
         Ok(())
     }
 
-    fn pin(&self, attach: &Attachment<'_>) -> Result {
-        // SAFETY: the `pin` callback, called with the reservation lock held.
-        unsafe { attach.set_pinned(true) };
+    fn pin(&self, attach: &Locked<'_>) -> Result {
+        attach.set_pinned(true);
         Ok(())
     }
 
-    fn unpin(&self, attach: &Attachment<'_>) {
-        // SAFETY: the `unpin` callback, called with the reservation lock held.
-        unsafe { attach.set_pinned(false) };
+    fn unpin(&self, attach: &Locked<'_>) {
+        attach.set_pinned(false);
     }
 
     // Inlined into the `map_dma_buf` callback, as `attach` is.
     #[inline]
     fn map(
         &self,
-        attach: &Attachment<'_>,
+        attach: &Locked<'_>,
         dir: DataDirection,
         unrevoked: &Unrevoked<'_>,
     ) -> Result<SgTable> {
@@ -114,8 +113,7 @@ impl Exporter for Export {
         let hbm = self.hbm();
         let page = PAGE_SIZE as u64;
         let seg = (attach.max_segment_size() & !(page - 1)).max(page);
-        // SAFETY: the `map_dma_buf` callback, called with the reservation lock held.
-        let bus_addr = unsafe { attach.by_bus_address() };
+        let bus_addr = attach.by_bus_address();
         // Our own table, for a companion's BAR (no p2pdma provider of ours) and ours alike:
         // the route attach recorded says bus address or host bridge (Documentation/exporter.md).
         let info = hbm.recorded();
@@ -130,20 +128,18 @@ impl Exporter for Export {
             bus_addr,
         )?;
         hbm.mapped(attach.is_revocable());
-        // SAFETY: the `map_dma_buf` callback, called with the reservation lock held.
-        unsafe { attach.count_mapping(sgt.entries(), true) };
+        attach.count_mapping(sgt.entries(), true);
         Ok(sgt)
     }
 
     #[inline]
-    fn unmap(&self, attach: &Attachment<'_>, sgt: SgTable, dir: DataDirection) {
+    fn unmap(&self, attach: &Locked<'_>, sgt: SgTable, dir: DataDirection) {
         let entries = sgt.entries();
         attach.unmap_table(sgt, dir);
         // Uncounted as it was counted: whether an attachment is revocable never changes, and
         // each of its mappings (an importer may hold several) was counted on its own.
         self.hbm().unmapped(attach.is_revocable());
-        // SAFETY: the `unmap_dma_buf` callback, called with the reservation lock held.
-        unsafe { attach.count_mapping(entries, false) };
+        attach.count_mapping(entries, false);
     }
 
     fn mmap(&self) -> Result {
@@ -162,9 +158,10 @@ impl Drop for Export {
     }
 }
 
-/// Exports `len` bytes from `offset` inside `alloc` (validated by the caller) as a dma-buf;
-/// returns its file, to be installed as an fd.
+/// Exports `len` bytes from `offset` inside `alloc` (validated by the caller) as a dma-buf of
+/// `module`'s (peerdirect's); returns its file, to be installed as an fd.
 pub(crate) fn export(
+    module: &'static ThisModule,
     alloc: &Arc<Allocation>,
     offset: u64,
     len: u64,
@@ -193,7 +190,7 @@ pub(crate) fn export(
     };
     let key = core::ptr::from_ref::<Export>(&export) as usize;
     let cpu_phys = export.phys_addr();
-    let dmabuf = DmaBuf::export(export, len, cpu_phys, writable)?;
+    let dmabuf = DmaBuf::export(module, export, len, cpu_phys, writable)?;
     dmabuf.set_name(index, alloc.handle(), alloc.offset() + offset, len)?;
     // Recorded for revocation; fails if the device went away meanwhile.
     let record = ExportRecord {

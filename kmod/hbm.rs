@@ -8,11 +8,13 @@
 //! fails with `ENODEV`.
 
 use crate::{
-    dmabuf::{self, DmaBufId},
     memory::{self, HbmMemory},
     p2p,
     status::StatusPage,
-    sys::{dma_buf::AttachInfo, pci::BarIndex},
+    sys::{
+        dma_buf::{self, AttachInfo, DmaBufId},
+        pci::BarIndex,
+    },
     uapi::PEERDIRECT_STATUS_REVOKED,
 };
 use kernel::{
@@ -177,6 +179,15 @@ impl Live<'_> {
     }
 }
 
+/// The bound device, as `p2p::route` asks for it.
+impl core::ops::Deref for Live<'_> {
+    type Target = pci::Device;
+
+    fn deref(&self) -> &pci::Device {
+        self.pci_device()
+    }
+}
+
 impl Hbm {
     pub(crate) fn new(
         info: HbmInfo,
@@ -330,7 +341,7 @@ impl Hbm {
             for id in exported.values().map(|r| r.id) {
                 // SAFETY: a recorded buffer's release unregisters it under `exported`, which we
                 // hold, so its release has not completed; its reservation lock is not ours.
-                if unsafe { dmabuf::revoke(id) } {
+                if unsafe { dma_buf::revoke(id) } {
                     revoked += 1;
                 } else {
                     releasing += 1;
@@ -406,7 +417,7 @@ impl Hbm {
             let mut infos = [AttachInfo::EMPTY; MAX_LISTED];
             // SAFETY: a recorded buffer's release has not completed (we hold `exported`), and
             // we do not hold its reservation lock.
-            let n = unsafe { dmabuf::attachments(e.id, &mut infos) };
+            let n = unsafe { dma_buf::attachments(e.id, &mut infos) };
             for a in infos[..n.min(MAX_LISTED)]
                 .iter()
                 .filter(|a| !a.revocable && a.entries > 0)

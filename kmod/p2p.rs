@@ -7,8 +7,14 @@
 //! enforces). The facts are read the way the p2pdma core walks the tree: the first bridge
 //! both devices sit below, the bridges between them with ACS redirect enabled, whether they
 //! share a host bridge, and that host bridge's IDs (what the kernel's allowlist is keyed by).
+//!
+//! The exporter's attach asks [`route`] how an importer reaches the HBM device, which each
+//! device's [`Verdicts`] cache keeps.
 
-use crate::sys::pci::{PciDev, PciDevRef};
+use crate::sys::{
+    dma_buf::Attachment,
+    pci::{PciDev, PciDevRef},
+};
 use core::ops::Deref;
 use kernel::{
     new_spinlock, pci,
@@ -362,6 +368,54 @@ fn path_up<'a>(dev: PciDev<'a>, stop: Option<PciDev<'a>>) -> impl Iterator<Item 
 /// The lowest device that is `a` or above it and also `b` or above it.
 fn common_upstream<'a>(a: PciDev<'a>, b: PciDev<'a>) -> Option<PciDev<'a>> {
     path_up(a, None).find(|x| path_up(b, None).any(|y| x.is(y)))
+}
+
+/// How the importer of `attach` reaches the HBM device (by bus address or through the host
+/// bridge), `None` when the kernel's P2P rules give no path (or the importer is not a PCI
+/// device). `live` gives the HBM device while it is bound (a guard that derefs to it); it is
+/// asked only when `verdicts`, the device's cache, does not know the importer's device (the
+/// verdict reads the HBM device's p2pdma state, which goes with its binding).
+///
+/// A hit is inlined into the `attach` callback and the miss is called: on a kernel whose
+/// Rust helpers are calls (a GCC-built distro kernel), each call is a large part of what
+/// a hit costs.
+#[inline(always)]
+pub(crate) fn route<L: Deref<Target = pci::Device>>(
+    attach: &Attachment<'_>,
+    verdicts: &Verdicts,
+    live: impl FnOnce() -> Result<L>,
+) -> Result<Option<Route>> {
+    // Only PCI devices: the cache forgets what the PCI bus notifier tells it of.
+    if !attach.importer_is_pci() {
+        return Ok(None);
+    }
+    match verdicts.get(attach.importer_key()) {
+        Some(route) => Ok(route),
+        None => route_asked(attach, verdicts, live),
+    }
+}
+
+/// [`route`] when `verdicts` does not know the importer's device: the kernel's verdict, kept
+/// for the next attach.
+#[cold]
+#[inline(never)]
+fn route_asked<L: Deref<Target = pci::Device>>(
+    attach: &Attachment<'_>,
+    verdicts: &Verdicts,
+    live: impl FnOnce() -> Result<L>,
+) -> Result<Option<Route>> {
+    // Read before the kernel is asked: a device added or deleted from here on makes the
+    // verdict asked now one the cache does not keep.
+    let generation = verdicts.generation();
+    let (device, live) = (attach.importer_key(), live()?);
+    // Any distance is a path; how it goes is what map needs.
+    let route = attach.p2p_distance_from(&live).map(|_| Route {
+        by_bus_address: attach
+            .pci_device()
+            .is_some_and(|peer| by_bus_address(&live, peer)),
+    });
+    verdicts.put(device, generation, route);
+    Ok(route)
 }
 
 /// Whether `peer` reaches `hbm` by bus address: both below a bridge where their paths meet,

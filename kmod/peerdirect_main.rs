@@ -8,19 +8,19 @@
 //!
 //! One file per concern: [`driver`] is the PCI driver that binds the device, [`hbm`] is what the rest of the
 //! module knows of it, [`memory`] and [`heap`] keep and allocate its BAR, [`allocation`] is one range owned by a file
-//! and its dma-bufs, [`export`] is the DMA-BUF exporter over the small exporter abstraction in
-//! [`dmabuf`], [`chardev`] is the misc device and its ioctls, [`uapi`] the ABI, [`debugfs`]
-//! the debug files, [`index`] the `/dev/peerdirectN` numbering, [`companion`] the companion
-//! devices and [`p2p`] the P2P verdicts. [`sys`] is the floor below them all: the raw FFI (the
-//! C helpers of `sys/helpers/` and what the kernel crate does not wrap), which knows nothing of
-//! peerdirect's types (Documentation/layers.md). The PeerDirect peer-memory client is a C
+//! and its dma-bufs, [`export`] is the DMA-BUF exporter over the floor's exporter abstraction
+//! (`sys::dma_buf`), [`chardev`] is the misc device and its ioctls, [`uapi`] the ABI,
+//! [`debugfs`] the debug files, [`index`] the `/dev/peerdirectN` numbering, [`companion`] the
+//! companion devices and [`p2p`] the P2P verdicts and each importer's route. [`sys`] is the
+//! floor below them all: the raw FFI (the C helpers of `sys/helpers/` and what the kernel crate
+//! does not wrap) and the abstractions over it, which know nothing of peerdirect's types
+//! (Documentation/layers.md). The PeerDirect peer-memory client is a C
 //! module of its own (`kmod/peermem/`), for hosts whose ib_core offers that API.
 
 mod allocation;
 mod chardev;
 mod companion;
 mod debugfs;
-mod dmabuf;
 mod driver;
 mod export;
 mod hbm;

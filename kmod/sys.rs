@@ -14,8 +14,10 @@
 //!   BAR facts, bridges, ACS, host bridges, IOMMU and P2P distance.
 //! - [`pci_notifier`]: the PCI bus notifiers and the [`pci_notifier::PciBusEvents`] they
 //!   dispatch to.
-//! - [`dma_buf`]: our dma-bufs' peer and host-bridge tables, mmap, naming, revocation and
-//!   attachment listing, and the exporter-private word of an attachment.
+//! - [`dma_buf`]: the DMA-BUF exporter abstraction (the `Exporter` trait, the `dma_buf_ops`
+//!   built from it, attachments typed by what each callback may do), and our dma-bufs' peer
+//!   and host-bridge tables, mmap, naming, revocation and attachment listing, and the
+//!   exporter-private word of an attachment.
 //! - [`mm`]: pages, VMAs and files.
 //! - [`task`]: the calling task.
 //! - [`util`]: error pointers.

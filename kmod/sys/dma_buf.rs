@@ -1,14 +1,582 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Our dma-bufs as the C helpers handle them: the peer and host-bridge tables of a mapping,
-//! the CPU mapping, naming, revocation, the listing of attachments, and the exporter-private
-//! word of an attachment.
+//! A DMA-BUF exporter abstraction: a `dma_buf_ops` table built from a Rust [`Exporter`], safe
+//! views of what the dma-buf core hands to its callbacks, typed by what each callback may do
+//! ([`Attaching`] in `attach`, [`Locked`] under the buffer's reservation lock), and our
+//! dma-bufs as the C helpers handle them: the peer and host-bridge tables of a mapping, the CPU
+//! mapping (a window filled at fault time and closed by [`revoke`]), naming, revocation, the
+//! listing of attachments, and the exporter-private word of an attachment.
+//!
+//! It knows nothing of peerdirect's types: `export.rs` implements [`Exporter`] in safe code,
+//! and `p2p.rs` decides an importer's route from what [`Attachment`] tells of its device.
 
-use super::{raw, util::from_err_ptr};
-use core::ptr::NonNull;
-use kernel::{bindings, ffi::c_int, prelude::*};
+use super::{pci, raw, util::from_err_ptr};
+use core::{marker::PhantomData, ops::Deref, ptr::NonNull};
+use kernel::{
+    bindings,
+    error::from_result,
+    ffi::{c_int, c_void},
+    fs::File,
+    prelude::*,
+    sync::aref::ARef,
+    types::Opaque,
+    ThisModule,
+};
 
 pub(crate) use super::raw::AttachInfo;
+
+/// The direction of a DMA mapping, as the importer asked for it.
+pub(crate) type DataDirection = bindings::dma_data_direction;
+
+/// An importer's attachment to one of our dma-bufs, for the duration of a callback.
+///
+/// # Invariants
+///
+/// `raw` is an attachment to one of our dma-bufs that the dma-buf core passed to the callback
+/// this value lives in: it, its buffer and the importer's device are valid for `'a`.
+pub(crate) struct Attachment<'a> {
+    raw: NonNull<bindings::dma_buf_attachment>,
+    _callback: PhantomData<&'a bindings::dma_buf_attachment>,
+}
+
+impl Attachment<'_> {
+    /// # Safety
+    ///
+    /// `raw` is an attachment to one of our dma-bufs that the core passed to a callback, valid
+    /// for `'a`.
+    unsafe fn from_raw(raw: *mut bindings::dma_buf_attachment) -> Option<Self> {
+        Some(Self {
+            raw: NonNull::new(raw)?,
+            _callback: PhantomData,
+        })
+    }
+
+    fn dev(&self) -> *mut bindings::device {
+        // SAFETY: `raw` is valid for the callback (type invariant); `dev` is set at attach and
+        // never changes.
+        unsafe { (*self.raw.as_ptr()).dev }
+    }
+
+    /// Whether the importer accepts peer-to-peer (device memory) mappings.
+    pub(crate) fn peer2peer(&self) -> bool {
+        // SAFETY: as in `dev`; `peer2peer` is set by the core before `attach` is called.
+        unsafe { (*self.raw.as_ptr()).peer2peer }
+    }
+
+    /// The importer's device as a key: the address of its `struct device`, the same for
+    /// every attachment of that device while it exists.
+    pub(crate) fn importer_key(&self) -> usize {
+        self.dev() as usize
+    }
+
+    /// Whether the importer is a PCI device.
+    pub(crate) fn importer_is_pci(&self) -> bool {
+        // SAFETY: the importer's device is valid while the attachment is (type invariant).
+        unsafe { pci::dev_is_pci(self.dev()) }
+    }
+
+    /// The kernel's P2P distance between the PCI device `provider` and the importer
+    /// (`pci_p2pdma_distance_many`); `None` when its rules give no path.
+    pub(crate) fn p2p_distance_from(&self, provider: &kernel::pci::Device) -> Option<u32> {
+        // SAFETY: the importer's device is valid while the attachment is (type invariant).
+        unsafe { pci::p2p_distance(provider, self.dev()) }
+    }
+
+    /// Logs (rate-limited) why an attach from this importer to `hbm` was refused.
+    pub(crate) fn log_refused(&self, hbm: &kernel::pci::Device, reason: &CStr) {
+        // SAFETY: the importer's device is valid while the attachment is (type invariant).
+        unsafe { pci::log_refused_attach(hbm, self.dev(), reason) };
+    }
+
+    /// Whether the importer drops its mappings when told to (`dma_buf_attach_revocable`):
+    /// false for pinned importers such as EFA memory registrations. Fixed for the
+    /// attachment's life (its importer ops are set at attach), so a mapping is uncounted at
+    /// unmap as it was counted at map.
+    pub(crate) fn is_revocable(&self) -> bool {
+        // SAFETY: `raw` is an attachment passed to the callback this runs in (type invariant).
+        unsafe { attach_revocable(self.raw.as_ptr()) }
+    }
+
+    /// The largest DMA segment the importer's device handles.
+    pub(crate) fn max_segment_size(&self) -> u64 {
+        // SAFETY: the importer's device is valid while the attachment is (type invariant).
+        u64::from(unsafe { pci::dma_max_seg_size(self.dev()) })
+    }
+
+    /// The importer's PCI device, if it is one.
+    pub(crate) fn pci_device(&self) -> Option<pci::PciDev<'_>> {
+        // SAFETY: the importer's device is valid while the attachment is (type invariant).
+        unsafe { pci::pci_dev_of(self.dev()) }
+    }
+}
+
+/// An attachment in the exporter's `attach` callback. The core publishes it (to the buffer's
+/// list, under the reservation lock) only after the callback returns, so its exporter-private
+/// word is the callback's alone.
+pub(crate) struct Attaching<'a>(Attachment<'a>);
+
+impl<'a> Deref for Attaching<'a> {
+    type Target = Attachment<'a>;
+
+    fn deref(&self) -> &Attachment<'a> {
+        &self.0
+    }
+}
+
+impl Attaching<'_> {
+    /// Records whether the importer reaches the HBM device by bus address, for `map`
+    /// ([`Locked::by_bus_address`]).
+    pub(crate) fn set_by_bus_address(&self, by_bus_address: bool) {
+        // SAFETY: an attachment to one of our dma-bufs (type invariant) in its `attach`
+        // callback: not yet published, its word is ours alone.
+        unsafe { attach_set_by_bus_address(self.raw.as_ptr(), by_bus_address) }
+    }
+}
+
+/// An attachment in a callback the core runs under its buffer's reservation lock (`pin`,
+/// `unpin`, `map_dma_buf`, `unmap_dma_buf`).
+pub(crate) struct Locked<'a>(Attachment<'a>);
+
+impl<'a> Deref for Locked<'a> {
+    type Target = Attachment<'a>;
+
+    fn deref(&self) -> &Attachment<'a> {
+        &self.0
+    }
+}
+
+impl Locked<'_> {
+    /// Records whether the importer pinned the attachment (for debugfs and removal's log).
+    pub(crate) fn set_pinned(&self, pinned: bool) {
+        // SAFETY: an attachment to one of our dma-bufs (type invariant), its reservation lock
+        // held (this type's).
+        unsafe { attach_set_pinned(self.raw.as_ptr(), pinned) }
+    }
+
+    /// Whether the importer reaches the HBM device by bus address, as recorded at attach.
+    pub(crate) fn by_bus_address(&self) -> bool {
+        // SAFETY: as in `set_pinned`.
+        unsafe { attach_by_bus_address(self.raw.as_ptr()) }
+    }
+
+    /// Counts the DMA segments of a mapping made (`mapped`) or undone on the attachment, for
+    /// debugfs: the attachment may hold more than one mapping.
+    pub(crate) fn count_mapping(&self, entries: u32, mapped: bool) {
+        // SAFETY: as in `set_pinned`.
+        unsafe { attach_count_mapping(self.raw.as_ptr(), entries, mapped) }
+    }
+
+    /// Maps `len` bytes of a BAR at CPU physical address `paddr` (bus address
+    /// `paddr + bus_offset`), in segments of at most `seg` bytes (through an IOMMU: as long as
+    /// an entry holds), in a table of our own: by bus address when `bus_addr`, else through
+    /// the host bridge. `_unrevoked`: the BAR stays while the buffer is not revoked (removal
+    /// revokes a device's exports before it returns).
+    #[expect(clippy::too_many_arguments)]
+    #[inline]
+    pub(crate) fn map_table(
+        &self,
+        _unrevoked: &Unrevoked<'_>,
+        paddr: u64,
+        bus_offset: u64,
+        len: u64,
+        seg: u64,
+        dir: DataDirection,
+        bus_addr: bool,
+    ) -> Result<SgTable> {
+        // The max segment is an `unsigned int`, page aligned by the caller: at most 4 GiB
+        // less a page, as an entry's 32-bit length needs.
+        debug_assert!(seg > 0 && seg <= u64::from(u32::MAX));
+        // SAFETY: the reservation lock is held (this type's) and the buffer is not revoked
+        // (`_unrevoked`), so the BAR stays: `map_table`'s contract; `seg` is non-zero and fits
+        // an entry (above).
+        unsafe {
+            map_table(
+                self.raw.as_ptr(),
+                paddr,
+                bus_offset,
+                len,
+                seg,
+                dir,
+                bus_addr,
+            )
+        }
+        .map(SgTable)
+    }
+
+    /// Undoes [`Locked::map_table`].
+    #[inline]
+    pub(crate) fn unmap_table(&self, sgt: SgTable, dir: DataDirection) {
+        // SAFETY: `sgt` came from `map_table` on this attachment (it is made nowhere else), and
+        // the reservation lock is held (this type's).
+        unsafe { unmap_table(self.raw.as_ptr(), sgt.0.as_ptr(), dir) }
+    }
+}
+
+/// A scatter-gather table made by [`Locked::map_table`].
+pub(crate) struct SgTable(NonNull<bindings::sg_table>);
+
+impl SgTable {
+    /// Number of DMA segments.
+    pub(crate) fn entries(&self) -> u32 {
+        // The table was returned by `peerdirect_map_table`, and is freed only through
+        // `Locked::unmap_table`, which consumes this.
+        // SAFETY: so it is live while this value exists.
+        unsafe { (*self.0.as_ptr()).nents }
+    }
+}
+
+/// The head of every dma-buf's private data, mirrored by `struct peerdirect_cpu_window` in
+/// `helpers.h`: the CPU physical range user mappings reach, filled at fault time by the C
+/// fault handler and closed by [`revoke`].
+#[repr(C)]
+struct CpuWindow {
+    phys: u64,
+    len: u64,
+    /// Written and read by C only, under the buffer's reservation lock.
+    revoked: Opaque<bool>,
+}
+
+/// A dma-buf's private data: the window C reads first, then the exporter.
+#[repr(C)]
+struct Exported<T> {
+    window: CpuWindow,
+    exporter: KBox<T>,
+}
+
+/// What a dma-buf exporter does; [`DmaBuf::export`] builds the `dma_buf_ops` from it.
+pub(crate) trait Exporter: Send + Sync + Sized {
+    /// An importer attaches: refuse what cannot work.
+    fn attach(&self, attach: &Attaching<'_>) -> Result;
+    /// A pinned importer pins.
+    fn pin(&self, _attach: &Locked<'_>) -> Result {
+        Ok(())
+    }
+    /// A pinned importer unpins.
+    fn unpin(&self, _attach: &Locked<'_>) {}
+    /// Map for the importer's device; never called once the buffer is revoked (`ENODEV`).
+    fn map(
+        &self,
+        attach: &Locked<'_>,
+        dir: DataDirection,
+        unrevoked: &Unrevoked<'_>,
+    ) -> Result<SgTable>;
+    /// Undo [`Exporter::map`].
+    fn unmap(&self, attach: &Locked<'_>, sgt: SgTable, dir: DataDirection);
+    /// May the buffer be mapped for the CPU now? Its window is mapped at fault time, and
+    /// [`revoke`] closes it.
+    fn mmap(&self) -> Result;
+    /// The CPU is about to access the buffer (`DMA_BUF_IOCTL_SYNC` start).
+    fn begin_cpu_access(&self) -> Result;
+}
+
+/// Proof, for the length of a `map_dma_buf` callback, that the buffer is not revoked and will
+/// not be before the callback returns: the core holds the buffer's reservation lock across the
+/// callback, and [`revoke`] marks the buffer under that lock. So whatever the exporter tears
+/// down only after revoking the buffer is still there while this exists.
+pub(crate) struct Unrevoked<'a>(PhantomData<&'a ()>);
+
+/// A dma-buf we exported, holding the one reference to its file until [`DmaBuf::into_file`].
+pub(crate) struct DmaBuf {
+    raw: NonNull<bindings::dma_buf>,
+}
+
+impl DmaBuf {
+    /// Exports `exporter` as a dma-buf of `size` bytes, backed for the CPU by the physical
+    /// range from `cpu_phys`, writable through mmap if `writable`; `owner` is the module the
+    /// exporter's code is in (the buffer holds it while it exists).
+    pub(crate) fn export<T: Exporter>(
+        owner: &'static ThisModule,
+        exporter: KBox<T>,
+        size: u64,
+        cpu_phys: u64,
+        writable: bool,
+    ) -> Result<Self> {
+        let exported = KBox::new(
+            Exported {
+                window: CpuWindow {
+                    phys: cpu_phys,
+                    len: size,
+                    revoked: Opaque::new(false),
+                },
+                exporter,
+            },
+            GFP_KERNEL,
+        )?;
+        let priv_ = KBox::into_raw(exported);
+        let info = bindings::dma_buf_export_info {
+            exp_name: c"peerdirect".as_char_ptr(),
+            owner: owner.as_ptr(),
+            ops: &Ops::<T>::OPS,
+            size: usize::try_from(size)?,
+            flags: if writable {
+                bindings::O_RDWR as c_int
+            } else {
+                bindings::O_RDONLY as c_int
+            },
+            resv: core::ptr::null_mut(),
+            priv_: priv_.cast::<c_void>(),
+        };
+        // SAFETY: `info` is fully initialised: ops has map, unmap, release and both pin and
+        // unpin, `priv_` is non-null, and `owner` is the module whose code `ops` runs (the
+        // caller's word: the exporter's).
+        let raw = unsafe { bindings::dma_buf_export(&info) };
+        match from_err_ptr(raw) {
+            Ok(raw) => Ok(Self { raw }),
+            Err(e) => {
+                // SAFETY: the export failed, so the core did not take `priv_`: it is still the
+                // box we leaked above, and nothing else refers to it.
+                drop(unsafe { KBox::from_raw(priv_) });
+                Err(e)
+            }
+        }
+    }
+
+    /// An identity for the buffer, for [`revoke`]; valid until its release.
+    pub(crate) fn id(&self) -> DmaBufId {
+        DmaBufId(self.raw.as_ptr() as usize)
+    }
+
+    /// Names the buffer after its device, handle and range (fdinfo's `name:`, debugfs).
+    pub(crate) fn set_name(&self, index: u32, handle: u32, offset: u64, len: u64) -> Result {
+        // SAFETY: we hold a reference to the dma-buf, and its name is set under its name lock.
+        kernel::error::to_result(unsafe {
+            dmabuf_set_name(self.raw.as_ptr(), index, handle, offset, len)
+        })
+    }
+
+    /// The dma-buf's file, carrying the reference this `DmaBuf` held (for `fd_install`).
+    pub(crate) fn into_file(self) -> ARef<File> {
+        // SAFETY: `raw` is live (we hold a reference) and its `file` is set by `dma_buf_export`.
+        let file = unsafe { (*self.raw.as_ptr()).file };
+        core::mem::forget(self);
+        // A dma-buf's reference is a reference on its file (`dma_buf_put` is `fput`).
+        // SAFETY: ours moves into the `ARef`; `File` transparently wraps a non-NULL `file`.
+        unsafe { ARef::from_raw(NonNull::new_unchecked(file.cast::<File>())) }
+    }
+}
+
+impl Drop for DmaBuf {
+    fn drop(&mut self) {
+        // SAFETY: we hold one reference to the dma-buf (type invariant); this drops it.
+        unsafe { bindings::dma_buf_put(self.raw.as_ptr()) };
+    }
+}
+
+struct Ops<T>(PhantomData<T>);
+
+impl<T: Exporter> Ops<T> {
+    const OPS: bindings::dma_buf_ops = bindings::dma_buf_ops {
+        attach: Some(Self::attach),
+        detach: None,
+        pin: Some(Self::pin),
+        unpin: Some(Self::unpin),
+        map_dma_buf: Some(Self::map),
+        unmap_dma_buf: Some(Self::unmap),
+        release: Some(Self::release),
+        begin_cpu_access: Some(Self::begin_cpu_access),
+        end_cpu_access: Some(Self::end_cpu_access),
+        mmap: Some(Self::mmap),
+        ..pin_init::zeroed()
+    };
+
+    /// # Safety
+    ///
+    /// `dmabuf` is one of ours (made by [`DmaBuf::export`] with these ops) and not released.
+    unsafe fn exporter<'a>(dmabuf: *mut bindings::dma_buf) -> &'a T {
+        // SAFETY: by the function's contract, `priv_` is the `KBox<Exported<T>>` we leaked at
+        // export, freed only in `release`.
+        unsafe { &(*(*dmabuf).priv_.cast::<Exported<T>>()).exporter }
+    }
+
+    /// # Safety
+    ///
+    /// `attach` is an attachment to one of our dma-bufs, passed to a callback.
+    unsafe fn of_attachment<'a>(attach: *mut bindings::dma_buf_attachment) -> &'a T {
+        // SAFETY: an attachment's `dmabuf` is the buffer it is attached to, live while
+        // attached.
+        unsafe { Self::exporter((*attach).dmabuf) }
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.attach`: the core passes one of our
+    /// dma-bufs and a new attachment to it.
+    unsafe extern "C" fn attach(
+        dmabuf: *mut bindings::dma_buf,
+        attach: *mut bindings::dma_buf_attachment,
+    ) -> c_int {
+        from_result(|| {
+            let (exporter, attach) =
+                // SAFETY: the core calls `attach` on our dma-buf with a valid attachment.
+                unsafe { (Self::exporter(dmabuf), Attachment::from_raw(attach)) };
+            // Not yet published: the core adds it to the buffer's list once this returns.
+            exporter.attach(&Attaching(attach.ok_or(EINVAL)?))?;
+            Ok(0)
+        })
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.pin`: the core passes an attachment to
+    /// one of our dma-bufs.
+    unsafe extern "C" fn pin(attach: *mut bindings::dma_buf_attachment) -> c_int {
+        let (exporter, attachment) =
+            // SAFETY: the core calls `pin` with an attachment to our dma-buf.
+            unsafe { (Self::of_attachment(attach), Attachment::from_raw(attach)) };
+        // The core pins under the reservation lock (`dma_buf_pin`).
+        from_result(|| {
+            exporter.pin(&Locked(attachment.ok_or(EINVAL)?))?;
+            Ok(0)
+        })
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.unpin`: the core passes an attachment
+    /// to one of our dma-bufs.
+    unsafe extern "C" fn unpin(attach: *mut bindings::dma_buf_attachment) {
+        let (exporter, attachment) =
+            // SAFETY: the core calls `unpin` with an attachment to our dma-buf.
+            unsafe { (Self::of_attachment(attach), Attachment::from_raw(attach)) };
+        // The core unpins under the reservation lock (`dma_buf_unpin`).
+        if let Some(attachment) = attachment {
+            exporter.unpin(&Locked(attachment));
+        }
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.map_dma_buf`: the core passes an attachment to one of our dma-bufs, with
+    /// its reservation lock held.
+    unsafe extern "C" fn map(
+        attach: *mut bindings::dma_buf_attachment,
+        dir: DataDirection,
+    ) -> *mut bindings::sg_table {
+        let (exporter, attachment) =
+            // SAFETY: the core calls `map_dma_buf` with an attachment to our dma-buf.
+            unsafe { (Self::of_attachment(attach), Attachment::from_raw(attach)) };
+        let Some(attachment) = attachment else {
+            return EINVAL.to_ptr();
+        };
+        // The core holds the reservation lock across this callback.
+        // SAFETY: the attachment's buffer is ours, so its `priv_` starts with a `CpuWindow`,
+        // whose `revoked` is written only under that lock.
+        let revoked = unsafe {
+            let exported = (*(*attach).dmabuf).priv_.cast::<Exported<T>>();
+            *(*exported).window.revoked.get()
+        };
+        if revoked {
+            return ENODEV.to_ptr();
+        }
+        // Revocation waits for the lock the core holds until we return.
+        let unrevoked = Unrevoked(PhantomData);
+        match exporter.map(&Locked(attachment), dir, &unrevoked) {
+            Ok(sgt) => sgt.0.as_ptr(),
+            Err(e) => e.to_ptr(),
+        }
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.unmap_dma_buf`: the core passes an attachment to one of our dma-bufs and a
+    /// table `map` returned for it, with the reservation lock held.
+    unsafe extern "C" fn unmap(
+        attach: *mut bindings::dma_buf_attachment,
+        sgt: *mut bindings::sg_table,
+        dir: DataDirection,
+    ) {
+        let (exporter, attachment) =
+            // SAFETY: the core unmaps an attachment to our dma-buf, with a table `map` made.
+            unsafe { (Self::of_attachment(attach), Attachment::from_raw(attach)) };
+        // The core unmaps under the reservation lock, as it maps.
+        if let (Some(attachment), Some(sgt)) = (attachment, NonNull::new(sgt)) {
+            exporter.unmap(&Locked(attachment), SgTable(sgt), dir);
+        }
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.release`: the core passes one of our dma-bufs after its last reference is
+    /// gone; no other callback runs for it afterwards.
+    unsafe extern "C" fn release(dmabuf: *mut bindings::dma_buf) {
+        // SAFETY: `release` is the last callback for our dma-buf: its `priv_` is the
+        // `KBox<Exported<T>>` leaked at export, and nothing uses it after this.
+        drop(unsafe { KBox::from_raw((*dmabuf).priv_.cast::<Exported<T>>()) });
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.begin_cpu_access`: the core passes one of our live dma-bufs.
+    unsafe extern "C" fn begin_cpu_access(
+        dmabuf: *mut bindings::dma_buf,
+        _dir: DataDirection,
+    ) -> c_int {
+        // SAFETY: the core calls this on our live dma-buf.
+        let exporter = unsafe { Self::exporter(dmabuf) };
+        from_result(|| exporter.begin_cpu_access().map(|()| 0))
+    }
+
+    // A write-combined BAR mapping has no CPU cache to write back.
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.end_cpu_access`: the core passes one of our live dma-bufs.
+    unsafe extern "C" fn end_cpu_access(
+        _dmabuf: *mut bindings::dma_buf,
+        _dir: DataDirection,
+    ) -> c_int {
+        0
+    }
+
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.mmap`: the core passes one of our live dma-bufs and the VMA being set up.
+    unsafe extern "C" fn mmap(
+        dmabuf: *mut bindings::dma_buf,
+        vma: *mut bindings::vm_area_struct,
+    ) -> c_int {
+        // SAFETY: the core calls this on our live dma-buf with the VMA being set up.
+        let exporter = unsafe { Self::exporter(dmabuf) };
+        from_result(|| {
+            exporter.mmap()?;
+            // SAFETY: `dmabuf` is ours (its `priv_` starts with a `CpuWindow`) and `vma` is
+            // being set up under the mmap lock for it.
+            kernel::error::to_result(unsafe { dmabuf_mmap(dmabuf, vma) })?;
+            Ok(0)
+        })
+    }
+}
+
+/// Names one of our dma-bufs without holding a reference (its address).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct DmaBufId(usize);
+
+/// Closes the CPU window of the buffer `id`, makes later maps of it fail with `ENODEV`,
+/// invalidates every importer mapping of it and zaps its CPU mappings. A buffer whose release
+/// is under way is left alone (nothing holds it any more): then `false`.
+///
+/// # Safety
+///
+/// `id` names a dma-buf we exported whose release has not completed: the caller holds the
+/// lock under which the buffer's release unregisters it, so its memory stays valid (even if
+/// its file is already being released).
+/// The caller does not hold the buffer's reservation lock.
+pub(crate) unsafe fn revoke(id: DmaBufId) -> bool {
+    // SAFETY: forwarded from the caller.
+    unsafe { dmabuf_revoke(id.0 as *mut bindings::dma_buf) }
+}
+
+/// Describes up to `out.len()` of the importers attached to the dma-buf `id`; returns how many
+/// there are.
+///
+/// # Safety
+///
+/// As for [`revoke`].
+pub(crate) unsafe fn attachments(id: DmaBufId, out: &mut [AttachInfo]) -> usize {
+    // SAFETY: forwarded from the caller.
+    unsafe { dmabuf_attachments(id.0 as *mut bindings::dma_buf, out) }
+}
+
+// The C helpers' side: what the abstraction above calls.
 
 /// Whether `attach`'s importer drops its mappings when told to (the kernel's
 /// `dma_buf_attach_revocable()`, read here rather than through a call: map asks it every
@@ -17,7 +585,7 @@ pub(crate) use super::raw::AttachInfo;
 /// # Safety
 ///
 /// `attach` is an attachment passed to one of our callbacks, during that callback.
-pub(crate) unsafe fn attach_revocable(attach: *mut bindings::dma_buf_attachment) -> bool {
+unsafe fn attach_revocable(attach: *mut bindings::dma_buf_attachment) -> bool {
     // `importer_ops` is set at attach and never changed.
     // SAFETY: `attach` is valid (the caller's contract); its `importer_ops` is NULL or the
     // importer's operations, which outlive its attachments.
@@ -34,8 +602,8 @@ pub(crate) unsafe fn attach_revocable(attach: *mut bindings::dma_buf_attachment)
 /// # Safety
 ///
 /// `attach` is being mapped under its buffer's reservation lock; `seg` is non-zero and at most
-/// 4 GiB less a page; the BAR stays (the buffer is not revoked: `dmabuf::Unrevoked`).
-pub(crate) unsafe fn map_table(
+/// 4 GiB less a page; the BAR stays (the buffer is not revoked: [`Unrevoked`]).
+unsafe fn map_table(
     attach: *mut bindings::dma_buf_attachment,
     paddr: u64,
     bus_offset: u64,
@@ -55,7 +623,7 @@ pub(crate) unsafe fn map_table(
 /// # Safety
 ///
 /// `sgt` was returned by [`map_table`] for `attach`, whose reservation lock is held.
-pub(crate) unsafe fn unmap_table(
+unsafe fn unmap_table(
     attach: *mut bindings::dma_buf_attachment,
     sgt: *mut bindings::sg_table,
     dir: bindings::dma_data_direction,
@@ -70,10 +638,7 @@ pub(crate) unsafe fn unmap_table(
 ///
 /// `dmabuf` is one of ours (its `priv` starts with a `struct peerdirect_cpu_window`) and `vma`
 /// is being set up by its `mmap` callback.
-pub(crate) unsafe fn dmabuf_mmap(
-    dmabuf: *mut bindings::dma_buf,
-    vma: *mut bindings::vm_area_struct,
-) -> c_int {
+unsafe fn dmabuf_mmap(dmabuf: *mut bindings::dma_buf, vma: *mut bindings::vm_area_struct) -> c_int {
     // SAFETY: forwarded from the caller.
     unsafe { raw::peerdirect_dmabuf_mmap(dmabuf, vma) }
 }
@@ -83,7 +648,7 @@ pub(crate) unsafe fn dmabuf_mmap(
 /// # Safety
 ///
 /// The caller holds a reference to `dmabuf`.
-pub(crate) unsafe fn dmabuf_set_name(
+unsafe fn dmabuf_set_name(
     dmabuf: *mut bindings::dma_buf,
     index: u32,
     handle: u32,
@@ -99,9 +664,9 @@ pub(crate) unsafe fn dmabuf_set_name(
 ///
 /// # Safety
 ///
-/// `dmabuf`'s memory is valid for the call (see `dmabuf::revoke`), and the caller does not
+/// `dmabuf`'s memory is valid for the call (see [`revoke`]), and the caller does not
 /// hold its reservation lock.
-pub(crate) unsafe fn dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool {
+unsafe fn dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool {
     // SAFETY: forwarded from the caller.
     unsafe { raw::peerdirect_dmabuf_revoke(dmabuf) }
 }
@@ -152,7 +717,7 @@ unsafe fn update_attach_word(
 ///
 /// `attach` is an attachment to one of our dma-bufs, whose reservation lock the caller holds
 /// (it is in the `pin` or `unpin` callback).
-pub(crate) unsafe fn attach_set_pinned(attach: *mut bindings::dma_buf_attachment, pinned: bool) {
+unsafe fn attach_set_pinned(attach: *mut bindings::dma_buf_attachment, pinned: bool) {
     let update = |word| {
         if pinned {
             word | ATTACH_PINNED
@@ -170,7 +735,7 @@ pub(crate) unsafe fn attach_set_pinned(attach: *mut bindings::dma_buf_attachment
 ///
 /// `attach` is an attachment to one of our dma-bufs in its `attach` callback: the core has not
 /// published it yet, so nothing else reads or writes its word.
-pub(crate) unsafe fn attach_set_by_bus_address(
+unsafe fn attach_set_by_bus_address(
     attach: *mut bindings::dma_buf_attachment,
     by_bus_address: bool,
 ) {
@@ -184,7 +749,7 @@ pub(crate) unsafe fn attach_set_by_bus_address(
 /// # Safety
 ///
 /// As for [`attach_set_pinned`], from the `map_dma_buf` callback.
-pub(crate) unsafe fn attach_by_bus_address(attach: *mut bindings::dma_buf_attachment) -> bool {
+unsafe fn attach_by_bus_address(attach: *mut bindings::dma_buf_attachment) -> bool {
     // SAFETY: as in `update_attach_word`.
     unsafe { (*attach).priv_.addr() & ATTACH_BUS_ADDR != 0 }
 }
@@ -195,7 +760,7 @@ pub(crate) unsafe fn attach_by_bus_address(attach: *mut bindings::dma_buf_attach
 /// # Safety
 ///
 /// As for [`attach_set_pinned`], from the `map_dma_buf` or `unmap_dma_buf` callback.
-pub(crate) unsafe fn attach_count_mapping(
+unsafe fn attach_count_mapping(
     attach: *mut bindings::dma_buf_attachment,
     entries: u32,
     mapped: bool,
@@ -220,10 +785,7 @@ pub(crate) unsafe fn attach_count_mapping(
 ///
 /// As for [`dmabuf_revoke`]: `dmabuf`'s memory is valid for the call and the caller does not
 /// hold its reservation lock.
-pub(crate) unsafe fn dmabuf_attachments(
-    dmabuf: *mut bindings::dma_buf,
-    out: &mut [AttachInfo],
-) -> usize {
+unsafe fn dmabuf_attachments(dmabuf: *mut bindings::dma_buf, out: &mut [AttachInfo]) -> usize {
     // SAFETY: forwarded from the caller; `out` is valid for writes of `out.len()` entries,
     // whose layout `AttachInfo` mirrors.
     unsafe { raw::peerdirect_dmabuf_attachments(dmabuf, out.as_mut_ptr(), out.len()) }

@@ -65,7 +65,7 @@ void peerdirect_unmap_table(struct dma_buf_attachment *attach, struct sg_table *
 struct pci_dev *peerdirect_to_pci_dev(struct device *dev);
 
 /*
- * The head of every dma-buf's private data (dmabuf->priv), mirrored by dmabuf.rs's
+ * The head of every dma-buf's private data (dmabuf->priv), mirrored by sys/dma_buf.rs's
  * `CpuWindow`: the CPU physical range a user mapping reaches, closed for good by revocation.
  * @revoked is written and read only under the buffer's reservation lock.
  */

@@ -10,7 +10,6 @@
 
 use crate::{
     allocation::Allocation,
-    driver::HbmDevice,
     export,
     hbm::Hbm,
     p2p,
@@ -26,7 +25,7 @@ use crate::{
     },
 };
 use kernel::{
-    bindings,
+    bindings, container_of,
     fs::{file::FileDescriptorReservation, File},
     miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     mm::virt::VmaNew,
@@ -42,6 +41,37 @@ use kernel::{
 const PAGE: u64 = PAGE_SIZE as u64;
 
 /// An open `/dev/peerdirectN`.
+/// `/dev/peerdirectN`: the misc device, registered with the device it serves, which its opens
+/// reach through the registration.
+#[pin_data]
+pub(crate) struct HbmMisc {
+    #[pin]
+    misc: MiscDeviceRegistration<HbmFile>,
+    hbm: Arc<Hbm>,
+}
+
+impl HbmMisc {
+    /// Registers `/dev/NAME` for `hbm`: an open may come at once.
+    pub(crate) fn register(name: &'static CStr, hbm: Arc<Hbm>) -> impl PinInit<Self, Error> {
+        try_pin_init!(HbmMisc {
+            hbm,
+            misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name }),
+        })
+    }
+
+    /// The misc device whose registration `misc` is.
+    ///
+    /// Every `MiscDeviceRegistration<HbmFile>` is the `misc` field of an `HbmMisc`: it is made
+    /// nowhere else.
+    fn of_registration(misc: &MiscDeviceRegistration<HbmFile>) -> &Self {
+        let misc = core::ptr::from_ref(misc);
+        // The returned reference borrows from `misc`, which the caller holds, so the
+        // containing struct outlives it.
+        // SAFETY: by the above, `misc` is the `misc` field of a live, pinned `HbmMisc`.
+        unsafe { &*container_of!(misc, Self, misc) }
+    }
+}
+
 #[pin_data]
 pub(crate) struct HbmFile {
     hbm: Arc<Hbm>,
@@ -106,14 +136,6 @@ pub(crate) fn export_range(offset: u64, length: u64, alloc_len: u64) -> Result<(
     Ok((offset, length))
 }
 
-/// The devfn of slot `slot`, function `func`; `EINVAL` if either is out of range.
-pub(crate) fn devfn(slot: u8, func: u8) -> Result<u8> {
-    if slot >= 32 || func >= 8 {
-        return Err(EINVAL);
-    }
-    Ok(slot << 3 | func)
-}
-
 // The floor's driver names are the ABI's `peerdirect_info::driver`.
 const _: () = assert!(sys::pci::DRIVER_NAME_LEN == PEERDIRECT_DRIVER_NAME_LEN as usize);
 
@@ -159,7 +181,7 @@ impl HbmFile {
                 PEERDIRECT_PROVIDER_OWNED
             },
             driver: if self.hbm.is_companion() {
-                crate::companion::owner_driver(self.hbm.pdev())
+                self.hbm.owner_driver()
             } else {
                 driver_name(c"peerdirect")
             },
@@ -226,7 +248,7 @@ impl HbmFile {
                 req.value.__reserved2,
             ],
         )?;
-        let devfn = devfn(pci_slot, pci_func)?;
+        let devfn = sys::pci::devfn(pci_slot, pci_func)?;
         let live = self.hbm.live()?;
         let path = p2p::query(live.pci_device(), pci_domain, pci_bus, devfn)?;
         drop(live);
@@ -321,8 +343,7 @@ fn export_fd<T: ExtensibleStruct>(
         0
     })?;
     let writable = flags & PEERDIRECT_EXPORT_RDWR != 0;
-    let module = kernel::module::this_module::<crate::LocalModule>();
-    let file = export::export(module, alloc, offset, length, writable)?;
+    let file = export::export(alloc, offset, length, writable)?;
     set_fd(
         &mut req,
         i32::try_from(fd.reserved_fd()).map_err(|_| EMFILE)?,
@@ -392,7 +413,7 @@ impl MiscDevice for HbmFile {
     type Ptr = Pin<KBox<Self>>;
 
     fn open(file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
-        let hbm = HbmDevice::of_registration(misc).hbm().clone();
+        let hbm = HbmMisc::of_registration(misc).hbm.clone();
         let me = KBox::try_pin_init(
             try_pin_init!(Self {
                 hbm,
@@ -474,6 +495,7 @@ mod tests {
 
     #[test]
     fn p2p_address() {
+        use sys::pci::devfn;
         assert_eq!(devfn(0, 0).unwrap(), 0);
         assert_eq!(devfn(3, 1).unwrap(), 0x19);
         assert_eq!(devfn(31, 7).unwrap(), 0xff);

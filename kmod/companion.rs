@@ -13,8 +13,9 @@
 //! named again, as a new `/dev/peerdirectN`.
 
 use crate::{
-    driver::{table_hbm_bar, HbmDevice},
+    device::{Companion, HbmDevice, COMPANIONS},
     hbm::{Hbm, HbmInfo, PciAddress},
+    ids::table_hbm_bar,
     index::DEVICES,
     sys::{
         self,
@@ -28,42 +29,17 @@ use crate::{
 use kernel::{
     fs::File,
     miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
-    pci,
     prelude::*,
-    sync::aref::ARef,
+    sync::atomic::{Atomic, Relaxed},
 };
 
-/// One companion device.
-struct Companion {
-    /// The device's identity ([`sys::pci::pci_dev_key`]), as the bus notifier names it.
-    key: usize,
-    address: PciAddress,
-    /// The owner driver's name (`PEERDIRECT_IOC_INFO`), all NULs while none is bound.
-    driver: DriverName,
-    /// Dropping it removes the companion (see [`HbmDevice`]); only with the device's lock held
-    /// ([`Companion::remove_locked`]), so that the owner cannot unbind, and tear the BAR down,
-    /// before every export is revoked.
-    device: Pin<KBox<HbmDevice>>,
-    pdev: ARef<pci::Device>,
-}
+/// Whether the module was loaded with `companion=1`: the control device refuses to add or
+/// remove companions otherwise.
+static ENABLED: Atomic<bool> = Atomic::new(false);
 
-impl Companion {
-    /// Removes the companion; the caller holds its device's lock.
-    fn remove_locked(self, _lock: &DeviceLock<'_>) {
-        drop(self.device);
-    }
-}
-
-kernel::sync::global_lock! {
-    // SAFETY: `init` initializes it in the module initializer, before the control device and
-    // the bus notifier, its only users, are registered.
-    unsafe(uninit) static COMPANIONS: Mutex<KVec<Companion>> = KVec::new();
-}
-
-/// Call once, from the module initializer.
-pub(crate) fn init() {
-    // SAFETY: called exactly once, before any use of `COMPANIONS`.
-    unsafe { COMPANIONS.init() };
+/// Call once, from the module initializer, with the `companion` module parameter.
+pub(crate) fn init(enabled: bool) {
+    ENABLED.store(enabled, Relaxed);
 }
 
 /// Removes every companion; from module exit, after the control device and the bus notifier
@@ -79,29 +55,11 @@ pub(crate) fn remove_all() {
     }
 }
 
-/// Whether `pdev` is served as a companion. Its owned probe calls this under the device lock,
-/// which [`add`] holds too, so the answer holds until probe returns.
-pub(crate) fn is_companion(pdev: &pci::Device) -> bool {
-    let key = sys::pci::pci_dev_key(pdev);
-    COMPANIONS.lock().iter().any(|c| c.key == key)
-}
-
-/// The name of the driver that owns the companion `pdev`; all NULs if none does, or if `pdev`
-/// is no companion (any more).
-pub(crate) fn owner_driver(pdev: &pci::Device) -> DriverName {
-    let key = sys::pci::pci_dev_key(pdev);
-    COMPANIONS
-        .lock()
-        .iter()
-        .find(|c| c.key == key)
-        .map_or_else(DriverName::default, |c| c.driver)
-}
-
 /// The bus notifier's report: `driver` is now bound to the device `key`. A companion that had
 /// no owner has one now (a companion goes when its owner unbinds, so it has no other).
 pub(crate) fn bound(key: usize, driver: DriverName) {
-    if let Some(c) = COMPANIONS.lock().iter_mut().find(|c| c.key == key) {
-        c.driver = driver;
+    if let Some(c) = COMPANIONS.lock().iter().find(|c| c.key == key) {
+        c.device.hbm().set_owner_driver(driver);
     }
 }
 
@@ -169,12 +127,12 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
         index: index.get(),
     };
     let hbm = Hbm::new(info, pdev.clone(), true)?;
+    hbm.set_owner_driver(driver);
     let device = KBox::pin_init(HbmDevice::new(index, hbm), GFP_KERNEL)?;
     companions
         .push_within_capacity(Companion {
             key,
             address: info.address,
-            driver,
             device,
             pdev: pdev.clone(),
         })
@@ -225,7 +183,7 @@ pub(crate) struct ControlFile;
 impl ControlFile {
     /// `PEERDIRECT_IOC_COMPANION_ADD` and `_REMOVE`.
     fn companion(cmd: u32, arg: usize) -> Result {
-        if !crate::companion_mode() {
+        if !ENABLED.load(Relaxed) {
             return Err(EOPNOTSUPP);
         }
         if !sys::task::capable_sys_admin() {
@@ -239,7 +197,7 @@ impl ControlFile {
         if v.__reserved0 != 0 {
             return Err(EINVAL);
         }
-        let devfn = crate::chardev::devfn(v.pci_slot, v.pci_func)?;
+        let devfn = sys::pci::devfn(v.pci_slot, v.pci_func)?;
         if cmd == PEERDIRECT_IOC_COMPANION_ADD {
             req.value.index = add(v.pci_domain, v.pci_bus, devfn, v.bar)?;
         } else {

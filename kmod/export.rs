@@ -31,7 +31,6 @@ use kernel::{
     prelude::*,
     rbtree::RBTreeNodeReservation,
     sync::{aref::ARef, atomic::Relaxed, Arc},
-    ThisModule,
 };
 
 struct Export {
@@ -158,10 +157,9 @@ impl Drop for Export {
     }
 }
 
-/// Exports `len` bytes from `offset` inside `alloc` (validated by the caller) as a dma-buf of
-/// `module`'s (peerdirect's); returns its file, to be installed as an fd.
+/// Exports `len` bytes from `offset` inside `alloc` (validated by the caller) as a dma-buf;
+/// returns its file, to be installed as an fd.
 pub(crate) fn export(
-    module: &'static ThisModule,
     alloc: &Arc<Allocation>,
     offset: u64,
     len: u64,
@@ -190,7 +188,7 @@ pub(crate) fn export(
     };
     let key = core::ptr::from_ref::<Export>(&export) as usize;
     let cpu_phys = export.phys_addr();
-    let dmabuf = DmaBuf::export(module, export, len, cpu_phys, writable)?;
+    let dmabuf = DmaBuf::export(export, len, cpu_phys, writable)?;
     dmabuf.set_name(index, alloc.handle(), alloc.offset() + offset, len)?;
     // Recorded for revocation; fails if the device went away meanwhile.
     let record = ExportRecord {

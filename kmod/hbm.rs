@@ -13,12 +13,12 @@ use crate::{
     status::StatusPage,
     sys::{
         dma_buf::{self, AttachInfo, DmaBufId},
-        pci::BarIndex,
+        pci::{BarIndex, DriverName},
     },
     uapi::PEERDIRECT_STATUS_REVOKED,
 };
 use kernel::{
-    new_condvar, new_mutex, new_poll_condvar, new_srcu, pci,
+    new_condvar, new_mutex, new_poll_condvar, new_spinlock, new_srcu, pci,
     prelude::*,
     rbtree::{RBTree, RBTreeNodeReservation},
     sync::{
@@ -26,7 +26,7 @@ use kernel::{
         atomic::{Acquire, Atomic, Full, Relaxed, Release},
         poll::PollCondVar,
         srcu::{self, Srcu},
-        Arc, CondVar, Mutex,
+        Arc, CondVar, Mutex, SpinLock,
     },
     time::{delay::fsleep, Delta},
 };
@@ -141,6 +141,9 @@ pub(crate) struct Hbm {
     pdev: ARef<pci::Device>,
     /// Another driver owns the device and its p2pdma state (a companion device).
     companion: bool,
+    /// The owner driver's name, for a companion device.
+    #[pin]
+    owner_driver: SpinLock<DriverName>,
     /// The kernel's P2P verdicts for importers seen at attach.
     pub(crate) verdicts: p2p::Cache,
     /// What userspace maps from the device file to see the device go.
@@ -201,6 +204,7 @@ impl Hbm {
                 present: Atomic::new(true),
                 pdev,
                 companion,
+                owner_driver <- new_spinlock!(DriverName::default(), "Hbm::owner_driver"),
                 verdicts: p2p::Cache::new()?,
                 status: StatusPage::new()?,
                 handles: Handles::new(1),
@@ -261,6 +265,17 @@ impl Hbm {
     /// Whether another driver owns the device (a companion device: no heap use).
     pub(crate) fn is_companion(&self) -> bool {
         self.companion
+    }
+
+    /// The name of the driver that owns a companion device (`PEERDIRECT_IOC_INFO`); all NULs
+    /// while none is bound.
+    pub(crate) fn owner_driver(&self) -> DriverName {
+        *self.owner_driver.lock()
+    }
+
+    /// Records the driver now bound to a companion device (the bus notifier's report).
+    pub(crate) fn set_owner_driver(&self, driver: DriverName) {
+        *self.owner_driver.lock() = driver;
     }
 
     /// Records a new export, unless the device is gone (`ENODEV`): a removal revokes every

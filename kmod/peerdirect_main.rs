@@ -6,25 +6,39 @@
 //! through `driver_override`). Each bound device gets a misc device `/dev/peerdirectN` whose
 //! ioctls are defined by `include/uapi/peerdirect.h`.
 //!
-//! One file per concern: [`driver`] is the PCI driver that binds the device, [`hbm`] is what the rest of the
-//! module knows of it, [`memory`] and [`heap`] keep and allocate its BAR, [`allocation`] is one range owned by a file
-//! and its dma-bufs, [`export`] is the DMA-BUF exporter over the floor's exporter abstraction
-//! (`sys::dma_buf`), [`chardev`] is the misc device and its ioctls, [`uapi`] the ABI,
-//! [`debugfs`] the debug files, [`index`] the `/dev/peerdirectN` numbering, [`companion`] the
-//! companion devices and [`p2p`] the P2P verdicts and each importer's route. [`sys`] is the
-//! floor below them all: the raw FFI (the C helpers of `sys/helpers/` and what the kernel crate
-//! does not wrap) and the abstractions over it, which know nothing of peerdirect's types
-//! (Documentation/layers.md). The PeerDirect peer-memory client is a C
-//! module of its own (`kmod/peermem/`), for hosts whose ib_core offers that API.
+//! One file per concern, each using only those below it (Documentation/layers.md; no import
+//! cycle, `scripts/layers` checks it):
+//!
+//! - this root wires them: the module parameter, the bus notifier's events, load and unload;
+//! - [`companion`] and [`driver`] are the two providers: companion devices named on
+//!   `/dev/peerdirect-ctl`, and the PCI driver that binds a device ([`ids`]: the devices known
+//!   by ID);
+//! - [`device`] is a device as served: its misc device, debugfs directory and index, the order
+//!   they go in, and the list of companions;
+//! - [`chardev`] is the misc device and its ioctls, [`debugfs`] the debug files;
+//! - [`export`] is the DMA-BUF exporter, over an [`allocation`], one range owned by a file;
+//! - [`hbm`] is what the rest of the module knows of a device: its state, its exports, the
+//!   removal protocol; [`p2p`] the P2P verdicts and each importer's route;
+//! - leaves: [`memory`] and [`heap`] keep and allocate the BAR, [`index`] numbers
+//!   `/dev/peerdirectN`, [`status`] is the status page, [`uapi`] the ABI;
+//! - [`sys`] is the floor below them all: the raw FFI (the C helpers of `sys/helpers/` and what
+//!   the kernel crate does not wrap) and the abstractions over it (the dma-buf exporter's among
+//!   them), the only place with `unsafe` and `bindings` once the baseline is empty, knowing
+//!   nothing of peerdirect's types.
+//!
+//! The PeerDirect peer-memory client is a C module of its own (`kmod/peermem/`), for hosts
+//! whose ib_core offers that API.
 
 mod allocation;
 mod chardev;
 mod companion;
 mod debugfs;
+mod device;
 mod driver;
 mod export;
 mod hbm;
 mod heap;
+mod ids;
 mod index;
 mod memory;
 mod p2p;
@@ -54,7 +68,7 @@ module! {
 }
 
 /// Whether the module was loaded with `companion=1`.
-pub(crate) fn companion_mode() -> bool {
+fn companion_mode() -> bool {
     module_parameters::companion.value()
 }
 
@@ -116,7 +130,8 @@ impl Shared {
         let generation = PciGeneration::register::<BusEvents>()?;
         debugfs::init_root();
         memory::init();
-        companion::init();
+        device::init();
+        companion::init(companion_mode());
         Ok(Self {
             _generation: generation,
         })

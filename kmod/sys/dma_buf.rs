@@ -23,6 +23,21 @@ use kernel::{
     ThisModule,
 };
 
+/// The module this code is built into (C's `THIS_MODULE`), as `module!` makes the crate
+/// root's: the floor cannot name the root, which names everything above the floor.
+fn this_module() -> &'static ThisModule {
+    #[cfg(MODULE)]
+    // SAFETY: `__this_module` is this module's `struct module` (modpost defines it in the
+    // module's `.mod.c`), made at load and freed only once its code is gone; only its address
+    // is taken.
+    static THIS: ThisModule =
+        unsafe { ThisModule::from_ptr(core::ptr::addr_of!(bindings::__this_module).cast_mut()) };
+    #[cfg(not(MODULE))]
+    // SAFETY: built into the kernel, the code has no module: NULL, as C's `THIS_MODULE`.
+    static THIS: ThisModule = unsafe { ThisModule::from_ptr(core::ptr::null_mut()) };
+    &THIS
+}
+
 pub(crate) use super::raw::AttachInfo;
 
 /// The direction of a DMA mapping, as the importer asked for it.
@@ -282,10 +297,9 @@ pub(crate) struct DmaBuf {
 
 impl DmaBuf {
     /// Exports `exporter` as a dma-buf of `size` bytes, backed for the CPU by the physical
-    /// range from `cpu_phys`, writable through mmap if `writable`; `owner` is the module the
-    /// exporter's code is in (the buffer holds it while it exists).
+    /// range from `cpu_phys`, writable through mmap if `writable`. The buffer holds the module
+    /// this code is built into, whose code its ops are, while it exists.
     pub(crate) fn export<T: Exporter>(
-        owner: &'static ThisModule,
         exporter: KBox<T>,
         size: u64,
         cpu_phys: u64,
@@ -305,7 +319,7 @@ impl DmaBuf {
         let priv_ = KBox::into_raw(exported);
         let info = bindings::dma_buf_export_info {
             exp_name: c"peerdirect".as_char_ptr(),
-            owner: owner.as_ptr(),
+            owner: this_module().as_ptr(),
             ops: &Ops::<T>::OPS,
             size: usize::try_from(size)?,
             flags: if writable {
@@ -317,8 +331,7 @@ impl DmaBuf {
             priv_: priv_.cast::<c_void>(),
         };
         // SAFETY: `info` is fully initialised: ops has map, unmap, release and both pin and
-        // unpin, `priv_` is non-null, and `owner` is the module whose code `ops` runs (the
-        // caller's word: the exporter's).
+        // unpin, `priv_` is non-null, and `owner` is the module whose code `ops` runs.
         let raw = unsafe { bindings::dma_buf_export(&info) };
         match from_err_ptr(raw) {
             Ok(raw) => Ok(Self { raw }),

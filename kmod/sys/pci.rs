@@ -60,6 +60,33 @@ impl Drop for DeviceLock<'_> {
     }
 }
 
+/// The devfn of slot `slot`, function `func` (the kernel's `PCI_DEVFN`); `EINVAL` if either
+/// is out of range.
+pub(crate) fn devfn(slot: u8, func: u8) -> Result<u8> {
+    if slot >= 32 || func >= 8 {
+        return Err(EINVAL);
+    }
+    Ok(slot << 3 | func)
+}
+
+/// A `pci_device_id` that matches `vendor`:`device` with any subsystem (the kernel's
+/// `PCI_DEVICE`), for a vendor `pci::Vendor` has no constant for.
+pub(crate) const fn device_id(vendor: u32, device: u32) -> pci::DeviceId {
+    let id = bindings::pci_device_id {
+        vendor,
+        device,
+        subvendor: !0,
+        subdevice: !0,
+        class: 0,
+        class_mask: 0,
+        driver_data: 0,
+        override_only: 0,
+    };
+    // SAFETY: `pci::DeviceId` is `#[repr(transparent)]` over `bindings::pci_device_id` and adds
+    // no invariant beyond it (its own constructors build one field by field, as here).
+    unsafe { core::mem::transmute::<bindings::pci_device_id, pci::DeviceId>(id) }
+}
+
 /// The length of a [`DriverName`], `PEERDIRECT_DRIVER_NAME_LEN` of the ABI.
 pub(crate) const DRIVER_NAME_LEN: usize = 32;
 

@@ -13,7 +13,11 @@ use crate::{
     export,
     hbm::Hbm,
     p2p,
-    sys::{self, pci::DriverName},
+    sys::{
+        self,
+        misc::{Poll, PollEvents, POLLHUP, POLLPRI},
+        pci::DriverName,
+    },
     uapi::{
         peerdirect_alloc, peerdirect_export, peerdirect_export_range, peerdirect_free,
         peerdirect_info, peerdirect_p2p, ExtensibleStruct, Request, PEERDIRECT_ALLOC_ALIGN_DEFAULT,
@@ -25,8 +29,11 @@ use crate::{
     },
 };
 use kernel::{
-    bindings, container_of,
-    fs::{file::FileDescriptorReservation, File},
+    container_of,
+    fs::{
+        file::{flags, FileDescriptorReservation},
+        File,
+    },
     miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     mm::virt::VmaNew,
     new_mutex,
@@ -337,11 +344,8 @@ fn export_fd<T: ExtensibleStruct>(
     set_fd: impl FnOnce(&mut Request<T>, i32),
 ) -> Result {
     let cloexec = flags & PEERDIRECT_EXPORT_CLOEXEC != 0;
-    let fd = FileDescriptorReservation::get_unused_fd_flags(if cloexec {
-        bindings::O_CLOEXEC
-    } else {
-        0
-    })?;
+    let fd =
+        FileDescriptorReservation::get_unused_fd_flags(if cloexec { flags::O_CLOEXEC } else { 0 })?;
     let writable = flags & PEERDIRECT_EXPORT_RDWR != 0;
     let file = export::export(alloc, offset, length, writable)?;
     set_fd(
@@ -353,58 +357,17 @@ fn export_fd<T: ExtensibleStruct>(
     Ok(())
 }
 
-/// `poll` answers of a device file: none while the device is there; once it starts going
-/// away, `POLLPRI` (act now: let go of its registrations) with `POLLHUP` (it will not come
-/// back on this file). uapi values, as `<poll.h>` has them.
-const POLLPRI: bindings::__poll_t = 0x0002;
-const POLLHUP: bindings::__poll_t = 0x0010;
-
-/// The misc device's file operations, plus `poll` (the Rust misc device abstraction of 7.3
-/// has none). Every other operation is the abstraction's own, so they see the file's private
-/// data as it set it up.
-static FILE_OPS: FileOps = FileOps(bindings::file_operations {
-    poll: Some(poll),
-    // SAFETY: `into_raw` builds the miscdevice the abstraction registers, whose `fops` points
-    // to its `'static` operations table; reading it at compile time copies that table.
-    ..unsafe {
-        *MiscDeviceOptions {
-            name: c"peerdirect",
+/// `poll` on an open `/dev/peerdirectN`: no event while the device is there; once it starts
+/// going away, `POLLPRI` (act now: let go of its registrations) with `POLLHUP` (it will not
+/// come back on this file).
+impl Poll for HbmFile {
+    fn poll(me: &Self, file: &File, table: PollTable<'_>) -> PollEvents {
+        table.register_wait(file, &me.hbm.events);
+        if me.hbm.is_present() {
+            0
+        } else {
+            POLLPRI | POLLHUP
         }
-        .into_raw::<HbmFile>()
-        .fops
-    }
-});
-
-/// A `file_operations` table that is never written after compile time.
-struct FileOps(bindings::file_operations);
-
-// SAFETY: the table is immutable; its pointers (the owning module, functions) are only read,
-// from any thread, as the VFS reads every `file_operations`.
-unsafe impl Sync for FileOps {}
-
-/// `poll` on an open `/dev/peerdirectN`: see [`POLLPRI`].
-///
-/// # Safety
-///
-/// Only called by the VFS as `FILE_OPS.poll`, on a file `HbmFile::open` gave `FILE_OPS`
-/// and the misc device abstraction then gave an `HbmFile` as private data.
-unsafe extern "C" fn poll(
-    file: *mut bindings::file,
-    table: *mut bindings::poll_table_struct,
-) -> bindings::__poll_t {
-    // The abstraction made the private data with `Pin<KBox<HbmFile>>::into_foreign`.
-    // SAFETY: by the function's contract `private_data` is that `HbmFile`, alive until
-    // release, which does not run while the file is being polled.
-    let me = unsafe { &*(*file).private_data.cast::<HbmFile>() };
-    // SAFETY: the VFS passes a valid file, with no fdget_pos region active on this thread.
-    let file = unsafe { File::from_raw_file(file) };
-    // SAFETY: the VFS passes a null or valid poll table, valid for this call.
-    let table = unsafe { PollTable::from_raw(table) };
-    table.register_wait(file, &me.hbm.events);
-    if me.hbm.is_present() {
-        0
-    } else {
-        POLLPRI | POLLHUP
     }
 }
 
@@ -421,9 +384,7 @@ impl MiscDevice for HbmFile {
             }),
             GFP_KERNEL,
         )?;
-        // SAFETY: `file` is being opened by our misc device, and `FILE_OPS` is its operations
-        // table plus `poll`, which reads the private data the abstraction sets after this.
-        unsafe { sys::mm::file_replace_fops(file, &FILE_OPS.0) };
+        sys::misc::set_poll_ops::<Self>(file);
         Ok(me)
     }
 

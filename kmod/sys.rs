@@ -18,6 +18,7 @@
 //!   built from it, attachments typed by what each callback may do), and our dma-bufs' peer
 //!   and host-bridge tables, mmap, naming, revocation and attachment listing, and the
 //!   exporter-private word of an attachment.
+//! - [`misc`]: `poll` for a misc device (the kernel crate's abstraction has none).
 //! - [`mm`]: pages, VMAs and files.
 //! - [`task`]: the calling task.
 //! - [`util`]: error pointers.
@@ -26,6 +27,7 @@
 //! for [`pci`], and so on), all declared in `helpers/helpers.h`.
 
 pub(crate) mod dma_buf;
+pub(crate) mod misc;
 pub(crate) mod mm;
 pub(crate) mod pci;
 pub(crate) mod pci_notifier;

@@ -32,7 +32,7 @@ pub(crate) fn vma_pgoff(vma: &VmaNew) -> usize {
 /// `file` is being opened by this module's misc device (its open callback runs), and `fops`
 /// belongs to this module and works on the file's private data as the misc device's own
 /// operations do.
-pub(crate) unsafe fn file_replace_fops(
+pub(super) unsafe fn file_replace_fops(
     file: &kernel::fs::File,
     fops: &'static bindings::file_operations,
 ) {

@@ -27,14 +27,17 @@ use kernel::{
 /// root's: the floor cannot name the root, which names everything above the floor.
 fn this_module() -> &'static ThisModule {
     #[cfg(MODULE)]
-    // SAFETY: `__this_module` is this module's `struct module` (modpost defines it in the
-    // module's `.mod.c`), made at load and freed only once its code is gone; only its address
-    // is taken.
-    static THIS: ThisModule =
-        unsafe { ThisModule::from_ptr(core::ptr::addr_of!(bindings::__this_module).cast_mut()) };
+    static THIS: ThisModule = {
+        let this = core::ptr::addr_of!(bindings::__this_module).cast_mut();
+        // SAFETY: `__this_module` is this module's `struct module` (modpost defines it in the
+        // module's `.mod.c`), made at load and freed only once its code is gone.
+        unsafe { ThisModule::from_ptr(this) }
+    };
     #[cfg(not(MODULE))]
-    // SAFETY: built into the kernel, the code has no module: NULL, as C's `THIS_MODULE`.
-    static THIS: ThisModule = unsafe { ThisModule::from_ptr(core::ptr::null_mut()) };
+    static THIS: ThisModule = {
+        // SAFETY: built into the kernel, the code has no module: NULL, as C's `THIS_MODULE`.
+        unsafe { ThisModule::from_ptr(core::ptr::null_mut()) }
+    };
     &THIS
 }
 

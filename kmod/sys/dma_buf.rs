@@ -204,9 +204,9 @@ impl Locked<'_> {
         // The max segment is an `unsigned int`, page aligned by the caller: at most 4 GiB
         // less a page, as an entry's 32-bit length needs.
         debug_assert!(seg > 0 && seg <= u64::from(u32::MAX));
-        // SAFETY: the reservation lock is held (this type's) and the buffer is not revoked
-        // (`_unrevoked`), so the BAR stays: `map_table`'s contract; `seg` is non-zero and fits
-        // an entry (above).
+        // The reservation lock is held (this type's) and the buffer is not revoked
+        // (`_unrevoked`), so the BAR stays.
+        // SAFETY: so `map_table`'s contract holds; `seg` is non-zero and fits an entry (above).
         unsafe {
             map_table(
                 self.raw.as_ptr(),

@@ -34,9 +34,9 @@ struct PollOps<T>(PhantomData<T>);
 impl<T: Poll> PollOps<T> {
     const OPS: bindings::file_operations = bindings::file_operations {
         poll: Some(Self::poll),
-        // SAFETY: `into_raw` builds the miscdevice the abstraction registers, whose `fops`
-        // points to its `'static` operations table for `T`; reading it at compile time copies
-        // that table.
+        // `into_raw` builds the miscdevice the abstraction registers, whose `fops` points to
+        // its `'static` operations table for `T`.
+        // SAFETY: so reading it at compile time copies that table.
         ..unsafe {
             *MiscDeviceOptions {
                 name: c"peerdirect",

@@ -14,13 +14,14 @@
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-plan 20
+plan 21
 selftest=/lib/peerdirect/tests/peerdirect_splat_selftest.ko
 
 # ran BOOTLOG EVENTS: how each guest of a boot log started (boot or restore), without one boot
 # for each that qemu/run did again before /init (QEMU 10.0's TCG aborts now and then while the
 # kernel enumerates PCI; each said "booting again" in EVENTS): the guests that ran the command
-# ("in one boot" below: one of them, booted or restored).
+# ("in one boot" below: one of them, booted or restored). A boot only to save a snapshot
+# (qemu/run's save_first) is "save".
 ran() {
 	local again
 	again=$(grep -c 'booting again' "$2" 2>/dev/null) || again=0
@@ -84,6 +85,37 @@ if [ $snap_ok = 1 ] && [ "$(ran "$work/snap.boots" "$work/snap.events")" = "boot
 else
 	not_ok "a configuration's first guest boots and is saved, the next two are restored: each runs its own command with its own share and HBM size, on the host's clock, with random bytes of its own, the last with another build's modules and programs" \
 		"boots: $(cat "$work/snap.boots")" "$snap_out"
+fi
+
+# Snapshots of a guest with --hbm-backing, of 1 GiB (more than the guest's RAM): the first
+# run boots on HBM of QEMU's own only to be saved, then is restored on the file, as the second
+# run is. In each, the guest reads what the host wrote into the file before it started, what
+# it writes reaches the file, and nothing else of the file is written or read by the save and
+# the restore: a marker in its last page is still there, and the file (in /dev/shm, where a
+# page read through QEMU's mapping is a page allocated) holds no page besides those.
+hbm_file=/dev/shm/peerdirect-harness-backed-$$
+backed_ok=1 backed_out=
+: >"$work/backed.boots"
+for i in 1 2; do
+	rm -f "$hbm_file"
+	truncate -s 1G "$hbm_file"
+	"$ROOT/tests/hbm-pattern" write "$hbm_file" 0 2097152 $((0x5eed00 + i))
+	printf 'marker %s' $i | dd of="$hbm_file" bs=4096 seek=$(((1 << 30) / 4096 - 1)) conv=notrunc status=none
+	o=$(PEERDIRECT_SNAPSHOT_DIR=$work/snapshots PEERDIRECT_BOOT_LOG=$work/backed.boots PEERDIRECT_GUEST_EVENTS=$work/backed.events \
+		guest --hbm 1G --hbm-backing "$hbm_file" -- sh -c "peerdirect export --size 2M --verify $((0x5eed00 + i)) >/dev/null &&
+			peerdirect export --size 2M --pattern $((0x5eed10 + i)) --json" 2>&1)
+	r=$?
+	off=$(jq -r .export.hbm_offset <<<"$o" 2>/dev/null) kib=$(du -k "$hbm_file" | cut -f1)
+	backed_out+="run $i (exit $r, pattern at ${off:-?}, ${kib} KiB of the file allocated):"$'\n'"$o"$'\n'
+	[ $r = 0 ] && [ -n "$off" ] && "$ROOT/tests/hbm-pattern" check "$hbm_file" "$off" 2097152 $((0x5eed10 + i)) &&
+		[ "$(tail -c 4096 "$hbm_file" | head -c 8)" = "marker $i" ] && [ "$kib" -le 2200 ] || backed_ok=0
+done
+rm -f "$hbm_file"
+if [ $backed_ok = 1 ] && [ "$(ran "$work/backed.boots" "$work/backed.events")" = "save restore restore " ]; then
+	ok "a guest with --hbm-backing (1 GiB) is restored on the file, the first after a boot only to save the snapshot: it reads what the host wrote, its writes reach the file, and nothing else of the file is read or written"
+else
+	not_ok "a guest with --hbm-backing (1 GiB) is restored on the file, the first after a boot only to save the snapshot: it reads what the host wrote, its writes reach the file, and nothing else of the file is read or written" \
+		"boots: $(cat "$work/backed.boots")" "$backed_out" "$(cat "$work/backed.events" 2>/dev/null)"
 fi
 
 out=$(guest -- insmod $selftest 2>&1)

@@ -5,7 +5,10 @@
 
 use crate::{
     hbm::{Hbm, MAX_LISTED},
-    sys::dma_buf::{self, AttachInfo},
+    sys::{
+        self,
+        dma_buf::{self, AttachInfo},
+    },
 };
 use kernel::{
     debugfs::{Dir, Scope, Writer},
@@ -14,16 +17,13 @@ use kernel::{
     sync::{atomic::Relaxed, Arc},
 };
 
-kernel::sync::global_lock! {
-    // SAFETY: `init_root` initializes it in the module initializer, before the driver
-    // registers and so before any device directory is made.
-    unsafe(uninit) static ROOT: Mutex<Option<Dir>> = None;
+crate::sys::global::global_mutex! {
+    /// `/sys/kernel/debug/peerdirect`, from module init to module exit.
+    static ROOT: Mutex<Option<Dir>> = None;
 }
 
-/// Creates `/sys/kernel/debug/peerdirect`. Call once, from the module initializer.
+/// Creates `/sys/kernel/debug/peerdirect`, from the module initializer.
 pub(crate) fn init_root() {
-    // SAFETY: called exactly once, before any use of `ROOT` (see `ROOT`).
-    unsafe { ROOT.init() };
     *ROOT.lock() = Some(Dir::new(c"peerdirect"));
 }
 
@@ -132,22 +132,20 @@ pub(crate) fn device_dir(
         allocations: Allocations(hbm.clone()),
         exports: Exports(hbm),
     };
-    let init = move |slot: *mut Scope<DeviceFiles>| {
-        // The directory holds a reference to the root, which may be released meanwhile.
-        let root = ROOT
-            .lock()
+    // The directory holds a reference to the root, which may be released meanwhile.
+    let root = || {
+        ROOT.lock()
             .clone()
-            .unwrap_or_else(|| Dir::new(c"peerdirect"));
-        let scope = root.scope(Ok::<_, Error>(files), name, |files: &DeviceFiles, dir| {
+            .unwrap_or_else(|| Dir::new(c"peerdirect"))
+    };
+    sys::debugfs::scope_under(
+        root,
+        Ok::<_, Error>(files),
+        name,
+        |files: &DeviceFiles, dir| {
             dir.read_only_file(c"stats", &files.stats);
             dir.read_only_file(c"allocations", &files.allocations);
             dir.read_only_file(c"exports", &files.exports);
-        });
-        // SAFETY: `slot` is the pinned, uninitialized place our caller's initializer gives us;
-        // we forward it unchanged to the scope's initializer, which has the same contract.
-        unsafe { scope.__init(slot) }
-    };
-    // SAFETY: `init` initializes `slot` completely on `Ok` (the scope's initializer does) and
-    // leaves it uninitialized (dropping what it made) on `Err`.
-    unsafe { pin_init::pin_init_from_closure(init) }
+        },
+    )
 }

@@ -89,16 +89,9 @@ impl Companion {
     }
 }
 
-kernel::sync::global_lock! {
-    // SAFETY: `init` initializes it in the module initializer, before the control device and
-    // the bus notifier, its only users, are registered.
-    pub(crate) unsafe(uninit) static COMPANIONS: Mutex<KVec<Companion>> = KVec::new();
-}
-
-/// Call once, from the module initializer.
-pub(crate) fn init() {
-    // SAFETY: called exactly once, before any use of `COMPANIONS`.
-    unsafe { COMPANIONS.init() };
+crate::sys::global::global_mutex! {
+    /// The devices served as companions.
+    pub(crate) static COMPANIONS: Mutex<KVec<Companion>> = KVec::new();
 }
 
 /// Whether `pdev` is served as a companion. Its owned probe calls this under the device lock,

@@ -38,15 +38,9 @@ pub(crate) struct HbmMemory {
     pub(crate) pinned_mappings: Atomic<u64>,
 }
 
-kernel::sync::global_lock! {
-    // SAFETY: `init` initializes it in the module initializer, before the driver registers.
-    unsafe(uninit) static MEMORIES: Mutex<KVec<Arc<HbmMemory>>> = KVec::new();
-}
-
-/// Call once, from the module initializer.
-pub(crate) fn init() {
-    // SAFETY: called exactly once, before any use of `MEMORIES`.
-    unsafe { MEMORIES.init() };
+crate::sys::global::global_mutex! {
+    /// The memory of every BAR a device was bound with, kept across bindings.
+    static MEMORIES: Mutex<KVec<Arc<HbmMemory>>> = KVec::new();
 }
 
 /// Empties the registry; from module exit, when no allocation can be left.

@@ -12,7 +12,7 @@
 //! device's [`Verdicts`] cache keeps.
 
 use crate::sys::{
-    dma_buf::Attachment,
+    dma_buf::{self, Attachment},
     pci::{PciDev, PciDevRef},
 };
 use core::ops::Deref;
@@ -57,16 +57,9 @@ impl Generation {
 /// The PCI bus's [`Generation`], counted by the bus notifier ([`pci_device_changed`]).
 static PCI_GENERATION: Generation = Generation::new();
 
-kernel::sync::global_lock! {
-    // SAFETY: `init` initializes it in the module initializer, before the bus notifier and
-    // the driver, its only users, are registered.
-    unsafe(uninit) static CACHES: Mutex<KVec<Arc<Verdicts>>> = KVec::new();
-}
-
-/// Call once, from the module initializer.
-pub(crate) fn init() {
-    // SAFETY: called exactly once, before any use of `CACHES`.
-    unsafe { CACHES.init() };
+crate::sys::global::global_mutex! {
+    /// Every device's verdict cache, for the bus notifier to tell of changed devices.
+    static CACHES: Mutex<KVec<Arc<Verdicts>>> = KVec::new();
 }
 
 /// Frees the list's buffer; from module exit, once every device's cache is gone. A static is
@@ -142,7 +135,7 @@ struct Slot(Atomic<usize>);
 /// [`BUS_ADDRESS`].
 const VERDICT: usize = 0b11;
 // The device's address leaves them free.
-const _: () = assert!(core::mem::align_of::<kernel::bindings::device>() > VERDICT);
+const _: () = assert!(dma_buf::IMPORTER_KEY_ALIGN > VERDICT);
 
 /// No verdict: the device changed ([`Verdicts::forget`]) or the cache closed.
 const UNKNOWN: usize = 0;

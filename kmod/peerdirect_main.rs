@@ -125,12 +125,8 @@ struct Shared {
 
 impl Shared {
     fn new() -> Result<Self> {
-        // Before the notifier that reaches the verdict caches through it.
-        p2p::init();
         let generation = PciGeneration::register::<BusEvents>()?;
         debugfs::init_root();
-        memory::init();
-        device::init();
         companion::init(companion_mode());
         Ok(Self {
             _generation: generation,

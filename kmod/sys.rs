@@ -18,19 +18,26 @@
 //!   built from it, attachments typed by what each callback may do), and our dma-bufs' peer
 //!   and host-bridge tables, mmap, naming, revocation and attachment listing, and the
 //!   exporter-private word of an attachment.
+//! - [`debugfs`]: a debugfs scope under a directory looked up when it is initialized.
+//! - [`global`]: mutexes in statics ([`global::global_mutex!`]), initialized at first use.
 //! - [`misc`]: `poll` for a misc device (the kernel crate's abstraction has none).
 //! - [`mm`]: pages, VMAs and files.
+//! - [`plain`]: `FromBytes` and `AsBytes` for a `repr(C)` struct, proven at build time
+//!   ([`plain::plain_struct!`]).
 //! - [`task`]: the calling task.
 //! - [`util`]: error pointers.
 //!
 //! The C helpers are in `helpers/`, one file per file of the floor that wraps them (`pci.c`
 //! for [`pci`], and so on), all declared in `helpers/helpers.h`.
 
+pub(crate) mod debugfs;
 pub(crate) mod dma_buf;
+pub(crate) mod global;
 pub(crate) mod misc;
 pub(crate) mod mm;
 pub(crate) mod pci;
 pub(crate) mod pci_notifier;
+pub(crate) mod plain;
 mod raw;
 pub(crate) mod task;
 mod util;

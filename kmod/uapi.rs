@@ -74,14 +74,11 @@ pub(crate) trait ExtensibleStruct: FromBytes + AsBytes + Default {
     fn set_size(&mut self, size: u32);
 }
 
+/// Each request struct, with every field in order (`plain_struct!` proves the list complete:
+/// the build fails otherwise).
 macro_rules! extensible_struct {
-    ($($ty:ident => $ver0:ident),* $(,)?) => {$(
-        // SAFETY: the struct is `repr(C)` and made only of integers, which are valid for any
-        // bit pattern; its padding is explicit (`__reserved*` fields), so it has no
-        // uninitialized bytes either (bindgen's generated asserts pin its size and offsets).
-        unsafe impl FromBytes for $ty {}
-        // SAFETY: as above: no implicit padding, every byte is an initialized integer byte.
-        unsafe impl AsBytes for $ty {}
+    ($($ty:ident => $ver0:ident { $($field:ident),+ $(,)? }),* $(,)?) => {$(
+        crate::sys::plain::plain_struct!($ty { $($field),+ });
 
         impl ExtensibleStruct for $ty {
             const SIZE_VER0: usize = generated::$ver0 as usize;
@@ -94,13 +91,27 @@ macro_rules! extensible_struct {
 }
 
 extensible_struct! {
-    peerdirect_info => PEERDIRECT_INFO_SIZE_VER0,
-    peerdirect_alloc => PEERDIRECT_ALLOC_SIZE_VER0,
-    peerdirect_free => PEERDIRECT_FREE_SIZE_VER0,
-    peerdirect_export => PEERDIRECT_EXPORT_SIZE_VER0,
-    peerdirect_p2p => PEERDIRECT_P2P_SIZE_VER0,
-    peerdirect_companion => PEERDIRECT_COMPANION_SIZE_VER0,
-    peerdirect_export_range => PEERDIRECT_EXPORT_RANGE_SIZE_VER0,
+    peerdirect_info => PEERDIRECT_INFO_SIZE_VER0 {
+        size, flags, hbm_bytes, hbm_bus_addr, hbm_phys_addr, bar_index, numa_node, pci_domain, pci_bus, pci_slot, pci_func, __reserved0, vendor_id, device_id, index, provider, __reserved1, driver
+    },
+    peerdirect_alloc => PEERDIRECT_ALLOC_SIZE_VER0 {
+        size, flags, length, align, handle, __reserved0, hbm_offset
+    },
+    peerdirect_free => PEERDIRECT_FREE_SIZE_VER0 {
+        size, flags, handle, __reserved0
+    },
+    peerdirect_export => PEERDIRECT_EXPORT_SIZE_VER0 {
+        size, flags, handle, fd, offset, length
+    },
+    peerdirect_p2p => PEERDIRECT_P2P_SIZE_VER0 {
+        size, flags, pci_domain, pci_bus, pci_slot, pci_func, __reserved0, distance, path, common_bridge, acs_bridge, acs_bridges, __reserved1, host_bridge_vendor, host_bridge_device, __reserved2
+    },
+    peerdirect_companion => PEERDIRECT_COMPANION_SIZE_VER0 {
+        size, flags, pci_domain, pci_bus, pci_slot, pci_func, bar, index, __reserved0
+    },
+    peerdirect_export_range => PEERDIRECT_EXPORT_RANGE_SIZE_VER0 {
+        size, flags, bar_offset, length, fd, __reserved0
+    },
 }
 
 /// Larger requests are refused outright, so a caller cannot make us scan megabytes of zeros.

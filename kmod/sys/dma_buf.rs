@@ -82,7 +82,8 @@ impl Attachment<'_> {
     }
 
     /// The importer's device as a key: the address of its `struct device`, the same for
-    /// every attachment of that device while it exists.
+    /// every attachment of that device while it exists; a multiple of
+    /// [`IMPORTER_KEY_ALIGN`].
     pub(crate) fn importer_key(&self) -> usize {
         self.dev() as usize
     }
@@ -561,6 +562,12 @@ impl<T: Exporter> Ops<T> {
         })
     }
 }
+
+/// What every [`Attachment::importer_key`] is a multiple of (the alignment of a
+/// `struct device`): its low bits are free for a user's tag.
+// Used in build-time assertions (`const _`), which rustc 1.85's dead-code lint does not count.
+#[allow(dead_code)]
+pub(crate) const IMPORTER_KEY_ALIGN: usize = core::mem::align_of::<bindings::device>();
 
 /// Names one of our dma-bufs without holding a reference (its address).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -86,6 +86,8 @@ extern "C" {
     pub(super) fn peerdirect_pci_device_lock(pdev: *mut bindings::pci_dev);
     pub(super) fn peerdirect_pci_device_unlock(pdev: *mut bindings::pci_dev);
     pub(super) fn peerdirect_capable_sys_admin() -> bool;
+    pub(super) fn peerdirect_global_init_lock();
+    pub(super) fn peerdirect_global_init_unlock();
     pub(super) fn peerdirect_pci_notifier_register(events: *const PciEvents) -> c_int;
     pub(super) fn peerdirect_pci_notifier_unregister();
     pub(super) fn peerdirect_file_replace_fops(

@@ -5,7 +5,7 @@
 # afterwards. Each KUnit case becomes one TAP line per kernel; a missing suite is a failure.
 . "$(dirname "$0")/../lib.sh"
 
-suites=(peerdirect_heap peerdirect_index peerdirect_requests peerdirect_uapi peerdirect_p2p_verdicts peerdirect_handles)
+suites=(peerdirect_heap peerdirect_index peerdirect_requests peerdirect_uapi peerdirect_p2p_verdicts peerdirect_handles peerdirect_global)
 # PEERDIRECT_KUNIT_KERNELS: which (tests/run --quick: the test kernel's only).
 read -ra kernels <<<"${PEERDIRECT_KUNIT_KERNELS:-default kasan}"
 # The plan, before anything runs: one check per KUnit case per kernel, the cases being the

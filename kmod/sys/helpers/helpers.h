@@ -26,6 +26,8 @@ void peerdirect_pci_driver_name(struct pci_dev *pdev, u8 *name, size_t len);
 void peerdirect_pci_device_lock(struct pci_dev *pdev);
 void peerdirect_pci_device_unlock(struct pci_dev *pdev);
 bool peerdirect_capable_sys_admin(void);
+void peerdirect_global_init_lock(void);
+void peerdirect_global_init_unlock(void);
 
 /*
  * What the two PCI bus notifiers call (sys/pci_notifier.rs's PciBusEvents), given at

@@ -15,7 +15,7 @@ use crate::{
     p2p,
     sys::{
         self,
-        misc::{Poll, PollEvents, POLLHUP, POLLPRI},
+        misc::{MiscFile, MiscRegistration, PollEvents, POLLHUP, POLLPRI},
         pci::DriverName,
     },
     uapi::{
@@ -29,12 +29,10 @@ use crate::{
     },
 };
 use kernel::{
-    container_of,
     fs::{
         file::{flags, FileDescriptorReservation},
         File,
     },
-    miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     mm::virt::VmaNew,
     new_mutex,
     page::PAGE_SIZE,
@@ -49,35 +47,8 @@ const PAGE: u64 = PAGE_SIZE as u64;
 
 /// An open `/dev/peerdirectN`.
 /// `/dev/peerdirectN`: the misc device, registered with the device it serves, which its opens
-/// reach through the registration.
-#[pin_data]
-pub(crate) struct HbmMisc {
-    #[pin]
-    misc: MiscDeviceRegistration<HbmFile>,
-    hbm: Arc<Hbm>,
-}
-
-impl HbmMisc {
-    /// Registers `/dev/NAME` for `hbm`: an open may come at once.
-    pub(crate) fn register(name: &'static CStr, hbm: Arc<Hbm>) -> impl PinInit<Self, Error> {
-        try_pin_init!(HbmMisc {
-            hbm,
-            misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name }),
-        })
-    }
-
-    /// The misc device whose registration `misc` is.
-    ///
-    /// Every `MiscDeviceRegistration<HbmFile>` is the `misc` field of an `HbmMisc`: it is made
-    /// nowhere else.
-    fn of_registration(misc: &MiscDeviceRegistration<HbmFile>) -> &Self {
-        let misc = core::ptr::from_ref(misc);
-        // The returned reference borrows from `misc`, which the caller holds, so the
-        // containing struct outlives it.
-        // SAFETY: by the above, `misc` is the `misc` field of a live, pinned `HbmMisc`.
-        unsafe { &*container_of!(misc, Self, misc) }
-    }
-}
+/// get.
+pub(crate) type HbmMisc = MiscRegistration<HbmFile>;
 
 #[pin_data]
 pub(crate) struct HbmFile {
@@ -357,10 +328,21 @@ fn export_fd<T: ExtensibleStruct>(
     Ok(())
 }
 
-/// `poll` on an open `/dev/peerdirectN`: no event while the device is there; once it starts
-/// going away, `POLLPRI` (act now: let go of its registrations) with `POLLHUP` (it will not
-/// come back on this file).
-impl Poll for HbmFile {
+impl MiscFile for HbmFile {
+    type Data = Arc<Hbm>;
+
+    fn open(_file: &File, hbm: &Arc<Hbm>) -> Result<Pin<KBox<Self>>> {
+        KBox::try_pin_init(
+            try_pin_init!(Self {
+                hbm: hbm.clone(),
+                allocations <- new_mutex!(RBTree::new()),
+            }),
+            GFP_KERNEL,
+        )
+    }
+
+    /// No event while the device is there; once it starts going away, `POLLPRI` (act now: let
+    /// go of its registrations) with `POLLHUP` (it will not come back on this file).
     fn poll(me: &Self, file: &File, table: PollTable<'_>) -> PollEvents {
         table.register_wait(file, &me.hbm.events);
         if me.hbm.is_present() {
@@ -368,24 +350,6 @@ impl Poll for HbmFile {
         } else {
             POLLPRI | POLLHUP
         }
-    }
-}
-
-#[vtable]
-impl MiscDevice for HbmFile {
-    type Ptr = Pin<KBox<Self>>;
-
-    fn open(file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
-        let hbm = HbmMisc::of_registration(misc).hbm.clone();
-        let me = KBox::try_pin_init(
-            try_pin_init!(Self {
-                hbm,
-                allocations <- new_mutex!(RBTree::new()),
-            }),
-            GFP_KERNEL,
-        )?;
-        sys::misc::set_poll_ops::<Self>(file);
-        Ok(me)
     }
 
     fn ioctl(me: Pin<&Self>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {

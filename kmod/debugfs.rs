@@ -5,10 +5,7 @@
 
 use crate::{
     hbm::{Hbm, MAX_LISTED},
-    sys::{
-        self,
-        dma_buf::{self, AttachInfo},
-    },
+    sys::{self, dma_buf::AttachInfo},
 };
 use kernel::{
     debugfs::{Dir, Scope, Writer},
@@ -80,19 +77,17 @@ pub(crate) struct Exports(Arc<Hbm>);
 
 impl Writer for Exports {
     fn write(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // A recorded buffer's release waits for `exported`, so its attachments can be read
-        // under it (the reservation lock is taken under `exported`, as removal does).
+        // The reservation lock is taken under `exported`, as removal does.
         let exported = self.0.exported.lock();
-        for export in exported.values() {
+        for listed in exported.iter() {
+            let export = listed.record();
             writeln!(
                 f,
                 "handle={} offset={:#x} length={:#x}",
                 export.handle, export.offset, export.len
             )?;
             let mut infos = [AttachInfo::EMPTY; MAX_LISTED];
-            // SAFETY: a recorded buffer's release has not completed (we hold `exported`), and
-            // we do not hold its reservation lock.
-            let n = unsafe { dma_buf::attachments(export.id, &mut infos) };
+            let n = listed.attachments(&mut infos);
             for a in &infos[..n.min(MAX_LISTED)] {
                 writeln!(
                     f,

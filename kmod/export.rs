@@ -47,12 +47,6 @@ impl Export {
         self.alloc.hbm()
     }
 
-    /// The key this export is recorded under in its device (its address: it lives in a box
-    /// owned by the dma-buf until release).
-    fn key(&self) -> usize {
-        core::ptr::from_ref(self) as usize
-    }
-
     /// CPU physical address of the exported range.
     fn phys_addr(&self) -> u64 {
         self.hbm().recorded().phys_addr + self.alloc.offset() + self.offset
@@ -60,6 +54,8 @@ impl Export {
 }
 
 impl Exporter for Export {
+    type Record = ExportRecord;
+
     // Inlined into the `attach` callback: one call less per attach.
     #[inline]
     fn attach(&self, attach: &Attaching<'_>) -> Result {
@@ -152,7 +148,6 @@ impl Exporter for Export {
 
 impl Drop for Export {
     fn drop(&mut self) {
-        self.hbm().unregister_export(self.key());
         self.hbm().exports.fetch_sub(1, Relaxed);
     }
 }
@@ -186,18 +181,16 @@ pub(crate) fn export(
             return Err(e.into());
         }
     };
-    let key = core::ptr::from_ref::<Export>(&export) as usize;
     let cpu_phys = export.phys_addr();
-    let dmabuf = DmaBuf::export(export, len, cpu_phys, writable)?;
+    let dmabuf = DmaBuf::export(export, len, cpu_phys, writable, &hbm.exported)?;
     dmabuf.set_name(index, alloc.handle(), alloc.offset() + offset, len)?;
     // Recorded for revocation; fails if the device went away meanwhile.
     let record = ExportRecord {
-        id: dmabuf.id(),
         handle: alloc.handle(),
         offset: alloc.offset() + offset,
         len,
         pid: crate::sys::task::current_tgid(),
     };
-    hbm.register_export(key, record, node)?;
+    hbm.register_export(&dmabuf, record, node)?;
     Ok(dmabuf.into_file())
 }

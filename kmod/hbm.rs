@@ -12,7 +12,7 @@ use crate::{
     p2p,
     status::StatusPage,
     sys::{
-        dma_buf::{self, AttachInfo, DmaBufId},
+        dma_buf::{AttachInfo, DmaBuf, Registry},
         pci::{BarIndex, DriverName},
     },
     uapi::PEERDIRECT_STATUS_REVOKED,
@@ -20,7 +20,7 @@ use crate::{
 use kernel::{
     new_condvar, new_mutex, new_poll_condvar, new_spinlock, new_srcu, pci,
     prelude::*,
-    rbtree::{RBTree, RBTreeNodeReservation},
+    rbtree::RBTreeNodeReservation,
     sync::{
         aref::ARef,
         atomic::{Acquire, Atomic, Full, Relaxed, Release},
@@ -80,7 +80,6 @@ pub(crate) struct HbmInfo {
 
 /// An export as debugfs lists it.
 pub(crate) struct ExportRecord {
-    pub(crate) id: DmaBufId,
     pub(crate) handle: u32,
     /// Offset of the exported range in the BAR.
     pub(crate) offset: u64,
@@ -152,9 +151,8 @@ pub(crate) struct Hbm {
     pub(crate) handles: Handles,
     /// Live dma-bufs exported from this device.
     pub(crate) exports: Atomic<u64>,
-    /// The live exports, by the address of their exporter state, to revoke on removal.
-    #[pin]
-    pub(crate) exported: Mutex<RBTree<usize, ExportRecord>>,
+    /// The live exports, to revoke on removal (each leaves it in its release).
+    pub(crate) exported: Arc<Registry<ExportRecord>>,
     pub(crate) mappings: Mappings,
     /// Taken to signal `unmapped` and to wait on it.
     #[pin]
@@ -209,7 +207,7 @@ impl Hbm {
                 status: StatusPage::new()?,
                 handles: Handles::new(1),
                 exports: Atomic::new(0),
-                exported <- new_mutex!(RBTree::new()),
+                exported: Arc::pin_init(Registry::new(), GFP_KERNEL)?,
                 mappings: Mappings {
                     revocable: Atomic::new(0),
                     pinned: Atomic::new(0),
@@ -278,18 +276,17 @@ impl Hbm {
         *self.owner_driver.lock() = driver;
     }
 
-    /// Records a new export, unless the device is gone (`ENODEV`): a removal revokes every
-    /// export recorded before it.
+    /// Records a new export (exported for [`Hbm::exported`]), unless the device is gone
+    /// (`ENODEV`): a removal revokes every export recorded before it.
     pub(crate) fn register_export(
         &self,
-        key: usize,
+        dmabuf: &DmaBuf,
         record: ExportRecord,
         node: RBTreeNodeReservation<usize, ExportRecord>,
     ) -> Result {
         let mut exported = self.exported.lock();
         self.info()?;
-        exported.insert(node.into_node(key, record));
-        Ok(())
+        exported.insert(dmabuf, record, node)
     }
 
     /// Counts a mapping made for an importer.
@@ -325,11 +322,6 @@ impl Hbm {
         self.unmapped.notify_all();
     }
 
-    /// Forgets an export, from its release.
-    pub(crate) fn unregister_export(&self, key: usize) {
-        self.exported.lock().remove(&key);
-    }
-
     /// Marks the device gone (unbind, removal) and revokes its exports: later requests and
     /// maps fail with `ENODEV`, importers are told to drop their mappings, CPU mappings are
     /// zapped, and pollers of the device's files are woken. Returns once no importer maps any
@@ -353,10 +345,8 @@ impl Hbm {
         let (mut revoked, mut releasing) = (0usize, 0usize);
         {
             let exported = self.exported.lock();
-            for id in exported.values().map(|r| r.id) {
-                // SAFETY: a recorded buffer's release unregisters it under `exported`, which we
-                // hold, so its release has not completed; its reservation lock is not ours.
-                if unsafe { dma_buf::revoke(id) } {
+            for export in exported.iter() {
+                if export.revoke() {
                     revoked += 1;
                 } else {
                     releasing += 1;
@@ -424,15 +414,12 @@ impl Hbm {
             waited.as_millis() / 1000,
             pinned
         );
-        // A recorded buffer's release waits for `exported` (see `remove`), so its attachment
-        // list can be read under it; the reservation lock is taken under `exported`, as
-        // revocation does.
+        // The reservation lock is taken under `exported`, as revocation does.
         let exported = self.exported.lock();
-        for e in exported.values() {
+        for export in exported.iter() {
+            let e = export.record();
             let mut infos = [AttachInfo::EMPTY; MAX_LISTED];
-            // SAFETY: a recorded buffer's release has not completed (we hold `exported`), and
-            // we do not hold its reservation lock.
-            let n = unsafe { dma_buf::attachments(e.id, &mut infos) };
+            let n = export.attachments(&mut infos);
             for a in infos[..n.min(MAX_LISTED)]
                 .iter()
                 .filter(|a| !a.revocable && a.entries > 0)

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The abstraction floor: where `unsafe` and `bindings` (the kernel's C) belong, and the Rust
-//! side of the C helpers in `sys/helpers/` (what the rest of the module still has of them is
-//! counted in `layers.conf`'s baseline). Each file wraps one subject of the kernel in safe
+//! The abstraction floor: the only place of `unsafe` and `bindings` (the kernel's C), and the
+//! Rust side of the C helpers in `sys/helpers/` (`scripts/layers` checks that no other file
+//! has either). Each file wraps one subject of the kernel in safe
 //! functions and types (or in `unsafe fn`s whose `# Safety` sections say what their callers
 //! vouch for) and knows nothing of peerdirect's own types; the domain above it is safe Rust
 //! over them, and what the kernel tells the module through the floor (the PCI bus notifiers)
@@ -20,7 +20,8 @@
 //!   exporter-private word of an attachment.
 //! - [`debugfs`]: a debugfs scope under a directory looked up when it is initialized.
 //! - [`global`]: mutexes in statics ([`global::global_mutex!`]), initialized at first use.
-//! - [`misc`]: `poll` for a misc device (the kernel crate's abstraction has none).
+//! - [`misc`]: a misc device registered with data its opens reach, whose files answer `poll`
+//!   (the kernel crate's abstraction has neither).
 //! - [`mm`]: pages, VMAs and files.
 //! - [`plain`]: `FromBytes` and `AsBytes` for a `repr(C)` struct, proven at build time
 //!   ([`plain::plain_struct!`]).

@@ -4,8 +4,9 @@
 //! views of what the dma-buf core hands to its callbacks, typed by what each callback may do
 //! ([`Attaching`] in `attach`, [`Locked`] under the buffer's reservation lock), and our
 //! dma-bufs as the C helpers handle them: the peer and host-bridge tables of a mapping, the CPU
-//! mapping (a window filled at fault time and closed by [`revoke`]), naming, revocation, the
-//! listing of attachments, and the exporter-private word of an attachment.
+//! mapping (a window filled at fault time and closed by [`Listed::revoke`]), naming, the
+//! [`Registry`] of an exporter's buffers that are not released yet (through which they are
+//! revoked and their attachments listed), and the exporter-private word of an attachment.
 //!
 //! It knows nothing of peerdirect's types: `export.rs` implements [`Exporter`] in safe code,
 //! and `p2p.rs` decides an importer's route from what [`Attachment`] tells of its device.
@@ -17,8 +18,10 @@ use kernel::{
     error::from_result,
     ffi::{c_int, c_void},
     fs::File,
+    new_mutex,
     prelude::*,
-    sync::aref::ARef,
+    rbtree::{RBTree, RBTreeNodeReservation},
+    sync::{aref::ARef, Arc, Mutex, MutexGuard},
     types::Opaque,
     ThisModule,
 };
@@ -246,7 +249,7 @@ impl SgTable {
 
 /// The head of every dma-buf's private data, mirrored by `struct peerdirect_cpu_window` in
 /// `helpers.h`: the CPU physical range user mappings reach, filled at fault time by the C
-/// fault handler and closed by [`revoke`].
+/// fault handler and closed by [`Listed::revoke`].
 #[repr(C)]
 struct CpuWindow {
     phys: u64,
@@ -255,15 +258,19 @@ struct CpuWindow {
     revoked: Opaque<bool>,
 }
 
-/// A dma-buf's private data: the window C reads first, then the exporter.
+/// A dma-buf's private data: the window C reads first, then the exporter and the registry
+/// that lists the buffer until its release.
 #[repr(C)]
-struct Exported<T> {
+struct Exported<T: Exporter> {
     window: CpuWindow,
+    registry: Arc<Registry<T::Record>>,
     exporter: KBox<T>,
 }
 
 /// What a dma-buf exporter does; [`DmaBuf::export`] builds the `dma_buf_ops` from it.
 pub(crate) trait Exporter: Send + Sync + Sized {
+    /// What the exporter's [`Registry`] keeps of each buffer.
+    type Record: Send + Unpin;
     /// An importer attaches: refuse what cannot work.
     fn attach(&self, attach: &Attaching<'_>) -> Result;
     /// A pinned importer pins.
@@ -282,7 +289,7 @@ pub(crate) trait Exporter: Send + Sync + Sized {
     /// Undo [`Exporter::map`].
     fn unmap(&self, attach: &Locked<'_>, sgt: SgTable, dir: DataDirection);
     /// May the buffer be mapped for the CPU now? Its window is mapped at fault time, and
-    /// [`revoke`] closes it.
+    /// [`Listed::revoke`] closes it.
     fn mmap(&self) -> Result;
     /// The CPU is about to access the buffer (`DMA_BUF_IOCTL_SYNC` start).
     fn begin_cpu_access(&self) -> Result;
@@ -290,24 +297,28 @@ pub(crate) trait Exporter: Send + Sync + Sized {
 
 /// Proof, for the length of a `map_dma_buf` callback, that the buffer is not revoked and will
 /// not be before the callback returns: the core holds the buffer's reservation lock across the
-/// callback, and [`revoke`] marks the buffer under that lock. So whatever the exporter tears
+/// callback, and [`Listed::revoke`] marks the buffer under that lock. So whatever the exporter tears
 /// down only after revoking the buffer is still there while this exists.
 pub(crate) struct Unrevoked<'a>(PhantomData<&'a ()>);
 
 /// A dma-buf we exported, holding the one reference to its file until [`DmaBuf::into_file`].
 pub(crate) struct DmaBuf {
     raw: NonNull<bindings::dma_buf>,
+    /// The registry its release leaves ([`registry_key`]).
+    registry: usize,
 }
 
 impl DmaBuf {
     /// Exports `exporter` as a dma-buf of `size` bytes, backed for the CPU by the physical
-    /// range from `cpu_phys`, writable through mmap if `writable`. The buffer holds the module
+    /// range from `cpu_phys`, writable through mmap if `writable`, to be listed in `registry`
+    /// ([`RegistryGuard::insert`]), which its release leaves. The buffer holds the module
     /// this code is built into, whose code its ops are, while it exists.
     pub(crate) fn export<T: Exporter>(
         exporter: KBox<T>,
         size: u64,
         cpu_phys: u64,
         writable: bool,
+        registry: &Arc<Registry<T::Record>>,
     ) -> Result<Self> {
         let exported = KBox::new(
             Exported {
@@ -316,6 +327,7 @@ impl DmaBuf {
                     len: size,
                     revoked: Opaque::new(false),
                 },
+                registry: registry.clone(),
                 exporter,
             },
             GFP_KERNEL,
@@ -338,7 +350,10 @@ impl DmaBuf {
         // unpin, `priv_` is non-null, and `owner` is the module whose code `ops` runs.
         let raw = unsafe { bindings::dma_buf_export(&info) };
         match from_err_ptr(raw) {
-            Ok(raw) => Ok(Self { raw }),
+            Ok(raw) => Ok(Self {
+                raw,
+                registry: registry_key(registry),
+            }),
             Err(e) => {
                 // SAFETY: the export failed, so the core did not take `priv_`: it is still the
                 // box we leaked above, and nothing else refers to it.
@@ -346,11 +361,6 @@ impl DmaBuf {
                 Err(e)
             }
         }
-    }
-
-    /// An identity for the buffer, for [`revoke`]; valid until its release.
-    pub(crate) fn id(&self) -> DmaBufId {
-        DmaBufId(self.raw.as_ptr() as usize)
     }
 
     /// Names the buffer after its device, handle and range (fdinfo's `name:`, debugfs).
@@ -518,7 +528,11 @@ impl<T: Exporter> Ops<T> {
     unsafe extern "C" fn release(dmabuf: *mut bindings::dma_buf) {
         // SAFETY: `release` is the last callback for our dma-buf: its `priv_` is the
         // `KBox<Exported<T>>` leaked at export, and nothing uses it after this.
-        drop(unsafe { KBox::from_raw((*dmabuf).priv_.cast::<Exported<T>>()) });
+        let exported = unsafe { KBox::from_raw((*dmabuf).priv_.cast::<Exported<T>>()) };
+        // Out of the registry before the core frees the buffer: what the registry lists, under
+        // its lock, is still allocated (`Listed`).
+        exported.registry.buffers.lock().remove(&(dmabuf as usize));
+        drop(exported);
     }
 
     /// # Safety
@@ -569,34 +583,100 @@ impl<T: Exporter> Ops<T> {
 #[allow(dead_code)]
 pub(crate) const IMPORTER_KEY_ALIGN: usize = core::mem::align_of::<bindings::device>();
 
-/// Names one of our dma-bufs without holding a reference (its address).
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct DmaBufId(usize);
-
-/// Closes the CPU window of the buffer `id`, makes later maps of it fail with `ENODEV`,
-/// invalidates every importer mapping of it and zaps its CPU mappings. A buffer whose release
-/// is under way is left alone (nothing holds it any more): then `false`.
-///
-/// # Safety
-///
-/// `id` names a dma-buf we exported whose release has not completed: the caller holds the
-/// lock under which the buffer's release unregisters it, so its memory stays valid (even if
-/// its file is already being released).
-/// The caller does not hold the buffer's reservation lock.
-pub(crate) unsafe fn revoke(id: DmaBufId) -> bool {
-    // SAFETY: forwarded from the caller.
-    unsafe { dmabuf_revoke(id.0 as *mut bindings::dma_buf) }
+/// An exporter's dma-bufs that are not released yet, each with a record: a buffer exported
+/// for this registry ([`DmaBuf::export`]) enters when [`RegistryGuard::insert`] records it,
+/// and leaves in its release, under this lock, before the dma-buf core frees it. So under the
+/// lock every buffer listed is still allocated (its file may be being released): it can be
+/// revoked and its attachments read ([`Listed`]).
+#[pin_data]
+pub(crate) struct Registry<V> {
+    #[pin]
+    buffers: Mutex<RBTree<usize, V>>,
 }
 
-/// Describes up to `out.len()` of the importers attached to the dma-buf `id`; returns how many
-/// there are.
-///
-/// # Safety
-///
-/// As for [`revoke`].
-pub(crate) unsafe fn attachments(id: DmaBufId, out: &mut [AttachInfo]) -> usize {
-    // SAFETY: forwarded from the caller.
-    unsafe { dmabuf_attachments(id.0 as *mut bindings::dma_buf, out) }
+/// What tells a registry from another: its address, kept alive by every buffer exported for
+/// it (its `Exported` holds an `Arc`), so no other registry has it while such a buffer exists.
+fn registry_key<V>(registry: &Arc<Registry<V>>) -> usize {
+    core::ptr::from_ref::<Registry<V>>(registry) as usize
+}
+
+impl<V> Registry<V> {
+    pub(crate) fn new() -> impl PinInit<Self> {
+        pin_init!(Self {
+            buffers <- new_mutex!(RBTree::new(), "dma_buf::Registry::buffers"),
+        })
+    }
+
+    /// Locks the registry: while the guard lives no listed buffer is freed.
+    pub(crate) fn lock(&self) -> RegistryGuard<'_, V> {
+        RegistryGuard {
+            buffers: self.buffers.lock(),
+            key: core::ptr::from_ref(self) as usize,
+        }
+    }
+}
+
+/// A locked [`Registry`].
+pub(crate) struct RegistryGuard<'a, V> {
+    buffers: MutexGuard<'a, RBTree<usize, V>>,
+    /// The registry's [`registry_key`].
+    key: usize,
+}
+
+impl<V: Unpin> RegistryGuard<'_, V> {
+    /// Lists `buf` with `record` (`node` holds its place); `EINVAL` for a buffer exported for
+    /// another registry, whose release would not take it out of this one.
+    pub(crate) fn insert(
+        &mut self,
+        buf: &DmaBuf,
+        record: V,
+        node: RBTreeNodeReservation<usize, V>,
+    ) -> Result {
+        if buf.registry != self.key {
+            return Err(EINVAL);
+        }
+        self.buffers
+            .insert(node.into_node(buf.raw.as_ptr() as usize, record));
+        Ok(())
+    }
+
+    /// The buffers listed, with their records.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Listed<'_, V>> {
+        self.buffers
+            .iter()
+            .map(|(&buf, record)| Listed { buf, record })
+    }
+}
+
+/// A buffer of a locked [`Registry`]: allocated, and not freed while the borrow lasts.
+pub(crate) struct Listed<'a, V> {
+    /// The `struct dma_buf`'s address.
+    buf: usize,
+    record: &'a V,
+}
+
+impl<V> Listed<'_, V> {
+    /// What the exporter recorded of the buffer.
+    pub(crate) fn record(&self) -> &V {
+        self.record
+    }
+
+    /// Closes the buffer's CPU window, makes later maps of it fail with `ENODEV`, invalidates
+    /// every importer mapping of it and zaps its CPU mappings. A buffer whose release is under
+    /// way is left alone (nothing holds it any more): then `false`. Takes the buffer's
+    /// reservation lock: not to be called under it (that would deadlock).
+    pub(crate) fn revoke(&self) -> bool {
+        // SAFETY: the buffer is allocated while the registry is locked (`Registry`), which
+        // the borrow of its guard ensures.
+        unsafe { dmabuf_revoke(self.buf as *mut bindings::dma_buf) }
+    }
+
+    /// Describes up to `out.len()` of the importers attached to the buffer; returns how many
+    /// there are. Takes the buffer's reservation lock, as [`Listed::revoke`] does.
+    pub(crate) fn attachments(&self, out: &mut [AttachInfo]) -> usize {
+        // SAFETY: as in `revoke`.
+        unsafe { dmabuf_attachments(self.buf as *mut bindings::dma_buf, out) }
+    }
 }
 
 // The C helpers' side: what the abstraction above calls.
@@ -683,12 +763,12 @@ unsafe fn dmabuf_set_name(
 }
 
 /// Invalidates importers' mappings of `dmabuf` and zaps its CPU mappings; `false` if its
-/// release had begun (then it is left alone).
+/// release had begun (then it is left alone). Takes its reservation lock (a caller holding it
+/// would deadlock).
 ///
 /// # Safety
 ///
-/// `dmabuf`'s memory is valid for the call (see [`revoke`]), and the caller does not
-/// hold its reservation lock.
+/// `dmabuf` is one of ours whose memory is valid for the call (see [`Registry`]).
 unsafe fn dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool {
     // SAFETY: forwarded from the caller.
     unsafe { raw::peerdirect_dmabuf_revoke(dmabuf) }
@@ -803,11 +883,11 @@ unsafe fn attach_count_mapping(
 }
 
 /// Describes up to `out.len()` of `dmabuf`'s attachments in `out`; returns how many it has.
+/// Takes its reservation lock, as [`dmabuf_revoke`] does.
 ///
 /// # Safety
 ///
-/// As for [`dmabuf_revoke`]: `dmabuf`'s memory is valid for the call and the caller does not
-/// hold its reservation lock.
+/// As for [`dmabuf_revoke`]: `dmabuf` is one of ours whose memory is valid for the call.
 unsafe fn dmabuf_attachments(dmabuf: *mut bindings::dma_buf, out: &mut [AttachInfo]) -> usize {
     // SAFETY: forwarded from the caller; `out` is valid for writes of `out.len()` entries,
     // whose layout `AttachInfo` mirrors.

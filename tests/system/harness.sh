@@ -14,7 +14,7 @@
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-plan 21
+plan 22
 selftest=/lib/peerdirect/tests/peerdirect_splat_selftest.ko
 
 # ran BOOTLOG EVENTS: how each guest of a boot log started (boot or restore), without one boot
@@ -116,6 +116,32 @@ if [ $backed_ok = 1 ] && [ "$(ran "$work/backed.boots" "$work/backed.events")" =
 else
 	not_ok "a guest with --hbm-backing (1 GiB) is restored on the file, the first after a boot only to save the snapshot: it reads what the host wrote, its writes reach the file, and nothing else of the file is read or written" \
 		"boots: $(cat "$work/backed.boots")" "$backed_out" "$(cat "$work/backed.events" 2>/dev/null)"
+fi
+
+# Two first runs of one configuration at once, with no snapshot yet: both boot, and each may
+# save the snapshot (to a temporary file of its own, renamed into place) while the other does.
+# Both pass, the folder ends with one snapshot and no temporary file, and a third run restores
+# it. Met: both booted (neither found a snapshot), so both reached the save with none there.
+: >"$work/pair.boots"
+for i in 1 2; do
+	(PEERDIRECT_SNAPSHOT_DIR=$work/pair-snapshots PEERDIRECT_BOOT_LOG=$work/pair.boots PEERDIRECT_GUEST_EVENTS=$work/pair.events \
+		guest --hbm 32M -- sh -c "echo pair $i" >"$work/pair$i.out" 2>&1
+	echo $? >"$work/pair$i.rc") &
+done
+wait
+o3=$(PEERDIRECT_SNAPSHOT_DIR=$work/pair-snapshots PEERDIRECT_BOOT_LOG=$work/pair.boots PEERDIRECT_GUEST_EVENTS=$work/pair.events \
+	guest --hbm 32M -- sh -c 'echo pair 3' 2>&1)
+r3=$?
+snaps=$(find "$work/pair-snapshots" -type f | sed "s|^$work/pair-snapshots/||" | sort)
+if [ "$(cat "$work/pair1.rc" "$work/pair2.rc")" = "$(printf '0\n0')" ] && [ $r3 = 0 ] &&
+	[ "$(cat "$work/pair1.out")" = "pair 1" ] && [ "$(cat "$work/pair2.out")" = "pair 2" ] && [ "$o3" = "pair 3" ] &&
+	[ "$(ran "$work/pair.boots" "$work/pair.events")" = "boot boot restore " ] &&
+	[ "$(wc -l <<<"$snaps")" = 1 ] && [[ $snaps == */*.vmstate ]]; then
+	ok "two first runs of a configuration at once both boot and pass, the folder keeps one whole snapshot and no temporary file, and the next run restores it"
+else
+	not_ok "two first runs of a configuration at once both boot and pass, the folder keeps one whole snapshot and no temporary file, and the next run restores it" \
+		"boots: $(cat "$work/pair.boots")" "files: $snaps" "run 1 (exit $(cat "$work/pair1.rc")): $(cat "$work/pair1.out")" \
+		"run 2 (exit $(cat "$work/pair2.rc")): $(cat "$work/pair2.out")" "run 3 (exit $r3): $o3" "$(cat "$work/pair.events" 2>/dev/null)"
 fi
 
 out=$(guest -- insmod $selftest 2>&1)

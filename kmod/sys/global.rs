@@ -51,9 +51,9 @@ impl<B: GlobalLockBackend> GlobalMutex<B> {
         let _serialized = InitLock::lock();
         // Under the C mutex, which every write of `ready` holds: no other thread is here.
         if !self.ready.load(Relaxed) {
-            // SAFETY: `init` runs once: `ready` is false and only this block, under the C
-            // mutex, sets it. Before it, nothing used `lock`: only this `GlobalMutex` uses
-            // it (`new`'s contract), and `lock()` reaches it only once `ready` is set.
+            // Only this `GlobalMutex` uses `lock` (`new`'s contract), and `lock()` reaches it
+            // only once `ready` is set, so nothing used it before.
+            // SAFETY: runs once (`ready` is false; only this block, under the C mutex, sets it).
             unsafe { self.lock.init() };
             // `lock()`'s `Acquire` load pairs with it: who sees `true` sees the lock set up.
             self.ready.store(true, Release);
@@ -112,9 +112,8 @@ macro_rules! global_mutex {
         $vis static $name: $crate::sys::global::GlobalMutex<$name> = {
             static LOCK: ::kernel::sync::GlobalLock<$name> = {
                 let value: $item = $value;
-                // SAFETY: `LOCK` is named only here, and is handed to the one `GlobalMutex`
-                // below, which initializes it before any other use; `$name` is the backend of
-                // no other lock.
+                // `LOCK` is named only here; `$name` is the backend of no other lock.
+                // SAFETY: the one `GlobalMutex` below initializes it before any other use.
                 unsafe { ::kernel::sync::GlobalLock::new(value) }
             };
             // SAFETY: `LOCK` was made by `GlobalLock::new` and nothing else can name it.

@@ -136,8 +136,7 @@ impl<F: MiscFile> PollOps<F> {
 /// Gives `file`, being opened by a [`MiscRegistration<F>`] (from `Files::<F>::open`), the
 /// operations of its misc device plus `F::poll`.
 fn set_poll_ops<F: MiscFile>(file: &File) {
-    // SAFETY: `file` is being opened by `Files<F>`'s misc device (the caller is its `open`),
-    // and the table is that device's operations plus a `poll` reading the private data as
-    // they do.
+    // The table is that device's operations plus a `poll` reading the private data as they do.
+    // SAFETY: `file` is being opened by `Files<F>`'s misc device (the caller is its `open`).
     unsafe { mm::file_replace_fops(file, &PollOps::<F>::OPS) };
 }

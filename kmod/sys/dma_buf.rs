@@ -304,7 +304,7 @@ pub(crate) struct Unrevoked<'a>(PhantomData<&'a ()>);
 /// A dma-buf we exported, holding the one reference to its file until [`DmaBuf::into_file`].
 pub(crate) struct DmaBuf {
     raw: NonNull<bindings::dma_buf>,
-    /// The registry its release leaves ([`registry_key`]).
+    /// The registry its release leaves ([`Registry::key`]).
     registry: usize,
 }
 
@@ -352,7 +352,7 @@ impl DmaBuf {
         match from_err_ptr(raw) {
             Ok(raw) => Ok(Self {
                 raw,
-                registry: registry_key(registry),
+                registry: registry.key(),
             }),
             Err(e) => {
                 // SAFETY: the export failed, so the core did not take `priv_`: it is still the
@@ -594,13 +594,14 @@ pub(crate) struct Registry<V> {
     buffers: Mutex<RBTree<usize, V>>,
 }
 
-/// What tells a registry from another: its address, kept alive by every buffer exported for
-/// it (its `Exported` holds an `Arc`), so no other registry has it while such a buffer exists.
-fn registry_key<V>(registry: &Arc<Registry<V>>) -> usize {
-    core::ptr::from_ref::<Registry<V>>(registry) as usize
-}
-
 impl<V> Registry<V> {
+    /// What tells a registry from another: its address, kept alive by every buffer exported
+    /// for it (its `Exported` holds an `Arc`), so no other registry has it while such a buffer
+    /// exists.
+    fn key(&self) -> usize {
+        core::ptr::from_ref(self) as usize
+    }
+
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
             buffers <- new_mutex!(RBTree::new(), "dma_buf::Registry::buffers"),
@@ -611,7 +612,7 @@ impl<V> Registry<V> {
     pub(crate) fn lock(&self) -> RegistryGuard<'_, V> {
         RegistryGuard {
             buffers: self.buffers.lock(),
-            key: core::ptr::from_ref(self) as usize,
+            key: self.key(),
         }
     }
 }
@@ -619,7 +620,7 @@ impl<V> Registry<V> {
 /// A locked [`Registry`].
 pub(crate) struct RegistryGuard<'a, V> {
     buffers: MutexGuard<'a, RBTree<usize, V>>,
-    /// The registry's [`registry_key`].
+    /// The registry's [`Registry::key`].
     key: usize,
 }
 

@@ -10,7 +10,7 @@
  *
  *   fd=N dev=DDDD:BB:SS.F mode=dynamic|pinned|revocable|static [hbm=DDDD:BB:SS.F]
  *        [dir=bidir|to_device|from_device] [p2p=0|1] [hold=0|1] [stall=MS] [defer=MS]
- *        [max_seg=BYTES] [cycles=N] [maps=1|2]
+ *        [max_seg=BYTES] [cycles=N] [maps=1|2] [scribble=1]
  *	attach dma-buf fd N (an fd of the writing process) to PCI device dev, (pin,) map, walk
  *	the sg table, then unmap, (unpin,) detach, unless hold=1: then the attachment stays
  *	mapped until "release id=I". With hbm=, also reports the kernel's P2P distance from
@@ -33,6 +33,10 @@
  *	dma-buf core keeps no sg table per attachment, so each map reaches the exporter), and
  *	unmaps that second mapping at once; the first is then held or unmapped as usual. The
  *	result adds map2= and map2_nents=.
+ *	scribble=1 (not with hold=1) rewrites every entry's DMA address in the sg table (one
+ *	page further on) after the walk and before the unmap, as a buggy or hostile importer
+ *	could: the exporter must unmap what it mapped, not what the table now says. The result
+ *	adds scribbled=N, the entries rewritten.
  *   stalls		how many stalled invalidations have started (takes no lock)
  *   status id=I	invalidations seen, whether mapped, whether revoked
  *   remap id=I		map again an attachment whose mapping the exporter invalidated
@@ -198,7 +202,7 @@ struct pdi_cmd {
 	enum pdi_mode mode;
 	bool has_mode;
 	enum dma_data_direction dir;
-	bool p2p, hold;
+	bool p2p, hold, scribble;
 	unsigned int stall_ms, defer_ms, max_seg, cycles, maps;
 	u32 id;
 };
@@ -271,6 +275,8 @@ static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 			ret = kstrtobool(val, &cmd->p2p);
 		} else if (!strcmp(tok, "hold")) {
 			ret = kstrtobool(val, &cmd->hold);
+		} else if (!strcmp(tok, "scribble")) {
+			ret = kstrtobool(val, &cmd->scribble);
 		} else if (!strcmp(tok, "stall")) {
 			ret = kstrtouint(val, 10, &cmd->stall_ms);
 		} else if (!strcmp(tok, "defer")) {
@@ -308,6 +314,10 @@ static int pdi_parse(char *line, struct pdi_cmd *cmd, struct seq_buf *out)
 		}
 		if (cmd->cycles && cmd->hold) {
 			seq_buf_puts(out, "error=cycles= needs hold=0\n");
+			return -EINVAL;
+		}
+		if (cmd->scribble && cmd->hold) {
+			seq_buf_puts(out, "error=scribble= needs hold=0\n");
 			return -EINVAL;
 		}
 		if (cmd->defer_ms && cmd->mode != PDI_DYNAMIC) {
@@ -659,6 +669,15 @@ static int pdi_run_on(const struct pdi_cmd *cmd, struct seq_buf *out, struct pci
 			dma_buf_unmap_attachment(p->attach, sgt2, p->dir);
 		}
 		ret = 0;
+	}
+
+	if (cmd->scribble) {
+		struct scatterlist *sg;
+		unsigned int i;
+
+		for_each_sgtable_dma_sg(sgt, sg, i)
+			sg_dma_address(sg) += PAGE_SIZE;
+		seq_buf_printf(out, "scribbled=%u\n", sgt->nents);
 	}
 
 	if (cmd->hold) {

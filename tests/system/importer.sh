@@ -4,14 +4,16 @@
 # also 5 GiB with EFA's max segment) in each topology,
 # and the result must agree with the kernel's P2P verdict (acs: refused because the root port
 # redirects P2P; host-bridge: allowed through the host bridge and mapped through the IOMMU, one
-# entry whatever the NIC's max segment), as must PEERDIRECT_IOC_P2P about the NIC. Prints
-# `# timing:` lines.
+# entry whatever the NIC's max segment; host-bridge-direct: the same without the IOMMU, mapped
+# with dma_map_phys at the BAR's physical address, and unmapped at that address whatever the
+# importer wrote in its sg table), as must PEERDIRECT_IOC_P2P about the NIC. Prints `# timing:`
+# lines.
 . "$(dirname "$0")/../lib.sh"
 
 # Plan: the checks are peerdirect-guest-tests', one run per topology, each with its own plan;
 # none of this script's own (a guest run that does not end cleanly adds a failure: guest_tap).
 rcs=()
-for topology in switch split iommu acs host-bridge; do
+for topology in switch split iommu acs host-bridge host-bridge-direct; do
 	echo "# topology $topology"
 	# Behind the switch a BAR of 8 GiB: an export longer than the core's 4 GiB entries.
 	hbm=2G

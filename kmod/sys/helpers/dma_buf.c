@@ -51,7 +51,11 @@ struct peerdirect_table {
 	struct sg_table sgt;
 	/* The IOVA range, if the range was mapped in one. */
 	struct dma_iova_state iova;
-	/* Bytes mapped for the importer from the first entry's address; 0 by bus address. */
+	/*
+	 * What dma_map_phys() returned, and the bytes it mapped from there (0 by bus address):
+	 * unmap undoes that, never what the table says now, which the importer can rewrite.
+	 */
+	dma_addr_t addr;
 	u64 mapped;
 	struct scatterlist inline_sg[];
 };
@@ -119,6 +123,7 @@ struct sg_table *peerdirect_map_table(struct dma_buf_attachment *attach, phys_ad
 		}
 	}
 	m->iova = iova;
+	m->addr = addr;
 	m->mapped = bus_addr ? 0 : len;
 	for_each_sgtable_dma_sg(&m->sgt, sg, i) {
 		u64 off = (u64)i * seg;
@@ -138,8 +143,7 @@ void peerdirect_unmap_table(struct dma_buf_attachment *attach, struct sg_table *
 {
 	struct peerdirect_table *m = container_of(sgt, struct peerdirect_table, sgt);
 
-	peerdirect_table_unmap_dma(attach->dev, &m->iova, sg_dma_address(sgt->sgl), m->mapped,
-				   dir);
+	peerdirect_table_unmap_dma(attach->dev, &m->iova, m->addr, m->mapped, dir);
 	if (sgt->sgl != m->inline_sg)
 		sg_free_table(sgt);
 	kfree(m);

@@ -34,6 +34,9 @@ pub(crate) enum Topology {
     /// `iommu` with a CPU the kernel trusts for P2P through the host bridge (AMD Zen): P2P
     /// allowed, the NIC reaching the BAR through the IOMMU, one IOVA range per mapping.
     HostBridge,
+    /// `host-bridge` without the IOMMU: P2P allowed, the NIC reaching the BAR at its physical
+    /// address (`dma_map_phys`), which on q35 is its bus address.
+    HostBridgeDirect,
 }
 
 impl fmt::Display for Topology {
@@ -44,6 +47,7 @@ impl fmt::Display for Topology {
             Self::Iommu => "iommu",
             Self::Acs => "acs",
             Self::HostBridge => "host-bridge",
+            Self::HostBridgeDirect => "host-bridge-direct",
         })
     }
 }
@@ -206,7 +210,7 @@ fn run_case(setup: &mut Setup, case: &Case) -> Outcome {
                 first.get("p2p_distance")?
             ))
         }
-        (Topology::HostBridge, false) => {
+        (Topology::HostBridge | Topology::HostBridgeDirect, false) => {
             return Err(format!(
                 "the kernel refuses P2P through the host bridge of an AMD Zen CPU (p2p_distance={}): the harness's topology is wrong",
                 first.get("p2p_distance")?
@@ -221,8 +225,11 @@ fn run_case(setup: &mut Setup, case: &Case) -> Outcome {
         _ => {}
     }
     let expected_first = match setup.topology {
-        // Behind a shared switch the NIC DMAs straight to the BAR's bus addresses.
-        Topology::Switch => Some(setup.info.hbm_bus_addr + exported.bar_offset),
+        // Behind a shared switch the NIC DMAs straight to the BAR's bus addresses; through a
+        // host bridge without an IOMMU, to its physical addresses, the same on q35.
+        Topology::Switch | Topology::HostBridgeDirect => {
+            Some(setup.info.hbm_bus_addr + exported.bar_offset)
+        }
         // Through the host bridge an IOMMU may hand out IOVAs instead.
         Topology::Split | Topology::Iommu | Topology::Acs | Topology::HostBridge => None,
     };
@@ -412,7 +419,9 @@ fn run_p2p_query(setup: &mut Setup) -> Outcome {
     }
     let facts_fit = match setup.topology {
         Topology::Switch => path.common_bridge.is_some() && path.acs_bridge.is_none(),
-        Topology::Split | Topology::Iommu | Topology::HostBridge => path.common_bridge.is_none(),
+        Topology::Split | Topology::Iommu | Topology::HostBridge | Topology::HostBridgeDirect => {
+            path.common_bridge.is_none()
+        }
         Topology::Acs => path.common_bridge.is_some() && path.acs_bridge == path.common_bridge,
     };
     if !facts_fit {
@@ -588,6 +597,58 @@ fn run_leaves_nothing(setup: &mut Setup) -> Outcome {
     Ok(())
 }
 
+/// Errors DMA-API debugging has found since boot: an unmap of an address that was never
+/// mapped (or of another length or direction) is one.
+fn dma_api_errors() -> Result<u64, String> {
+    let disabled = "/sys/kernel/debug/dma-api/disabled";
+    match std::fs::read_to_string(disabled) {
+        Ok(text) if text.trim() == "N" => {}
+        Ok(text) => return Err(format!("{disabled}: {text:?}: DMA-API debugging is off")),
+        Err(err) => {
+            return Err(format!(
+                "read {disabled}: {err} (the test kernel has DMA_API_DEBUG)"
+            ))
+        }
+    }
+    let path = "/sys/kernel/debug/dma-api/error_count";
+    let text = std::fs::read_to_string(path)
+        .map_err(|err| format!("read {path}: {err} (the test kernel has DMA_API_DEBUG)"))?;
+    text.trim()
+        .parse()
+        .map_err(|err| format!("{path}: {text:?}: {err}"))
+}
+
+/// A dynamic and a pinned import, each rewriting its sg table's addresses before the unmap:
+/// the exporter must unmap the range it mapped, which DMA-API debugging checks (an unmap of
+/// the rewritten address is an error it counts, and WARNs about the first).
+fn run_scribbled(setup: &mut Setup) -> Outcome {
+    let before = dma_api_errors()?;
+    for mode in [Mode::Dynamic, Mode::Pinned] {
+        let len = 2 * MIB;
+        let exported = export(&setup.device, len, 0, len)?;
+        let case = Case::whole(mode, len, "scribble=1");
+        let line = case.command(setup, exported.dmabuf.as_fd().as_raw_fd());
+        let report = setup.importer.command(&line)?;
+        check_mapped(
+            &report,
+            &case,
+            Some(setup.info.hbm_bus_addr + exported.bar_offset),
+        )?;
+        expect_eq(
+            &format!("{} import: entries rewritten", mode.name()),
+            report.uint("nents")?,
+            report.uint("scribbled")?,
+        )?;
+    }
+    let after = dma_api_errors()?;
+    if after != before {
+        return Err(format!(
+            "DMA-API debug errors: {before} before, {after} after: the exporter unmapped an address the importer wrote, not the one it mapped (see the kernel log)"
+        ));
+    }
+    Ok(())
+}
+
 fn check_debugfs_exports(setup: &Setup, bar_offset: u64, len: u64, nents: u64) -> Outcome {
     let path = format!("/sys/kernel/debug/peerdirect/peerdirect{INDEX}/exports");
     let text = std::fs::read_to_string(&path).map_err(|err| format!("read {path}: {err}"))?;
@@ -711,9 +772,18 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
     let forgotten = format!(
         "{topology}: the NIC deleted (sysfs remove), the P2P verdict cache forgets its verdict at once; rescanned, its attach asks the kernel again (debugfs stats)"
     );
-    // Where P2P is allowed: by bus address and through the host bridge (an IOVA range).
-    let leak = matches!(topology, Topology::Switch | Topology::HostBridge).then(|| {
+    // Where P2P is allowed: by bus address and through the host bridge (an IOVA range, or
+    // one dma_map_phys range).
+    let leak = matches!(
+        topology,
+        Topology::Switch | Topology::HostBridge | Topology::HostBridgeDirect
+    )
+    .then(|| {
         format!("{topology}: {LEAK_CYCLES} dynamic map and unmap cycles of 2 MiB in one command leave no memory behind (kmalloc objects in use grow by at most {LEAK_SLACK})")
+    });
+    // Where the exporter unmaps with dma_unmap_phys, which takes the address to unmap.
+    let scribbled = (topology == Topology::HostBridgeDirect).then(|| {
+        format!("{topology}: an importer that rewrites its sg table's DMA addresses before unmapping does not change what the exporter unmaps (the DMA-API debug error count stays the same)")
     });
     let unload = format!("{MODULE} unloads");
     let p2p_query = format!(
@@ -721,7 +791,12 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
     );
 
     let mut tap = Tap::plan(
-        1 + cases.len() + non_p2p.len() + 3 * usize::from(held) + usize::from(leak.is_some()) + 2,
+        1 + cases.len()
+            + non_p2p.len()
+            + 3 * usize::from(held)
+            + usize::from(leak.is_some())
+            + usize::from(scribbled.is_some())
+            + 2,
     );
     let setup_description =
         format!("{MODULE} loads, the NIC (virtio-net) is found, /dev/peerdirect0 answers INFO");
@@ -751,6 +826,9 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
             if let Some(leak) = &leak {
                 tap.report(leak, &skipped);
             }
+            if let Some(scribbled) = &scribbled {
+                tap.report(scribbled, &skipped);
+            }
             tap.report(&p2p_query, &skipped);
             tap.report(&unload, &skipped);
             return tap.finish();
@@ -770,6 +848,9 @@ pub(crate) fn run(topology: Topology) -> ExitCode {
     }
     if let Some(leak) = &leak {
         tap.report(leak, &run_leaves_nothing(&mut setup));
+    }
+    if let Some(scribbled) = &scribbled {
+        tap.report(scribbled, &run_scribbled(&mut setup));
     }
     tap.report(&p2p_query, &run_p2p_query(&mut setup));
     drop(setup);

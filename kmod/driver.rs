@@ -13,7 +13,7 @@ use crate::{
     hbm::{Hbm, HbmInfo, PciAddress},
     ids::{habana, override_hbm_bar, HbmBar, GAUDI},
     index::DEVICES,
-    sys::{self, pci::BarIndex},
+    sys::{self, pci::BarIndex, pci_driver::ResetDriver},
 };
 use kernel::{device::Core, pci, prelude::*, sync::aref::ARef};
 
@@ -114,5 +114,17 @@ impl pci::Driver for HbmDriver {
             );
             Ok(HbmDevice::new(index, hbm))
         })
+    }
+}
+
+/// A reset of a bound device (sysfs `reset`, vfio, a bus reset, AER recovery) revokes every
+/// export made before it, and refuses new ones until it is done (`Hbm::reset_prepare`).
+impl ResetDriver for HbmDriver {
+    fn reset_prepare(data: Pin<&HbmDevice>) {
+        data.hbm().reset_prepare();
+    }
+
+    fn reset_done(data: Pin<&HbmDevice>) {
+        data.hbm().reset_done();
     }
 }

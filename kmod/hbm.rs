@@ -99,7 +99,7 @@ pub(crate) struct Mappings {
     pub(crate) pinned: Atomic<u64>,
 }
 
-/// Set in [`Mappings::revocable`] when removal starts waiting for the count to reach 0.
+/// Set in [`Mappings::revocable`] while removal or a reset waits for the count to reach 0.
 const REMOVAL_WAITS: u64 = 1 << 63;
 
 impl Mappings {
@@ -151,8 +151,11 @@ pub(crate) struct Hbm {
     pub(crate) handles: Handles,
     /// Live dma-bufs exported from this device.
     pub(crate) exports: Atomic<u64>,
-    /// The live exports, to revoke on removal (each leaves it in its release).
+    /// The live exports, to revoke on removal and reset (each leaves it in its release).
     pub(crate) exported: Arc<Registry<ExportRecord>>,
+    /// Resets of the device under way (an AER recovery may enclose a reset): while it is not
+    /// 0, no export is recorded (`EBUSY`). Written and read under `exported`'s lock.
+    resetting: Atomic<u32>,
     pub(crate) mappings: Mappings,
     /// Taken to signal `unmapped` and to wait on it.
     #[pin]
@@ -208,6 +211,7 @@ impl Hbm {
                 handles: Handles::new(1),
                 exports: Atomic::new(0),
                 exported: Arc::pin_init(Registry::new(), GFP_KERNEL)?,
+                resetting: Atomic::new(0),
                 mappings: Mappings {
                     revocable: Atomic::new(0),
                     pinned: Atomic::new(0),
@@ -277,7 +281,8 @@ impl Hbm {
     }
 
     /// Records a new export (exported for [`Hbm::exported`]), unless the device is gone
-    /// (`ENODEV`): a removal revokes every export recorded before it.
+    /// (`ENODEV`) or being reset (`EBUSY`): a removal, or a reset, revokes every export
+    /// recorded before it.
     pub(crate) fn register_export(
         &self,
         dmabuf: &DmaBuf,
@@ -286,6 +291,9 @@ impl Hbm {
     ) -> Result {
         let mut exported = self.exported.lock();
         self.info()?;
+        if self.resetting.load(Relaxed) > 0 {
+            return Err(EBUSY);
+        }
         exported.insert(dmabuf, record, node)
     }
 
@@ -342,38 +350,10 @@ impl Hbm {
         self.status.set(PEERDIRECT_STATUS_REVOKED);
         self.events.notify_all();
         // No export is recorded after this point (`register_export`), so this is all of them.
-        let (mut revoked, mut releasing) = (0usize, 0usize);
-        {
-            let exported = self.exported.lock();
-            for export in exported.iter() {
-                if export.revoke() {
-                    revoked += 1;
-                } else {
-                    releasing += 1;
-                }
-            }
-        }
-        if revoked + releasing > 0 {
-            dev_info!(
-                self.pdev.as_ref(),
-                "peerdirect{}: revoked {} export(s); {} more were being released\n",
-                self.info.index,
-                revoked,
-                releasing
-            );
-        }
+        self.revoke_exports(|| ());
         // Revocable importers unmap in bounded time once invalidated (the dma-buf contract);
         // the BAR must not go away under their DMA.
-        // No mapping is counted from here on: every export is revoked (maps fail), and each
-        // map that was counted before its export's revocation was counted before it ended.
-        // (Added: the kernel's atomics have no `or`; removal runs once per device, and the
-        // count never reaches the mark's bit.)
-        self.mappings.revocable.fetch_add(REMOVAL_WAITS, Full);
-        let mut lock = self.unmapped_lock.lock();
-        while self.mappings.revocable() > 0 {
-            self.unmapped.wait(&mut lock);
-        }
-        drop(lock);
+        self.wait_revocable_unmapped();
         // The others must be let go of by userspace; no peer may DMA into the BAR once
         // removal returns (the BAR may be handed to another driver, or be gone).
         let (mut waited, mut nag_at) = (Delta::ZERO, Delta::ZERO);
@@ -403,6 +383,96 @@ impl Hbm {
         }
     }
 
+    /// Revokes every export recorded, running `locked` first under the lock that records
+    /// them (so that none is recorded after it if `locked` or the device's state forbids it),
+    /// and says how many it revoked.
+    fn revoke_exports(&self, locked: impl FnOnce()) {
+        let (mut revoked, mut releasing) = (0usize, 0usize);
+        {
+            let exported = self.exported.lock();
+            locked();
+            for export in exported.iter() {
+                if export.revoke() {
+                    revoked += 1;
+                } else {
+                    releasing += 1;
+                }
+            }
+        }
+        if revoked + releasing > 0 {
+            dev_info!(
+                self.pdev.as_ref(),
+                "peerdirect{}: revoked {} export(s); {} more were being released\n",
+                self.info.index,
+                revoked,
+                releasing
+            );
+        }
+    }
+
+    /// Returns once importers that can be revoked map none of the device's exports; every
+    /// export is revoked and no new one can be recorded (removal, reset), so that is soon.
+    /// Removal and resets run under the device lock: one at a time.
+    fn wait_revocable_unmapped(&self) {
+        // No mapping is counted from here on: every export is revoked (maps fail), and each
+        // map that was counted before its export's revocation was counted before it ended.
+        // (Added: the kernel's atomics have no `or`; one waits at a time, and the count never
+        // reaches the mark's bit.)
+        self.mappings.revocable.fetch_add(REMOVAL_WAITS, Full);
+        let mut lock = self.unmapped_lock.lock();
+        while self.mappings.revocable() > 0 {
+            self.unmapped.wait(&mut lock);
+        }
+        drop(lock);
+        self.mappings.revocable.fetch_sub(REMOVAL_WAITS, Relaxed);
+    }
+
+    /// The device is about to be reset (or an error on it is being recovered from; the PCI
+    /// core holds the device lock): nothing may reach its BAR until [`Hbm::reset_done`].
+    /// Counts the reset on the status page and wakes pollers, then revokes every export as
+    /// removal does (importers told to unmap, CPU mappings zapped, maps and faults refused),
+    /// refuses new exports until the reset is done, and waits for revocable importers to
+    /// unmap. A reset cannot be refused or put off, so importers that cannot be revoked
+    /// (pinned memory registrations) keep their mappings: it says who they are.
+    pub(crate) fn reset_prepare(&self) {
+        self.status.count_reset();
+        self.events.notify_all();
+        self.revoke_exports(|| {
+            self.resetting.fetch_add(1, Relaxed);
+        });
+        self.wait_revocable_unmapped();
+        let pinned = self.mappings.pinned.load(Acquire);
+        if pinned > 0 {
+            dev_warn!(
+                self.pdev.as_ref(),
+                "peerdirect{}: reset with {} mapping(s) that cannot be revoked: their importers' DMA may reach the device while it resets\n",
+                self.info.index,
+                pinned
+            );
+            self.list_pinned_holders();
+        }
+        dev_info!(
+            self.pdev.as_ref(),
+            "peerdirect{}: reset begins: exports revoked\n",
+            self.info.index
+        );
+    }
+
+    /// The reset [`Hbm::reset_prepare`] prepared for is over: exports can be made again (those
+    /// made before stay revoked).
+    pub(crate) fn reset_done(&self) {
+        let exported = self.exported.lock();
+        // A `done` comes only after its `prepare` (the PCI core's order, under the device
+        // lock), so the count is not 0.
+        self.resetting.fetch_sub(1, Relaxed);
+        drop(exported);
+        dev_info!(
+            self.pdev.as_ref(),
+            "peerdirect{}: reset done: new exports work\n",
+            self.info.index
+        );
+    }
+
     /// Says which exports are still mapped by importers that cannot be revoked, by whom, and
     /// which processes exported them.
     fn log_pinned_holders(&self, pinned: u64, waited: Delta) {
@@ -414,6 +484,13 @@ impl Hbm {
             waited.as_millis() / 1000,
             pinned
         );
+        self.list_pinned_holders();
+    }
+
+    /// Says, for each export mapped by an importer that cannot be revoked, by whom, and which
+    /// process exported it.
+    fn list_pinned_holders(&self) {
+        let index = self.info.index;
         // The reservation lock is taken under `exported`, as revocation does.
         let exported = self.exported.lock();
         for export in exported.iter() {

@@ -46,9 +46,10 @@ mod status;
 mod sys;
 mod uapi;
 
-use kernel::{driver::Registration, miscdevice::MiscDeviceRegistration, pci, prelude::*};
+use kernel::{driver::Registration, miscdevice::MiscDeviceRegistration, prelude::*};
 use sys::{
     pci::DriverName,
+    pci_driver::ResetAware,
     pci_notifier::{PciBusEvents, PciBusNotifier, PciGeneration},
 };
 
@@ -83,7 +84,7 @@ struct Peerdirect {
     _notifier: PciBusNotifier,
     _companions: Companions,
     #[pin]
-    driver: Registration<pci::Adapter<driver::HbmDriver>>,
+    driver: Registration<ResetAware<driver::HbmDriver>>,
     _shared: Shared,
 }
 

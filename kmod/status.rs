@@ -4,7 +4,8 @@
 //! `/dev/peerdirectN` (`PEERDIRECT_STATUS_OFFSET`) and reads without a system call. The module
 //! sets `PEERDIRECT_STATUS_REVOKED` in it before it revokes the device's exports, so that a
 //! registration cache can stop handing out registrations of them (userspace/peerdirect's
-//! `RegCache` checks it on every hit).
+//! `RegCache` checks it on every hit), and counts the device's resets in it, each before the
+//! exports made until then are revoked.
 
 use crate::{
     sys,
@@ -33,10 +34,16 @@ impl StatusPage {
     }
 
     /// Sets `bits` (`PEERDIRECT_STATUS_*`) in the state word; callers are serialized (only
-    /// the device's removal sets any).
+    /// the device's removal sets any, under the device lock).
     pub(crate) fn set(&self, bits: u32) {
         // The offset is a constant, aligned field of a struct much smaller than a page.
         let _ = sys::mm::page_set_bits(&self.0, offset_of!(peerdirect_status, state), bits);
+    }
+
+    /// Counts a reset of the device in `resets`; callers are serialized (the device lock).
+    pub(crate) fn count_reset(&self) {
+        // As in `set`: a constant, aligned offset inside the page.
+        let _ = sys::mm::page_count(&self.0, offset_of!(peerdirect_status, resets));
     }
 
     /// Maps the page into `vma`, which must be shared, read-only, not executable, one page

@@ -12,6 +12,8 @@
 //!   nothing outside this floor calls them.
 //! - [`pci`]: PCI devices: references and borrows, the device lock and the bound driver's name,
 //!   BAR facts, bridges, ACS, host bridges, IOMMU and P2P distance.
+//! - [`pci_driver`]: a PCI driver registered with error handlers, which tell it of its
+//!   devices' resets ([`pci_driver::ResetDriver`]).
 //! - [`pci_notifier`]: the PCI bus notifiers and the [`pci_notifier::PciBusEvents`] they
 //!   dispatch to.
 //! - [`dma_buf`]: the DMA-BUF exporter abstraction (the `Exporter` trait, the `dma_buf_ops`
@@ -37,6 +39,7 @@ pub(crate) mod global;
 pub(crate) mod misc;
 pub(crate) mod mm;
 pub(crate) mod pci;
+pub(crate) mod pci_driver;
 pub(crate) mod pci_notifier;
 pub(crate) mod plain;
 mod raw;

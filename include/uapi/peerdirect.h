@@ -316,8 +316,8 @@ struct peerdirect_companion {
  * of /dev/peerdirectN maps one read-only page that starts with struct peerdirect_status, so
  * that a process learns without a system call that the device is going away (a registration
  * cache checks it before handing out a cached registration). Writable or larger mappings, or
- * other offsets, are refused (EPERM, EINVAL). The kernel only ever sets bits in @state, with
- * release semantics; read it with acquire semantics.
+ * other offsets, are refused (EPERM, EINVAL). The kernel only ever sets bits in @state and
+ * counts @resets up, with release semantics; read them with acquire semantics.
  */
 #define PEERDIRECT_STATUS_OFFSET 0
 #define PEERDIRECT_STATUS_VERSION 1
@@ -334,10 +334,17 @@ struct peerdirect_companion {
  * struct peerdirect_status - the start of the status page
  * @version: PEERDIRECT_STATUS_VERSION
  * @state: PEERDIRECT_STATUS_* bits
+ * @resets: resets of the device begun since it was bound (a function level or bus reset, or
+ *	recovery from a PCIe error), each counted before the exports made until then are
+ *	revoked: a registration of an export made while @resets read N is stale once it reads
+ *	more. The device stays; exports made after the reset work (an EXPORT while it is reset
+ *	fails with EBUSY). Counted by the owned provider only: a companion's owner resets the
+ *	device without telling peerdirect. Written with release semantics, like @state.
  */
 struct peerdirect_status {
 	__u32 version;
 	__u32 state;
+	__u32 resets;
 };
 
 #endif /* _UAPI_PEERDIRECT_H */

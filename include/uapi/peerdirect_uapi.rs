@@ -311,19 +311,22 @@ const _: () = {
     ["Offset of field: peerdirect_companion::__reserved0"]
         [::core::mem::offset_of!(peerdirect_companion, __reserved0) - 20usize];
 };
-#[doc = " struct peerdirect_status - the start of the status page\n @version: PEERDIRECT_STATUS_VERSION\n @state: PEERDIRECT_STATUS_* bits"]
+#[doc = " struct peerdirect_status - the start of the status page\n @version: PEERDIRECT_STATUS_VERSION\n @state: PEERDIRECT_STATUS_* bits\n @resets: resets of the device begun since it was bound (a function level or bus reset, or\n\trecovery from a PCIe error), each counted before the exports made until then are\n\trevoked: a registration of an export made while @resets read N is stale once it reads\n\tmore. The device stays; exports made after the reset work (an EXPORT while it is reset\n\tfails with EBUSY). Counted by the owned provider only: a companion's owner resets the\n\tdevice without telling peerdirect. Written with release semantics, like @state."]
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct peerdirect_status {
     pub version: __u32,
     pub state: __u32,
+    pub resets: __u32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of peerdirect_status"][::core::mem::size_of::<peerdirect_status>() - 8usize];
+    ["Size of peerdirect_status"][::core::mem::size_of::<peerdirect_status>() - 12usize];
     ["Alignment of peerdirect_status"][::core::mem::align_of::<peerdirect_status>() - 4usize];
     ["Offset of field: peerdirect_status::version"]
         [::core::mem::offset_of!(peerdirect_status, version) - 0usize];
     ["Offset of field: peerdirect_status::state"]
         [::core::mem::offset_of!(peerdirect_status, state) - 4usize];
+    ["Offset of field: peerdirect_status::resets"]
+        [::core::mem::offset_of!(peerdirect_status, resets) - 8usize];
 };

@@ -544,6 +544,10 @@ impl<T: Exporter> Ops<T> {
     ) -> c_int {
         // SAFETY: the core calls this on our live dma-buf.
         let exporter = unsafe { Self::exporter(dmabuf) };
+        // SAFETY: our live dma-buf, whose `priv_` starts with its `CpuWindow`; no lock held.
+        if unsafe { raw::peerdirect_dmabuf_revoked(dmabuf) } {
+            return ENODEV.to_errno();
+        }
         from_result(|| exporter.begin_cpu_access().map(|()| 0))
     }
 

@@ -9,13 +9,28 @@ use kernel::{bindings, mm::virt::VmaNew, page::Page, prelude::*};
 /// map the page (the status page). `EINVAL` unless `offset` is a 4-byte aligned offset inside
 /// the page.
 pub(crate) fn page_set_bits(page: &Page, offset: usize, bits: u32) -> Result {
-    if offset % 4 != 0 || offset + 4 > kernel::page::PAGE_SIZE {
-        return Err(EINVAL);
-    }
+    check_word(offset)?;
     // The page is order 0 and always mapped in the kernel (no highmem where peerdirect runs);
     // userspace only reads it, and the caller serializes the kernel's writers.
     // SAFETY: `page` is live while borrowed; `offset` is an aligned `u32` inside it (checked).
     unsafe { raw::peerdirect_page_set_bits(page.as_ptr(), offset, bits) };
+    Ok(())
+}
+
+/// Adds 1 to the `u32` at `offset` of `page`, as [`page_set_bits`] sets bits (same `EINVAL`).
+pub(crate) fn page_count(page: &Page, offset: usize) -> Result {
+    check_word(offset)?;
+    // SAFETY: as in `page_set_bits`: `page` is live while borrowed, `offset` is an aligned
+    // `u32` inside it (checked), and the caller serializes the kernel's writers.
+    unsafe { raw::peerdirect_page_count(page.as_ptr(), offset) };
+    Ok(())
+}
+
+/// `EINVAL` unless `offset` is a 4-byte aligned offset of a `u32` inside a page.
+fn check_word(offset: usize) -> Result {
+    if offset % 4 != 0 || offset + 4 > kernel::page::PAGE_SIZE {
+        return Err(EINVAL);
+    }
     Ok(())
 }
 

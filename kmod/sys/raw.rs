@@ -54,6 +54,15 @@ pub(super) struct PciEvents {
     pub(super) driver_bound: Option<unsafe extern "C" fn(pdev: *mut bindings::pci_dev)>,
 }
 
+/// What the error handlers of `helpers/pci.c` call (mirrors `struct peerdirect_pci_reset_events`
+/// in `helpers.h`), with the device lock held: `prepare` before a bound device is reset or
+/// while an error is recovered from, `done` after.
+#[repr(C)]
+pub(super) struct PciResetEvents {
+    pub(super) prepare: Option<unsafe extern "C" fn(pdev: *mut bindings::pci_dev)>,
+    pub(super) done: Option<unsafe extern "C" fn(pdev: *mut bindings::pci_dev)>,
+}
+
 // `improper_ctypes` fires because bindgen renders a flexible array inside `struct pci_dev` as a
 // field-less struct; only pointers to it cross the boundary, never values.
 #[allow(improper_ctypes)]
@@ -90,12 +99,17 @@ extern "C" {
     pub(super) fn peerdirect_global_init_unlock();
     pub(super) fn peerdirect_pci_notifier_register(events: *const PciEvents) -> c_int;
     pub(super) fn peerdirect_pci_notifier_unregister();
+    pub(super) fn peerdirect_pci_driver_set_reset_events(
+        drv: *mut bindings::pci_driver,
+        events: *const PciResetEvents,
+    );
     pub(super) fn peerdirect_file_replace_fops(
         file: *mut bindings::file,
         fops: *const bindings::file_operations,
     );
     pub(super) fn peerdirect_current_tgid() -> bindings::pid_t;
     pub(super) fn peerdirect_page_set_bits(page: *mut bindings::page, offset: usize, bits: u32);
+    pub(super) fn peerdirect_page_count(page: *mut bindings::page, offset: usize);
     pub(super) fn peerdirect_vma_pgoff(vma: *mut bindings::vm_area_struct) -> usize;
     pub(super) fn peerdirect_pci_generation_register(events: *const PciEvents) -> c_int;
     pub(super) fn peerdirect_pci_generation_unregister();
@@ -126,6 +140,7 @@ extern "C" {
         len: u64,
     ) -> c_int;
     pub(super) fn peerdirect_dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool;
+    pub(super) fn peerdirect_dmabuf_revoked(dmabuf: *mut bindings::dma_buf) -> bool;
     #[cfg(CONFIG_LOCKDEP)]
     pub(super) fn peerdirect_assert_resv_held(attach: *mut bindings::dma_buf_attachment);
     pub(super) fn peerdirect_dmabuf_attachments(

@@ -220,6 +220,22 @@ const struct vm_operations_struct peerdirect_dmabuf_vm_ops = {
 EXPORT_SYMBOL_GPL(peerdirect_dmabuf_vm_ops);
 
 /*
+ * Whether @dmabuf is revoked (removal, reset): read under the reservation lock, which
+ * revocation takes to mark it. Not under any lock the caller holds: mmap and
+ * begin_cpu_access ask it.
+ */
+bool peerdirect_dmabuf_revoked(struct dma_buf *dmabuf)
+{
+	struct peerdirect_cpu_window *window = dmabuf->priv;
+	bool revoked;
+
+	dma_resv_lock(dmabuf->resv, NULL);
+	revoked = window->revoked;
+	dma_resv_unlock(dmabuf->resv);
+	return revoked;
+}
+
+/*
  * Sets up a user mapping of @dmabuf's CPU window (offset from vm_pgoff), write-combined, to
  * be filled at fault time. Only shared mappings (a private copy of device memory means
  * nothing), never executable ones.
@@ -237,6 +253,9 @@ int peerdirect_dmabuf_mmap(struct dma_buf *dmabuf, struct vm_area_struct *vma)
 		return -EPERM;
 	if (off > window->len || size > window->len - off)
 		return -EINVAL;
+	/* Faults would raise SIGBUS: say so now. */
+	if (peerdirect_dmabuf_revoked(dmabuf))
+		return -ENODEV;
 	vma->vm_ops = &peerdirect_dmabuf_vm_ops;
 	vma->vm_private_data = dmabuf;
 	vma->vm_page_prot = pgprot_writecombine(vma->vm_page_prot);

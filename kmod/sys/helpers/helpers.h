@@ -43,6 +43,21 @@ struct peerdirect_pci_events {
 int peerdirect_pci_notifier_register(const struct peerdirect_pci_events *events);
 void peerdirect_pci_notifier_unregister(void);
 
+/*
+ * What the error handlers of peerdirect's PCI driver call (sys/pci_driver.rs's ResetAware),
+ * with the device lock held: @prepare before the device is reset or while an error is
+ * recovered from, @done once it is reset or recovered (each @prepare has at most one @done:
+ * none when the device is removed instead).
+ */
+struct peerdirect_pci_reset_events {
+	void (*prepare)(struct pci_dev *pdev);
+	void (*done)(struct pci_dev *pdev);
+};
+
+struct pci_driver;
+void peerdirect_pci_driver_set_reset_events(struct pci_driver *drv,
+					    const struct peerdirect_pci_reset_events *events);
+
 struct dma_buf;
 struct dma_buf_attachment;
 struct sg_table;
@@ -56,6 +71,7 @@ struct file_operations;
 void peerdirect_file_replace_fops(struct file *file, const struct file_operations *fops);
 pid_t peerdirect_current_tgid(void);
 void peerdirect_page_set_bits(struct page *page, size_t offset, u32 bits);
+void peerdirect_page_count(struct page *page, size_t offset);
 unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma);
 int peerdirect_pci_generation_register(const struct peerdirect_pci_events *events);
 void peerdirect_pci_generation_unregister(void);
@@ -82,6 +98,7 @@ int peerdirect_dmabuf_mmap(struct dma_buf *dmabuf, struct vm_area_struct *vma);
 int peerdirect_dmabuf_set_name(struct dma_buf *dmabuf, u32 index, u32 handle, u64 offset,
 			       u64 len);
 bool peerdirect_dmabuf_revoke(struct dma_buf *dmabuf);
+bool peerdirect_dmabuf_revoked(struct dma_buf *dmabuf);
 
 /*
  * What the exporter keeps of an attachment lives in its exporter-private word

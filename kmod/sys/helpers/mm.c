@@ -18,6 +18,14 @@ void peerdirect_page_set_bits(struct page *page, size_t offset, u32 bits)
 	smp_store_release(word, READ_ONCE(*word) | bits);
 }
 
+/* Adds 1 to the u32 at @offset of @page, as peerdirect_page_set_bits() sets bits. */
+void peerdirect_page_count(struct page *page, size_t offset)
+{
+	u32 *word = page_address(page) + offset;
+
+	smp_store_release(word, READ_ONCE(*word) + 1);
+}
+
 unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma)
 {
 	return vma->vm_pgoff;

@@ -54,8 +54,8 @@ struct Args {
     alloc_export: bool,
     /// Revoke dma-bufs of /dev/peerdirect0 that importers hold and CPUs map by removing the
     /// device instead: `unbind` (then rebinds it), or `unplug` (asks the host harness for a
-    /// PCIe hot-unplug with `@@peerdirect-unplug hbm0`). Switch topology; leaves the module
-    /// unloaded.
+    /// PCIe hot-unplug with `@@peerdirect-unplug hbm0`); or by resetting it (`reset`: its
+    /// sysfs `reset`). Switch topology; leaves the module unloaded.
     #[arg(long, value_enum, value_name = "HOW", conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export"])]
     revoke: Option<revoke::Removal>,
     /// Internal to --revoke: the child that maps the dma-buf on its stdin and touches the

@@ -24,6 +24,10 @@
 //! `unbind` then rebinds the device: C's range stays reserved (the heap outlives the binding)
 //! until the pinned importer lets go. Both end with the modules unloaded.
 //!
+//! `reset` resets the device instead (its sysfs `reset`: a secondary bus reset of the switch
+//! port it is alone below): the exports are revoked as by a removal, without waiting for the
+//! pinned importer, and the device stays: exports made after the reset work.
+//!
 //! The steps share state; a failed step that later ones build on (a gate) stops the sequence.
 
 use std::fs::{self, File};
@@ -58,6 +62,9 @@ pub(crate) enum Removal {
     Unbind,
     /// Ask the host for a PCIe hot-unplug of the HBM device (`@@peerdirect-unplug hbm0`).
     Unplug,
+    /// Not a removal: reset the device (write 1 to its sysfs `reset`), which revokes every
+    /// export made before it; the device stays.
+    Reset,
 }
 
 const MODULE: &str = "peerdirect";
@@ -253,6 +260,7 @@ impl State {
                     format!("expected {dir} to go away within {waited} s, got it still present")
                 })
             }
+            Removal::Reset => Err("a reset is no removal".to_owned()),
         }
     }
 
@@ -384,6 +392,10 @@ fn steps(removal: Removal) -> Vec<Step> {
             },
         ),
     ];
+    if removal == Removal::Reset {
+        steps.extend(reset_steps());
+        return steps;
+    }
     steps.push(match removal {
         Removal::Unbind => gate(
             format!("writing the device to {SYSFS_DRIVER}/unbind (in a thread) starts its removal: D polls POLLPRI | POLLHUP, and within {} s the kernel reports that removal waits for a pinned mapping", GOING_WAIT.as_secs()),
@@ -401,6 +413,7 @@ fn steps(removal: Removal) -> Vec<Step> {
             ),
             unplug,
         ),
+        Removal::Reset => unreachable!("a reset has steps of its own"),
     });
     steps.extend([
         check(
@@ -568,6 +581,7 @@ fn steps(removal: Removal) -> Vec<Step> {
             Removal::Unplug => {
                 "with every fd closed, rmmod peerdirect succeeds although its device was hot-unplugged, and the module is gone"
             }
+            Removal::Reset => unreachable!("a reset has steps of its own"),
         },
         |s| {
             s.device = None;
@@ -582,6 +596,231 @@ fn steps(removal: Removal) -> Vec<Step> {
         },
     ));
     steps
+}
+
+/// How long a reset gets: it waits for no pinned importer.
+const RESET_WAIT: Duration = Duration::from_secs(10);
+/// What the kernel logs when a reset revokes exports a pinned importer still maps.
+const RESET_PINNED_LOG: &str = "reset with 1 mapping(s) that cannot be revoked";
+
+/// After the common first steps: the device is reset with A, B and C imported and A mapped.
+fn reset_steps() -> Vec<Step> {
+    let mut steps = vec![
+        gate(
+            format!("writing 1 to the device's sysfs reset (method: bus) returns within {} s although a pinned importer maps C", RESET_WAIT.as_secs()),
+            reset,
+        ),
+        check(
+            "D's status page counts the reset (resets 0 before, 1 after) and does not say revoked; INFO on D still answers",
+            |s| {
+                let status = s.device()?.status().ok_or("D has no status page")?;
+                expect_eq("resets after", 1, status.resets())?;
+                expect_eq("D revoked", false, status.revoked())?;
+                let info = s.device()?.info().map_err(|err| {
+                    format!("expected INFO on D to succeed after the reset, got {err}")
+                })?;
+                expect_eq("hbm_bytes", s.info.hbm_bytes, info.hbm_bytes)
+            },
+        ),
+        check(
+            "the dynamic importer of A was invalidated: invalidations >= 1, mapped=0",
+            |s| {
+                let status = s.status(A)?;
+                expect_invalidated(&status)?;
+                status.expect(&[("mapped", 0)])
+            },
+        ),
+        check(
+            "the revocable importer of B was revoked: invalidations >= 1, mapped=0, pinned=0, revoked=1",
+            |s| {
+                let status = s.status(B)?;
+                expect_invalidated(&status)?;
+                status.expect(&[("mapped", 0), ("pinned", 0), ("revoked", 1)])
+            },
+        ),
+        check(
+            "remap of A's (dynamic) and B's (revocable) attachments fails with ENODEV",
+            remap_fails,
+        ),
+        check(
+            "the pinned importer of C (no invalidate callback) keeps its mapping (mapped=1, pinned=1, invalidations=0), and the kernel log says the reset went on without it, naming C's range, this process as its exporter and the NIC as its importer",
+            |s| {
+                let status = s.status(C)?;
+                status.expect(&[("mapped", 1), ("pinned", 1), ("invalidations", 0)])?;
+                expect_reset_log(&[
+                    format!("[{:#x}+{LEN:#x}]", s.bufs[C].bar_offset),
+                    format!("exported by pid {}", std::process::id()),
+                    format!("mapped by {}", s.nic),
+                ])
+            },
+        ),
+        check(
+            "a new attachment (dynamic, and pinned) of A, B or C attaches but cannot map: ENODEV",
+            |s| {
+                for k in [A, B, C] {
+                    for mode in [Mode::Dynamic, Mode::Pinned] {
+                        s.attach(k, mode)?
+                            .expect(&[("attach", 0), ("map", -ENODEV)])
+                            .map_err(|err| format!("{} attach of {}: {err}", mode.name(), NAMES[k]))?;
+                    }
+                }
+                Ok(())
+            },
+        ),
+        check(
+            "DMA_BUF_IOCTL_SYNC start on A, B and C, and their mmap (read-only and writable), fail with ENODEV",
+            |s| {
+                for buf in &s.bufs {
+                    for flags in [SyncFlags::START_READ, SyncFlags::START_WRITE] {
+                        expect_errno_of(
+                            &format!("SYNC {flags:?} on {}", buf.name),
+                            buf.dmabuf()?.sync(flags),
+                            Errno::NODEV,
+                        )?;
+                    }
+                    for writable in [false, true] {
+                        expect_errno_of(
+                            &format!("mmap of {} (writable: {writable})", buf.name),
+                            buf.dmabuf()?.mmap(writable),
+                            Errno::NODEV,
+                        )?;
+                    }
+                }
+                Ok(())
+            },
+        ),
+        check(
+            "the child's mapping of A, made before the reset, faults when touched: the child dies of SIGBUS",
+            |s| {
+                let mut toucher = s.toucher.take().ok_or("the child is not running")?;
+                let touched = touch(&mut toucher);
+                let _ = fs::remove_file(&toucher.go);
+                touched
+            },
+        ),
+        check(
+            "debugfs stats after the reset: exports 3, mappings_revocable 0, mappings_pinned 1, present true",
+            |_| {
+                expect_stats(&[
+                    ("exports", "3"),
+                    ("mappings_revocable", "0"),
+                    ("mappings_pinned", "1"),
+                    ("present", "true"),
+                ])
+            },
+        ),
+        check(
+            "after the reset a new export works: 2 MiB allocated and exported on D, the NIC maps it at HBM's bus address + offset, and a pattern written through its CPU mapping reads back",
+            export_after_reset,
+        ),
+        gate(
+            "release all: the importer lets go of its three held attachments (released=3); closing A, B, C, the mapping and D, mappings_pinned is 0",
+            |s| {
+                s.importer()?.command("release all")?.expect(&[("released", 3)])?;
+                for buf in &mut s.bufs {
+                    buf.id = None;
+                }
+                s.map = None;
+                s.cached = None;
+                s.bufs.clear();
+                s.device = None;
+                expect_stats(&[("mappings_pinned", "0")])
+            },
+        ),
+    ];
+    steps.push(check(format!("{IMPORTER_MODULE} unloads"), |s| {
+        s.importer = None;
+        expect_rmmod(IMPORTER_MODULE)
+    }));
+    steps.push(check(
+        "with every fd closed, rmmod peerdirect succeeds after the reset, and the module is gone",
+        |_| {
+            expect_rmmod(MODULE)?;
+            if module_loaded(MODULE)? {
+                return Err(format!(
+                    "expected {MODULE} gone from /proc/modules, got it listed"
+                ));
+            }
+            Ok(())
+        },
+    ));
+    steps
+}
+
+/// Resets the device through sysfs, in a thread so that a reset that never returns fails
+/// after [`RESET_WAIT`] instead of hanging the guest.
+fn reset(s: &mut State) -> Outcome {
+    let dir = format!("{SYSFS_PCI_DEVICES}/{}", s.bdf());
+    let method = fs::read_to_string(format!("{dir}/reset_method"))
+        .map_err(|err| format!("read {dir}/reset_method: {err}"))?;
+    expect_eq("reset_method", "bus", method.trim())?;
+    let status = s.device()?.status().ok_or("D has no status page")?;
+    expect_eq("resets before", 0, status.resets())?;
+    let (done, finished) = std::sync::mpsc::channel();
+    let path = format!("{dir}/reset");
+    std::thread::spawn(move || {
+        let _ = done.send(write_sysfs(&path, "1"));
+    });
+    finished
+        .recv_timeout(RESET_WAIT)
+        .map_err(|_| format!("the reset did not return within {} s", RESET_WAIT.as_secs()))?
+}
+
+/// The kernel's report of the last reset that went on with a pinned mapping must name each
+/// of `expected`.
+fn expect_reset_log(expected: &[String]) -> Outcome {
+    let log = crate::removal::kernel_log()?;
+    let lines: Vec<&str> = log.lines().collect();
+    let first = lines
+        .iter()
+        .rposition(|l| l.contains(RESET_PINNED_LOG))
+        .ok_or_else(|| format!("expected a kernel line with '{RESET_PINNED_LOG}', got none"))?;
+    let report = lines[first..].join("\n");
+    for word in expected {
+        if !report.contains(word.as_str()) {
+            return Err(format!(
+                "expected the reset's report to name {word:?}, got:\n{report}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A new export after the reset maps for the NIC and for the CPU.
+fn export_after_reset(s: &mut State) -> Outcome {
+    // Field by field: the allocation borrows the device while the importer is used.
+    let device = s
+        .device
+        .as_ref()
+        .ok_or("no /dev/peerdirect0 file is open")?;
+    let importer = s
+        .importer
+        .as_mut()
+        .ok_or("the importer's command file is not open")?;
+    let allocation = device
+        .alloc(LEN, None)
+        .map_err(|err| format!("expected ALLOC after the reset to succeed, got {err}"))?;
+    let dmabuf = allocation
+        .export(0, 0, RW)
+        .map_err(|err| format!("expected EXPORT after the reset to succeed, got {err}"))?;
+    let expected = s.info.hbm_bus_addr + allocation.hbm_offset();
+    let line = format!(
+        "fd={} dev={} mode=dynamic",
+        dmabuf.as_fd().as_raw_fd(),
+        s.nic
+    );
+    let report = importer.command(&line)?;
+    report.expect(&[("attach", 0), ("map", 0), ("contiguous", 1)])?;
+    expect_eq("dma_first", expected, report.uint("dma_first")?)?;
+    let mut map = dmabuf
+        .mmap(true)
+        .map_err(|err| format!("expected mmap after the reset to succeed, got {err}"))?;
+    let mut data = vec![0; map.length()];
+    pattern::fill(SEED, 0, &mut data);
+    map.write(0, &data);
+    let mut back = vec![0; map.length()];
+    map.read(0, &mut back);
+    expect_pattern(&back)
 }
 
 fn allocate_and_export(s: &mut State) -> Outcome {
@@ -1071,7 +1310,7 @@ mod tests {
     use clap::Parser;
 
     #[test]
-    fn unbind_and_unplug_have_their_own_steps() {
+    fn unbind_reset_and_unplug_have_their_own_steps() {
         let unbind = steps(Removal::Unbind);
         let unplug = steps(Removal::Unplug);
         assert!(unbind.len() > unplug.len());
@@ -1082,7 +1321,12 @@ mod tests {
         assert!(unplug
             .iter()
             .any(|s| s.description.contains("@@peerdirect-unplug hbm0")));
-        for steps in [&unbind, &unplug] {
+        let reset = steps(Removal::Reset);
+        assert!(reset.iter().any(|s| s.description.contains("sysfs reset")));
+        assert!(!reset
+            .iter()
+            .any(|s| s.description.contains("rebinds") || s.description.contains("@@peerdirect")));
+        for steps in [&unbind, &unplug, &reset] {
             assert!(steps
                 .last()
                 .unwrap()

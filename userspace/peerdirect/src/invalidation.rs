@@ -119,6 +119,13 @@ impl DeviceStatus {
         self.0.state() & uapi::PEERDIRECT_STATUS_REVOKED != 0
     }
 
+    /// Resets of the device begun since it was bound (owned devices only): each revokes
+    /// every export made before it, so a registration made while this read N is stale once it
+    /// reads more. The device stays, and exports made after a reset work.
+    pub fn resets(&self) -> u32 {
+        self.0.resets()
+    }
+
     /// Whether `self` and `other` are the same mapping (of the same file).
     pub(crate) fn is(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)

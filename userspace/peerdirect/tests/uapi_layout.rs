@@ -103,7 +103,11 @@ fn rust_fields() -> Vec<(&'static str, &'static str, usize, usize)> {
         host_bridge_device,
         __reserved2,
     }));
-    fields.extend(fields!(peerdirect_status { version, state }));
+    fields.extend(fields!(peerdirect_status {
+        version,
+        state,
+        resets
+    }));
     fields.extend(fields!(dma_buf_sync { flags }));
     fields
 }
@@ -296,7 +300,7 @@ fn rust_and_c_agree_on_the_abi() {
         c.len(),
         rust_constants().len() + 2 * rust_structs().len() + 2 * rust_fields().len()
     );
-    assert_eq!(rust_fields().len(), 18 + 7 + 4 + 6 + 16 + 2 + 1);
+    assert_eq!(rust_fields().len(), 18 + 7 + 4 + 6 + 16 + 3 + 1);
 }
 
 /// An independent spelling of the expected number, on architectures where `_IOC_NONE` is 0.

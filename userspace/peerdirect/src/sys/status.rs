@@ -60,6 +60,11 @@ impl StatusPage {
         self.word(offset_of!(peerdirect_status, state))
     }
 
+    /// `struct peerdirect_status.resets`, loaded with acquire semantics.
+    pub(crate) fn resets(&self) -> u32 {
+        self.word(offset_of!(peerdirect_status, resets))
+    }
+
     fn word(&self, offset: usize) -> u32 {
         const { assert!(size_of::<peerdirect_status>() <= 4096) };
         // `offset` is that of a `__u32` field of the struct at the start of the page: 4-byte

@@ -5,7 +5,8 @@
 # against unbind; NIC imports (attach, pin, map) against unbind and rebind, behind the switch
 # and through the host bridge (IOVA mappings); the NIC deleted and
 # rescanned against those imports and unbind and rebind (the PCI notifier against the P2P
-# verdict caches); module unloads against binds; a seeded random sequence of operations from several threads, alone and
+# verdict caches); module unloads against binds; NIC imports, exports and mmaps against resets
+# of the device; a seeded random sequence of operations from several threads, alone and
 # against unbind, rebind and rmmod; two devices unbound and bound at once.
 # Any kernel report (KASAN, KFENCE, refcount, lockdep, kmemleak) fails the guest run.
 #   PEERDIRECT_RACE_SECONDS  how long each suite runs (default 10; make stress: 120)
@@ -23,8 +24,8 @@ rcs=()
 # and up to 4 times as long again until it met what it counts (race.rs, OVERTIME): the timeout
 # allows that of every race. CPU mappings against hot-unplug come last: the device is gone
 # after it.
-guest_tap "races and fuzzing" 4 --kernel kasan --kmemleak --hotplug --timeout $((seconds * (6 * 5 + 2) + 300)) -- "${guest_each[@]}" \
-	"peerdirect-guest-tests --race open-unbind,mmap-unbind,close-unbind,import-unbind,nic-rescan,rmmod-bind --seconds $seconds" \
+guest_tap "races and fuzzing" 4 --kernel kasan --kmemleak --hotplug --timeout $((seconds * (7 * 5 + 2) + 300)) -- "${guest_each[@]}" \
+	"peerdirect-guest-tests --race open-unbind,mmap-unbind,close-unbind,import-unbind,nic-rescan,rmmod-bind,import-reset --seconds $seconds" \
 	"peerdirect-guest-tests --fuzz $seed --seconds $seconds" \
 	"peerdirect-guest-tests --fuzz $((seed + 1)) --fuzz-removal --seconds $seconds" \
 	"peerdirect-guest-tests --race mmap-unplug"

@@ -41,6 +41,11 @@
 //!   bind waits behind a reset of the device across the unload's start, and probes while the
 //!   driver unregisters. Met: held binds that probed then (toggled binds that an unload began
 //!   under are counted too; they are rare).
+//! - `import-reset`: the device is reset (sysfs `reset`) in a loop while two threads export
+//!   dma-bufs, have the NIC import them (dynamic and revocable holding their mapping a
+//!   moment, dynamic, pinned) and mmap them; the device stays, and the status page counts
+//!   every reset. Met: exports refused with `EBUSY` during a reset, imports whose map found
+//!   the export revoked (`ENODEV`), and imports invalidated while mapped.
 
 use std::fs;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -69,6 +74,7 @@ pub(crate) enum Suite {
     NicRescan,
     RmmodBind,
     BindTwo,
+    ImportReset,
 }
 
 const PAGE: usize = 4096;
@@ -94,7 +100,8 @@ pub(crate) fn run(suites: &[Suite], seconds: u64) -> ExitCode {
                 | Suite::CloseUnbind
                 | Suite::NicRescan
                 | Suite::RmmodBind
-                | Suite::BindTwo => 2,
+                | Suite::BindTwo
+                | Suite::ImportReset => 2,
                 Suite::MmapUnbind | Suite::MmapUnplug | Suite::ImportUnbind => 3,
             })
             .sum(),
@@ -119,6 +126,7 @@ pub(crate) fn run(suites: &[Suite], seconds: u64) -> ExitCode {
             Suite::ImportUnbind => import_unbind(&mut tap, &bdf, budget),
             Suite::NicRescan => nic_rescan(&mut tap, &bdf, budget),
             Suite::RmmodBind => rmmod_bind(&mut tap, &bdf, budget),
+            Suite::ImportReset => import_reset(&mut tap, &bdf, budget),
             Suite::BindTwo => tap.report(
                 "bind-two runs alone (it needs qemu/run --second-hbm)",
                 &Err("bind-two was combined with other suites".to_owned()),
@@ -1219,6 +1227,159 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
         "afterwards the device works, with nothing allocated or exported and all HBM free",
         &expect_idle(),
     );
+}
+
+/// What the threads of `import-reset` counted, by index.
+const RESET_IMPORTED: usize = 0;
+const RESET_REVOKED: usize = 1;
+const RESET_INVALIDATED: usize = 2;
+const RESET_BUSY: usize = 3;
+const RESET_MMAPS_REFUSED: usize = 4;
+
+fn import_reset(tap: &mut Tap, bdf: &str, budget: Duration) {
+    let nic = match crate::support::find_nic() {
+        Ok(nic) => nic,
+        Err(err) => {
+            tap.report("the NIC is found", &Err(err));
+            return;
+        }
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts = Arc::new([const { AtomicU64::new(0) }; 5]);
+    let unexpected = Arc::new(Unexpected::default());
+    let threads: Vec<_> = (0..2)
+        .map(|t| {
+            let (stop, counts, unexpected, nic) = (
+                stop.clone(),
+                counts.clone(),
+                unexpected.clone(),
+                nic.clone(),
+            );
+            thread::spawn(move || {
+                if let Err(err) = import_across_resets(t, &stop, &counts, &nic) {
+                    unexpected.record_message(err);
+                }
+            })
+        })
+        .collect();
+    let count = |i: usize| counts[i].load(Ordering::Relaxed);
+    let dir = format!("{SYSFS_PCI_DEVICES}/{bdf}");
+    let start = Instant::now();
+    let (mut resets, mut outcome) = (0u64, Ok(()));
+    let enough = |resets: u64| {
+        resets >= MIN_CYCLES
+            && count(RESET_IMPORTED) >= MIN_IMPORTS
+            && count(RESET_BUSY) + count(RESET_REVOKED) + count(RESET_INVALIDATED) > 0
+    };
+    while running(start, budget, || enough(resets)) {
+        if let Err(err) = write_sysfs(&format!("{dir}/reset"), "1") {
+            outcome = Err(err);
+            break;
+        }
+        resets += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (_, joined) = join_all("racing thread", threads);
+    // Every reset counted on the status page, none more.
+    let counted = Device::open_index(INDEX)
+        .map_err(|err| format!("cannot open the device: {err}"))
+        .and_then(|device| {
+            let status = device.status().ok_or("the device has no status page")?;
+            expect_eq(
+                "resets on the status page",
+                resets,
+                u64::from(status.resets()),
+            )
+        });
+    let [imported, revoked, invalidated, busy, mmaps_refused] = [
+        RESET_IMPORTED,
+        RESET_REVOKED,
+        RESET_INVALIDATED,
+        RESET_BUSY,
+        RESET_MMAPS_REFUSED,
+    ]
+    .map(count);
+    let outcome = all_of([outcome, joined, unexpected.outcome(), counted])
+        .and_then(|()| expect_raced("resets", resets, MIN_CYCLES))
+        .and_then(|()| expect_raced("imports", imported, MIN_IMPORTS))
+        .and_then(|()| {
+            expect_met(&[(
+                "export or import that met a reset (an export refused with EBUSY, a map of a revoked export refused with ENODEV, or a mapping invalidated)",
+                busy + revoked + invalidated,
+            )])
+        });
+    tap.report(
+        &format!(
+            "2 threads export dma-bufs, have the NIC attach, pin, map and unmap them, and mmap them while the device is reset in a loop ({resets} resets, each counted on the status page; {imported} imports; met: {busy} exports refused with EBUSY, {revoked} maps of revoked exports refused with ENODEV, {invalidated} invalidated while mapped, {mmaps_refused} mmaps refused with ENODEV)"
+        ),
+        &outcome,
+    );
+    tap.report(
+        "afterwards the device works, with nothing allocated or exported and all HBM free",
+        &expect_idle(),
+    );
+}
+
+/// One thread of `import-reset` until `stop`: exports 16 pages, has `nic` import them (in a
+/// mode by turns), and maps them for the CPU (never touched: a reset may have revoked the
+/// mapping), counting outcomes in `counts`; any other outcome is an error.
+fn import_across_resets(
+    t: usize,
+    stop: &AtomicBool,
+    counts: &[AtomicU64; 5],
+    nic: &str,
+) -> Outcome {
+    const MODES: [&str; 4] = ["dynamic hold=1", "revocable hold=1", "dynamic", "pinned"];
+    let add = |i: usize| counts[i].fetch_add(1, Ordering::Relaxed);
+    let mut importer = TestModule::load_importer()?;
+    let device = Device::open_index(INDEX).map_err(|err| format!("open: {err}"))?;
+    let mut n = t;
+    while !stop.load(Ordering::Relaxed) {
+        let dmabuf = match device
+            .alloc(16 * PAGE as u64, None)
+            .and_then(|alloc| alloc.export(0, 0, ExportFlags::RDWR))
+        {
+            Ok(dmabuf) => dmabuf,
+            Err(err) if err.errno() == Some(Errno::BUSY) => {
+                add(RESET_BUSY);
+                continue;
+            }
+            Err(err) => {
+                return Err(format!(
+                    "alloc and export: expected success or EBUSY, got {err}"
+                ))
+            }
+        };
+        let mode = MODES[n % MODES.len()];
+        n += 1;
+        let line = format!("fd={} dev={nic} mode={mode}", dmabuf.as_fd().as_raw_fd());
+        let report = importer.command(&line)?;
+        let released = match report.value("id") {
+            Some(id) => Some(importer.command(&format!("release id={id}"))?),
+            None => None,
+        };
+        match (report.int("attach"), report.int("map")) {
+            (Ok(0), Ok(0)) => {
+                add(RESET_IMPORTED);
+                let last = released.as_ref().unwrap_or(&report);
+                if last.uint("invalidations")? > 0 {
+                    add(RESET_INVALIDATED);
+                }
+            }
+            (Ok(0), Ok(-19)) => {
+                add(RESET_REVOKED);
+            }
+            _ => return Err(format!("{mode} import: {}", report.summary())),
+        }
+        match dmabuf.mmap(true) {
+            Ok(map) => drop(map),
+            Err(err) if err.errno() == Some(Errno::NODEV) => {
+                add(RESET_MMAPS_REFUSED);
+            }
+            Err(err) => return Err(format!("mmap: expected success or ENODEV, got {err}")),
+        }
+    }
+    Ok(())
 }
 
 /// NIC deletions and rescans `nic-rescan` makes at least (each takes about 5 s on the KASAN

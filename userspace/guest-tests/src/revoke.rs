@@ -623,6 +623,10 @@ fn reset_steps() -> Vec<Step> {
             },
         ),
         check(
+            "the registration cache attached to D drops A's registration instead of handing it out (its status page counted a reset since): a miss, one invalidation",
+            cache_after_reset,
+        ),
+        check(
             "the dynamic importer of A was invalidated: invalidations >= 1, mapped=0",
             |s| {
                 let status = s.status(A)?;
@@ -931,6 +935,24 @@ fn cache_after_removal(s: &mut State) -> Outcome {
         "uncached",
         Some(peerdirect::cache::Uncached::Invalidated),
         again.uncached(),
+    )
+}
+
+fn cache_after_reset(s: &mut State) -> Outcome {
+    let cached = s.cached.as_ref().ok_or("no cache")?;
+    let again = cached.get()?;
+    let after = cached.cache.stats();
+    if *again.mr() == cached.serial {
+        return Err(format!(
+            "the cache handed out A's registration {} after the device was reset",
+            cached.serial
+        ));
+    }
+    expect_eq("hits since the cache was made", 1, after.hits)?;
+    expect_eq(
+        "invalidations since the cache was made",
+        1,
+        after.invalidations,
     )
 }
 

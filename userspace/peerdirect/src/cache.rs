@@ -90,9 +90,10 @@
 //! closed, every entry of every export made from that allocation through it, in every
 //! attached cache; and every entry of the device when one of its commands fails with
 //! `ENODEV` (revoked). The cache also watches each attached device's status page: once the
-//! module has started revoking the device (unbind, removal, unload), a request for any of its
-//! exports drops all of the device's entries before one could be handed out, with no system
-//! call on the hit path. Name exports with [`crate::Device::export_id`] so that the
+//! module has started revoking the device (unbind, removal, unload), or once it counts a reset
+//! of the device that the entries were registered before (which revoked their exports), a
+//! request for any of its exports drops all of the device's entries before one could be
+//! handed out, with no system call on the hit path. Name exports with [`crate::Device::export_id`] so that the
 //! identities agree. See [`crate::invalidation`].
 //!
 //! Whoever handed a registration's key to peers must take it back when its memory goes: a
@@ -333,8 +334,8 @@ struct State<R: Registrar> {
     /// The status pages of the device files attached with [`RegCache::attach`], by device
     /// index; each let go of when its file is being closed ([`Invalidate::file_closing`],
     /// under the write lock), since a mapping keeps its file open. So a hit reads a page it
-    /// holds with one atomic load, under the read lock.
-    watched: Vec<(u32, DeviceStatus)>,
+    /// holds with two atomic loads, under the read lock.
+    watched: Vec<Watched>,
     /// The registrations that only handles may hold: handed out uncached, or superseded while
     /// held. (The index has the cached ones; an evicted one was idle; an invalidated one has
     /// been told.) An invalidation tells the listener about those of them it affects. Pruned
@@ -549,9 +550,9 @@ impl<R: Registrar> RegCache<R> {
             None => {
                 let read = self.read();
                 let slot = read.slot();
-                let (hit, seen) = if read.revoked(export.device()) {
+                let (hit, seen) = if read.stale(export.device()) {
                     drop(read);
-                    self.find_revoked(&key)
+                    self.find_stale(&key)
                 } else {
                     (read.hold(&key, slot), read.seen())
                 };
@@ -568,13 +569,13 @@ impl<R: Registrar> RegCache<R> {
         self.miss(registrar, source, key, bypass, seen)
     }
 
-    /// [`RegCache::get`]'s lookup when `key`'s device is being revoked: its entries go before
-    /// any is handed out.
+    /// [`RegCache::get`]'s lookup when `key`'s device is being revoked or was reset: its
+    /// entries go before any is handed out.
     #[cold]
-    fn find_revoked(&self, key: &RegKey) -> (Option<Held<Entry<R>>>, Seen) {
+    fn find_stale(&self, key: &RegKey) -> (Option<Held<Entry<R>>>, Seen) {
         let mut doomed = Vec::new();
         let mut state = self.write();
-        state.drop_revoked(key.export.device(), &mut doomed);
+        state.drop_stale(key.export.device(), &mut doomed);
         let found = (state.hold(key, slot::current()), state.seen());
         drop(state);
         self.tell(doomed, Cause::Device);
@@ -622,7 +623,7 @@ impl<R: Registrar> RegCache<R> {
         let mut dropped = Dropped::new(registrar, &self.counters);
         let uncached = if bypass.is_some() {
             bypass
-        } else if state.epoch != seen.epoch || state.revoked(export.device()) {
+        } else if state.epoch != seen.epoch || state.stale(export.device()) {
             Some(Uncached::Invalidated)
         } else if state.make_room(&key, self.limits, &mut dropped) {
             None
@@ -711,8 +712,16 @@ impl<R: Registrar> RegCache<R> {
         device.subscribe(hook);
         if let Some(status) = device.status() {
             let mut state = self.write();
-            if !state.watched.iter().any(|(_, watched)| watched.is(&status)) {
-                state.watched.push((device.index(), status));
+            if !state.watched.iter().any(|w| w.status.is(&status)) {
+                // Entries of the device registered before this count of resets (its exports
+                // made before the last) would already be stale, and cannot be told apart:
+                // the first hit after a reset drops them all.
+                let resets = status.resets();
+                state.watched.push(Watched {
+                    device: device.index(),
+                    status,
+                    resets,
+                });
             }
         }
     }
@@ -846,12 +855,9 @@ impl<R: Registrar> Invalidate for RegCache<R> {
     fn file_closing(&self, status: &DeviceStatus) {
         let released: Vec<DeviceStatus> = {
             let mut state = self.write();
-            let (gone, kept) = state
-                .watched
-                .drain(..)
-                .partition(|(_, watched)| watched.is(status));
+            let (gone, kept) = state.watched.drain(..).partition(|w| w.status.is(status));
             state.watched = kept;
-            gone.into_iter().map(|(_, status)| status).collect()
+            gone.into_iter().map(|w: Watched| w.status).collect()
         };
         // Unmapped (if this was the last mapping) outside the lock.
         drop(released);
@@ -938,6 +944,23 @@ impl<R: Registrar> Extend<Arc<Entry<R>>> for Dropped<'_, R> {
     }
 }
 
+/// A device file's status page the cache reads, and the device's resets its entries know of:
+/// every entry of the device was registered after the last of them (the entries of exports
+/// made before are dropped, under the write lock, once the page counts more).
+struct Watched {
+    device: u32,
+    status: DeviceStatus,
+    resets: u32,
+}
+
+impl Watched {
+    /// Whether the page says the device's entries must go: it is being revoked, or it was
+    /// reset since they were registered.
+    fn stale(&self) -> bool {
+        self.status.revoked() || self.status.resets() != self.resets
+    }
+}
+
 /// What a miss saw of the state when it looked up its key.
 #[derive(Clone, Copy, Default)]
 struct Seen {
@@ -963,18 +986,21 @@ impl<R: Registrar> State<R> {
         }
     }
 
-    /// Whether a watched, still open file of `device` says it is being revoked.
-    fn revoked(&self, device: u32) -> bool {
-        self.watched
-            .iter()
-            .any(|(index, status)| *index == device && status.revoked())
+    /// Whether a watched, still open file of `device` says its entries must go: it is being
+    /// revoked, or it was reset since they were registered.
+    fn stale(&self, device: u32) -> bool {
+        self.watched.iter().any(|w| w.device == device && w.stale())
     }
 
-    /// If `device` is being revoked, takes all of its entries (into `dropped`, for the caller
-    /// to release once it has let go of the lock).
-    fn drop_revoked(&mut self, device: u32, dropped: &mut Vec<Arc<Entry<R>>>) {
-        if !self.revoked(device) {
+    /// If `device` is being revoked or was reset, takes all of its entries (into `dropped`,
+    /// for the caller to release once it has let go of the lock); after a reset, entries
+    /// registered from now on are of exports made after it.
+    fn drop_stale(&mut self, device: u32, dropped: &mut Vec<Arc<Entry<R>>>) {
+        if !self.stale(device) {
             return;
+        }
+        for w in self.watched.iter_mut().filter(|w| w.device == device) {
+            w.resets = w.status.resets();
         }
         let mut removed = Vec::new();
         self.index

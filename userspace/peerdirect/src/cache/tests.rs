@@ -1062,12 +1062,20 @@ impl FakeDevice {
     }
 
     fn set_state(&self, state: u32) {
+        self.set_word(4, state);
+    }
+
+    fn set_resets(&self, resets: u32) {
+        self.set_word(8, resets);
+    }
+
+    fn set_word(&self, offset: u64, value: u32) {
         use std::os::unix::fs::FileExt;
         let file = std::fs::OpenOptions::new()
             .write(true)
             .open(self.dir.join("peerdirect7"))
             .unwrap();
-        file.write_all_at(&state.to_ne_bytes(), 4).unwrap();
+        file.write_all_at(&value.to_ne_bytes(), offset).unwrap();
     }
 }
 
@@ -1259,6 +1267,40 @@ fn a_revoked_status_page_drops_the_device_entries_before_a_hit() {
     assert!(registrar.is_live(held.mr().id));
     drop(held);
     assert_eq!(registrar.live().len(), 1);
+}
+
+#[test]
+fn a_reset_counted_on_the_status_page_drops_the_device_entries_before_a_hit() {
+    let fake = FakeDevice::with_status_page("reset");
+    let registrar = FakeRegistrar::new(1);
+    let cache = Arc::new(cache(16, 1 << 30));
+    cache.attach(&fake.device);
+    let held = get(&cache, &registrar, ExportId::new(7, 1), 0, 4, RW);
+    drop(get(&cache, &registrar, ExportId::new(8, 1), 0, 4, RW)); // another device
+    let hits = cache.stats().hits;
+
+    // The module resets device 7: its exports so far are revoked; the device stays.
+    fake.set_resets(1);
+    assert!(!fake.device.is_revoked());
+    let again = get(&cache, &registrar, ExportId::new(7, 1), 1, 2, RW);
+    assert_ne!(again.mr().id, held.mr().id);
+    assert_eq!(cache.stats().invalidations, 1);
+    assert_eq!(cache.stats().hits, hits);
+    // Dropped once: an export made after the reset is cached and hit as before.
+    drop(again);
+    drop(get(&cache, &registrar, ExportId::new(7, 2), 0, 4, RW));
+    drop(get(&cache, &registrar, ExportId::new(7, 2), 1, 2, RW));
+    assert_eq!(cache.stats().hits, hits + 1);
+    assert_eq!(cache.stats().invalidations, 1);
+    drop(get(&cache, &registrar, ExportId::new(8, 1), 0, 1, RW));
+    assert_eq!(cache.stats().hits, hits + 2);
+    // A second reset drops both entries registered after the first.
+    assert_eq!(cache.stats().entries, 3);
+    fake.set_resets(2);
+    drop(get(&cache, &registrar, ExportId::new(7, 2), 1, 2, RW));
+    assert_eq!(cache.stats().hits, hits + 2);
+    assert_eq!(cache.stats().invalidations, 3);
+    drop(held);
 }
 
 /// What a listener heard: (MR id, cause, held), in order.

@@ -13,7 +13,7 @@
 #   PEERDIRECT_FUZZ_SEED     the random sequence's seed (default: a new one, printed)
 . "$(dirname "$0")/../lib.sh"
 
-# Plan: the checks are the programs', each with its own plan (6 in all); none of this script's
+# Plan: the checks are the programs', each with its own plan (7 in all); none of this script's
 # own (a guest run that does not end cleanly, or whose programs do not all report, adds a
 # failure: guest_tap).
 seconds=${PEERDIRECT_RACE_SECONDS:-10}
@@ -24,8 +24,8 @@ rcs=()
 # and up to 4 times as long again until it met what it counts (race.rs, OVERTIME): the timeout
 # allows that of every race. CPU mappings against hot-unplug come last: the device is gone
 # after it.
-guest_tap "races and fuzzing" 4 --kernel kasan --kmemleak --hotplug --timeout $((seconds * (7 * 5 + 2) + 300)) -- "${guest_each[@]}" \
-	"peerdirect-guest-tests --race open-unbind,mmap-unbind,close-unbind,import-unbind,nic-rescan,rmmod-bind,import-reset --seconds $seconds" \
+guest_tap "races and fuzzing" 4 --kernel kasan --kmemleak --hotplug --timeout $((seconds * (6 * 5 + 2) + 300)) -- "${guest_each[@]}" \
+	"peerdirect-guest-tests --race open-unbind,mmap-unbind,close-unbind,import-unbind,nic-rescan,rmmod-bind --seconds $seconds" \
 	"peerdirect-guest-tests --fuzz $seed --seconds $seconds" \
 	"peerdirect-guest-tests --fuzz $((seed + 1)) --fuzz-removal --seconds $seconds" \
 	"peerdirect-guest-tests --race mmap-unplug"
@@ -35,6 +35,11 @@ rcs+=($?)
 tap_prefix="through the host bridge: " guest_tap "through the host bridge" 1 \
 	--kernel kasan --kmemleak --topology host-bridge --timeout $((seconds * 5 + 240)) -- \
 	peerdirect-guest-tests --race import-unbind --seconds "$seconds"
+rcs+=($?)
+# Imports, exports and mmaps against a loop of resets (a secondary bus reset each), in a guest
+# whose vCPUs share one host thread (qemu/run --one-thread says why).
+guest_tap "import-reset" 1 --kernel kasan --kmemleak --one-thread --timeout $((seconds * 5 + 240)) -- \
+	peerdirect-guest-tests --race import-reset --seconds "$seconds"
 rcs+=($?)
 guest_tap "bind-two" 1 --kernel kasan --kmemleak --second-hbm --timeout $((seconds * 2 + 240)) -- \
 	peerdirect-guest-tests --race bind-two --seconds "$seconds"

@@ -1244,6 +1244,12 @@ fn import_reset(tap: &mut Tap, bdf: &str, budget: Duration) {
             return;
         }
     };
+    // Loaded once here (two threads' insmod at once: one fails with EEXIST); the threads
+    // open its command file for themselves.
+    if let Err(err) = TestModule::load_importer() {
+        tap.report("the test importer module loads", &Err(err));
+        return;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new([const { AtomicU64::new(0) }; 5]);
     let unexpected = Arc::new(Unexpected::default());

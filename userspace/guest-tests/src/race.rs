@@ -1229,6 +1229,19 @@ fn import_unbind(tap: &mut Tap, bdf: &str, budget: Duration) {
     );
 }
 
+/// The NIC, with the test importer module loaded for racing threads to open its command file
+/// (loaded once, before them: two threads' insmod at once would fail one with EEXIST); `None`
+/// after reporting what is missing as a failed check.
+fn nic_with_importer(tap: &mut Tap) -> Option<String> {
+    let nic = crate::support::find_nic()
+        .map_err(|err| tap.report("the NIC is found", &Err(err)))
+        .ok()?;
+    TestModule::load_importer()
+        .map_err(|err| tap.report("the test importer module loads", &Err(err)))
+        .ok()?;
+    Some(nic)
+}
+
 /// What the threads of `import-reset` counted, by index.
 const RESET_IMPORTED: usize = 0;
 const RESET_REVOKED: usize = 1;
@@ -1237,19 +1250,9 @@ const RESET_BUSY: usize = 3;
 const RESET_MMAPS_REFUSED: usize = 4;
 
 fn import_reset(tap: &mut Tap, bdf: &str, budget: Duration) {
-    let nic = match crate::support::find_nic() {
-        Ok(nic) => nic,
-        Err(err) => {
-            tap.report("the NIC is found", &Err(err));
-            return;
-        }
-    };
-    // Loaded once here (two threads' insmod at once: one fails with EEXIST); the threads
-    // open its command file for themselves.
-    if let Err(err) = TestModule::load_importer() {
-        tap.report("the test importer module loads", &Err(err));
+    let Some(nic) = nic_with_importer(tap) else {
         return;
-    }
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new([const { AtomicU64::new(0) }; 5]);
     let unexpected = Arc::new(Unexpected::default());
@@ -1396,18 +1399,9 @@ const MIN_RESCANS: u64 = 2;
 const NO_NIC: &str = "error=no PCI device";
 
 fn nic_rescan(tap: &mut Tap, bdf: &str, budget: Duration) {
-    let nic = match crate::support::find_nic() {
-        Ok(nic) => nic,
-        Err(err) => {
-            tap.report("the NIC is found", &Err(err));
-            return;
-        }
-    };
-    // Loaded once here; the threads open its command file for themselves.
-    if let Err(err) = TestModule::load_importer() {
-        tap.report("the test importer module loads", &Err(err));
+    let Some(nic) = nic_with_importer(tap) else {
         return;
-    }
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let unexpected = Arc::new(Unexpected::default());
     let counts = Arc::new([const { AtomicU64::new(0) }; 3]);

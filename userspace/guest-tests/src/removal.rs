@@ -212,12 +212,18 @@ pub(crate) fn kernel_log() -> Result<String, String> {
 /// The kernel log's lines from the last "removal waits" report on: it must name each of
 /// `expected` (the holders: handles, pids, importers).
 pub(crate) fn expect_waits_log(expected: &[String]) -> Outcome {
+    expect_log_report(WAITS_LOG, expected)
+}
+
+/// The kernel log's lines from the last one that holds `marker` on: they must name each of
+/// `expected`.
+pub(crate) fn expect_log_report(marker: &str, expected: &[String]) -> Outcome {
     let log = kernel_log()?;
     let lines: Vec<&str> = log.lines().collect();
-    let Some(first) = lines.iter().rposition(|l| l.contains(WAITS_LOG)) else {
+    let Some(first) = lines.iter().rposition(|l| l.contains(marker)) else {
         let tail = &lines[lines.len().saturating_sub(10)..];
         return Err(format!(
-            "expected a kernel line with '{WAITS_LOG}', got none; the log ends:\n{}",
+            "expected a kernel line with '{marker}', got none; the log ends:\n{}",
             tail.join("\n")
         ));
     };
@@ -225,7 +231,7 @@ pub(crate) fn expect_waits_log(expected: &[String]) -> Outcome {
     for word in expected {
         if !report.contains(word.as_str()) {
             return Err(format!(
-                "expected the removal's report to name {word:?}, got:\n{report}"
+                "expected the report from '{marker}' on to name {word:?}, got:\n{report}"
             ));
         }
     }

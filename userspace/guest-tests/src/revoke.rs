@@ -47,7 +47,9 @@ use peerdirect::{
     pattern, Device, DeviceInfo, DmaBuf, DmaBufMap, Errno, ExportFlags, RegCache, SyncFlags,
 };
 
-use crate::removal::{expect_going, expect_waiting, expect_waits_log, waits_reports, Unbinding};
+use crate::removal::{
+    expect_going, expect_log_report, expect_waiting, expect_waits_log, waits_reports, Unbinding,
+};
 use crate::support::{
     expect_eq, expect_errno_of, fdinfo_value, find_nic, module_loaded, request_unplug,
     run_sequence, wait_for, write_sysfs, Outcome, Tap, SYSFS_PCI_DEVICES, UNPLUG_REQUEST,
@@ -423,26 +425,9 @@ fn steps(removal: Removal) -> Vec<Step> {
         check("after removal, /dev/peerdirect0 goes away", |_| {
             expect_node(false)
         }),
-        check(
-            "the dynamic importer of A was invalidated: invalidations >= 1, mapped=0",
-            |s| {
-                let status = s.status(A)?;
-                expect_invalidated(&status)?;
-                status.expect(&[("mapped", 0)])
-            },
-        ),
-        check(
-            "the revocable importer of B was revoked: invalidations >= 1, mapped=0, pinned=0, revoked=1",
-            |s| {
-                let status = s.status(B)?;
-                expect_invalidated(&status)?;
-                status.expect(&[("mapped", 0), ("pinned", 0), ("revoked", 1)])
-            },
-        ),
-        check(
-            "remap of A's (dynamic) and B's (revocable) attachments fails with ENODEV",
-            remap_fails,
-        ),
+    ]);
+    steps.extend(revoked_importers());
+    steps.extend([
         check(
             "the pinned importer of C (no invalidate callback) keeps its mapping (mapped=1, pinned=1, invalidations=0), and the removal waits for it",
             |s| {
@@ -495,15 +480,7 @@ fn steps(removal: Removal) -> Vec<Step> {
                 Ok(())
             },
         ),
-        check(
-            "the child's mapping of A, made before removal, faults when touched: the child dies of SIGBUS",
-            |s| {
-                let mut toucher = s.toucher.take().ok_or("the child is not running")?;
-                let touched = touch(&mut toucher);
-                let _ = fs::remove_file(&toucher.go);
-                touched
-            },
-        ),
+        child_faults("removal"),
         check(
             "INFO on D (opened before removal) fails with ENODEV",
             |s| expect_errno_of("INFO on D", s.device()?.info(), Errno::NODEV),
@@ -598,6 +575,46 @@ fn steps(removal: Removal) -> Vec<Step> {
     steps
 }
 
+/// What removal or a reset did to the held importers of A and B: both told to let go, and
+/// neither can map again.
+fn revoked_importers() -> [Step; 3] {
+    [
+        check(
+            "the dynamic importer of A was invalidated: invalidations >= 1, mapped=0",
+            |s| {
+                let status = s.status(A)?;
+                expect_invalidated(&status)?;
+                status.expect(&[("mapped", 0)])
+            },
+        ),
+        check(
+            "the revocable importer of B was revoked: invalidations >= 1, mapped=0, pinned=0, revoked=1",
+            |s| {
+                let status = s.status(B)?;
+                expect_invalidated(&status)?;
+                status.expect(&[("mapped", 0), ("pinned", 0), ("revoked", 1)])
+            },
+        ),
+        check(
+            "remap of A's (dynamic) and B's (revocable) attachments fails with ENODEV",
+            remap_fails,
+        ),
+    ]
+}
+
+/// The child's mapping of A, made before `what` (removal, the reset), faults when touched.
+fn child_faults(what: &str) -> Step {
+    check(
+        format!("the child's mapping of A, made before {what}, faults when touched: the child dies of SIGBUS"),
+        |s| {
+            let mut toucher = s.toucher.take().ok_or("the child is not running")?;
+            let touched = touch(&mut toucher);
+            let _ = fs::remove_file(&toucher.go);
+            touched
+        },
+    )
+}
+
 /// How long a reset gets: it waits for no pinned importer.
 const RESET_WAIT: Duration = Duration::from_secs(10);
 /// What the kernel logs when a reset revokes exports a pinned importer still maps.
@@ -626,32 +643,15 @@ fn reset_steps() -> Vec<Step> {
             "the registration cache attached to D drops A's registration instead of handing it out (its status page counted a reset since): a miss, one invalidation",
             cache_after_reset,
         ),
-        check(
-            "the dynamic importer of A was invalidated: invalidations >= 1, mapped=0",
-            |s| {
-                let status = s.status(A)?;
-                expect_invalidated(&status)?;
-                status.expect(&[("mapped", 0)])
-            },
-        ),
-        check(
-            "the revocable importer of B was revoked: invalidations >= 1, mapped=0, pinned=0, revoked=1",
-            |s| {
-                let status = s.status(B)?;
-                expect_invalidated(&status)?;
-                status.expect(&[("mapped", 0), ("pinned", 0), ("revoked", 1)])
-            },
-        ),
-        check(
-            "remap of A's (dynamic) and B's (revocable) attachments fails with ENODEV",
-            remap_fails,
-        ),
+    ];
+    steps.extend(revoked_importers());
+    steps.extend([
         check(
             "the pinned importer of C (no invalidate callback) keeps its mapping (mapped=1, pinned=1, invalidations=0), and the kernel log says the reset went on without it, naming C's range, this process as its exporter and the NIC as its importer",
             |s| {
                 let status = s.status(C)?;
                 status.expect(&[("mapped", 1), ("pinned", 1), ("invalidations", 0)])?;
-                expect_reset_log(&[
+                expect_log_report(RESET_PINNED_LOG, &[
                     format!("[{:#x}+{LEN:#x}]", s.bufs[C].bar_offset),
                     format!("exported by pid {}", std::process::id()),
                     format!("mapped by {}", s.nic),
@@ -693,15 +693,7 @@ fn reset_steps() -> Vec<Step> {
                 Ok(())
             },
         ),
-        check(
-            "the child's mapping of A, made before the reset, faults when touched: the child dies of SIGBUS",
-            |s| {
-                let mut toucher = s.toucher.take().ok_or("the child is not running")?;
-                let touched = touch(&mut toucher);
-                let _ = fs::remove_file(&toucher.go);
-                touched
-            },
-        ),
+        child_faults("the reset"),
         check(
             "debugfs stats after the reset: exports 3, mappings_revocable 0, mappings_pinned 1, present true",
             |_| {
@@ -731,7 +723,7 @@ fn reset_steps() -> Vec<Step> {
                 expect_stats(&[("mappings_pinned", "0")])
             },
         ),
-    ];
+    ]);
     steps.push(check(format!("{IMPORTER_MODULE} unloads"), |s| {
         s.importer = None;
         expect_rmmod(IMPORTER_MODULE)
@@ -768,26 +760,6 @@ fn reset(s: &mut State) -> Outcome {
     finished
         .recv_timeout(RESET_WAIT)
         .map_err(|_| format!("the reset did not return within {} s", RESET_WAIT.as_secs()))?
-}
-
-/// The kernel's report of the last reset that went on with a pinned mapping must name each
-/// of `expected`.
-fn expect_reset_log(expected: &[String]) -> Outcome {
-    let log = crate::removal::kernel_log()?;
-    let lines: Vec<&str> = log.lines().collect();
-    let first = lines
-        .iter()
-        .rposition(|l| l.contains(RESET_PINNED_LOG))
-        .ok_or_else(|| format!("expected a kernel line with '{RESET_PINNED_LOG}', got none"))?;
-    let report = lines[first..].join("\n");
-    for word in expected {
-        if !report.contains(word.as_str()) {
-            return Err(format!(
-                "expected the reset's report to name {word:?}, got:\n{report}"
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// A new export after the reset maps for the NIC and for the CPU.

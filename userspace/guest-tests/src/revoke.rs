@@ -452,33 +452,11 @@ fn steps(removal: Removal) -> Vec<Step> {
         ),
         check(
             "DMA_BUF_IOCTL_SYNC start (begin CPU access) on A, B and C fails with ENODEV",
-            |s| {
-                for buf in &s.bufs {
-                    for flags in [SyncFlags::START_READ, SyncFlags::START_WRITE] {
-                        expect_errno_of(
-                            &format!("SYNC {flags:?} on {}", buf.name),
-                            buf.dmabuf()?.sync(flags),
-                            Errno::NODEV,
-                        )?;
-                    }
-                }
-                Ok(())
-            },
+            sync_fails,
         ),
         check(
             "mmap of A, B and C (read-only and writable) fails with ENODEV",
-            |s| {
-                for buf in &s.bufs {
-                    for writable in [false, true] {
-                        expect_errno_of(
-                            &format!("mmap of {} (writable: {writable})", buf.name),
-                            buf.dmabuf()?.mmap(writable),
-                            Errno::NODEV,
-                        )?;
-                    }
-                }
-                Ok(())
-            },
+            mmap_fails,
         ),
         child_faults("removal"),
         check(
@@ -602,6 +580,34 @@ fn revoked_importers() -> [Step; 3] {
     ]
 }
 
+/// Begin-CPU-access (both directions) on A, B and C fails with `ENODEV`.
+fn sync_fails(s: &mut State) -> Outcome {
+    for buf in &s.bufs {
+        for flags in [SyncFlags::START_READ, SyncFlags::START_WRITE] {
+            expect_errno_of(
+                &format!("SYNC {flags:?} on {}", buf.name),
+                buf.dmabuf()?.sync(flags),
+                Errno::NODEV,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// mmap of A, B and C, read-only and writable, fails with `ENODEV`.
+fn mmap_fails(s: &mut State) -> Outcome {
+    for buf in &s.bufs {
+        for writable in [false, true] {
+            expect_errno_of(
+                &format!("mmap of {} (writable: {writable})", buf.name),
+                buf.dmabuf()?.mmap(writable),
+                Errno::NODEV,
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// The child's mapping of A, made before `what` (removal, the reset), faults when touched.
 fn child_faults(what: &str) -> Step {
     check(
@@ -673,25 +679,7 @@ fn reset_steps() -> Vec<Step> {
         ),
         check(
             "DMA_BUF_IOCTL_SYNC start on A, B and C, and their mmap (read-only and writable), fail with ENODEV",
-            |s| {
-                for buf in &s.bufs {
-                    for flags in [SyncFlags::START_READ, SyncFlags::START_WRITE] {
-                        expect_errno_of(
-                            &format!("SYNC {flags:?} on {}", buf.name),
-                            buf.dmabuf()?.sync(flags),
-                            Errno::NODEV,
-                        )?;
-                    }
-                    for writable in [false, true] {
-                        expect_errno_of(
-                            &format!("mmap of {} (writable: {writable})", buf.name),
-                            buf.dmabuf()?.mmap(writable),
-                            Errno::NODEV,
-                        )?;
-                    }
-                }
-                Ok(())
-            },
+            |s| sync_fails(s).and_then(|()| mmap_fails(s)),
         ),
         child_faults("the reset"),
         check(

@@ -52,6 +52,9 @@ impl Writer for Stats {
         let (asked, kept) = hbm.verdicts.counts();
         writeln!(f, "p2p_verdicts_asked: {asked}")?;
         writeln!(f, "p2p_verdicts_kept: {kept}")?;
+        let (resets, resetting) = hbm.resets();
+        writeln!(f, "resets: {resets}")?;
+        writeln!(f, "resetting: {resetting}")?;
         writeln!(f, "present: {}", hbm.is_present())
     }
 }

@@ -156,6 +156,8 @@ pub(crate) struct Hbm {
     /// Resets of the device under way (an AER recovery may enclose a reset): while it is not
     /// 0, no export is recorded (`EBUSY`). Written and read under `exported`'s lock.
     resetting: Atomic<u32>,
+    /// Resets begun since the device was bound (what the status page counts), for debugfs.
+    resets: Atomic<u32>,
     pub(crate) mappings: Mappings,
     /// Taken to signal `unmapped` and to wait on it.
     #[pin]
@@ -212,6 +214,7 @@ impl Hbm {
                 exports: Atomic::new(0),
                 exported: Arc::pin_init(Registry::new(), GFP_KERNEL)?,
                 resetting: Atomic::new(0),
+                resets: Atomic::new(0),
                 mappings: Mappings {
                     revocable: Atomic::new(0),
                     pinned: Atomic::new(0),
@@ -278,6 +281,11 @@ impl Hbm {
     /// Records the driver now bound to a companion device (the bus notifier's report).
     pub(crate) fn set_owner_driver(&self, driver: DriverName) {
         *self.owner_driver.lock() = driver;
+    }
+
+    /// Resets begun since the device was bound, and how many of them are not done yet.
+    pub(crate) fn resets(&self) -> (u32, u32) {
+        (self.resets.load(Relaxed), self.resetting.load(Relaxed))
     }
 
     /// Records a new export (exported for [`Hbm::exported`]), unless the device is gone
@@ -435,6 +443,7 @@ impl Hbm {
     /// unmap. A reset cannot be refused or put off, so importers that cannot be revoked
     /// (pinned memory registrations) keep their mappings: it says who they are.
     pub(crate) fn reset_prepare(&self) {
+        self.resets.fetch_add(1, Relaxed);
         self.status.count_reset();
         self.events.notify_all();
         self.revoke_exports(|| {

@@ -1289,7 +1289,7 @@ fn import_reset(tap: &mut Tap, bdf: &str, budget: Duration) {
     }
     stop.store(true, Ordering::Relaxed);
     let (_, joined) = join_all("racing thread", threads);
-    // Every reset counted on the status page, none more.
+    // Every reset counted on the status page and in debugfs, none more, none still under way.
     let counted = Device::open_index(INDEX)
         .map_err(|err| format!("cannot open the device: {err}"))
         .and_then(|device| {
@@ -1298,7 +1298,10 @@ fn import_reset(tap: &mut Tap, bdf: &str, budget: Duration) {
                 "resets on the status page",
                 resets,
                 u64::from(status.resets()),
-            )
+            )?;
+            let stats = stats()?;
+            expect_eq("debugfs resets", resets, stats.uint("resets")?)?;
+            expect_eq("debugfs resetting", 0, stats.uint("resetting")?)
         });
     let [imported, revoked, invalidated, busy, mmaps_refused] = [
         RESET_IMPORTED,
@@ -1319,7 +1322,7 @@ fn import_reset(tap: &mut Tap, bdf: &str, budget: Duration) {
         });
     tap.report(
         &format!(
-            "2 threads export dma-bufs, have the NIC attach, pin, map and unmap them, and mmap them while the device is reset in a loop ({resets} resets, each counted on the status page; {imported} imports; met: {busy} exports refused with EBUSY, {revoked} maps of revoked exports refused with ENODEV, {invalidated} invalidated while mapped, {mmaps_refused} mmaps refused with ENODEV)"
+            "2 threads export dma-bufs, have the NIC attach, pin, map and unmap them, and mmap them while the device is reset in a loop ({resets} resets, each counted on the status page and in debugfs, none left under way; {imported} imports; met: {busy} exports refused with EBUSY, {revoked} maps of revoked exports refused with ENODEV, {invalidated} invalidated while mapped, {mmaps_refused} mmaps refused with ENODEV)"
         ),
         &outcome,
     );

@@ -683,12 +683,14 @@ fn reset_steps() -> Vec<Step> {
         ),
         child_faults("the reset"),
         check(
-            "debugfs stats after the reset: exports 3, mappings_revocable 0, mappings_pinned 1, present true",
+            "debugfs stats after the reset: exports 3, mappings_revocable 0, mappings_pinned 1, resets 1, resetting 0, present true",
             |_| {
                 expect_stats(&[
                     ("exports", "3"),
                     ("mappings_revocable", "0"),
                     ("mappings_pinned", "1"),
+                    ("resets", "1"),
+                    ("resetting", "0"),
                     ("present", "true"),
                 ])
             },

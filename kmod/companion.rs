@@ -1,24 +1,25 @@
-// SPDX-License-Identifier: GPL-2.0
-
 //! Companion devices: the HBM BAR of a PCI device that another driver owns (habanalabs on a
 //! DL1 host), served as `/dev/peerdirectN` beside that driver (Documentation/companion.md).
 //!
 //! An administrator names the device and its BAR on the control device `/dev/peerdirect-ctl`
-//! (`CAP_SYS_ADMIN`, and only when the module was loaded with `companion=1`). peerdirect then
-//! holds a reference on the `pci_dev` and claims none of its resources. A companion goes when
-//! it is removed, when its owner driver unbinds (the PCI bus notifier, before the owner's
-//! `remove()` runs: the BAR is still there), when the device is deleted, or at unload; each
-//! removes it the way an owned device is removed ([`HbmDevice`]), which revokes everything
-//! exported from it first. Rebinding the owner brings nothing back: the companion must be
-//! named again, as a new `/dev/peerdirectN`.
+//! (`CAP_SYS_ADMIN`, and only when the module was loaded with `companion=1`); its owner driver
+//! must be bound. peerdirect then holds a reference on the `pci_dev`, claims none of its
+//! resources, and links a consumer device of its own to it ([`OwnerLink`]), so that the
+//! driver core asks peerdirect before the owner unbinds. A companion goes when it is removed
+//! (a wait its caller can end), when its owner driver unbinds (its unbind, unload, or the
+//! device's removal: the driver core calls [`OwnerEvents`] first and waits, with the BAR still
+//! there), or at unload; each way revokes everything exported from it, and the companion
+//! leaves the list only once no importer maps its BAR ([`remove_companion`]). Rebinding the
+//! owner brings nothing back: the companion must be named again, as a new `/dev/peerdirectN`.
 
 use crate::{
-    device::{Companion, HbmDevice, COMPANIONS},
-    hbm::{Hbm, HbmInfo, PciAddress},
+    device::HbmDevice,
+    hbm::{Hbm, HbmInfo, PciAddress, Wait},
     ids::table_hbm_bar,
     index::DEVICES,
     sys::{
         self,
+        owner_link::{OwnerLink, OwnerUnbinds},
         pci::{BarIndex, DeviceLock, DriverName, PciDevRef},
     },
     uapi::{
@@ -30,8 +31,27 @@ use kernel::{
     fs::File,
     miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     prelude::*,
-    sync::atomic::{Atomic, Relaxed},
+    sync::{
+        atomic::{Atomic, Relaxed},
+        Arc,
+    },
 };
+
+/// One companion device.
+struct Companion {
+    /// The device's identity ([`sys::pci::pci_dev_key`]), as its owner link names it.
+    key: usize,
+    address: PciAddress,
+    /// Dropping it removes the companion (see [`HbmDevice`]).
+    device: Pin<KBox<HbmDevice>>,
+    /// Makes the owner's unbind wait for the companion's removal; dropped after `device`.
+    _link: OwnerLink<OwnerEvents>,
+}
+
+crate::sys::global::global_mutex! {
+    /// The devices served as companions.
+    static COMPANIONS: Mutex<KVec<Companion>> = KVec::new();
+}
 
 /// Whether the module was loaded with `companion=1`: the control device refuses to add or
 /// remove companions otherwise.
@@ -42,46 +62,62 @@ pub(crate) fn init(enabled: bool) {
     ENABLED.store(enabled, Relaxed);
 }
 
-/// Removes every companion; from module exit, after the control device and the bus notifier
-/// are gone.
+/// Revokes everything exported from the companion whose HBM is `hbm` and waits, as `wait`
+/// says, until no importer maps its BAR; then takes it out of the list and returns it, to be
+/// dropped outside the list's lock (which is quick now), or `None` if another way of removal
+/// took it first (having waited the same). Until it leaves the list, an owner unbinding waits
+/// for it ([`OwnerEvents`]): the BAR never goes back to its owner while a peer may reach it.
+/// `EINTR` (a killable wait cut short) leaves the companion listed, its exports revoked.
+fn remove_companion(hbm: &Arc<Hbm>, wait: Wait) -> Result<Option<Companion>> {
+    hbm.revoke_for_removal();
+    hbm.wait_pinned_released(wait)?;
+    let mut companions = COMPANIONS.lock();
+    let i = companions
+        .iter()
+        .position(|c| Arc::ptr_eq(c.device.hbm(), hbm));
+    Ok(i.and_then(|i| companions.remove(i).ok()))
+}
+
+/// The HBM of the first companion `is_it` picks.
+fn find(is_it: impl Fn(&Companion) -> bool) -> Option<Arc<Hbm>> {
+    COMPANIONS
+        .lock()
+        .iter()
+        .find(|c| is_it(c))
+        .map(|c| c.device.hbm().clone())
+}
+
+/// Removes every companion; from module exit, after the control device is gone. Nothing is
+/// exported from them any more: every file and dma-buf holds the module.
 pub(crate) fn remove_all() {
-    let companions = core::mem::take(&mut *COMPANIONS.lock());
-    // Removed outside the lock (removal may wait for importers), each under its device's lock
-    // (the bus notifier is gone: an owner's unbind would not wait for us otherwise).
-    for companion in companions {
-        let pdev = companion.pdev.clone();
-        let lock = DeviceLock::lock(&pdev);
-        companion.remove_locked(&lock);
-    }
-}
-
-/// The bus notifier's report: `driver` is now bound to the device `key`. A companion that had
-/// no owner has one now (a companion goes when its owner unbinds, so it has no other).
-pub(crate) fn bound(key: usize, driver: DriverName) {
-    if let Some(c) = COMPANIONS.lock().iter().find(|c| c.key == key) {
-        c.device.hbm().set_owner_driver(driver);
-    }
-}
-
-/// The bus notifier's report: the driver of the device `key` is about to unbind, or the
-/// device is being deleted. Its companion, if any, goes now, while the BAR is still there.
-pub(crate) fn gone(key: usize) {
-    let companion = {
-        let mut companions = COMPANIONS.lock();
-        match companions.iter().position(|c| c.key == key) {
-            Some(i) => companions.remove(i).ok(),
-            None => None,
+    while let Some(hbm) = find(|_| true) {
+        // Cannot fail: not killable.
+        if let Ok(Some(companion)) = remove_companion(&hbm, Wait::Uninterruptible) {
+            drop(companion);
         }
-    };
-    if let Some(c) = companion {
+    }
+    // The list's memory: it is a static, never dropped.
+    drop(core::mem::take(&mut *COMPANIONS.lock()));
+}
+
+/// What a companion's [`OwnerLink`] tells.
+pub(crate) struct OwnerEvents;
+
+impl OwnerUnbinds for OwnerEvents {
+    /// The owner driver of the companion `key` is about to unbind (its unbind, unload, or the
+    /// device's removal): the companion goes now, while the BAR is still there. The unbind
+    /// waits for this, which waits, uninterruptibly, for importers that cannot be revoked.
+    fn owner_unbinds(key: usize) {
+        let Some(hbm) = find(|c| c.key == key) else {
+            return;
+        };
         pr_info!(
             "companion {}: its driver unbinds or it is being removed: removing it\n",
-            c.address
+            hbm.recorded().address
         );
-        // Revokes every export, waiting for importers, before the owner's remove() runs. The
-        // driver core holds the device's lock for the notification; taking it again would
-        // deadlock, so the companion is dropped as it is.
-        drop(c.device);
+        if let Ok(Some(companion)) = remove_companion(&hbm, Wait::Uninterruptible) {
+            drop(companion);
+        }
     }
 }
 
@@ -98,20 +134,32 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
     };
     let bar = BarIndex::new(bar)?;
     // No driver binds or unbinds meanwhile: an owned probe of the device cannot race us, and
-    // the notifier for its owner's unbind comes only after the companion is recorded.
+    // the owner's unbind waits for the link made below.
     let lock = DeviceLock::lock(&pdev);
     if lock.bound_to(c"peerdirect") {
         return Err(EBUSY);
     }
-    let key = sys::pci::pci_dev_key(&pdev);
-    let driver = lock.driver_name();
-    let mut companions = COMPANIONS.lock();
-    if companions.iter().any(|c| c.key == key) {
-        return Err(EEXIST);
-    }
     let bytes = pdev.resource_len(bar.get())?;
     if bytes == 0 || !sys::pci::bar_is_mem(&pdev, bar) {
         return Err(EINVAL);
+    }
+    let driver = lock.driver_name();
+    // A companion serves a BAR beside the driver that owns it, and goes before it unbinds;
+    // with no driver, the BAR could be resized or reassigned under it.
+    if driver == DriverName::default() {
+        return Err(ENODEV);
+    }
+    let key = sys::pci::pci_dev_key(&pdev);
+    if COMPANIONS.lock().iter().any(|c| c.key == key) {
+        return Err(EEXIST);
+    }
+    // Before the list's lock: its consumer device probes under its own lock, which the
+    // owner's unbind holds while it calls us (and we take the list's lock). `ENODEV` if the
+    // owner has begun to unbind.
+    let link = OwnerLink::new(&lock, key)?;
+    let mut companions = COMPANIONS.lock();
+    if companions.iter().any(|c| c.key == key) {
+        return Err(EEXIST);
     }
     companions.reserve(1, GFP_KERNEL)?;
     let index = DEVICES.take()?;
@@ -126,15 +174,14 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
         device_id: pdev.device_id(),
         index: index.get(),
     };
-    let hbm = Hbm::new(info, pdev.clone(), true)?;
-    hbm.set_owner_driver(driver);
+    let hbm = Hbm::new(info, pdev.clone(), Some(driver))?;
     let device = KBox::pin_init(HbmDevice::new(index, hbm), GFP_KERNEL)?;
     companions
         .push_within_capacity(Companion {
             key,
             address: info.address,
             device,
-            pdev: pdev.clone(),
+            _link: link,
         })
         .map_err(|_| ENOMEM)?;
     drop(companions);
@@ -150,30 +197,34 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
     Ok(info.index)
 }
 
-/// Stops serving the companion at `domain`:`bus`:`devfn`; `ENOENT` if it is none.
+/// Stops serving the companion at `domain`:`bus`:`devfn`; `ENOENT` if it is none. Waits until
+/// no importer maps its BAR, or returns `EINTR` when the caller is sent a fatal signal: the
+/// companion then stays, listed, its exports revoked, and goes at the next remove or when
+/// its owner unbinds.
 fn remove(domain: u32, bus: u8, devfn: u8) -> Result {
-    let is_it = |c: &Companion| {
+    let hbm = find(|c| {
         c.address.domain == domain
             && c.address.bus == bus
             && (c.address.slot << 3 | c.address.func) == devfn
-    };
-    let pdev = COMPANIONS
-        .lock()
-        .iter()
-        .find(|c| is_it(c))
-        .map(|c| c.pdev.clone())
-        .ok_or(ENOENT)?;
-    // The device's lock first (the order the bus notifier imposes), then the list again: the
-    // owner's unbind waits until the companion's exports are revoked; if it came first, the
-    // notifier removed the companion already.
-    let lock = DeviceLock::lock(&pdev);
-    let companion = {
-        let mut companions = COMPANIONS.lock();
-        let i = companions.iter().position(is_it).ok_or(ENOENT)?;
-        companions.remove(i).map_err(|_| ENOENT)?
-    };
-    pr_info!("companion {}: removed on request\n", companion.address);
-    companion.remove_locked(&lock);
+    })
+    .ok_or(ENOENT)?;
+    let address = hbm.recorded().address;
+    pr_info!("companion {}: removing it on request\n", address);
+    match remove_companion(&hbm, Wait::Killable) {
+        Ok(Some(companion)) => {
+            pr_info!("companion {}: removed on request\n", address);
+            drop(companion);
+        }
+        // Its owner's unbind removed it meanwhile.
+        Ok(None) => (),
+        Err(e) => {
+            pr_info!(
+                "companion {}: removal cut short by a signal: it stays, its exports revoked, until it is removed again or its driver unbinds\n",
+                address
+            );
+            return Err(e);
+        }
+    }
     Ok(())
 }
 

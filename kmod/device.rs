@@ -2,22 +2,15 @@
 
 //! A device peerdirect serves, as it is bound: `/dev/peerdirectN` and its debugfs directory
 //! and index, and the order in which they go ([`HbmDevice`]), for a device its driver binds
-//! and for a companion alike; and the companions served (`companion.rs` adds and removes
-//! them), which are also the one-provider-per-device claim the driver's probe checks.
+//! and for a companion alike.
 
 use crate::{
     chardev::HbmMisc,
     debugfs::{self, DeviceFiles},
-    hbm::{Hbm, PciAddress},
+    hbm::Hbm,
     index::DeviceIndex,
-    sys::{self, pci::DeviceLock},
 };
-use kernel::{
-    debugfs::Scope,
-    pci,
-    prelude::*,
-    sync::{aref::ARef, Arc},
-};
+use kernel::{debugfs::Scope, prelude::*, sync::Arc};
 
 /// Per-device data while peerdirect serves an HBM device.
 ///
@@ -68,35 +61,4 @@ impl Drop for Bound {
             self.0.recorded().address
         );
     }
-}
-
-/// One companion device.
-pub(crate) struct Companion {
-    /// The device's identity ([`sys::pci::pci_dev_key`]), as the bus notifier names it.
-    pub(crate) key: usize,
-    pub(crate) address: PciAddress,
-    /// Dropping it removes the companion (see [`HbmDevice`]); only with the device's lock held
-    /// ([`Companion::remove_locked`]), so that the owner cannot unbind, and tear the BAR down,
-    /// before every export is revoked.
-    pub(crate) device: Pin<KBox<HbmDevice>>,
-    pub(crate) pdev: ARef<pci::Device>,
-}
-
-impl Companion {
-    /// Removes the companion; the caller holds its device's lock.
-    pub(crate) fn remove_locked(self, _lock: &DeviceLock<'_>) {
-        drop(self.device);
-    }
-}
-
-crate::sys::global::global_mutex! {
-    /// The devices served as companions.
-    pub(crate) static COMPANIONS: Mutex<KVec<Companion>> = KVec::new();
-}
-
-/// Whether `pdev` is served as a companion. Its owned probe calls this under the device lock,
-/// which adding a companion holds too, so the answer holds until probe returns.
-pub(crate) fn is_companion(pdev: &pci::Device) -> bool {
-    let key = sys::pci::pci_dev_key(pdev);
-    COMPANIONS.lock().iter().any(|c| c.key == key)
 }

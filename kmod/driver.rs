@@ -9,7 +9,7 @@
 //! bound device is, and the order in which it goes, is `device.rs`'s.
 
 use crate::{
-    device::{self, HbmDevice},
+    device::HbmDevice,
     hbm::{Hbm, HbmInfo, PciAddress},
     ids::{habana, override_hbm_bar, HbmBar, GAUDI},
     index::DEVICES,
@@ -89,12 +89,8 @@ impl pci::Driver for HbmDriver {
                 })?,
             };
             let bar = BarIndex::new(bar)?;
-            // Served as a companion already (probe runs under the device lock, which adding a
-            // companion takes too): one provider per device.
-            if device::is_companion(pdev) {
-                dev_err!(pdev, "is a peerdirect companion device: remove it first\n");
-                return Err(EBUSY);
-            }
+            // Not a companion: a companion's owner driver is bound until the companion is gone
+            // (it goes first when the owner unbinds), so this probe cannot run meanwhile.
 
             pdev.enable_device_mem()?;
             pdev.set_master();
@@ -103,7 +99,7 @@ impl pci::Driver for HbmDriver {
             let info = record_hbm(pdev, bar, index.get())?;
             sys::pci::p2pdma_init(pdev)?;
             let pci_dev: &pci::Device = pdev;
-            let hbm = Hbm::new(info, ARef::from(pci_dev), false)?;
+            let hbm = Hbm::new(info, ARef::from(pci_dev), None)?;
             dev_info!(
                 pdev,
                 "{}: HBM BAR{} {} MiB at bus address {:#x}\n",

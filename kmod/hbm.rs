@@ -12,13 +12,14 @@ use crate::{
     p2p,
     status::StatusPage,
     sys::{
+        self,
         dma_buf::{AttachInfo, DmaBuf, Registry},
         pci::{BarIndex, DriverName},
     },
     uapi::PEERDIRECT_STATUS_REVOKED,
 };
 use kernel::{
-    new_condvar, new_mutex, new_poll_condvar, new_spinlock, new_srcu, pci,
+    new_condvar, new_mutex, new_poll_condvar, new_srcu, pci,
     prelude::*,
     rbtree::RBTreeNodeReservation,
     sync::{
@@ -26,7 +27,7 @@ use kernel::{
         atomic::{Acquire, Atomic, Full, Relaxed, Release},
         poll::PollCondVar,
         srcu::{self, Srcu},
-        Arc, CondVar, Mutex, SpinLock,
+        Arc, CondVar, Mutex,
     },
     time::{delay::fsleep, Delta},
 };
@@ -138,11 +139,9 @@ pub(crate) struct Hbm {
     info: HbmInfo,
     present: Atomic<bool>,
     pdev: ARef<pci::Device>,
-    /// Another driver owns the device and its p2pdma state (a companion device).
-    companion: bool,
-    /// The owner driver's name, for a companion device.
-    #[pin]
-    owner_driver: SpinLock<DriverName>,
+    /// For a companion device, the name of the driver that owns it and its p2pdma state
+    /// (bound when the companion was added; the companion goes before it unbinds).
+    owner_driver: Option<DriverName>,
     /// The kernel's P2P verdicts for importers seen at attach.
     pub(crate) verdicts: p2p::Cache,
     /// What userspace maps from the device file to see the device go.
@@ -159,6 +158,10 @@ pub(crate) struct Hbm {
     /// Resets begun since the device was bound (what the status page counts), for debugfs.
     resets: Atomic<u32>,
     pub(crate) mappings: Mappings,
+    /// Whether removal has revoked everything ([`Hbm::revoke_for_removal`]); held while it
+    /// does, so that one revokes and waits for revocable importers at a time.
+    #[pin]
+    revoked: Mutex<bool>,
     /// Taken to signal `unmapped` and to wait on it.
     #[pin]
     unmapped_lock: Mutex<()>,
@@ -198,7 +201,7 @@ impl Hbm {
     pub(crate) fn new(
         info: HbmInfo,
         pdev: ARef<pci::Device>,
-        companion: bool,
+        owner_driver: Option<DriverName>,
     ) -> Result<Arc<Self>> {
         Arc::pin_init(
             try_pin_init!(Self {
@@ -206,8 +209,7 @@ impl Hbm {
                 info,
                 present: Atomic::new(true),
                 pdev,
-                companion,
-                owner_driver <- new_spinlock!(DriverName::default(), "Hbm::owner_driver"),
+                owner_driver,
                 verdicts: p2p::Cache::new()?,
                 status: StatusPage::new()?,
                 handles: Handles::new(1),
@@ -219,6 +221,7 @@ impl Hbm {
                     revocable: Atomic::new(0),
                     pinned: Atomic::new(0),
                 },
+                revoked <- new_mutex!(false),
                 unmapped_lock <- new_mutex!(()),
                 unmapped <- new_condvar!(),
                 events <- new_poll_condvar!("Hbm::events"),
@@ -269,18 +272,13 @@ impl Hbm {
 
     /// Whether another driver owns the device (a companion device: no heap use).
     pub(crate) fn is_companion(&self) -> bool {
-        self.companion
+        self.owner_driver.is_some()
     }
 
     /// The name of the driver that owns a companion device (`PEERDIRECT_IOC_INFO`); all NULs
-    /// while none is bound.
+    /// for a device peerdirect owns.
     pub(crate) fn owner_driver(&self) -> DriverName {
-        *self.owner_driver.lock()
-    }
-
-    /// Records the driver now bound to a companion device (the bus notifier's report).
-    pub(crate) fn set_owner_driver(&self, driver: DriverName) {
-        *self.owner_driver.lock() = driver;
+        self.owner_driver.unwrap_or_default()
     }
 
     /// Resets begun since the device was bound, and how many of them are not done yet.
@@ -343,8 +341,22 @@ impl Hbm {
     /// zapped, and pollers of the device's files are woken. Returns once no importer maps any
     /// of the device's exports: revocable ones unmap when told; for those that cannot be
     /// revoked (pinned memory registrations) it waits until their owners let go, saying every
-    /// few seconds who they are.
+    /// few seconds who they are. Uninterruptible: no peer may DMA into the BAR once it
+    /// returns (the BAR may be handed to another driver, or be gone).
     pub(crate) fn remove(&self) {
+        self.revoke_for_removal();
+        // Cannot fail: not killable.
+        let _ = self.wait_pinned_released(Wait::Uninterruptible);
+    }
+
+    /// [`Hbm::remove`]'s first part, which takes bounded time: marks the device gone, revokes
+    /// every export and waits until importers that can be revoked have unmapped them. Once
+    /// it has returned, in any thread, it returns at once.
+    pub(crate) fn revoke_for_removal(&self) {
+        let mut revoked = self.revoked.lock();
+        if *revoked {
+            return;
+        }
         // Requests, and attaches and P2P queries under the gate, see the device gone from
         // here on (all of them once the gate is synchronized below).
         self.present.xchg(false, Full);
@@ -362,13 +374,22 @@ impl Hbm {
         // Revocable importers unmap in bounded time once invalidated (the dma-buf contract);
         // the BAR must not go away under their DMA.
         self.wait_revocable_unmapped();
-        // The others must be let go of by userspace; no peer may DMA into the BAR once
-        // removal returns (the BAR may be handed to another driver, or be gone).
+        *revoked = true;
+    }
+
+    /// [`Hbm::remove`]'s second part, after [`Hbm::revoke_for_removal`]: returns once no
+    /// importer that cannot be revoked maps any export (their owners must let go: it says
+    /// every few seconds who they are), or with `EINTR` once the calling task is sent a fatal
+    /// signal if `wait` is [`Wait::Killable`]. Several may wait at once.
+    pub(crate) fn wait_pinned_released(&self, wait: Wait) -> Result {
         let (mut waited, mut nag_at) = (Delta::ZERO, Delta::ZERO);
         loop {
             let pinned = self.mappings.pinned.load(Acquire);
             if pinned == 0 {
                 break;
+            }
+            if wait == Wait::Killable && sys::task::fatal_signal_pending() {
+                return Err(EINTR);
             }
             if waited >= nag_at {
                 self.log_pinned_holders(pinned, waited);
@@ -377,8 +398,8 @@ impl Hbm {
                 self.events.notify_all();
                 nag_at = waited + NAG_INTERVAL;
             }
-            // Short, uninterruptible sleeps: removal cannot fail, nor be cut short by a
-            // signal to the process that asked for it.
+            // Short sleeps, not interrupted by signals: a killable wait looks for fatal ones
+            // between them.
             fsleep(PINNED_POLL);
             waited += PINNED_POLL;
         }
@@ -389,6 +410,7 @@ impl Hbm {
                 waited.as_millis()
             );
         }
+        Ok(())
     }
 
     /// Revokes every export recorded, running `locked` first under the lock that records
@@ -532,6 +554,17 @@ impl Hbm {
             }
         }
     }
+}
+
+/// How [`Hbm::wait_pinned_released`] waits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Until the mappings are released, whatever the calling task is sent: removal that
+    /// cannot fail (an unbind, an unplug).
+    Uninterruptible,
+    /// Until then, or until the calling task is sent a fatal signal (a request it may give
+    /// up: the companion remove ioctl).
+    Killable,
 }
 
 /// How many attachments of one dma-buf removal's log and debugfs list.

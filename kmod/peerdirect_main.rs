@@ -48,9 +48,9 @@ mod uapi;
 
 use kernel::{driver::Registration, miscdevice::MiscDeviceRegistration, prelude::*};
 use sys::{
-    pci::DriverName,
+    owner_link::OwnerLinks,
     pci_driver::ResetAware,
-    pci_notifier::{PciBusEvents, PciBusNotifier, PciGeneration},
+    pci_notifier::{PciBusEvents, PciGeneration},
 };
 
 module! {
@@ -74,35 +74,26 @@ fn companion_mode() -> bool {
 }
 
 /// Fields drop in declaration order: first the control device (no companion is added after
-/// it) and the bus notifier, then the companions, then the driver unregisters (no probe can
+/// it), then the companions, then the driver unregisters (no probe can
 /// run after it, and every device is removed), and only then the state devices share
 /// ([`Shared`]).
 #[pin_data]
 struct Peerdirect {
     #[pin]
     control: MiscDeviceRegistration<companion::ControlFile>,
-    _notifier: PciBusNotifier,
     _companions: Companions,
     #[pin]
     driver: Registration<ResetAware<driver::HbmDriver>>,
     _shared: Shared,
 }
 
-/// What the PCI bus notifiers tell the module: the P2P verdict caches hear of devices added and
-/// deleted, the companions of their owner drivers.
+/// What the PCI bus notifier tells the module: the P2P verdict caches hear of devices added
+/// and deleted.
 struct BusEvents;
 
 impl PciBusEvents for BusEvents {
     fn device_changed(device: usize) {
         p2p::pci_device_changed(device);
-    }
-
-    fn driver_unbinding_or_gone(key: usize) {
-        companion::gone(key);
-    }
-
-    fn driver_bound(key: usize, driver: DriverName) {
-        companion::bound(key, driver);
     }
 }
 
@@ -122,15 +113,20 @@ struct Shared {
     /// Tells the P2P verdict caches of PCI devices added and deleted; registered before any
     /// device binds, unregistered after all are gone (the last field to drop).
     _generation: PciGeneration,
+    /// Destroys the companions' owner links once dropped; made before any companion is added,
+    /// drained after all are gone.
+    _links: OwnerLinks,
 }
 
 impl Shared {
     fn new() -> Result<Self> {
         let generation = PciGeneration::register::<BusEvents>()?;
+        let links = OwnerLinks::new()?;
         debugfs::init_root();
         companion::init(companion_mode());
         Ok(Self {
             _generation: generation,
+            _links: links,
         })
     }
 }
@@ -149,7 +145,6 @@ impl kernel::InPlaceModule for Peerdirect {
             _shared: Shared::new()?,
             driver <- Registration::new(c"peerdirect", module),
             _companions: Companions,
-            _notifier: PciBusNotifier::register::<BusEvents>()?,
             control <- companion::control_device(),
         })
     }

@@ -5,8 +5,8 @@
 //! has either). Each file wraps one subject of the kernel in safe
 //! functions and types (or in `unsafe fn`s whose `# Safety` sections say what their callers
 //! vouch for) and knows nothing of peerdirect's own types; the domain above it is safe Rust
-//! over them, and what the kernel tells the module through the floor (the PCI bus notifiers)
-//! reaches it through a trait the crate root implements.
+//! over them, and what the kernel tells the module through the floor (the PCI bus notifier,
+//! an owner's unbind) reaches it through a trait the crate root implements.
 //!
 //! - [`raw`]: every `extern "C"` declaration of the C helpers, and the C structs they name;
 //!   nothing outside this floor calls them.
@@ -14,8 +14,10 @@
 //!   BAR facts, bridges, ACS, host bridges, IOMMU and P2P distance.
 //! - [`pci_driver`]: a PCI driver registered with error handlers, which tell it of its
 //!   devices' resets ([`pci_driver::ResetDriver`]).
-//! - [`pci_notifier`]: the PCI bus notifiers and the [`pci_notifier::PciBusEvents`] they
-//!   dispatch to.
+//! - [`pci_notifier`]: the PCI bus notifier and the [`pci_notifier::PciBusEvents`] it
+//!   dispatches to.
+//! - [`owner_link`]: a device link to a PCI device another driver owns, which tells the module
+//!   before that driver unbinds ([`owner_link::OwnerUnbinds`]).
 //! - [`dma_buf`]: the DMA-BUF exporter abstraction (the `Exporter` trait, the `dma_buf_ops`
 //!   built from it, attachments typed by what each callback may do), and our dma-bufs' peer
 //!   and host-bridge tables, mmap, naming, revocation and attachment listing, and the
@@ -38,6 +40,7 @@ pub(crate) mod dma_buf;
 pub(crate) mod global;
 pub(crate) mod misc;
 pub(crate) mod mm;
+pub(crate) mod owner_link;
 pub(crate) mod pci;
 pub(crate) mod pci_driver;
 pub(crate) mod pci_notifier;

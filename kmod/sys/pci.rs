@@ -17,7 +17,7 @@ const PCI_STD_NUM_BARS: u32 = 6;
 /// `pci::Device::as_raw()` is private in this kernel; `pci::Device` is `#[repr(transparent)]`
 /// over `Opaque<bindings::pci_dev>` (plus a zero-sized context marker), so a reference to it
 /// is a pointer to the C struct. The pointer is valid for as long as the reference is.
-fn raw_pci_dev(pdev: &pci::Device) -> *mut bindings::pci_dev {
+pub(super) fn raw_pci_dev(pdev: &pci::Device) -> *mut bindings::pci_dev {
     core::ptr::from_ref(pdev).cast_mut().cast()
 }
 
@@ -43,6 +43,11 @@ impl<'a> DeviceLock<'a> {
     pub(crate) fn driver_name(&self) -> DriverName {
         // SAFETY: the device's lock is held, which the helper needs.
         unsafe { driver_name(raw_pci_dev(self.0)) }
+    }
+
+    /// The locked device.
+    pub(super) fn device(&self) -> &'a pci::Device {
+        self.0
     }
 
     /// Whether the driver named `driver` is bound to the device.

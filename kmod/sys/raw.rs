@@ -6,7 +6,7 @@
 
 use kernel::{
     bindings,
-    ffi::{c_char, c_int},
+    ffi::{c_char, c_int, c_ulong},
 };
 
 /// One importer's attachment as `peerdirect_dmabuf_attachments` describes it (mirrors
@@ -38,20 +38,15 @@ impl AttachInfo {
     }
 }
 
-/// What the PCI bus notifiers of `helpers/pci_notifier.c` call (mirrors
-/// `struct peerdirect_pci_events` in `helpers.h`): each notifier is given one at registration,
-/// which stays valid and unchanged until it is unregistered.
+/// What the PCI bus notifier of `helpers/pci_notifier.c` calls (mirrors
+/// `struct peerdirect_pci_events` in `helpers.h`): it is given one at registration, which
+/// stays valid and unchanged until it is unregistered.
 #[repr(C)]
 pub(super) struct PciEvents {
     /// A PCI device was added or is being deleted (`BUS_NOTIFY_ADD_DEVICE`,
     /// `BUS_NOTIFY_DEL_DEVICE`), before a deleted device can be freed; with its
     /// `struct device`.
     pub(super) device_changed: Option<unsafe extern "C" fn(dev: *mut bindings::device)>,
-    /// A device's driver is about to unbind (`BUS_NOTIFY_UNBIND_DRIVER`, with the device lock
-    /// held) or the device is being deleted (`BUS_NOTIFY_DEL_DEVICE`).
-    pub(super) driver_unbinding_or_gone: Option<unsafe extern "C" fn(pdev: *mut bindings::pci_dev)>,
-    /// A driver was bound to a device (`BUS_NOTIFY_BOUND_DRIVER`, with the device lock held).
-    pub(super) driver_bound: Option<unsafe extern "C" fn(pdev: *mut bindings::pci_dev)>,
 }
 
 /// What the error handlers of `helpers/pci.c` call (mirrors `struct peerdirect_pci_reset_events`
@@ -61,6 +56,12 @@ pub(super) struct PciEvents {
 pub(super) struct PciResetEvents {
     pub(super) prepare: Option<unsafe extern "C" fn(pdev: *mut bindings::pci_dev)>,
     pub(super) done: Option<unsafe extern "C" fn(pdev: *mut bindings::pci_dev)>,
+}
+
+/// `struct peerdirect_owner_link` of `helpers/owner_link.c`: only pointers to it cross.
+#[repr(C)]
+pub(super) struct OwnerLink {
+    _opaque: [u8; 0],
 }
 
 // `improper_ctypes` fires because bindgen renders a flexible array inside `struct pci_dev` as a
@@ -95,10 +96,17 @@ extern "C" {
     pub(super) fn peerdirect_pci_device_lock(pdev: *mut bindings::pci_dev);
     pub(super) fn peerdirect_pci_device_unlock(pdev: *mut bindings::pci_dev);
     pub(super) fn peerdirect_capable_sys_admin() -> bool;
+    pub(super) fn peerdirect_fatal_signal_pending() -> bool;
     pub(super) fn peerdirect_global_init_lock();
     pub(super) fn peerdirect_global_init_unlock();
-    pub(super) fn peerdirect_pci_notifier_register(events: *const PciEvents) -> c_int;
-    pub(super) fn peerdirect_pci_notifier_unregister();
+    pub(super) fn peerdirect_owner_links_init() -> c_int;
+    pub(super) fn peerdirect_owner_links_exit();
+    pub(super) fn peerdirect_owner_link_create(
+        owner: *mut bindings::pci_dev,
+        key: c_ulong,
+        unlinked: Option<unsafe extern "C" fn(key: c_ulong)>,
+    ) -> *mut OwnerLink;
+    pub(super) fn peerdirect_owner_link_destroy(link: *mut OwnerLink);
     pub(super) fn peerdirect_pci_driver_set_reset_events(
         drv: *mut bindings::pci_driver,
         events: *const PciResetEvents,

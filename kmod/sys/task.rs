@@ -15,3 +15,10 @@ pub(crate) fn current_tgid() -> i32 {
     // SAFETY: `task_tgid_vnr(current)` may be called from any process context.
     unsafe { raw::peerdirect_current_tgid() }
 }
+
+/// Whether the calling task was sent a fatal signal (`SIGKILL`, or one it does not handle
+/// whose default is to end it): a wait it asked for should end at once.
+pub(crate) fn fatal_signal_pending() -> bool {
+    // SAFETY: reads the current task's pending signals; any process context.
+    unsafe { raw::peerdirect_fatal_signal_pending() }
+}

@@ -6,8 +6,11 @@
 #   unbind  the owner driver unbinds (sysfs unbind of vfio-pci)
 #   unplug  the device is hot-unplugged (QEMU device_del, answered by qemu/run --hotplug)
 #   remove  the administrator removes the companion, after rmmod was refused while the
-#           exports were in use (their files hold the module); while the removal waits, the
-#           owner unbinds too, and must wait for it (the BAR stays until all is revoked)
+#           exports were in use (their files hold the module), and after a first remove was
+#           killed while it waited; while the removal waits, the owner unbinds too, and must
+#           wait for it (the BAR stays until all is revoked)
+# While the owner's unbind or the remove waits, the rest of the host's PCI work goes on: a
+# rescan, and loading a module that registers a PCI bus notifier, return.
 # Records for the host (tests/system/companion-revoke.sh).
 way=$1
 hbm=0000:03:00.0 nic=0000:04:00.0 dev=/dev/peerdirect0
@@ -19,6 +22,8 @@ build_probe
 owned_by_vfio $hbm
 load_companion_mode
 run add peerdirect companion add $hbm --bar 2
+# The driver core's record of the link that makes the owner's unbind wait for the companion
+run link sh -c "cat /sys/class/devlink/pci:$hbm--faux:peerdirect-companion.*/status"
 run dynamic /tmp/probe imp $dev 0x2000000 0x4000000 "dev=$nic mode=dynamic hbm=$hbm hold=1"
 run revocable /tmp/probe imp $dev 0x6000000 0x200000 "dev=$nic mode=revocable hbm=$hbm hold=1"
 run pinned /tmp/probe imp $dev 0x6200000 0x200000 "dev=$nic mode=pinned hbm=$hbm hold=1"
@@ -28,11 +33,26 @@ cpu=$!
 while ! grep -q mapped /tmp/cpu.out 2>/dev/null; do sleep 0.1; done
 
 # removed: whether the removal has completed: the unbind or remove returned, or the unplugged
-# device is gone (the device file goes first, when the removal starts)
+# device is gone
 removed() {
 	if [ $way = unplug ]; then [ ! -e /sys/bus/pci/devices/$hbm ]; else ! kill -0 $pid 2>/dev/null; fi
 }
 state() { if removed; then echo done; else echo waiting; fi; }
+exited() { ! kill -0 "$1" 2>/dev/null; }
+# returns NAME CMD...: runs CMD in the background; records whether it returned within 20 s
+# ("returned", with its status and output) or not ("stuck": it may finish later)
+returns() {
+	local name=$1 p
+	shift
+	"$@" >/tmp/$name.out 2>&1 &
+	p=$!
+	if wait_for 20 exited $p; then
+		wait $p
+		echo "@$name $? returned $(tr '\n' '|' </tmp/$name.out)"
+	else
+		echo "@$name 0 stuck"
+	fi
+}
 # wait_for SECONDS CMD...: polls CMD every 0.1 s; its status
 wait_for() {
 	local n=$(($1 * 10))
@@ -53,6 +73,13 @@ unplug)
 remove)
 	run rmmod_busy rmmod peerdirect
 	run busy_status /tmp/probe cmd "status id=1"
+	# A removal its caller gives up on: killed while it waits for the pinned importer
+	peerdirect companion remove $hbm >/tmp/killed.out 2>&1 &
+	pid=$!
+	wait_for 30 sh -c 'dmesg | grep -q "peerdirect0: removal waits"'
+	kill -KILL $pid
+	run killed_returns wait_for 10 exited $pid
+	run killed_stays sh -c "test -e $dev && dmesg | grep 'companion $hbm: removal cut short'"
 	peerdirect companion remove $hbm >/tmp/remove.out 2>&1 &
 	pid=$! ;;
 esac
@@ -60,6 +87,11 @@ esac
 # log that it waits for the pinned importer.
 run waits_log wait_for 30 sh -c 'dmesg | grep -q "peerdirect0: removal waits"'
 run pending state
+if [ $way != unplug ]; then
+	returns rescan sh -c 'echo 1 >/sys/bus/pci/rescan'
+	returns notifier insmod /usr/lib/peerdirect/tests/peerdirect_busnotifier.ko
+	run pending_after state
+fi
 if [ $way = remove ]; then
 	run owner_during readlink /sys/bus/pci/devices/$hbm/driver
 	echo $hbm >/sys/bus/pci/drivers/vfio-pci/unbind &
@@ -80,6 +112,8 @@ wait $cpu
 echo "@cpu $? $(tr '\n' '|' </tmp/cpu.out)"
 run remap1 /tmp/probe cmd "remap id=1"
 run list peerdirect companion list
+run link_gone sh -c 'wait_gone() { for i in $(seq 50); do ls /sys/bus/faux/devices | grep -q peerdirect-companion || return 0; sleep 0.1; done; ls /sys/bus/faux/devices; }; wait_gone'
+[ $way = unplug ] || rmmod peerdirect_busnotifier 2>/dev/null
 [ $way != remove ] || run rmmod_held rmmod peerdirect
 run release_all /tmp/probe cmd "release all"
 case $way in

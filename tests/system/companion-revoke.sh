@@ -8,18 +8,31 @@
 # names it; the dynamic importer is invalidated and the revocable one revoked meanwhile; the
 # removal completes once the pinned importer lets go; the CPU mapping faults with SIGBUS;
 # revoked imports cannot map again; nothing comes back; the module unloads; kmemleak scans
-# after, and the run fails on any kernel splat (qemu/run exits 99).
+# after, and the run fails on any kernel splat (qemu/run exits 99). While the owner's unbind or
+# the remove waits, a PCI rescan and the load of a module that registers a PCI bus notifier
+# return (the wait is outside the bus's notifier chain); a remove killed while it waits returns
+# and leaves the companion in place.
 . "$(dirname "$0")/../lib.sh"
 . "$ROOT/tests/companion/host-lib.sh"
-# Plan: this script's own checks, declared first: the 16 every way shares (checks) for each of
-# the 3 ways, and those of one way: 3 of the owner's unbind, 1 of the hot-unplug, 9 of
-# companion remove. A guest run that does not end cleanly adds a failure (guest_run).
-plan $((3 * 16 + 3 + 1 + 9))
+# Plan: this script's own checks, declared first: the 18 every way shares (checks) for each of
+# the 3 ways, and those of one way: 3 + 3 of the owner's unbind, 1 of the hot-unplug, 9 + 3 + 2
+# of companion remove. A guest run that does not end cleanly adds a failure (guest_run).
+plan $((3 * 18 + 3 + 3 + 1 + 9 + 3 + 2))
+
+# meanwhile WAY WHAT: while the removal waits, the host's other PCI work goes on
+meanwhile() {
+	local way=$1 what=$2
+	expect "$way: while $what waits for the pinned importer, a PCI rescan returns" "$way" rescan 0 '^returned'
+	expect "$way: and loading a module that registers a PCI bus notifier returns" "$way" notifier 0 '^returned'
+	expect "$way: and the removal still waits" "$way" pending_after 0 '^waiting$'
+}
 
 # checks WAY WHAT: the checks every way shares; WHAT says how the companion went.
 checks() {
 	local way=$1 what=$2
 	expect "$way: the companion is named" "$way" add 0 '^/dev/peerdirect0$'
+	expect "$way: its device link to the owner's device is active (the owner's unbind waits for the companion's consumer device)" \
+		"$way" link 0 '^active$'
 	expect "$way: a dynamic importer (the NIC, below the same switch) maps 64 MiB at BAR offset 32 MiB by bus address" \
 		"$way" dynamic 0 'attach=0 .*map=0 .*sg0=0xd2000000\+.*dma_total=67108864 .*id=1'
 	expect "$way: a revocable pinned importer maps 2 MiB" "$way" revocable 0 'attach=0 .*pin=0 .*map=0 .*sg0=0xd6000000\+.*id=2'
@@ -36,6 +49,7 @@ checks() {
 	expect "$way: a CPU mapping of a companion export faults with SIGBUS once the companion is gone" "$way" cpu 135 '^mapped a5\|$'
 	expect "$way: a revoked import cannot map again (ENODEV)" "$way" remap1 0 'map=-19'
 	expect "$way: no companion is listed afterwards" "$way" list 0 '^$'
+	expect "$way: and its consumer device (and with it the link) is gone" "$way" link_gone 0 '^$'
 	expect "$way: rmmod afterwards unloads cleanly" "$way" rmmod 0 '^$'
 }
 
@@ -51,6 +65,7 @@ checks unbind "the owner driver unbinds"
 expect "unbind: the owner's unbind returned only after the removal" unbind removal_rc 0 '^$'
 expect "unbind: the owner bound again, still no companion (it must be named again)" unbind rebound_list 0 '^.*drivers/vfio-pci$'
 expect "unbind: the kernel log says why the companion went" unbind log 0 'companion 0000:03:00.0: its driver unbinds or it is being removed'
+meanwhile unbind "the owner's unbind"
 
 checks unplug "the device is hot-unplugged (QEMU device_del)"
 expect "unplug: the kernel log says why the companion went" unplug log 0 'companion 0000:03:00.0: its driver unbinds or it is being removed'
@@ -58,6 +73,10 @@ expect "unplug: the kernel log says why the companion went" unplug log 0 'compan
 expect "remove: rmmod while the exports are in use is refused: their files hold the module" \
 	remove rmmod_busy 1 'Module peerdirect is in use'
 expect "remove: and the dynamic import still maps the BAR" remove busy_status 0 'mapped=1 '
+expect "remove: a remove killed while it waits for the pinned importer returns" remove killed_returns 0 '^$'
+expect "remove: and leaves the companion in place (its device file), saying so in the kernel log" \
+	remove killed_stays 0 'removal cut short by a signal: it stays'
+meanwhile remove "companion remove"
 checks remove "companion remove"
 expect "remove: companion remove returned only after the removal, successfully" remove removal_rc 0 '^$'
 expect "remove: rmmod is still refused while the importers hold the revoked dma-bufs" \
@@ -67,6 +86,6 @@ expect "remove: the owner's unbind meanwhile waits for the removal (the BAR stay
 	remove owner_waits 0 '^waiting$'
 expect "remove: and completes after it" remove owner_unbound 0 '^unbound$'
 expect "remove: the owner binds again" remove owner 0 'drivers/vfio-pci$'
-expect "remove: the kernel log says why the companion went" remove log 0 'companion 0000:03:00.0: removed on request'
+expect "remove: the kernel log says why the companion went" remove log 0 'companion 0000:03:00.0: removing it on request'
 
 exit $failed

@@ -26,22 +26,17 @@ void peerdirect_pci_driver_name(struct pci_dev *pdev, u8 *name, size_t len);
 void peerdirect_pci_device_lock(struct pci_dev *pdev);
 void peerdirect_pci_device_unlock(struct pci_dev *pdev);
 bool peerdirect_capable_sys_admin(void);
+bool peerdirect_fatal_signal_pending(void);
 void peerdirect_global_init_lock(void);
 void peerdirect_global_init_unlock(void);
 
 /*
- * What the two PCI bus notifiers call (sys/pci_notifier.rs's PciBusEvents), given at
- * registration and valid until unregistration: the counting notifier calls @device_changed,
- * the other @driver_unbinding_or_gone and @driver_bound.
+ * What the PCI bus notifier calls (sys/pci_notifier.rs's PciBusEvents), given at registration
+ * and valid until unregistration.
  */
 struct peerdirect_pci_events {
 	void (*device_changed)(struct device *dev);
-	void (*driver_unbinding_or_gone)(struct pci_dev *pdev);
-	void (*driver_bound)(struct pci_dev *pdev);
 };
-
-int peerdirect_pci_notifier_register(const struct peerdirect_pci_events *events);
-void peerdirect_pci_notifier_unregister(void);
 
 /*
  * What the error handlers of peerdirect's PCI driver call (sys/pci_driver.rs's ResetAware),
@@ -57,6 +52,15 @@ struct peerdirect_pci_reset_events {
 struct pci_driver;
 void peerdirect_pci_driver_set_reset_events(struct pci_driver *drv,
 					    const struct peerdirect_pci_reset_events *events);
+
+/* A device link to a PCI device another driver owns (sys/owner_link.rs, owner_link.c). */
+struct peerdirect_owner_link;
+int peerdirect_owner_links_init(void);
+void peerdirect_owner_links_exit(void);
+struct peerdirect_owner_link *peerdirect_owner_link_create(struct pci_dev *owner,
+							   unsigned long key,
+							   void (*unlinked)(unsigned long key));
+void peerdirect_owner_link_destroy(struct peerdirect_owner_link *link);
 
 struct dma_buf;
 struct dma_buf_attachment;

@@ -17,3 +17,8 @@ pid_t peerdirect_current_tgid(void)
 {
 	return task_tgid_vnr(current);
 }
+
+bool peerdirect_fatal_signal_pending(void)
+{
+	return fatal_signal_pending(current);
+}

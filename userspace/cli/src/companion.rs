@@ -116,10 +116,7 @@ pub fn run(args: &Args) -> Result<()> {
             }
         }
         Command::List { json } => {
-            let infos = peerdirect::devices()?
-                .iter()
-                .map(|device| device.info())
-                .collect::<Result<Vec<_>, _>>()?
+            let infos = peerdirect::device_infos()?
                 .into_iter()
                 .filter(|info| info.provider == Provider::Companion)
                 .collect::<Vec<_>>();

@@ -21,10 +21,7 @@ to it (echo peerdirect > /sys/bus/pci/devices/DDDD:BB:SS.F/driver_override; \
 echo DDDD:BB:SS.F > /sys/bus/pci/drivers_probe); see README";
 
 pub fn run(args: &Args) -> Result<()> {
-    let infos = peerdirect::devices()?
-        .iter()
-        .map(|device| device.info())
-        .collect::<Result<Vec<_>, _>>()?;
+    let infos = peerdirect::device_infos()?;
     let mut out = io::stdout().lock();
     if args.json {
         write_json(&mut out, &infos)?;

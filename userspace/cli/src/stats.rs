@@ -19,8 +19,7 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<()> {
     let mut all = Vec::new();
-    for device in peerdirect::devices()? {
-        let info = device.info()?;
+    for info in peerdirect::device_infos()? {
         let stats = Stats::read(info.index)?;
         all.push((info, stats));
     }

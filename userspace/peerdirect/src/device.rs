@@ -339,6 +339,21 @@ pub fn devices() -> Result<Vec<Device>, Error> {
     devices_in(Path::new(DEV_DIR))
 }
 
+/// What [`Device::info`] says of each device of [`devices`], but for devices being removed
+/// (a companion whose removal waits for pinned registrations keeps its device file, whose
+/// requests then answer `ENODEV`; an owned device's file can be opened just before it goes).
+pub fn device_infos() -> Result<Vec<DeviceInfo>, Error> {
+    present_infos(devices()?.iter().map(Device::info))
+}
+
+/// The answers of `results`, without those of devices that answered `ENODEV`; the first other
+/// error.
+fn present_infos<T>(results: impl Iterator<Item = Result<T, Error>>) -> Result<Vec<T>, Error> {
+    results
+        .filter(|r| !matches!(r, Err(e) if e.errno() == Some(Errno::NODEV)))
+        .collect()
+}
+
 fn devices_in(dir: &Path) -> Result<Vec<Device>, Error> {
     let list_error = |err: io::Error| {
         let errno = Errno::from_io_error(&err).unwrap_or(Errno::IO);
@@ -393,6 +408,21 @@ pub(crate) fn check_request_size<R: RawRequest>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listings_leave_out_devices_being_removed_but_not_other_errors() {
+        let err = |errno| {
+            Err(Error::os(
+                Operation::Info,
+                Path::new("/dev/peerdirect1"),
+                errno,
+            ))
+        };
+        let listed = present_infos([Ok(0), err(Errno::NODEV), Ok(2)].into_iter()).unwrap();
+        assert_eq!(listed, [0, 2]);
+        let failed = present_infos([Ok(0), err(Errno::ACCESS), Ok(2)].into_iter()).unwrap_err();
+        assert_eq!(failed.errno(), Some(Errno::ACCESS));
+    }
 
     #[test]
     fn device_path_is_under_dev() {

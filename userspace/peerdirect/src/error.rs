@@ -255,6 +255,12 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
             "peerdirect is that device's driver already (see peerdirect devices): a device is either peerdirect's or a companion"
         }
         (CompanionAdd, Errno::EXIST) => "that device is a companion already (see peerdirect devices)",
+        (CompanionAdd, Errno::NODEV) => {
+            "no driver owns that device (or its driver is unbinding): a companion serves a BAR beside the driver that owns it (habanalabs), so bind that driver first; or let peerdirect own the device instead (its driver_override, README)"
+        }
+        (CompanionRemove, Errno::INTR) => {
+            "the removal was interrupted while it waited for pinned registrations: the companion stays, its exports revoked; the kernel log names the processes that hold them: end them, then remove it again"
+        }
         (CompanionAdd, Errno::INVAL) => {
             "the HBM BAR must be a memory BAR 0-5 of the device; name it with --bar (only Gaudi devices have a default)"
         }
@@ -428,6 +434,8 @@ mod tests {
         assert!(hint(Operation::CompanionAdd, Errno::NXIO).contains("lspci -D"));
         assert!(hint(Operation::CompanionAdd, Errno::BUSY).contains("driver already"));
         assert!(hint(Operation::CompanionAdd, Errno::EXIST).contains("already"));
+        assert!(hint(Operation::CompanionAdd, Errno::NODEV).contains("bind that driver first"));
+        assert!(hint(Operation::CompanionRemove, Errno::INTR).contains("remove it again"));
         assert!(hint(Operation::CompanionAdd, Errno::INVAL).contains("--bar"));
         assert!(hint(Operation::CompanionRemove, Errno::NOENT).contains("not a companion"));
         assert!(hint(Operation::OpenControl, Errno::ACCESS).contains("run as root"));

@@ -52,7 +52,7 @@ pub mod uapi;
 pub use allocation::Allocation;
 pub use cache::{CacheStats, Cause, Invalidated, Listener, RegCache, Registrar, Registration};
 pub use control::{control_path, Control};
-pub use device::{device_path, devices, Device, ExportFlags};
+pub use device::{device_infos, device_path, devices, Device, ExportFlags};
 pub use dma_buf::{DmaBuf, DmaBufMap, SyncFlags};
 pub use error::{Error, Operation};
 pub use info::{DeviceInfo, PciAddress, Provider};

@@ -25,6 +25,7 @@ use crate::{
     uapi::{
         peerdirect_companion, Request, PEERDIRECT_COMPANION_BAR_DEFAULT,
         PEERDIRECT_IOC_COMPANION_ADD, PEERDIRECT_IOC_COMPANION_REMOVE,
+        PEERDIRECT_IOC_COMPANION_RESET_DONE, PEERDIRECT_IOC_COMPANION_RESET_PREPARE,
     },
 };
 use kernel::{
@@ -202,12 +203,7 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
 /// companion then stays, listed, its exports revoked, and goes at the next remove or when
 /// its owner unbinds.
 fn remove(domain: u32, bus: u8, devfn: u8) -> Result {
-    let hbm = find(|c| {
-        c.address.domain == domain
-            && c.address.bus == bus
-            && (c.address.slot << 3 | c.address.func) == devfn
-    })
-    .ok_or(ENOENT)?;
+    let hbm = at(domain, bus, devfn)?;
     let address = hbm.recorded().address;
     pr_info!("companion {}: removing it on request\n", address);
     match remove_companion(&hbm, Wait::Killable) {
@@ -228,11 +224,34 @@ fn remove(domain: u32, bus: u8, devfn: u8) -> Result {
     Ok(())
 }
 
+/// The HBM of the companion at `domain`:`bus`:`devfn`; `ENOENT` if it is none.
+fn at(domain: u32, bus: u8, devfn: u8) -> Result<Arc<Hbm>> {
+    find(|c| {
+        c.address.domain == domain
+            && c.address.bus == bus
+            && (c.address.slot << 3 | c.address.func) == devfn
+    })
+    .ok_or(ENOENT)
+}
+
+/// The owner of the companion at `domain`:`bus`:`devfn` is about to reset the device
+/// (`prepare`) or has reset it: its runtime or its operator says so, since the PCI core tells
+/// only the driver bound to the device. As for an owned device's reset
+/// ([`Hbm::reset_prepare`]): every export revoked first, new ones refused until it is done.
+fn reset(domain: u32, bus: u8, devfn: u8, prepare: bool) -> Result {
+    let hbm = at(domain, bus, devfn)?;
+    if prepare {
+        hbm.reset_prepare()
+    } else {
+        hbm.reset_done()
+    }
+}
+
 /// An open `/dev/peerdirect-ctl`.
 pub(crate) struct ControlFile;
 
 impl ControlFile {
-    /// `PEERDIRECT_IOC_COMPANION_ADD` and `_REMOVE`.
+    /// `PEERDIRECT_IOC_COMPANION_ADD`, `_REMOVE`, `_RESET_PREPARE` and `_RESET_DONE`.
     fn companion(cmd: u32, arg: usize) -> Result {
         if !ENABLED.load(Relaxed) {
             return Err(EOPNOTSUPP);
@@ -249,10 +268,17 @@ impl ControlFile {
             return Err(EINVAL);
         }
         let devfn = sys::pci::devfn(v.pci_slot, v.pci_func)?;
-        if cmd == PEERDIRECT_IOC_COMPANION_ADD {
-            req.value.index = add(v.pci_domain, v.pci_bus, devfn, v.bar)?;
-        } else {
-            remove(v.pci_domain, v.pci_bus, devfn)?;
+        match cmd {
+            PEERDIRECT_IOC_COMPANION_ADD => {
+                req.value.index = add(v.pci_domain, v.pci_bus, devfn, v.bar)?;
+            }
+            PEERDIRECT_IOC_COMPANION_REMOVE => remove(v.pci_domain, v.pci_bus, devfn)?,
+            _ => reset(
+                v.pci_domain,
+                v.pci_bus,
+                devfn,
+                cmd == PEERDIRECT_IOC_COMPANION_RESET_PREPARE,
+            )?,
         }
         req.answer()
     }
@@ -268,9 +294,10 @@ impl MiscDevice for ControlFile {
 
     fn ioctl(_me: &Self, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
         match cmd {
-            PEERDIRECT_IOC_COMPANION_ADD | PEERDIRECT_IOC_COMPANION_REMOVE => {
-                Self::companion(cmd, arg)?
-            }
+            PEERDIRECT_IOC_COMPANION_ADD
+            | PEERDIRECT_IOC_COMPANION_REMOVE
+            | PEERDIRECT_IOC_COMPANION_RESET_PREPARE
+            | PEERDIRECT_IOC_COMPANION_RESET_DONE => Self::companion(cmd, arg)?,
             _ => return Err(ENOTTY),
         }
         Ok(0)

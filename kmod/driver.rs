@@ -117,10 +117,13 @@ impl pci::Driver for HbmDriver {
 /// export made before it, and refuses new ones until it is done (`Hbm::reset_prepare`).
 impl ResetDriver for HbmDriver {
     fn reset_prepare(data: Pin<&HbmDevice>) {
-        data.hbm().reset_prepare();
+        // Cannot fail: the device is bound (its removal takes the device lock, which the PCI
+        // core holds around the reset).
+        let _ = data.hbm().reset_prepare();
     }
 
     fn reset_done(data: Pin<&HbmDevice>) {
-        data.hbm().reset_done();
+        // Cannot fail: the PCI core calls it after its `reset_prepare`.
+        let _ = data.hbm().reset_done();
     }
 }

@@ -159,7 +159,8 @@ pub(crate) struct Hbm {
     resets: Atomic<u32>,
     pub(crate) mappings: Mappings,
     /// Whether removal has revoked everything ([`Hbm::revoke_for_removal`]); held while it
-    /// does, so that one revokes and waits for revocable importers at a time.
+    /// does, and while a reset revokes ([`Hbm::reset_prepare`]), so that one revokes and
+    /// waits for revocable importers at a time.
     #[pin]
     revoked: Mutex<bool>,
     /// Taken to signal `unmapped` and to wait on it.
@@ -442,7 +443,7 @@ impl Hbm {
 
     /// Returns once importers that can be revoked map none of the device's exports; every
     /// export is revoked and no new one can be recorded (removal, reset), so that is soon.
-    /// Removal and resets run under the device lock: one at a time.
+    /// Removal and resets call it under `revoked`'s lock: one at a time.
     fn wait_revocable_unmapped(&self) {
         // No mapping is counted from here on: every export is revoked (maps fail), and each
         // map that was counted before its export's revocation was counted before it ended.
@@ -463,8 +464,14 @@ impl Hbm {
     /// removal does (importers told to unmap, CPU mappings zapped, maps and faults refused),
     /// refuses new exports until the reset is done, and waits for revocable importers to
     /// unmap. A reset cannot be refused or put off, so importers that cannot be revoked
-    /// (pinned memory registrations) keep their mappings: it says who they are.
-    pub(crate) fn reset_prepare(&self) {
+    /// (pinned memory registrations) keep their mappings: it says who they are. `ENODEV`
+    /// once the device is being removed (a companion's owner may reset it meanwhile; an
+    /// owned device's reset and removal both hold its lock).
+    pub(crate) fn reset_prepare(&self) -> Result {
+        let removed = self.revoked.lock();
+        if *removed {
+            return Err(ENODEV);
+        }
         self.resets.fetch_add(1, Relaxed);
         self.status.count_reset();
         self.events.notify_all();
@@ -472,6 +479,7 @@ impl Hbm {
             self.resetting.fetch_add(1, Relaxed);
         });
         self.wait_revocable_unmapped();
+        drop(removed);
         let pinned = self.mappings.pinned.load(Acquire);
         if pinned > 0 {
             dev_warn!(
@@ -487,14 +495,16 @@ impl Hbm {
             "peerdirect{}: reset begins: exports revoked\n",
             self.info.index
         );
+        Ok(())
     }
 
     /// The reset [`Hbm::reset_prepare`] prepared for is over: exports can be made again (those
-    /// made before stay revoked).
-    pub(crate) fn reset_done(&self) {
+    /// made before stay revoked) once every reset under way is done. `EINVAL` if none is.
+    pub(crate) fn reset_done(&self) -> Result {
         let exported = self.exported.lock();
-        // A `done` comes only after its `prepare` (the PCI core's order, under the device
-        // lock), so the count is not 0.
+        if self.resetting.load(Relaxed) == 0 {
+            return Err(EINVAL);
+        }
         self.resetting.fetch_sub(1, Relaxed);
         drop(exported);
         dev_info!(
@@ -502,6 +512,7 @@ impl Hbm {
             "peerdirect{}: reset done: new exports work\n",
             self.info.index
         );
+        Ok(())
     }
 
     /// Says which exports are still mapped by importers that cannot be revoked, by whom, and

@@ -65,6 +65,14 @@ pub(crate) const PEERDIRECT_IOC_COMPANION_REMOVE: u32 = _IO(
     generated::PEERDIRECT_IOCTL_TYPE,
     generated::PEERDIRECT_CMD_COMPANION_REMOVE,
 );
+pub(crate) const PEERDIRECT_IOC_COMPANION_RESET_PREPARE: u32 = _IO(
+    generated::PEERDIRECT_IOCTL_TYPE,
+    generated::PEERDIRECT_CMD_COMPANION_RESET_PREPARE,
+);
+pub(crate) const PEERDIRECT_IOC_COMPANION_RESET_DONE: u32 = _IO(
+    generated::PEERDIRECT_IOCTL_TYPE,
+    generated::PEERDIRECT_CMD_COMPANION_RESET_DONE,
+);
 
 /// A request struct that grows only at its end and starts with its `__u32 size`.
 pub(crate) trait ExtensibleStruct: FromBytes + AsBytes + Default {
@@ -212,5 +220,7 @@ mod tests {
         assert_eq!(PEERDIRECT_IOC_EXPORT, 0xbd03);
         assert_eq!(PEERDIRECT_IOC_COMPANION_ADD, 0xbd10);
         assert_eq!(PEERDIRECT_IOC_COMPANION_REMOVE, 0xbd11);
+        assert_eq!(PEERDIRECT_IOC_COMPANION_RESET_PREPARE, 0xbd12);
+        assert_eq!(PEERDIRECT_IOC_COMPANION_RESET_DONE, 0xbd13);
     }
 }

@@ -38,6 +38,8 @@
 /* On the control device. */
 #define PEERDIRECT_CMD_COMPANION_ADD 0x10
 #define PEERDIRECT_CMD_COMPANION_REMOVE 0x11
+#define PEERDIRECT_CMD_COMPANION_RESET_PREPARE 0x12
+#define PEERDIRECT_CMD_COMPANION_RESET_DONE 0x13
 
 /* How peerdirect reaches the device's HBM (struct peerdirect_info.provider). */
 #define PEERDIRECT_PROVIDER_OWNED 1 /* peerdirect is the PCI driver and owns the BAR */
@@ -272,8 +274,9 @@ struct peerdirect_export_range {
 #define PEERDIRECT_COMPANION_BAR_DEFAULT 0xff
 
 /**
- * struct peerdirect_companion - PEERDIRECT_IOC_COMPANION_ADD and _REMOVE, on the control
- * device: serve (or stop serving) the HBM BAR of a PCI device that another driver owns
+ * struct peerdirect_companion - PEERDIRECT_IOC_COMPANION_ADD, _REMOVE, _RESET_PREPARE and
+ * _RESET_DONE, on the control device: serve (or stop serving) the HBM BAR of a PCI device
+ * that another driver owns, or bracket a reset of that device
  * @size: in: sizeof(struct peerdirect_companion) as the caller knows it; out: bytes written
  * @flags: in: must be 0
  * @pci_domain: in: PCI domain (segment) of the device
@@ -281,18 +284,26 @@ struct peerdirect_export_range {
  * @pci_slot: in: PCI slot (device) number, below 32
  * @pci_func: in: PCI function number, below 8
  * @bar: in (ADD): index of the BAR that holds HBM, 0-5, or PEERDIRECT_COMPANION_BAR_DEFAULT
- *       for a device in peerdirect's ID table (Gaudi: BAR 4); ignored by REMOVE
+ *       for a device in peerdirect's ID table (Gaudi: BAR 4); ignored by the others
  * @index: out (ADD): N of the new /dev/peerdirectN
  * @__reserved0: padding, must be 0
  *
  * Needs CAP_SYS_ADMIN (EPERM) and the module loaded with companion=1 (EOPNOTSUPP otherwise).
  * ADD fails with ENXIO when no PCI device has that address, EBUSY when peerdirect is the
- * device's driver, EEXIST when it is a companion already, EINVAL for a BAR index above 5, an
- * I/O or empty BAR, or PEERDIRECT_COMPANION_BAR_DEFAULT on a device outside the ID table.
- * peerdirect then holds a reference on the device, claims none of its resources, and serves
- * /dev/peerdirectN for it (PEERDIRECT_PROVIDER_COMPANION) until REMOVE (ENOENT if it is not
- * a companion), until the owner driver unbinds or the device is removed, or until unload:
- * each of those first revokes what was exported from it.
+ * device's driver, ENODEV when no driver is bound to it (or its driver is unbinding), EEXIST
+ * when it is a companion already, EINVAL for a BAR index above 5, an I/O or empty BAR, or
+ * PEERDIRECT_COMPANION_BAR_DEFAULT on a device outside the ID table. peerdirect then holds a
+ * reference on the device, claims none of its resources, and serves /dev/peerdirectN for it
+ * (PEERDIRECT_PROVIDER_COMPANION) until REMOVE, until the owner driver unbinds or the device
+ * is removed, or until unload: each of those first revokes what was exported from it, and
+ * returns once no importer maps the BAR. A fatal signal ends REMOVE's wait (EINTR), leaving
+ * the companion in place, its exports revoked.
+ *
+ * RESET_PREPARE, before the owner resets the device (habanalabs' hard reset, vfio-pci's
+ * reset at open): revokes every export, counts the reset in the status page's resets, and
+ * refuses new exports (EBUSY) until RESET_DONE, after the reset. RESET_DONE without a
+ * RESET_PREPARE under way fails with EINVAL. REMOVE, RESET_PREPARE and RESET_DONE fail with
+ * ENOENT when the device is not a companion.
  */
 struct peerdirect_companion {
 	__u32 size;
@@ -310,6 +321,10 @@ struct peerdirect_companion {
 
 #define PEERDIRECT_IOC_COMPANION_ADD _IO(PEERDIRECT_IOCTL_TYPE, PEERDIRECT_CMD_COMPANION_ADD)
 #define PEERDIRECT_IOC_COMPANION_REMOVE _IO(PEERDIRECT_IOCTL_TYPE, PEERDIRECT_CMD_COMPANION_REMOVE)
+#define PEERDIRECT_IOC_COMPANION_RESET_PREPARE \
+	_IO(PEERDIRECT_IOCTL_TYPE, PEERDIRECT_CMD_COMPANION_RESET_PREPARE)
+#define PEERDIRECT_IOC_COMPANION_RESET_DONE \
+	_IO(PEERDIRECT_IOCTL_TYPE, PEERDIRECT_CMD_COMPANION_RESET_DONE)
 
 /*
  * The status page: mmap(NULL, page size, PROT_READ, MAP_SHARED, fd, PEERDIRECT_STATUS_OFFSET)

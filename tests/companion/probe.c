@@ -2,6 +2,8 @@
 /* The companion suites' probe (tests/companion/): raw requests the CLI does not make. */
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
+#include <linux/vfio.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,9 @@
  * probe cmd "IMPORTER COMMAND": the same without an export
  * probe cpu DEV OFFSET LENGTH GOFILE: exports and maps the range, writes it, says "mapped",
  *	waits for GOFILE, then reads the mapping again (SIGBUS once revoked)
+ * probe vfio-open BDF: opens the device bound to vfio-pci as a vfio user does (its group, a
+ *	type1 container, the device fd), which has vfio-pci reset it, then closes it (vfio-pci
+ *	resets it again if it can); prints "opened reset_works=N" or the step that failed
  */
 static const char *errname(int e)
 {
@@ -65,6 +70,36 @@ static int importer(const char *line)
 		if (*c == '\n')
 			*c = ' ';
 	printf("%s\n", buf);
+	return 0;
+}
+
+static int vfio_open(const char *bdf)
+{
+	struct vfio_device_info info = { .argsz = sizeof(info) };
+	char link[256], target[256], path[64];
+	int container, group, dev;
+	ssize_t n;
+
+	snprintf(link, sizeof(link), "/sys/bus/pci/devices/%s/iommu_group", bdf);
+	n = readlink(link, target, sizeof(target) - 1);
+	if (n < 0)
+		return printf("iommu_group: %s\n", strerror(errno)), 1;
+	target[n] = 0;
+	snprintf(path, sizeof(path), "/dev/vfio/%s", basename(target));
+	container = open("/dev/vfio/vfio", O_RDWR);
+	group = open(path, O_RDWR);
+	if (container < 0 || group < 0)
+		return printf("open %s: %s\n", path, strerror(errno)), 1;
+	if (ioctl(group, VFIO_GROUP_SET_CONTAINER, &container) ||
+	    ioctl(container, VFIO_SET_IOMMU, VFIO_TYPE1v2_IOMMU))
+		return printf("container: %s\n", strerror(errno)), 1;
+	dev = ioctl(group, VFIO_GROUP_GET_DEVICE_FD, bdf);
+	if (dev < 0 || ioctl(dev, VFIO_DEVICE_GET_INFO, &info))
+		return printf("device: %s\n", strerror(errno)), 1;
+	printf("opened reset_works=%d\n", !!(info.flags & VFIO_DEVICE_FLAGS_RESET));
+	close(dev);
+	close(group);
+	close(container);
 	return 0;
 }
 
@@ -125,5 +160,7 @@ int main(int argc, char **argv)
 		printf("read %x\n", p[0]);
 		return 0;
 	}
+	if (argc == 3 && !strcmp(argv[1], "vfio-open"))
+		return vfio_open(argv[2]);
 	return 2;
 }

@@ -1,7 +1,7 @@
 #!/bin/bash
-# race.sh SECONDS: the companion, its owner, exports, imports, opens and listing raced on the
-# KASAN kernel (tests/system/companion.sh). Each loop counts its runs and how each run ended,
-# so that the host can tell that the sides met: one record per loop,
+# race.sh SECONDS: the companion, its owner, exports, imports, opens, listing and announced
+# resets raced on the KASAN kernel (tests/system/companion.sh). Each loop counts its runs and
+# how each run ended, so that the host can tell that the sides met: one record per loop,
 #   @loop_NAME 0 runs=N OUTCOME=N...
 # and the seconds they raced, "@race_seconds 0 N". The loops race for SECONDS, and on, all of
 # them, for at most 180 s more, until each loop has run twice and seen each of the outcomes it
@@ -15,7 +15,7 @@ start=$(date +%s)
 end=$((start + secs)) deadline=$((start + secs + 180))
 met=/tmp/race-met
 mkdir -p $met
-loops=6
+loops=7
 going() { # before the end; or before the deadline while a loop has not met its other sides
 	local now
 	now=$(date +%s)
@@ -58,7 +58,7 @@ owner() {
 # import MODE OFFSET LENGTH: an export of the range imported (attached, pinned if revocable,
 # mapped, unmapped, detached) by the NIC. Outcomes: mapped; gone: the companion or its device
 # went first (no device file, or ENODEV/ENXIO from the open, the export or the importer's
-# attach, pin or map); other
+# attach, pin or map); busy: the export came during an announced reset (EBUSY); other
 import() {
 	local out
 	out=$(/tmp/probe imp $dev "$2" "$3" "dev=$nic mode=$1 hbm=$hbm" 2>&1)
@@ -66,6 +66,7 @@ import() {
 	*"attach=0 "*"map=0 "*) echo mapped ;;
 	"export: ENODEV "|"export: No such file or directory "|"export: No such device or address "|\
 	*"attach=-19 "*|*"pin=-19 "*|*"map=-19 "*) echo gone ;;
+	"export: Device or resource busy ") echo busy ;;
 	*) echo other ;;
 	esac
 }
@@ -93,6 +94,16 @@ list() {
 		echo none
 	fi
 }
+# Outcomes: reset (announced, the device reset by a vfio user's open, done), refused (no
+# companion, or one being removed); done_refused when it went between the two
+reset_cycle() {
+	if peerdirect companion reset-prepare $hbm >/dev/null 2>&1; then
+		/tmp/probe vfio-open $hbm >/dev/null 2>&1
+		if peerdirect companion reset-done $hbm >/dev/null 2>&1; then echo reset; else echo done_refused; fi
+	else
+		echo refused
+	fi
+}
 # The outcomes each loop needs: those the host checks (tests/system/companion.sh).
 loop add_remove "added removed" add_remove &
 loop owner "unbound bound" owner &
@@ -100,6 +111,7 @@ loop import "mapped gone" import dynamic 0x200000 0x400000 &
 loop pinned "mapped gone" import revocable 0x800000 0x200000 &
 loop info "answered gone" info &
 loop list "listed none" list &
+loop reset "reset refused" reset_cycle &
 wait
 echo "@race_seconds 0 $(($(date +%s) - start))"
 /tmp/probe cmd "release all" >/dev/null

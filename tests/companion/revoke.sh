@@ -17,20 +17,10 @@ hbm=0000:03:00.0 nic=0000:04:00.0 dev=/dev/peerdirect0
 . /mnt/host/guest-lib.sh
 # The ways run one after another in one boot: each reads only the kernel log of its own (the
 # host checks the console, which keeps everything, for splats).
-dmesg -C
-build_probe
-owned_by_vfio $hbm
-load_companion_mode
-run add peerdirect companion add $hbm --bar 2
+companion_of_vfio
 # The driver core's record of the link that makes the owner's unbind wait for the companion
 run link sh -c "cat /sys/class/devlink/pci:$hbm--faux:peerdirect-companion.*/status"
-run dynamic /tmp/probe imp $dev 0x2000000 0x4000000 "dev=$nic mode=dynamic hbm=$hbm hold=1"
-run revocable /tmp/probe imp $dev 0x6000000 0x200000 "dev=$nic mode=revocable hbm=$hbm hold=1"
-run pinned /tmp/probe imp $dev 0x6200000 0x200000 "dev=$nic mode=pinned hbm=$hbm hold=1"
-rm -f /tmp/go
-/tmp/probe cpu $dev 0x6400000 0x200000 /tmp/go >/tmp/cpu.out 2>&1 &
-cpu=$!
-while ! grep -q mapped /tmp/cpu.out 2>/dev/null; do sleep 0.1; done
+hold_exports
 
 # removed: whether the removal has completed: the unbind or remove returned, or the unplugged
 # device is gone

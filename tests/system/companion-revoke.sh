@@ -16,8 +16,8 @@
 . "$ROOT/tests/companion/host-lib.sh"
 # Plan: this script's own checks, declared first: the 18 every way shares (checks) for each of
 # the 3 ways, and those of one way: 3 + 3 of the owner's unbind, 1 of the hot-unplug, 9 + 3 + 2
-# of companion remove. A guest run that does not end cleanly adds a failure (guest_run).
-plan $((3 * 18 + 3 + 3 + 1 + 9 + 3 + 2))
+# of companion remove, 21 of the reset (tests/companion/reset.sh). A guest run that does not end cleanly adds a failure (guest_run).
+plan $((3 * 18 + 3 + 3 + 1 + 9 + 3 + 2 + 21))
 
 # meanwhile WAY WHAT: while the removal waits, the host's other PCI work goes on
 meanwhile() {
@@ -60,6 +60,7 @@ guest_run unplug "revocation by the owner's unbind, companion remove and hot-unp
 	--topology switch-iommu --no-bind --hotplug --userland trixie --kmemleak --share "$share" -- \
 	bash -c 'bash /mnt/host/revoke.sh unbind >/mnt/host/unbind.out
 		bash /mnt/host/revoke.sh remove >/mnt/host/remove.out
+		bash /mnt/host/reset.sh >/mnt/host/reset.out
 		bash /mnt/host/revoke.sh unplug'
 checks unbind "the owner driver unbinds"
 expect "unbind: the owner's unbind returned only after the removal" unbind removal_rc 0 '^$'
@@ -87,5 +88,28 @@ expect "remove: the owner's unbind meanwhile waits for the removal (the BAR stay
 expect "remove: and completes after it" remove owner_unbound 0 '^unbound$'
 expect "remove: the owner binds again" remove owner 0 'drivers/vfio-pci$'
 expect "remove: the kernel log says why the companion went" remove log 0 'companion 0000:03:00.0: removing it on request'
+
+# The owner's reset, announced (tests/companion/reset.sh), between remove and unplug.
+expect "reset: the companion is named" reset add 0 '^/dev/peerdirect0$'
+expect "reset: a dynamic, a revocable pinned and a pinned importer map ranges of it" reset pinned 0 'attach=0 .*pin=0 .*map=0 .*id=3'
+expect "reset: reset-done with no reset announced: EINVAL, and told so" reset done_early 1 'os error 22\); no reset of that companion was announced'
+expect "reset: reset-prepare returns at once although a pinned importer maps the BAR" reset prepare 0 '^$'
+expect "reset: debugfs counts the reset, under way" reset stats 0 '^resets: 1 resetting: 1 $'
+expect "reset: the dynamic importer was invalidated and dropped its mapping" reset status1 0 'invalidations=[1-9].*mapped=0 '
+expect "reset: the revocable pinned one was revoked" reset status2 0 'invalidations=[1-9].*mapped=0 .*pinned=0 .*revoked=1'
+expect "reset: the pinned one keeps its mapping (a reset cannot wait)" reset status3 0 'mapped=1 .*pinned=1'
+expect "reset: and the kernel log names it: the exporting process and the importing NIC" reset log_names 0 'exported by pid [0-9]+.*0000:04:00.0'
+expect "reset: the CPU mapping faults with SIGBUS before the device is reset" reset cpu 135 '^mapped a5\|$'
+expect "reset: a new export while the reset is under way: EBUSY" reset busy 0 '^Device or resource busy$'
+expect "reset: a vfio user opens the device, which vfio-pci resets" reset vfio 0 '^opened reset_works=1$'
+expect "reset: the PCI core reset it (the kernel log)" reset vfio_log 0 '^[1-9]'
+expect "reset: reset-done" reset done 0 '^$'
+expect "reset: debugfs: 1 reset, none under way" reset stats_done 0 '^resets: 1 resetting: 0 $'
+expect "reset: the dynamic importer's revoked import cannot map again (ENODEV)" reset remap1 0 'map=-19'
+expect "reset: a new export maps for the NIC" reset new_export 0 'attach=0 .*map=0 .*id=4'
+expect "reset: reset-done again: EINVAL" reset done_again 1 'os error 22\)'
+expect "reset: reset-prepare of a device that is not a companion: ENOENT" reset not_companion 1 'os error 2\); that device is not a companion'
+expect "reset: companion remove afterwards" reset remove 0 '^$'
+expect "reset: rmmod afterwards unloads cleanly" reset rmmod 0 '^$'
 
 exit $failed

@@ -16,9 +16,9 @@
 . "$(dirname "$0")/../lib.sh"
 . "$ROOT/tests/companion/host-lib.sh"
 # Plan: this script's own checks, declared first: of the owner's run 24, of the exports' 11,
-# of the owned device's 8, of the split topology's 3, of the races 7 (the run, and one per loop
+# of the owned device's 8, of the split topology's 3, of the races 8 (the run, and one per loop
 # that the sides met). A guest run that does not end cleanly adds a failure (guest_run).
-race_loops=(add_remove owner import pinned info list)
+race_loops=(add_remove owner import pinned info list reset)
 plan $((24 + 11 + 8 + 3 + 1 + ${#race_loops[@]}))
 
 # One boot for two scripts: the owner's (its records in owner.out, written by the guest), then
@@ -131,7 +131,7 @@ for loop in "${race_loops[@]}"; do
 	[ "$(outcomes "$loop" runs)" -ge 2 ] || short+=" $loop"
 done
 sed -n -e 's/^@loop_\([a-z_]*\) 0 /# race: \1: /p' -e 's/^@race_seconds 0 \([0-9]*\)/# race: raced for \1 s/p' "$share/race.out" 2>/dev/null
-desc="${race} s of racing on the KASAN kernel (add/remove, owner unbind/bind, imports, opens, listing: $counts) end without a KASAN or other kernel report and no leak, and the module unloads"
+desc="${race} s of racing on the KASAN kernel (add/remove, owner unbind/bind, imports, opens, listing, announced resets: $counts) end without a KASAN or other kernel report and no leak, and the module unloads"
 if [ $r = 0 ] && [ "$(rc_of rmmod race)" = 0 ] && [ "$(grep -c '^@loop_' "$share/race.out")" = ${#race_loops[@]} ] &&
    [ -z "$short" ]; then
 	ok "$desc"
@@ -162,5 +162,7 @@ met "races: dynamic imports of a companion range both map it and find the compan
 met "races: revocable pinned imports of a companion range both map it and find the companion gone" pinned mapped gone
 met "races: INFO on a freshly opened device file both answers and finds the companion gone" info answered gone
 met "races: peerdirect devices both lists the companion and lists none" list listed none
+met "races: announced resets (with a vfio user's open resetting the device) both complete and find no companion" \
+	reset reset refused
 
 exit $failed

@@ -36,6 +36,17 @@ pub enum Command {
         /// The PCI device, DDDD:BB:SS.F.
         device: PciAddress,
     },
+    /// Before the companion's owner resets the device (the PCI core tells only the owner's
+    /// driver): revoke everything exported from it and refuse new exports until reset-done.
+    ResetPrepare {
+        /// The PCI device, DDDD:BB:SS.F.
+        device: PciAddress,
+    },
+    /// After the owner's reset that reset-prepare announced: exports work again.
+    ResetDone {
+        /// The PCI device, DDDD:BB:SS.F.
+        device: PciAddress,
+    },
     /// Export a range of a companion's BAR (memory its owner's runtime allocated) as a
     /// dma-buf; optionally write and check a pattern through its mapping, and hold it.
     Export {
@@ -74,6 +85,8 @@ pub fn run(args: &Args) -> Result<()> {
             writeln!(out, "{}", peerdirect::device_path(index).display())?;
         }
         Command::Remove { device } => Control::open()?.remove_companion(*device)?,
+        Command::ResetPrepare { device } => Control::open()?.companion_reset_prepare(*device)?,
+        Command::ResetDone { device } => Control::open()?.companion_reset_done(*device)?,
         Command::Export {
             device,
             bar_offset,

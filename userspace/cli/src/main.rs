@@ -55,9 +55,9 @@ enum Command {
     /// the running kernel, devices, a NIC that reaches the HBM peer-to-peer, libfabric, locked
     /// memory, RDMAV_FORK_SAFE, EFA settings), each with what to do. Exits 1 if a check fails.
     Doctor(doctor::Args),
-    /// Serve, stop serving or list companion devices: HBM of a PCI device that another driver
-    /// owns (habanalabs), exported beside it. For administrators (root); the module must be
-    /// loaded with companion=1.
+    /// Serve, stop serving or list companion devices (HBM of a PCI device that another driver
+    /// owns, habanalabs, exported beside it), or announce their owners' resets. For
+    /// administrators (root); the module must be loaded with companion=1.
     Companion(companion::Args),
 }
 

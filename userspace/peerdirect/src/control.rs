@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{Mode, OFlags};
 
 use crate::error::Operation;
-use crate::sys::{self, RawCompanionAdd, RawCompanionRemove, RawRequest};
+use crate::sys::{
+    self, RawCompanionAdd, RawCompanionRemove, RawCompanionResetDone, RawCompanionResetPrepare,
+    RawRequest,
+};
 use crate::uapi::{self, CONTROL_DEVICE};
 use crate::{Error, PciAddress};
 
@@ -58,6 +61,24 @@ impl Control {
         let mut raw = RawCompanionRemove::<0>::new();
         set_address(&mut raw.companion, device);
         self.remove_companion_raw(&mut raw)
+    }
+
+    /// Tells peerdirect that the owner of the companion `device` is about to reset it (the PCI
+    /// core tells only the owner's driver): every dma-buf exported from it is revoked, the
+    /// reset is counted on its status page, and exports are refused (`EBUSY`) until
+    /// [`Control::companion_reset_done`].
+    pub fn companion_reset_prepare(&self, device: PciAddress) -> Result<(), Error> {
+        let mut raw = RawCompanionResetPrepare::<0>::new();
+        set_address(&mut raw.companion, device);
+        self.send(Operation::CompanionResetPrepare, &mut raw)
+    }
+
+    /// The reset [`Control::companion_reset_prepare`] announced is over: the companion exports
+    /// again (what was exported before stays revoked). `EINVAL` if no reset was announced.
+    pub fn companion_reset_done(&self, device: PciAddress) -> Result<(), Error> {
+        let mut raw = RawCompanionResetDone::<0>::new();
+        set_address(&mut raw.companion, device);
+        self.send(Operation::CompanionResetDone, &mut raw)
     }
 
     /// Sends `PEERDIRECT_IOC_COMPANION_ADD` with an argument the caller built, malformed ones

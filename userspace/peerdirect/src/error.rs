@@ -32,6 +32,10 @@ pub enum Operation {
     CompanionAdd,
     /// `PEERDIRECT_IOC_COMPANION_REMOVE`.
     CompanionRemove,
+    /// `PEERDIRECT_IOC_COMPANION_RESET_PREPARE`.
+    CompanionResetPrepare,
+    /// `PEERDIRECT_IOC_COMPANION_RESET_DONE`.
+    CompanionResetDone,
     /// Finding the size of a dma-buf (`lseek(SEEK_END)`).
     Size,
     /// Taking a reference of a caller's dma-buf fd (`fstatfs`, `F_DUPFD_CLOEXEC`).
@@ -65,6 +69,8 @@ impl fmt::Display for Operation {
             Self::ExportRange => f.write_str("PEERDIRECT_IOC_EXPORT_RANGE on"),
             Self::CompanionAdd => f.write_str("PEERDIRECT_IOC_COMPANION_ADD on"),
             Self::CompanionRemove => f.write_str("PEERDIRECT_IOC_COMPANION_REMOVE on"),
+            Self::CompanionResetPrepare => f.write_str("PEERDIRECT_IOC_COMPANION_RESET_PREPARE on"),
+            Self::CompanionResetDone => f.write_str("PEERDIRECT_IOC_COMPANION_RESET_DONE on"),
             Self::Size => f.write_str("lseek SEEK_END on"),
             Self::Adopt => f.write_str("adopting"),
             Self::Mmap => f.write_str("mmap"),
@@ -242,10 +248,19 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
         (Alloc, Errno::OPNOTSUPP) => {
             "a companion device has no allocator: the driver that owns it (see peerdirect devices) owns its memory; with another device, this tool and the loaded module disagree on the ABI: build both from the same tree"
         }
-        (CompanionAdd | CompanionRemove, Errno::OPNOTSUPP) => {
+        (CompanionResetDone, Errno::INVAL) => {
+            "no reset of that companion was announced (companion reset-prepare), or it is done already"
+        }
+        (CompanionResetPrepare, Errno::NODEV) => {
+            "the companion is being removed: there is nothing left to revoke"
+        }
+        (CompanionAdd | CompanionRemove | CompanionResetPrepare | CompanionResetDone, Errno::OPNOTSUPP) => {
             "companion mode is off: load the module with companion=1 (modprobe peerdirect companion=1)"
         }
-        (CompanionAdd | CompanionRemove, Errno::PERM | Errno::ACCESS) => {
+        (
+            CompanionAdd | CompanionRemove | CompanionResetPrepare | CompanionResetDone,
+            Errno::PERM | Errno::ACCESS,
+        ) => {
             "companion devices are for administrators: run as root (CAP_SYS_ADMIN)"
         }
         (CompanionAdd, Errno::NXIO) => {
@@ -264,7 +279,10 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
         (CompanionAdd, Errno::INVAL) => {
             "the HBM BAR must be a memory BAR 0-5 of the device; name it with --bar (only Gaudi devices have a default)"
         }
-        (CompanionRemove, Errno::NOENT) => "that device is not a companion (see peerdirect devices)",
+        (
+            CompanionRemove | CompanionResetPrepare | CompanionResetDone,
+            Errno::NOENT,
+        ) => "that device is not a companion (see peerdirect devices)",
         (Mmap, Errno::PERM) => {
             "a device file's status page is read-only: map it with PROT_READ (Device::status)"
         }
@@ -436,6 +454,8 @@ mod tests {
         assert!(hint(Operation::CompanionAdd, Errno::EXIST).contains("already"));
         assert!(hint(Operation::CompanionAdd, Errno::NODEV).contains("bind that driver first"));
         assert!(hint(Operation::CompanionRemove, Errno::INTR).contains("remove it again"));
+        assert!(hint(Operation::CompanionResetDone, Errno::INVAL).contains("reset-prepare"));
+        assert!(hint(Operation::CompanionResetPrepare, Errno::NOENT).contains("not a companion"));
         assert!(hint(Operation::CompanionAdd, Errno::INVAL).contains("--bar"));
         assert!(hint(Operation::CompanionRemove, Errno::NOENT).contains("not a companion"));
         assert!(hint(Operation::OpenControl, Errno::ACCESS).contains("run as root"));

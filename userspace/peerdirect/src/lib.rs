@@ -62,6 +62,6 @@ pub use registrar::RegPath;
 pub use rustix::io::Errno;
 pub use stats::{stats_path, Stats, DEBUGFS};
 pub use sys::{
-    RawAlloc, RawCompanionAdd, RawCompanionRemove, RawExport, RawExportRange, RawFree, RawInfo,
-    RawP2p,
+    RawAlloc, RawCompanionAdd, RawCompanionRemove, RawCompanionResetDone, RawCompanionResetPrepare,
+    RawExport, RawExportRange, RawFree, RawInfo, RawP2p,
 };

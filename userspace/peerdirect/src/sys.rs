@@ -16,8 +16,10 @@ use rustix::ioctl::{ioctl, Ioctl, IoctlOutput, Opcode};
 use crate::uapi::{
     self, peerdirect_alloc, peerdirect_companion, peerdirect_export, peerdirect_export_range,
     peerdirect_free, peerdirect_info, peerdirect_p2p, PEERDIRECT_IOC_ALLOC,
-    PEERDIRECT_IOC_COMPANION_ADD, PEERDIRECT_IOC_COMPANION_REMOVE, PEERDIRECT_IOC_EXPORT,
-    PEERDIRECT_IOC_EXPORT_RANGE, PEERDIRECT_IOC_FREE, PEERDIRECT_IOC_INFO, PEERDIRECT_IOC_P2P,
+    PEERDIRECT_IOC_COMPANION_ADD, PEERDIRECT_IOC_COMPANION_REMOVE,
+    PEERDIRECT_IOC_COMPANION_RESET_DONE, PEERDIRECT_IOC_COMPANION_RESET_PREPARE,
+    PEERDIRECT_IOC_EXPORT, PEERDIRECT_IOC_EXPORT_RANGE, PEERDIRECT_IOC_FREE, PEERDIRECT_IOC_INFO,
+    PEERDIRECT_IOC_P2P,
 };
 
 /// A command's argument as it goes to the kernel: the command's struct, then bytes that stand
@@ -155,6 +157,22 @@ raw_request!(
     /// [`RawInfo`]. [`crate::Control::remove_companion`] is the normal way.
     RawCompanionRemove { companion: peerdirect_companion },
     PEERDIRECT_IOC_COMPANION_REMOVE,
+    uapi::PEERDIRECT_COMPANION_SIZE_VER0
+);
+
+raw_request!(
+    /// A `PEERDIRECT_IOC_COMPANION_RESET_PREPARE` argument under the caller's full control,
+    /// like [`RawInfo`]. [`crate::Control::companion_reset_prepare`] is the normal way.
+    RawCompanionResetPrepare { companion: peerdirect_companion },
+    PEERDIRECT_IOC_COMPANION_RESET_PREPARE,
+    uapi::PEERDIRECT_COMPANION_SIZE_VER0
+);
+
+raw_request!(
+    /// A `PEERDIRECT_IOC_COMPANION_RESET_DONE` argument under the caller's full control, like
+    /// [`RawInfo`]. [`crate::Control::companion_reset_done`] is the normal way.
+    RawCompanionResetDone { companion: peerdirect_companion },
+    PEERDIRECT_IOC_COMPANION_RESET_DONE,
     uapi::PEERDIRECT_COMPANION_SIZE_VER0
 );
 

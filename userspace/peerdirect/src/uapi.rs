@@ -106,6 +106,16 @@ pub const PEERDIRECT_IOC_COMPANION_ADD: Opcode = command(ioctl_byte(PEERDIRECT_C
 pub const PEERDIRECT_IOC_COMPANION_REMOVE: Opcode =
     command(ioctl_byte(PEERDIRECT_CMD_COMPANION_REMOVE));
 
+/// `PEERDIRECT_IOC_COMPANION_RESET_PREPARE` (control device), argument
+/// `*mut struct peerdirect_companion`.
+pub const PEERDIRECT_IOC_COMPANION_RESET_PREPARE: Opcode =
+    command(ioctl_byte(PEERDIRECT_CMD_COMPANION_RESET_PREPARE));
+
+/// `PEERDIRECT_IOC_COMPANION_RESET_DONE` (control device), argument
+/// `*mut struct peerdirect_companion`.
+pub const PEERDIRECT_IOC_COMPANION_RESET_DONE: Opcode =
+    command(ioctl_byte(PEERDIRECT_CMD_COMPANION_RESET_DONE));
+
 /// `PEERDIRECT_CONTROL_DEVICE` without its NUL: the control device is `/dev/peerdirect-ctl`.
 pub const CONTROL_DEVICE: &str = match PEERDIRECT_CONTROL_DEVICE.as_slice().split_last() {
     Some((0, name)) => match core::str::from_utf8(name) {

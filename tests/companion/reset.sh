@@ -1,0 +1,39 @@
+#!/bin/bash
+# reset.sh: the owner of a companion resets the device, announced to peerdirect with
+# `companion reset-prepare` and `reset-done` (the PCI core tells only the owner's driver).
+# vfio-pci, habanalabs' stand-in, resets the device when a user opens it (a secondary bus reset
+# of the switch's downstream port here) and again at close. A dynamic, a revocable pinned and a
+# pinned importer (the NIC, through the test importer) and a process mapping a fourth range
+# hold exports when the reset is announced. Records for the host
+# (tests/system/companion-revoke.sh); leaves the device on vfio-pci and peerdirect unloaded,
+# as it starts.
+hbm=0000:03:00.0 nic=0000:04:00.0 dev=/dev/peerdirect0
+stats=/sys/kernel/debug/peerdirect/peerdirect0/stats
+. /mnt/host/guest-lib.sh
+companion_of_vfio
+hold_exports
+resets() { grep -E '^(resets|resetting):' $stats | tr '\n' ' '; }
+
+run done_early peerdirect companion reset-done $hbm
+run prepare peerdirect companion reset-prepare $hbm
+run stats resets
+run status1 /tmp/probe cmd "status id=1"
+run status2 /tmp/probe cmd "status id=2"
+run status3 /tmp/probe cmd "status id=3"
+run log_names sh -c 'dmesg | grep -A3 "peerdirect0: reset with 1 mapping" | tr -s " "'
+touch /tmp/go
+wait $cpu
+echo "@cpu $? $(tr '\n' '|' </tmp/cpu.out)"
+run busy /tmp/probe xr $dev 0x8000000 0x200000
+run vfio /tmp/probe vfio-open $hbm
+run vfio_log sh -c "dmesg | grep -c 'vfio-pci $hbm: reset done'"
+run done peerdirect companion reset-done $hbm
+run stats_done resets
+run remap1 /tmp/probe cmd "remap id=1"
+run new_export /tmp/probe imp $dev 0x8000000 0x200000 "dev=$nic mode=dynamic hbm=$hbm hold=1"
+run done_again peerdirect companion reset-done $hbm
+run not_companion peerdirect companion reset-prepare $nic
+/tmp/probe cmd "release all" >/dev/null
+run remove peerdirect companion remove $hbm
+rmmod peerdirect_importer
+run rmmod rmmod peerdirect

@@ -23,7 +23,10 @@ use crate::{
     allocation::Allocation,
     hbm::{ExportRecord, Hbm},
     p2p,
-    sys::dma_buf::{Attaching, DataDirection, DmaBuf, Exporter, Locked, SgTable, Unrevoked},
+    sys::{
+        dma_buf::{Attaching, DataDirection, DmaBuf, Exporter, Locked, SgTable, Unrevoked},
+        pci,
+    },
 };
 use kernel::{
     fs::File,
@@ -106,6 +109,11 @@ impl Exporter for Export {
         // No live guard: removal revokes this export (under the reservation lock held here)
         // before the device's binding goes, and waits for the mapping made here to be undone.
         let hbm = self.hbm();
+        // Nothing to reach while the BAR does not decode: a reset no one announced, or an
+        // owner that turned decoding off (vfio-pci once its user closes the device).
+        if !pci::decodes_memory(hbm.pdev()) {
+            return Err(EIO);
+        }
         let page = PAGE_SIZE as u64;
         let seg = (attach.max_segment_size() & !(page - 1)).max(page);
         let bus_addr = attach.by_bus_address();
@@ -182,7 +190,8 @@ pub(crate) fn export(
         }
     };
     let cpu_phys = export.phys_addr();
-    let dmabuf = DmaBuf::export(export, len, cpu_phys, writable, &hbm.exported)?;
+    // The export holds the allocation, which holds the device: the buffer's window may name it.
+    let dmabuf = DmaBuf::export(export, len, cpu_phys, hbm.pdev(), writable, &hbm.exported)?;
     dmabuf.set_name(index, alloc.handle(), alloc.offset() + offset, len)?;
     // Recorded for revocation; fails if the device went away meanwhile.
     let record = ExportRecord {

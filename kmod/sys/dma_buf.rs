@@ -254,6 +254,9 @@ impl SgTable {
 struct CpuWindow {
     phys: u64,
     len: u64,
+    /// The device whose BAR the range is in: a fault maps nothing while it does not decode
+    /// memory. The exporter holds a reference on it for as long as the buffer lives.
+    pdev: *mut bindings::pci_dev,
     /// Written and read by C only, under the buffer's reservation lock.
     revoked: Opaque<bool>,
 }
@@ -310,13 +313,15 @@ pub(crate) struct DmaBuf {
 
 impl DmaBuf {
     /// Exports `exporter` as a dma-buf of `size` bytes, backed for the CPU by the physical
-    /// range from `cpu_phys`, writable through mmap if `writable`, to be listed in `registry`
+    /// range from `cpu_phys` in a BAR of `device` (which `exporter` keeps a reference on),
+    /// writable through mmap if `writable`, to be listed in `registry`
     /// ([`RegistryGuard::insert`]), which its release leaves. The buffer holds the module
     /// this code is built into, whose code its ops are, while it exists.
     pub(crate) fn export<T: Exporter>(
         exporter: KBox<T>,
         size: u64,
         cpu_phys: u64,
+        device: &kernel::pci::Device,
         writable: bool,
         registry: &Arc<Registry<T::Record>>,
     ) -> Result<Self> {
@@ -325,6 +330,7 @@ impl DmaBuf {
                 window: CpuWindow {
                     phys: cpu_phys,
                     len: size,
+                    pdev: pci::raw_pci_dev(device),
                     revoked: Opaque::new(false),
                 },
                 registry: registry.clone(),

@@ -147,6 +147,14 @@ pub(crate) fn bar_is_mem(pdev: &pci::Device, bar: BarIndex) -> bool {
     unsafe { raw::peerdirect_pci_bar_is_mem(raw_pci_dev(pdev), bar.as_c_int()) }
 }
 
+/// Whether the device decodes memory accesses (its command register's memory bit) and is
+/// there: not while it is being reset, nor once its owner turned decoding off.
+pub(crate) fn decodes_memory(pdev: &pci::Device) -> bool {
+    // SAFETY: `raw_pci_dev` is a valid `struct pci_dev` while `pdev` is borrowed; a config
+    // read may be made in any context.
+    unsafe { raw::peerdirect_pci_decodes_memory(raw_pci_dev(pdev)) }
+}
+
 /// The PCI domain (segment) of the device.
 pub(crate) fn domain(pdev: &pci::Device) -> u32 {
     // SAFETY: `raw_pci_dev` is a valid `struct pci_dev` while `pdev` is borrowed, and a device

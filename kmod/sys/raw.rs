@@ -72,6 +72,7 @@ extern "C" {
     pub(super) fn peerdirect_pci_domain(pdev: *mut bindings::pci_dev) -> c_int;
     pub(super) fn peerdirect_pci_numa_node(pdev: *mut bindings::pci_dev) -> c_int;
     pub(super) fn peerdirect_pci_bar_is_mem(pdev: *mut bindings::pci_dev, bar: c_int) -> bool;
+    pub(super) fn peerdirect_pci_decodes_memory(pdev: *mut bindings::pci_dev) -> bool;
     pub(super) fn peerdirect_pci_reserve_wc(pdev: *mut bindings::pci_dev, bar: c_int) -> c_int;
     pub(super) fn peerdirect_pci_dev_id(pdev: *mut bindings::pci_dev) -> u16;
     pub(super) fn peerdirect_pci_upstream_bridge(

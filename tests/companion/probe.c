@@ -21,9 +21,12 @@
  * probe cmd "IMPORTER COMMAND": the same without an export
  * probe cpu DEV OFFSET LENGTH GOFILE: exports and maps the range, writes it, says "mapped",
  *	waits for GOFILE, then reads the mapping again (SIGBUS once revoked)
- * probe vfio-open BDF: opens the device bound to vfio-pci as a vfio user does (its group, a
- *	type1 container, the device fd), which has vfio-pci reset it, then closes it (vfio-pci
- *	resets it again if it can); prints "opened reset_works=N" or the step that failed
+ * probe vfio-open BDF [GOFILE [decode-off]]: opens the device bound to vfio-pci as a vfio
+ *	user does (its group, a type1 container, the device fd), which has vfio-pci reset it;
+ *	with decode-off, turns the device's memory decoding off through vfio's config region,
+ *	as a VM's driver does; prints "opened reset_works=N" (or the step that failed), waits
+ *	for GOFILE if given, then closes it (vfio-pci resets it again if it can and restores
+ *	the config space it saved at open, decoding on)
  */
 static const char *errname(int e)
 {
@@ -73,9 +76,13 @@ static int importer(const char *line)
 	return 0;
 }
 
-static int vfio_open(const char *bdf)
+static int vfio_open(const char *bdf, const char *go, int decode_off)
 {
+	struct vfio_region_info config = {
+		.argsz = sizeof(config), .index = VFIO_PCI_CONFIG_REGION_INDEX,
+	};
 	struct vfio_device_info info = { .argsz = sizeof(info) };
+	unsigned short cmd;
 	char link[256], target[256], path[64];
 	int container, group, dev;
 	ssize_t n;
@@ -96,7 +103,20 @@ static int vfio_open(const char *bdf)
 	dev = ioctl(group, VFIO_GROUP_GET_DEVICE_FD, bdf);
 	if (dev < 0 || ioctl(dev, VFIO_DEVICE_GET_INFO, &info))
 		return printf("device: %s\n", strerror(errno)), 1;
-	printf("opened reset_works=%d\n", !!(info.flags & VFIO_DEVICE_FLAGS_RESET));
+	if (decode_off) {
+		/* PCI_COMMAND (offset 4), without PCI_COMMAND_MEMORY (bit 1) */
+		if (ioctl(dev, VFIO_DEVICE_GET_REGION_INFO, &config) ||
+		    pread(dev, &cmd, 2, config.offset + 4) != 2)
+			return printf("config: %s\n", strerror(errno)), 1;
+		cmd &= ~2;
+		if (pwrite(dev, &cmd, 2, config.offset + 4) != 2)
+			return printf("config write: %s\n", strerror(errno)), 1;
+	}
+	printf("opened reset_works=%d%s\n", !!(info.flags & VFIO_DEVICE_FLAGS_RESET),
+	       decode_off ? " decode=off" : "");
+	fflush(stdout);
+	while (go && access(go, F_OK))
+		usleep(10000);
 	close(dev);
 	close(group);
 	close(container);
@@ -160,7 +180,8 @@ int main(int argc, char **argv)
 		printf("read %x\n", p[0]);
 		return 0;
 	}
-	if (argc == 3 && !strcmp(argv[1], "vfio-open"))
-		return vfio_open(argv[2]);
+	if (argc >= 3 && argc <= 5 && !strcmp(argv[1], "vfio-open"))
+		return vfio_open(argv[2], argc >= 4 ? argv[3] : NULL,
+				 argc == 5 && !strcmp(argv[4], "decode-off"));
 	return 2;
 }

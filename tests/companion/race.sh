@@ -94,11 +94,12 @@ list() {
 		echo none
 	fi
 }
-# Outcomes: reset (announced, the device reset by a vfio user's open, done), refused (no
-# companion, or one being removed); done_refused when it went between the two
+# Outcomes: reset (announced, then done), refused (no companion, or one being removed);
+# done_refused when it went between the two. The device itself is not reset: a reset takes
+# longer than the companion lives here, and reset.sh resets it (with vfio-pci, which leaves
+# memory decoding off after, so that imports here would never map again).
 reset_cycle() {
 	if peerdirect companion reset-prepare $hbm >/dev/null 2>&1; then
-		/tmp/probe vfio-open $hbm >/dev/null 2>&1
 		if peerdirect companion reset-done $hbm >/dev/null 2>&1; then echo reset; else echo done_refused; fi
 	else
 		echo refused

@@ -16,8 +16,9 @@
 . "$ROOT/tests/companion/host-lib.sh"
 # Plan: this script's own checks, declared first: the 18 every way shares (checks) for each of
 # the 3 ways, and those of one way: 3 + 3 of the owner's unbind, 1 of the hot-unplug, 9 + 3 + 2
-# of companion remove, 21 of the reset (tests/companion/reset.sh). A guest run that does not end cleanly adds a failure (guest_run).
-plan $((3 * 18 + 3 + 3 + 1 + 9 + 3 + 2 + 21))
+# of companion remove, 25 of the reset (tests/companion/reset.sh). A guest run that does not
+# end cleanly adds a failure (guest_run).
+plan $((3 * 18 + 3 + 3 + 1 + 9 + 3 + 2 + 25))
 
 # meanwhile WAY WHAT: while the removal waits, the host's other PCI work goes on
 meanwhile() {
@@ -60,7 +61,6 @@ guest_run unplug "revocation by the owner's unbind, companion remove and hot-unp
 	--topology switch-iommu --no-bind --hotplug --userland trixie --kmemleak --share "$share" -- \
 	bash -c 'bash /mnt/host/revoke.sh unbind >/mnt/host/unbind.out
 		bash /mnt/host/revoke.sh remove >/mnt/host/remove.out
-		bash /mnt/host/reset.sh >/mnt/host/reset.out
 		bash /mnt/host/revoke.sh unplug'
 checks unbind "the owner driver unbinds"
 expect "unbind: the owner's unbind returned only after the removal" unbind removal_rc 0 '^$'
@@ -89,7 +89,10 @@ expect "remove: and completes after it" remove owner_unbound 0 '^unbound$'
 expect "remove: the owner binds again" remove owner 0 'drivers/vfio-pci$'
 expect "remove: the kernel log says why the companion went" remove log 0 'companion 0000:03:00.0: removing it on request'
 
-# The owner's reset, announced (tests/companion/reset.sh), between remove and unplug.
+# The owner's reset, announced, and a vfio user turning memory decoding off
+# (tests/companion/reset.sh), in a boot of its own.
+guest_run reset "the owner's reset, announced" --topology switch-iommu --no-bind --userland trixie \
+	--kmemleak --share "$share" -- bash /mnt/host/reset.sh
 expect "reset: the companion is named" reset add 0 '^/dev/peerdirect0$'
 expect "reset: a dynamic, a revocable pinned and a pinned importer map ranges of it" reset pinned 0 'attach=0 .*pin=0 .*map=0 .*id=3'
 expect "reset: reset-done with no reset announced: EINVAL, and told so" reset done_early 1 'os error 22\); no reset of that companion was announced'
@@ -107,6 +110,11 @@ expect "reset: reset-done" reset done 0 '^$'
 expect "reset: debugfs: 1 reset, none under way" reset stats_done 0 '^resets: 1 resetting: 0 $'
 expect "reset: the dynamic importer's revoked import cannot map again (ENODEV)" reset remap1 0 'map=-19'
 expect "reset: a new export maps for the NIC" reset new_export 0 'attach=0 .*map=0 .*id=4'
+expect "reset: a vfio user turns the device's memory decoding off through vfio's config region" reset decode_off 0 'decode=off$'
+expect "reset: meanwhile a map of a new export fails with EIO" reset off_import 0 'attach=0 .*map=-5 '
+expect "reset: and a CPU mapping of one faults with SIGBUS" reset off_cpu 135 '^$'
+expect "reset: once the user closes the device (vfio-pci restores its config space, decoding on), maps work again" \
+	reset on_import 0 'attach=0 .*map=0 '
 expect "reset: reset-done again: EINVAL" reset done_again 1 'os error 22\)'
 expect "reset: reset-prepare of a device that is not a companion: ENOENT" reset not_companion 1 'os error 2\); that device is not a companion'
 expect "reset: companion remove afterwards" reset remove 0 '^$'

@@ -162,7 +162,7 @@ met "races: dynamic imports of a companion range both map it and find the compan
 met "races: revocable pinned imports of a companion range both map it and find the companion gone" pinned mapped gone
 met "races: INFO on a freshly opened device file both answers and finds the companion gone" info answered gone
 met "races: peerdirect devices both lists the companion and lists none" list listed none
-met "races: announced resets (with a vfio user's open resetting the device) both complete and find no companion" \
+met "races: announced resets (reset-prepare, then reset-done) both complete and find no companion" \
 	reset reset refused
 
 exit $failed

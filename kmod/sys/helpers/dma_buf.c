@@ -186,7 +186,8 @@ static vm_fault_t peerdirect_dmabuf_huge_fault(struct vm_fault *vmf, unsigned in
 		return VM_FAULT_FALLBACK;
 
 	dma_resv_lock(dmabuf->resv, NULL);
-	if (window->revoked)
+	/* Nothing to map while the BAR does not decode (a reset, an owner that turned it off). */
+	if (window->revoked || !peerdirect_pci_decodes_memory(window->pdev))
 		ret = VM_FAULT_SIGBUS;
 	else if (!order)
 		ret = vmf_insert_pfn(vma, vmf->address, pfn);

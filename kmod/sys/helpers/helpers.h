@@ -14,6 +14,7 @@ u64 peerdirect_pci_bus_address(struct pci_dev *pdev, int bar);
 int peerdirect_pci_domain(struct pci_dev *pdev);
 int peerdirect_pci_numa_node(struct pci_dev *pdev);
 bool peerdirect_pci_bar_is_mem(struct pci_dev *pdev, int bar);
+bool peerdirect_pci_decodes_memory(struct pci_dev *pdev);
 int peerdirect_pci_reserve_wc(struct pci_dev *pdev, int bar);
 u16 peerdirect_pci_dev_id(struct pci_dev *pdev);
 struct pci_dev *peerdirect_pci_upstream_bridge(struct pci_dev *pdev);
@@ -94,6 +95,7 @@ struct pci_dev *peerdirect_to_pci_dev(struct device *dev);
 struct peerdirect_cpu_window {
 	u64 phys;
 	u64 len;
+	struct pci_dev *pdev;
 	bool revoked;
 };
 

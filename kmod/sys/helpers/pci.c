@@ -51,6 +51,21 @@ bool peerdirect_pci_bar_is_mem(struct pci_dev *pdev, int bar)
 }
 
 /*
+ * Whether @pdev decodes memory accesses (PCI_COMMAND_MEMORY) and is there. A reset turns
+ * decoding off until the config space is restored, and an owner may leave it off (vfio-pci
+ * when its user closes the device); a BAR that does not decode drops writes and answers
+ * reads with all ones, or an error. Any context: a config read takes a raw spinlock.
+ */
+bool peerdirect_pci_decodes_memory(struct pci_dev *pdev)
+{
+	u16 cmd;
+
+	if (pci_read_config_word(pdev, PCI_COMMAND, &cmd) || PCI_POSSIBLE_ERROR(cmd))
+		return false;
+	return cmd & PCI_COMMAND_MEMORY;
+}
+
+/*
  * Whether the driver named @driver is bound to @pdev. The caller holds the device lock
  * (peerdirect_pci_device_lock), so the binding cannot change meanwhile.
  */

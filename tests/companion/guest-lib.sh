@@ -11,6 +11,8 @@ build_probe() { # the probe of probe.c, as /tmp/probe: the host's build (host-li
 		gcc -Wall -Werror -o /tmp/probe /mnt/host/probe.c || echo "@probe_build 1 gcc failed"
 }
 owned_by_vfio() { # owned_by_vfio BDF: binds the device to vfio-pci, habanalabs' stand-in
+	# (a module on Debian's kernel, built in on ours)
+	modprobe vfio-pci 2>/dev/null
 	echo vfio-pci >/sys/bus/pci/devices/$1/driver_override
 	echo $1 >/sys/bus/pci/drivers_probe
 }

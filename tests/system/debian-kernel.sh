@@ -7,7 +7,9 @@
 # unsigned taints), Debian's own ib_core and rdma_rxe. Then the guest suites that make sense on
 # a distro kernel, each run as it is with PEERDIRECT_KERNEL=debian (qemu/run --kernel debian):
 # devices, exporter (alloc-export), CPU mappings, revocation, removal and unload (lifecycle),
-# the test importers (importer, pinned) and ib_core's own import functions (ibimport). Not
+# the test importers (importer, pinned), ib_core's own import functions (ibimport), and a
+# companion beside Debian's vfio-pci: its removal through the device link, killable, with PCI
+# work going on, and its announced reset (companion-revoke). Not
 # here: KUnit (Debian builds it as a module we do not ship), kmemleak (Debian has none; the
 # suites' --kmemleak scans are skipped), the KASAN races (tests/system/race.sh, on the KASAN
 # test kernel) and the peer-memory client (needs the contract-test core's symbols).
@@ -70,7 +72,7 @@ fi
 # lines passed on as they are. Each suite's boots (qemu/run's PEERDIRECT_BOOT_LOG: "KERNEL
 # TOPOLOGY NAME" per boot) must all be of Debian's kernel: a suite that asks for a kernel of
 # its own would check another kernel under this suite's name.
-for suite in ${PEERDIRECT_DEBIAN_SUITES:-devices alloc-export cpu-mapping revoke lifecycle importer pinned ibimport}; do
+for suite in ${PEERDIRECT_DEBIAN_SUITES:-devices alloc-export cpu-mapping revoke lifecycle importer pinned ibimport companion-revoke}; do
 	echo "# $suite on Debian's kernel"
 	: >"$work/$suite.boots"
 	PEERDIRECT_BOOT_LOG=$work/$suite.boots bash "$ROOT/tests/system/$suite.sh" >"$work/$suite.tap" 2>&1

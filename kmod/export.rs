@@ -110,7 +110,7 @@ impl Exporter for Export {
         // before the device's binding goes, and waits for the mapping made here to be undone.
         let hbm = self.hbm();
         // Nothing to reach while the BAR does not decode: a reset no one announced, or an
-        // owner that turned decoding off (vfio-pci once its user closes the device).
+        // owner that keeps decoding off (a VM's driver, through vfio).
         if !pci::decodes_memory(hbm.pdev()) {
             return Err(EIO);
         }

@@ -34,13 +34,14 @@ impl StatusPage {
     }
 
     /// Sets `bits` (`PEERDIRECT_STATUS_*`) in the state word; callers are serialized (only
-    /// the device's removal sets any, under the device lock).
+    /// the device's removal sets any, under `Hbm`'s `revoked` lock).
     pub(crate) fn set(&self, bits: u32) {
         // The offset is a constant, aligned field of a struct much smaller than a page.
         let _ = sys::mm::page_set_bits(&self.0, offset_of!(peerdirect_status, state), bits);
     }
 
-    /// Counts a reset of the device in `resets`; callers are serialized (the device lock).
+    /// Counts a reset of the device in `resets`; callers are serialized (`Hbm`'s `revoked`
+    /// lock, which resets take: an owned device's under the device lock, a companion's not).
     pub(crate) fn count_reset(&self) {
         // As in `set`: a constant, aligned offset inside the page.
         let _ = sys::mm::page_count(&self.0, offset_of!(peerdirect_status, resets));

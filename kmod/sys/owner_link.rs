@@ -72,9 +72,8 @@ impl<H: OwnerUnbinds> OwnerLink<H> {
     /// `key`. `ENOMEM` if the consumer cannot be made, `ENODEV` too while no [`OwnerLinks`]
     /// lives.
     pub(crate) fn new(owner: &DeviceLock<'_>, key: usize) -> Result<Self> {
-        // SAFETY: the device is valid while locked, and its lock is held: its driver stays
-        // bound (or unbound) until the link is made, as the helper needs. `owner_unbinds::<H>`
-        // is a static function.
+        // `owner_unbinds::<H>` is a static function, valid for the module's life.
+        // SAFETY: the device is valid and locked, so its driver stays as it is until linked.
         let link = unsafe {
             raw::peerdirect_owner_link_create(
                 raw_pci_dev(owner.device()),

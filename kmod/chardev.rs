@@ -20,12 +20,13 @@ use crate::{
     },
     uapi::{
         peerdirect_alloc, peerdirect_export, peerdirect_export_range, peerdirect_free,
-        peerdirect_info, peerdirect_p2p, ExtensibleStruct, Request, PEERDIRECT_ALLOC_ALIGN_DEFAULT,
-        PEERDIRECT_DRIVER_NAME_LEN, PEERDIRECT_EXPORT_CLOEXEC, PEERDIRECT_EXPORT_RDWR,
-        PEERDIRECT_IOC_ALLOC, PEERDIRECT_IOC_EXPORT, PEERDIRECT_IOC_EXPORT_RANGE,
-        PEERDIRECT_IOC_FREE, PEERDIRECT_IOC_INFO, PEERDIRECT_IOC_P2P, PEERDIRECT_P2P_ACS_REDIRECT,
-        PEERDIRECT_P2P_COMMON_BRIDGE, PEERDIRECT_P2P_PEER_IOMMU, PEERDIRECT_P2P_SAME_HOST_BRIDGE,
-        PEERDIRECT_PROVIDER_COMPANION, PEERDIRECT_PROVIDER_OWNED,
+        peerdirect_info, peerdirect_p2p, peerdirect_status, ExtensibleStruct, Request,
+        PEERDIRECT_ALLOC_ALIGN_DEFAULT, PEERDIRECT_DRIVER_NAME_LEN, PEERDIRECT_EXPORT_CLOEXEC,
+        PEERDIRECT_EXPORT_RDWR, PEERDIRECT_IOC_ALLOC, PEERDIRECT_IOC_EXPORT,
+        PEERDIRECT_IOC_EXPORT_RANGE, PEERDIRECT_IOC_FREE, PEERDIRECT_IOC_INFO, PEERDIRECT_IOC_P2P,
+        PEERDIRECT_P2P_ACS_REDIRECT, PEERDIRECT_P2P_COMMON_BRIDGE, PEERDIRECT_P2P_PEER_IOMMU,
+        PEERDIRECT_P2P_SAME_HOST_BRIDGE, PEERDIRECT_PROVIDER_COMPANION, PEERDIRECT_PROVIDER_OWNED,
+        PEERDIRECT_STATUS_SIZE_VER0,
     },
 };
 use kernel::{
@@ -33,6 +34,7 @@ use kernel::{
         file::{flags, FileDescriptorReservation},
         File,
     },
+    iov::IovIterDest,
     mm::virt::VmaNew,
     new_mutex,
     page::PAGE_SIZE,
@@ -40,7 +42,11 @@ use kernel::{
     rbtree::{RBTree, RBTreeNodeReservation},
     seq_file::SeqFile,
     seq_print,
-    sync::{poll::PollTable, Arc, Mutex},
+    sync::{
+        atomic::{Atomic, Relaxed},
+        poll::PollTable,
+        Arc, Mutex,
+    },
 };
 
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -56,6 +62,9 @@ pub(crate) struct HbmFile {
     /// This file's allocations by handle; dropping the file drops them.
     #[pin]
     allocations: Mutex<RBTree<u32, Arc<Allocation>>>,
+    /// The status page's `resets` as this file last read it (or at open): `poll` says
+    /// `POLLPRI` while the page counts more.
+    resets_read: Atomic<u32>,
 }
 
 /// The checks every request struct gets: no unknown flag, zero padding.
@@ -336,20 +345,49 @@ impl MiscFile for HbmFile {
             try_pin_init!(Self {
                 hbm: hbm.clone(),
                 allocations <- new_mutex!(RBTree::new()),
+                resets_read: Atomic::new(hbm.status.read().resets),
             }),
             GFP_KERNEL,
         )
     }
 
-    /// No event while the device is there; once it starts going away, `POLLPRI` (act now: let
-    /// go of its registrations) with `POLLHUP` (it will not come back on this file).
+    /// Once the device starts going away, `POLLPRI` (act now: let go of its registrations)
+    /// with `POLLHUP` (it will not come back on this file). While it stays, `POLLPRI` alone
+    /// once the status page counts a reset this file has not read (its exports made before
+    /// are revoked), until a `read` reads the page; else no event.
     fn poll(me: &Self, file: &File, table: PollTable<'_>) -> PollEvents {
         table.register_wait(file, &me.hbm.events);
-        if me.hbm.is_present() {
-            0
-        } else {
+        if !me.hbm.is_present() {
             POLLPRI | POLLHUP
+        } else if me.hbm.status.read().resets != me.resets_read.load(Relaxed) {
+            POLLPRI
+        } else {
+            0
         }
+    }
+
+    /// The status page's `struct peerdirect_status`, as `mmap` shows it, for a buffer of at
+    /// least its first version's size (`EINVAL`); never waits, whatever the file offset. The
+    /// resets it counts are read: `poll` says no more of them.
+    fn read(me: Pin<&Self>, dest: &mut IovIterDest<'_>) -> Result<usize> {
+        let status = me.hbm.status.read();
+        let mut bytes = [0u8; size_of::<peerdirect_status>()];
+        for (word, value) in
+            bytes
+                .chunks_exact_mut(4)
+                .zip([status.version, status.state, status.resets])
+        {
+            word.copy_from_slice(&value.to_ne_bytes());
+        }
+        if dest.len() < PEERDIRECT_STATUS_SIZE_VER0 as usize {
+            return Err(EINVAL);
+        }
+        let len = bytes.len().min(dest.len());
+        if dest.copy_to_iter(&bytes[..len]) != len {
+            return Err(EFAULT);
+        }
+        me.resets_read.store(status.resets, Relaxed);
+        Ok(len)
     }
 
     fn ioctl(me: Pin<&Self>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {

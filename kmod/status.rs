@@ -47,6 +47,17 @@ impl StatusPage {
         let _ = sys::mm::page_count(&self.0, offset_of!(peerdirect_status, resets));
     }
 
+    /// What the page says now, each word loaded as userspace loads it (acquire).
+    pub(crate) fn read(&self) -> peerdirect_status {
+        // As in `set`: constant, aligned offsets inside the page.
+        let word = |offset| sys::mm::page_load(&self.0, offset).unwrap_or(0);
+        peerdirect_status {
+            version: word(offset_of!(peerdirect_status, version)),
+            state: word(offset_of!(peerdirect_status, state)),
+            resets: word(offset_of!(peerdirect_status, resets)),
+        }
+    }
+
     /// Maps the page into `vma`, which must be shared, read-only, not executable, one page
     /// long, at `PEERDIRECT_STATUS_OFFSET`.
     pub(crate) fn map(&self, vma: &VmaNew) -> Result {

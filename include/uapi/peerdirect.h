@@ -333,6 +333,15 @@ struct peerdirect_companion {
  * cache checks it before handing out a cached registration). Writable or larger mappings, or
  * other offsets, are refused (EPERM, EINVAL). The kernel only ever sets bits in @state and
  * counts @resets up, with release semantics; read them with acquire semantics.
+ *
+ * read() of /dev/peerdirectN copies the same struct peerdirect_status into a buffer of at
+ * least PEERDIRECT_STATUS_SIZE_VER0 bytes (EINVAL if smaller; a larger one gets the struct
+ * this module has) and returns how many bytes it copied; it never waits and ignores the file
+ * offset. poll() of the file reports POLLPRI | POLLHUP once the device starts going away
+ * (REVOKED), and, while it stays, POLLPRI alone once @resets counts a reset that no read() of
+ * that file has returned yet, until one does: a process that polls for POLLPRI learns of each
+ * reset without a system call per check, reads the status, then drops what it registered of
+ * the exports made before the reset.
  */
 #define PEERDIRECT_STATUS_OFFSET 0
 #define PEERDIRECT_STATUS_VERSION 1
@@ -353,13 +362,16 @@ struct peerdirect_companion {
  *	recovery from a PCIe error), each counted before the exports made until then are
  *	revoked: a registration of an export made while @resets read N is stale once it reads
  *	more. The device stays; exports made after the reset work (an EXPORT while it is reset
- *	fails with EBUSY). Counted by the owned provider only: a companion's owner resets the
- *	device without telling peerdirect. Written with release semantics, like @state.
+ *	fails with EBUSY). A companion's resets are those its owner's runtime announces
+ *	(PEERDIRECT_IOC_COMPANION_RESET_PREPARE); its owner driver resets the device without
+ *	telling peerdirect. Written with release semantics, like @state.
  */
 struct peerdirect_status {
 	__u32 version;
 	__u32 state;
 	__u32 resets;
 };
+/* Size of the first version of struct peerdirect_status (the smallest read() buffer). */
+#define PEERDIRECT_STATUS_SIZE_VER0 12
 
 #endif /* _UAPI_PEERDIRECT_H */

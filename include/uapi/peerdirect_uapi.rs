@@ -38,6 +38,7 @@ pub const PEERDIRECT_COMPANION_SIZE_VER0: u32 = 24;
 pub const PEERDIRECT_STATUS_OFFSET: u32 = 0;
 pub const PEERDIRECT_STATUS_VERSION: u32 = 1;
 pub const PEERDIRECT_STATUS_REVOKED: u32 = 1;
+pub const PEERDIRECT_STATUS_SIZE_VER0: u32 = 12;
 pub type __u8 = core::ffi::c_uchar;
 pub type __u16 = core::ffi::c_ushort;
 pub type __s32 = core::ffi::c_int;
@@ -313,7 +314,7 @@ const _: () = {
     ["Offset of field: peerdirect_companion::__reserved0"]
         [::core::mem::offset_of!(peerdirect_companion, __reserved0) - 20usize];
 };
-#[doc = " struct peerdirect_status - the start of the status page\n @version: PEERDIRECT_STATUS_VERSION\n @state: PEERDIRECT_STATUS_* bits\n @resets: resets of the device begun since it was bound (a function level or bus reset, or\n\trecovery from a PCIe error), each counted before the exports made until then are\n\trevoked: a registration of an export made while @resets read N is stale once it reads\n\tmore. The device stays; exports made after the reset work (an EXPORT while it is reset\n\tfails with EBUSY). Counted by the owned provider only: a companion's owner resets the\n\tdevice without telling peerdirect. Written with release semantics, like @state."]
+#[doc = " struct peerdirect_status - the start of the status page\n @version: PEERDIRECT_STATUS_VERSION\n @state: PEERDIRECT_STATUS_* bits\n @resets: resets of the device begun since it was bound (a function level or bus reset, or\n\trecovery from a PCIe error), each counted before the exports made until then are\n\trevoked: a registration of an export made while @resets read N is stale once it reads\n\tmore. The device stays; exports made after the reset work (an EXPORT while it is reset\n\tfails with EBUSY). A companion's resets are those its owner's runtime announces\n\t(PEERDIRECT_IOC_COMPANION_RESET_PREPARE); its owner driver resets the device without\n\ttelling peerdirect. Written with release semantics, like @state."]
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct peerdirect_status {

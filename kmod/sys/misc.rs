@@ -11,7 +11,8 @@ use super::mm;
 use core::marker::PhantomData;
 use kernel::{
     bindings, container_of,
-    fs::File,
+    fs::{File, Kiocb},
+    iov::IovIterDest,
     miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     mm::virt::VmaNew,
     prelude::*,
@@ -27,8 +28,8 @@ pub(crate) const POLLPRI: PollEvents = 0x0002;
 pub(crate) const POLLHUP: PollEvents = 0x0010;
 
 /// What the files of a [`MiscRegistration`] do: each open makes one from the registration's
-/// data; the others are the misc device abstraction's callbacks of the same names, plus
-/// `poll`.
+/// data; the others are the misc device abstraction's callbacks of the same names (`read` is
+/// its `read_iter`), plus `poll`.
 pub(crate) trait MiscFile: Sized + Send + Sync {
     /// What the registration holds, for every open.
     type Data: Send + Sync;
@@ -37,6 +38,8 @@ pub(crate) trait MiscFile: Sized + Send + Sync {
     fn ioctl(me: Pin<&Self>, file: &File, cmd: u32, arg: usize) -> Result<isize>;
     fn mmap(me: Pin<&Self>, file: &File, vma: &VmaNew) -> Result;
     fn show_fdinfo(me: Pin<&Self>, m: &SeqFile, file: &File);
+    /// `read`: copies into `dest` and returns how many bytes it copied.
+    fn read(me: Pin<&Self>, dest: &mut IovIterDest<'_>) -> Result<usize>;
     /// `poll`: registers what it waits on in `table` and returns the events ready now.
     fn poll(me: &Self, file: &File, table: PollTable<'_>) -> PollEvents;
 }
@@ -91,6 +94,10 @@ impl<F: MiscFile> MiscDevice for Files<F> {
 
     fn show_fdinfo(me: Pin<&F>, m: &SeqFile, file: &File) {
         F::show_fdinfo(me, m, file)
+    }
+
+    fn read_iter(kiocb: Kiocb<'_, Self::Ptr>, dest: &mut IovIterDest<'_>) -> Result<usize> {
+        F::read(kiocb.file(), dest)
     }
 }
 

@@ -26,6 +26,15 @@ pub(crate) fn page_count(page: &Page, offset: usize) -> Result {
     Ok(())
 }
 
+/// The `u32` at `offset` of `page`, loaded with acquire semantics (as a reader of the
+/// mapped page loads it); `EINVAL` as for [`page_set_bits`].
+pub(crate) fn page_load(page: &Page, offset: usize) -> Result<u32> {
+    check_word(offset)?;
+    // SAFETY: `page` is live while borrowed and always mapped in the kernel (as in
+    // `page_set_bits`); `offset` is an aligned `u32` inside it (checked).
+    Ok(unsafe { raw::peerdirect_page_load(page.as_ptr(), offset) })
+}
+
 /// `EINVAL` unless `offset` is a 4-byte aligned offset of a `u32` inside a page.
 fn check_word(offset: usize) -> Result {
     if offset % 4 != 0 || offset + 4 > kernel::page::PAGE_SIZE {

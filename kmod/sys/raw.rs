@@ -119,6 +119,7 @@ extern "C" {
     pub(super) fn peerdirect_current_tgid() -> bindings::pid_t;
     pub(super) fn peerdirect_page_set_bits(page: *mut bindings::page, offset: usize, bits: u32);
     pub(super) fn peerdirect_page_count(page: *mut bindings::page, offset: usize);
+    pub(super) fn peerdirect_page_load(page: *mut bindings::page, offset: usize) -> u32;
     pub(super) fn peerdirect_vma_pgoff(vma: *mut bindings::vm_area_struct) -> usize;
     pub(super) fn peerdirect_pci_generation_register(events: *const PciEvents) -> c_int;
     pub(super) fn peerdirect_pci_generation_unregister();

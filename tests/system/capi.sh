@@ -27,15 +27,18 @@
 # Last, userspace/capi/examples/companion_export.c on a companion device (the HBM device bound
 # to vfio-pci): pd_export_range refused without CAP_SYS_ADMIN (-EPERM), then a BAR range
 # exported, the pattern written through its mapping (checked on the host), and registered
-# with libfabric tcp through the cache (pd_register_export: a miss, then a hit); then held
-# registered and mapped while the companion is removed: the invalidation callback hears of it
-# (PD_INVALIDATED_DEVICE) and the mapping faults.
+# with libfabric tcp through the cache (pd_register_export: a miss, then a hit); then, held
+# registered and mapped, a reset announced with pd_companion_reset_prepare (the callback hears
+# of it from the library's watching thread, the mapping faults, exports wait for
+# pd_companion_reset_done, then work again); then held registered and mapped while the
+# companion is removed: the invalidation callback hears of it (PD_INVALIDATED_DEVICE) and the
+# mapping faults.
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Plan: make install and pkg-config (2); the first boot: hbm_export (4), fabric_register (3),
-# verbs_register (2), hcl_style (2); the companion boot (5).
-plan 18
+# verbs_register (2), hcl_style (2); the companion boot (6).
+plan 19
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -258,6 +261,7 @@ insmod /usr/lib/peerdirect/peerdirect.ko companion=1
 peerdirect companion add $hbm --bar 2 >/dev/null
 run cnocap setpriv --inh-caps=-sys_admin --bounding-set=-sys_admin ./companion_export 0 0x1000000 0x400000 0x5eed0003 --expect-errno EPERM
 run companion ./companion_export 0 0x1000000 0x400000 0x5eed0003
+run creset ./companion_export 0 0x3000000 0x200000 0x5eed0005 --reset
 # Registered and mapped while the companion goes.
 ./companion_export 0 0x2000000 0x200000 0x5eed0004 --hold /tmp/go >hold.out 2>&1 &
 pid=$!
@@ -293,6 +297,17 @@ if [ $rc = 0 ] && [ "$(cat companion.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL'
 	sed "s/^/# /" companion.out
 else
 	fail "$desc" "qemu/run exited $rc" "$out" "$(show companion)"
+fi
+desc="companion_export --reset: pd_companion_reset_prepare with a registration held and mapped: the callback hears of it (PD_INVALIDATED_DEVICE, its key) on the library's watching thread, the mapping faults with SIGBUS, exports are EBUSY until pd_companion_reset_done (a second: EINVAL), then a new export maps, takes a pattern and registers anew"
+if [ "$(cat creset.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' creset.out &&
+	grep -q "^ok - invalidated by the reset: 1 callback(s), cause PD_INVALIDATED_DEVICE, held 1, key .*, on the library's thread$" creset.out &&
+	grep -q '^ok - touching the mapping after the reset began: SIGBUS$' creset.out &&
+	grep -q '^ok - pd_export_range during the reset: EBUSY$' creset.out &&
+	grep -q '^ok - exported again after the reset and registered' creset.out; then
+	ok "$desc"
+	sed "s/^/# /" creset.out
+else
+	fail "$desc" "$(show creset)"
 fi
 desc="companion remove while companion_export holds a registration (pd_register_export) and a mapping: the invalidation callback hears of it with PD_INVALIDATED_DEVICE and its key, and touching the mapping then gets SIGBUS"
 if [ "$(cat cremove.rc 2>/dev/null)" = 0 ] && [ "$(cat hold.rc 2>/dev/null)" = 0 ] &&

@@ -77,6 +77,7 @@ void peerdirect_file_replace_fops(struct file *file, const struct file_operation
 pid_t peerdirect_current_tgid(void);
 void peerdirect_page_set_bits(struct page *page, size_t offset, u32 bits);
 void peerdirect_page_count(struct page *page, size_t offset);
+u32 peerdirect_page_load(struct page *page, size_t offset);
 unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma);
 int peerdirect_pci_generation_register(const struct peerdirect_pci_events *events);
 void peerdirect_pci_generation_unregister(void);

@@ -26,6 +26,12 @@ void peerdirect_page_count(struct page *page, size_t offset)
 	smp_store_release(word, READ_ONCE(*word) + 1);
 }
 
+/* Reads the u32 at @offset of @page with acquire semantics, as userspace reads it. */
+u32 peerdirect_page_load(struct page *page, size_t offset)
+{
+	return smp_load_acquire((u32 *)(page_address(page) + offset));
+}
+
 unsigned long peerdirect_vma_pgoff(struct vm_area_struct *vma)
 {
 	return vma->vm_pgoff;

@@ -24,12 +24,21 @@
  * registration with PD_INVALIDATED_DEVICE, and a child touching the mapping must die of
  * SIGBUS.
  *
+ * With --reset, the program keeps a registration and its mapping after registering and
+ * announces a reset of the device as the owner's runtime does before it resets it
+ * (pd_companion_reset_prepare): the invalidation callback must hear of the registration with
+ * PD_INVALIDATED_DEVICE, on the library's own thread, with no further call of the program's;
+ * a child touching the mapping must die of SIGBUS; an export is refused with -EBUSY until
+ * pd_companion_reset_done, and a second done with -EINVAL; then a new export of the same range
+ * maps, takes the pattern with SEED + 1, and registers (a miss).
+ *
  *   cc -o companion_export companion_export.c $(pkg-config --cflags --libs peerdirect libfabric)
- *   ./companion_export DEVICE_INDEX BAR_OFFSET LENGTH SEED [--expect-errno NAME | --hold GOFILE]
+ *   ./companion_export DEVICE_INDEX BAR_OFFSET LENGTH SEED
+ *                      [--expect-errno NAME | --hold GOFILE | --reset]
  *
  * Numbers are decimal, or hexadecimal with 0x.
  */
-#define _DEFAULT_SOURCE /* strdup, htole64 */
+#define _GNU_SOURCE /* strdup, htole64, gettid */
 #include <ctype.h>
 #include <endian.h>
 #include <errno.h>
@@ -228,16 +237,20 @@ static int cache_counted(const pd_regcache *cache, uint64_t hits, uint64_t misse
 static int usage(void)
 {
 	fprintf(stderr, "usage: companion_export DEVICE_INDEX BAR_OFFSET LENGTH SEED "
-			"[--expect-errno NAME | --hold GOFILE]\n");
+			"[--expect-errno NAME | --hold GOFILE | --reset]\n");
 	return 2;
 }
 
-/* What the invalidation callback heard (--hold); calls is published last (release). */
+/*
+ * What the invalidation callback heard (--hold, --reset), and on which thread; calls is
+ * published last (release).
+ */
 struct heard {
 	int calls;
 	uint32_t cause;
 	uint32_t held;
 	uint64_t key;
+	pid_t thread;
 };
 
 static void on_invalidate(void *ctx, const struct pd_invalidation *invalidation)
@@ -247,7 +260,43 @@ static void on_invalidate(void *ctx, const struct pd_invalidation *invalidation)
 	heard->cause = invalidation->cause;
 	heard->held = invalidation->held;
 	heard->key = invalidation->key;
+	heard->thread = gettid();
 	__atomic_store_n(&heard->calls, heard->calls + 1, __ATOMIC_RELEASE);
+}
+
+/* Waits up to 5 s for the callback's first call; whether it came. */
+static int callback_came(const struct heard *heard)
+{
+	int tries;
+
+	for (tries = 0; tries < 500 && __atomic_load_n(&heard->calls, __ATOMIC_ACQUIRE) < 1; tries++)
+		usleep(10000);
+	return __atomic_load_n(&heard->calls, __ATOMIC_ACQUIRE) >= 1;
+}
+
+/* Whether touching map kills a child with SIGBUS, now that its memory went (what); prints. */
+static int touch_faults(void *map, const char *what)
+{
+	int wstatus;
+	pid_t child;
+
+	fflush(stdout);
+	child = fork();
+	if (child == 0) {
+		(void)*(volatile unsigned char *)map;
+		_exit(0);
+	}
+	if (child < 0 || waitpid(child, &wstatus, 0) != child) {
+		printf("FAIL - fork or wait : %s\n", strerror(errno));
+		return 0;
+	}
+	if (!WIFSIGNALED(wstatus) || WTERMSIG(wstatus) != SIGBUS) {
+		printf("FAIL - touching the mapping after %s : child status %#x, expected SIGBUS\n",
+		       what, wstatus);
+		return 0;
+	}
+	printf("ok - touching the mapping after %s: SIGBUS\n", what);
+	return 1;
 }
 
 /*
@@ -257,8 +306,7 @@ static void on_invalidate(void *ctx, const struct pd_invalidation *invalidation)
  */
 static int hold_until_gone(const char *go, const struct heard *heard, uint64_t key, void *map)
 {
-	int tries, wstatus;
-	pid_t child;
+	int tries;
 
 	printf("ok - registered, waiting\n");
 	fflush(stdout);
@@ -270,10 +318,7 @@ static int hold_until_gone(const char *go, const struct heard *heard, uint64_t k
 		usleep(10000);
 	}
 	/* The cache hears of the removal on a thread of its own: give it 5 s. */
-	for (tries = 0; tries < 500 && __atomic_load_n(&heard->calls, __ATOMIC_ACQUIRE) < 1; tries++)
-		usleep(10000);
-	if (__atomic_load_n(&heard->calls, __ATOMIC_ACQUIRE) < 1 ||
-	    heard->cause != PD_INVALIDATED_DEVICE || heard->key != key) {
+	if (!callback_came(heard) || heard->cause != PD_INVALIDATED_DEVICE || heard->key != key) {
 		printf("FAIL - invalidation : %d callback(s), cause %u, key %#" PRIx64
 		       "; expected the registration's key %#" PRIx64 " with PD_INVALIDATED_DEVICE\n",
 		       heard->calls, heard->cause, heard->key, key);
@@ -282,30 +327,106 @@ static int hold_until_gone(const char *go, const struct heard *heard, uint64_t k
 	printf("ok - invalidated: %d callback(s), cause PD_INVALIDATED_DEVICE, held %u, key %#" PRIx64
 	       "\n",
 	       heard->calls, heard->held, heard->key);
-	fflush(stdout);
-	child = fork();
-	if (child == 0) {
-		(void)*(volatile unsigned char *)map;
-		_exit(0);
-	}
-	if (child < 0 || waitpid(child, &wstatus, 0) != child) {
-		printf("FAIL - fork or wait : %s\n", strerror(errno));
+	return touch_faults(map, "the companion went") ? 0 : 1;
+}
+
+/*
+ * --reset: announces a reset with the registration (key) held in dom and map mapped, checks
+ * what the callback heard and that the mapping faults, that exports wait for the reset's end,
+ * then exports the range again, writes the pattern with seed + 1 and registers it. 0 iff all.
+ */
+static int reset_and_export_again(pd_device *dev, pd_domain *dom, const pd_regcache *cache,
+				  const struct heard *heard, uint64_t key, void *map,
+				  uint64_t bar_offset, uint64_t length, uint64_t seed)
+{
+	struct pd_regcache_stats stats;
+	void *again = MAP_FAILED;
+	pd_mr *mr = NULL;
+	int fd = -1, err, status = 1;
+
+	if ((err = pd_companion_reset_prepare(dev))) {
+		pd_failed("pd_companion_reset_prepare", err);
 		return 1;
 	}
-	if (!WIFSIGNALED(wstatus) || WTERMSIG(wstatus) != SIGBUS) {
-		printf("FAIL - touching the mapping after the companion went : child status %#x, "
-		       "expected SIGBUS\n",
-		       wstatus);
+	printf("ok - pd_companion_reset_prepare\n");
+	if (!callback_came(heard) || heard->cause != PD_INVALIDATED_DEVICE || heard->key != key) {
+		printf("FAIL - invalidation : %d callback(s), cause %u, key %#" PRIx64
+		       "; expected the registration's key %#" PRIx64 " with PD_INVALIDATED_DEVICE\n",
+		       heard->calls, heard->cause, heard->key, key);
 		return 1;
 	}
-	printf("ok - touching the mapping after the companion went: SIGBUS\n");
-	return 0;
+	if (heard->thread == gettid()) {
+		printf("FAIL - invalidation : heard on the program's own thread, expected the "
+		       "library's watching thread\n");
+		return 1;
+	}
+	printf("ok - invalidated by the reset: %d callback(s), cause PD_INVALIDATED_DEVICE, held %u, "
+	       "key %#" PRIx64 ", on the library's thread\n",
+	       heard->calls, heard->held, heard->key);
+	if (!touch_faults(map, "the reset began"))
+		return 1;
+	err = pd_export_range(dev, bar_offset, length, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR, &fd);
+	if (err != -EBUSY) {
+		printf("FAIL - pd_export_range during the reset : %s, expected EBUSY\n",
+		       err ? errno_name(err) : "exported");
+		goto out;
+	}
+	printf("ok - pd_export_range during the reset: EBUSY\n");
+	if ((err = pd_companion_reset_done(dev))) {
+		pd_failed("pd_companion_reset_done", err);
+		goto out;
+	}
+	err = pd_companion_reset_done(dev);
+	if (err != -EINVAL) {
+		printf("FAIL - a second pd_companion_reset_done : %s, expected EINVAL\n",
+		       err ? errno_name(err) : "succeeded");
+		goto out;
+	}
+	printf("ok - pd_companion_reset_done, and a second one: EINVAL\n");
+	if ((err = pd_export_range(dev, bar_offset, length, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR,
+				   &fd))) {
+		pd_failed("pd_export_range after the reset", err);
+		goto out;
+	}
+	again = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (again == MAP_FAILED) {
+		printf("FAIL - mmap of the new dma-buf : %s\n", strerror(errno));
+		goto out;
+	}
+	if (write_pattern(fd, again, length, seed + 1))
+		goto out;
+	if ((err = pd_register_export(dom, dev, fd, 0, 0, ALL_ACCESS, &mr))) {
+		pd_failed("pd_register_export after the reset", err);
+		goto out;
+	}
+	if ((err = pd_regcache_stats(cache, &stats))) {
+		pd_failed("pd_regcache_stats", err);
+		goto out;
+	}
+	if (pd_mr_key(mr) == key || stats.misses != 2 || stats.invalidations != 1) {
+		printf("FAIL - registered after the reset : key %#" PRIx64 ", misses %" PRIu64
+		       ", invalidations %" PRIu64 "; expected a new key, 2, 1\n",
+		       pd_mr_key(mr), stats.misses, stats.invalidations);
+		goto out;
+	}
+	printf("ok - exported again after the reset and registered: key %#" PRIx64
+	       ", misses 2, invalidations 1\n",
+	       pd_mr_key(mr));
+	status = 0;
+out:
+	pd_mr_release(mr);
+	if (again != MAP_FAILED)
+		munmap(again, length);
+	if (fd >= 0)
+		close(fd);
+	return status;
 }
 
 int main(int argc, char **argv)
 {
 	uint64_t index, bar_offset, length, seed;
 	const char *go = NULL;
+	int reset = 0;
 	struct heard heard = { 0 };
 	int expected = 0;
 	char what[128];
@@ -321,7 +442,9 @@ int main(int argc, char **argv)
 	int fd = -1;
 	int err, ret, status = 1;
 
-	if (argc != 5 && argc != 7)
+	if (argc == 6 && strcmp(argv[5], "--reset") == 0)
+		reset = 1;
+	else if (argc != 5 && argc != 7)
 		return usage();
 	if (!parse_u64(argv[1], &index) || index > UINT_MAX || !parse_u64(argv[2], &bar_offset) ||
 	    !parse_u64(argv[3], &length) || !parse_u64(argv[4], &seed))
@@ -429,7 +552,8 @@ int main(int argc, char **argv)
 	}
 	printf("ok - attached the domain\n");
 
-	if (go && (err = pd_regcache_set_invalidate_callback(cache, on_invalidate, &heard))) {
+	if ((go || reset) &&
+	    (err = pd_regcache_set_invalidate_callback(cache, on_invalidate, &heard))) {
 		pd_failed("pd_regcache_set_invalidate_callback", err);
 		goto out;
 	}
@@ -465,6 +589,11 @@ int main(int argc, char **argv)
 		goto out;
 	if (go) {
 		status = hold_until_gone(go, &heard, pd_mr_key(first), map);
+		goto out;
+	}
+	if (reset) {
+		status = reset_and_export_again(dev, dom, cache, &heard, pd_mr_key(first), map,
+						bar_offset, length, seed);
 		goto out;
 	}
 

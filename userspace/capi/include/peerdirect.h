@@ -100,8 +100,9 @@ struct pd_invalidation {
  * Called once for each registration of a cache whose memory, device or domain goes, cached or
  * only held by pd_mr handles, before the cache lets go of it: on the thread that frees the
  * allocation, detaches the domain or calls pd_regcache_invalidate_dmabuf(), or on the
- * library's own thread that watches a device for removal. It runs outside the library's locks;
- * it may call pd_mr_release(), but must not free the cache or detach a domain.
+ * library's own thread that watches a device for removal and resets. It runs outside the
+ * library's locks; it may call pd_mr_release(), but must not free the cache or detach a
+ * domain.
  */
 typedef void (*pd_invalidate_fn)(void *ctx, const struct pd_invalidation *invalidation);
 
@@ -202,6 +203,22 @@ int pd_export(const pd_allocation *alloc, uint64_t offset, uint64_t length, uint
  */
 int pd_export_range(const pd_device *dev, uint64_t bar_offset, uint64_t length, uint32_t flags,
 		    int *fd_out);
+
+/*
+ * Companion devices only: the owner's runtime calls pd_companion_reset_prepare() before it
+ * resets the device (habanalabs' hard reset, a vfio user's reset) and pd_companion_reset_done()
+ * after (PEERDIRECT_IOC_COMPANION_RESET_PREPARE and _DONE through /dev/peerdirect; needs
+ * CAP_SYS_ADMIN). Prepare revokes every dma-buf exported from the device (as removal does:
+ * importers invalidated, CPU mappings fault with SIGBUS), counts the reset on the status page,
+ * and refuses exports (-EBUSY) until done; registration caches of every process that watches
+ * the device drop their registrations of those dma-bufs at once (PD_INVALIDATED_DEVICE), from
+ * the library's watching thread, so that no NIC reaches the device while it resets. The device
+ * stays: exports made after done work. -EPERM: no CAP_SYS_ADMIN; -ENOENT: not a companion
+ * (peerdirect's own devices see their resets from the PCI core); -EINVAL (done): no reset
+ * was announced; -ENODEV: the device is gone.
+ */
+int pd_companion_reset_prepare(const pd_device *dev);
+int pd_companion_reset_done(const pd_device *dev);
 
 /*
  * Fills *out with the counters of /dev/peerdirect<index> from debugfs

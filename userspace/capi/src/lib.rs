@@ -35,7 +35,7 @@ use std::os::fd::{IntoRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, Mutex};
 
-use pd::{Device, Errno, ExportFlags, RawExport, RawFree, Stats};
+use pd::{Control, Device, Errno, ExportFlags, PciAddress, RawExport, RawFree, Stats};
 
 pub use abi::{FidDomain, PdDeviceInfo, PdRegcacheStats, PdStats};
 use error::{guard_status, handle_guard, shield, Failure};
@@ -328,6 +328,62 @@ pub unsafe extern "C" fn pd_stats(index: c_uint, out: *mut PdStats) -> c_int {
         let stats = PdStats::from(&Stats::read(index)?);
         // SAFETY: the caller promises `out` is NULL (refused) or valid for writing.
         unsafe { put(F, "out", out, stats) }
+    })
+}
+
+/// `int pd_companion_reset_prepare(const pd_device *dev)`: tells peerdirect that the owner of
+/// the companion `dev` serves is about to reset the device
+/// (`PEERDIRECT_IOC_COMPANION_RESET_PREPARE` through the control device).
+///
+/// # Safety
+///
+/// `dev` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn pd_companion_reset_prepare(dev: *const PdDevice) -> c_int {
+    // SAFETY: `dev` is passed on under the same contract.
+    unsafe {
+        companion_reset(
+            "pd_companion_reset_prepare",
+            dev,
+            Control::companion_reset_prepare,
+        )
+    }
+}
+
+/// `int pd_companion_reset_done(const pd_device *dev)`: the reset announced by
+/// `pd_companion_reset_prepare` is over (`PEERDIRECT_IOC_COMPANION_RESET_DONE`).
+///
+/// # Safety
+///
+/// `dev` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn pd_companion_reset_done(dev: *const PdDevice) -> c_int {
+    // SAFETY: `dev` is passed on under the same contract.
+    unsafe {
+        companion_reset(
+            "pd_companion_reset_done",
+            dev,
+            Control::companion_reset_done,
+        )
+    }
+}
+
+/// Sends `command` for the PCI device `dev` serves, through the control device.
+///
+/// # Safety
+///
+/// `dev` is NULL or a live handle.
+unsafe fn companion_reset(
+    function: &str,
+    dev: *const PdDevice,
+    command: fn(&Control, PciAddress) -> Result<(), pd::Error>,
+) -> c_int {
+    guard_status(function, || {
+        // SAFETY: the caller promises `dev` is NULL or a live handle.
+        let dev = unsafe { arg(function, "dev", dev) }?;
+        let device = dev.device.info()?.pci_address;
+        command(&Control::open()?, device)?;
+        Ok(())
     })
 }
 

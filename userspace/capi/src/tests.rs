@@ -73,6 +73,8 @@ fn signatures() -> Vec<(&'static str, String)> {
         pd_allocation_handle(*const PdAllocation) -> u32;
         pd_export(*const PdAllocation, u64, u64, u32, *mut c_int) -> c_int;
         pd_export_range(*const PdDevice, u64, u64, u32, *mut c_int) -> c_int;
+        pd_companion_reset_prepare(*const PdDevice) -> c_int;
+        pd_companion_reset_done(*const PdDevice) -> c_int;
         pd_stats(c_uint, *mut PdStats) -> c_int;
         pd_regcache_new(*mut c_int) -> *mut PdRegCache;
         pd_regcache_free(*mut PdRegCache) -> ();
@@ -233,7 +235,7 @@ fn header_rust_and_table_name_the_same_functions() {
         in_table, in_rust,
         "signature table vs. extern \"C\" fns of lib.rs"
     );
-    assert_eq!(in_rust.len(), 37);
+    assert_eq!(in_rust.len(), 39);
 }
 
 #[test]
@@ -265,7 +267,11 @@ fn layout_matches_the_header() {
 fn every_c_function_runs_inside_the_guard() {
     const GUARDS: [&str; 3] = ["guard(", "guard_status(", "shield("];
     // Helpers whose whole body is guarded, checked below like the C functions.
-    const HELPERS: [&str; 2] = ["unsafe fn open(", "unsafe fn with_mr<"];
+    const HELPERS: [&str; 3] = [
+        "unsafe fn open(",
+        "unsafe fn with_mr<",
+        "unsafe fn companion_reset(",
+    ];
     let source = [include_str!("lib.rs"), include_str!("regcache.rs")].concat();
     let body_of = |start: usize| -> &str {
         let rest = &source[start..];
@@ -305,7 +311,7 @@ fn every_c_function_runs_inside_the_guard() {
         );
         seen += 1;
     }
-    assert_eq!(seen, 37);
+    assert_eq!(seen, 39);
 }
 
 /// `pd_export` and `pd_export_range` refuse bits other than `PD_EXPORT_*` with `-EINVAL`,

@@ -46,6 +46,7 @@ use peerdirect::cache::{Access, ByteRange, CacheLimits, DomainId, ExportId, RegK
 use peerdirect::{
     pattern, Device, DeviceInfo, DmaBuf, DmaBufMap, Errno, ExportFlags, RegCache, SyncFlags,
 };
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
 
 use crate::removal::{
     expect_going, expect_log_report, expect_waiting, expect_waits_log, waits_reports, Unbinding,
@@ -212,6 +213,8 @@ struct State {
     cached: Option<Cached>,
     /// The unbind, while it waits for the pinned importer.
     unbinding: Option<Unbinding>,
+    /// A second file of D, opened before the reset, that nothing but the reset's checks reads.
+    second: Option<File>,
 }
 
 impl State {
@@ -349,6 +352,7 @@ fn start() -> Result<State, String> {
         toucher: None,
         cached: None,
         unbinding: None,
+        second: None,
     })
 }
 
@@ -646,7 +650,15 @@ fn reset_steps() -> Vec<Step> {
             },
         ),
         check(
-            "the registration cache attached to D drops A's registration instead of handing it out (its status page counted a reset since): a miss, one invalidation",
+            "a second file of D, opened before the reset, polls POLLPRI alone (not POLLHUP) until a read returns the status page's struct (version 1, state 0, resets 1; a buffer under its 12 bytes: EINVAL); then no event",
+            reset_polled,
+        ),
+        check(
+            "the registration cache attached to D drops A's registration by itself within 5 s of the reset, with no request: the library's thread watching D saw the event (entries 0, one invalidation)",
+            cache_dropped_by_watcher,
+        ),
+        check(
+            "a request for A after the reset gets a new registration (a miss), not the dropped one; one invalidation in all",
             cache_after_reset,
         ),
     ];
@@ -742,6 +754,14 @@ fn reset(s: &mut State) -> Outcome {
     expect_eq("reset_method", "bus", method.trim())?;
     let status = s.device()?.status().ok_or("D has no status page")?;
     expect_eq("resets before", 0, status.resets())?;
+    let path = peerdirect::device_path(INDEX);
+    let second = File::open(&path).map_err(|err| format!("open {}: {err}", path.display()))?;
+    expect_eq(
+        "a new file's events before the reset",
+        PollFlags::empty(),
+        events(&second)?,
+    )?;
+    s.second = Some(second);
     let (done, finished) = std::sync::mpsc::channel();
     let path = format!("{dir}/reset");
     std::thread::spawn(move || {
@@ -888,6 +908,59 @@ fn cache_after_removal(s: &mut State) -> Outcome {
 
 fn cache_after_reset(s: &mut State) -> Outcome {
     cache_dropped_a(s, "reset").map(drop)
+}
+
+/// The events `file` polls now (`POLLPRI` and what always comes: `POLLHUP`, `POLLERR`).
+fn events(file: &File) -> Result<PollFlags, String> {
+    let mut fds = [PollFd::new(file, PollFlags::PRI)];
+    poll(&mut fds, Some(&Timespec::default())).map_err(|err| format!("poll: {err}"))?;
+    Ok(fds[0].revents())
+}
+
+/// The second file of D says there was a reset, until it reads the status.
+fn reset_polled(s: &mut State) -> Outcome {
+    // Taken: closed whatever the outcome, so that the module can unload at the end.
+    let file = s.second.take().ok_or("no second file of D")?;
+    let file = &file;
+    expect_eq("events after the reset", PollFlags::PRI, events(file)?)?;
+    let mut short = [0u8; 11];
+    match rustix::io::read(file, &mut short) {
+        Err(Errno::INVAL) => {}
+        other => {
+            return Err(format!(
+                "a read of 11 bytes: expected EINVAL, got {other:?}"
+            ))
+        }
+    }
+    expect_eq("events after a refused read", PollFlags::PRI, events(file)?)?;
+    let mut status = [0u8; 16];
+    let n = rustix::io::read(file, &mut status).map_err(|err| format!("read: {err}"))?;
+    expect_eq("bytes read", 12, n)?;
+    let word =
+        |i: usize| u32::from_ne_bytes([status[i], status[i + 1], status[i + 2], status[i + 3]]);
+    expect_eq(
+        "(version, state, resets)",
+        (1, 0, 1),
+        (word(0), word(4), word(8)),
+    )?;
+    expect_eq("events once read", PollFlags::empty(), events(file)?)
+}
+
+/// The cache let go of A's registration with nobody asking it for one.
+fn cache_dropped_by_watcher(s: &mut State) -> Outcome {
+    let cached = s.cached.as_ref().ok_or("no cache")?;
+    let dropped = wait_for(Duration::from_secs(5), || {
+        let stats = cached.cache.stats();
+        stats.entries == 0 && stats.invalidations == 1
+    });
+    let stats = cached.cache.stats();
+    dropped.map_err(|secs| {
+        format!(
+            "expected no entry and one invalidation within {secs} s, got {} and {}",
+            stats.entries, stats.invalidations
+        )
+    })?;
+    expect_eq("hits", 1, stats.hits)
 }
 
 /// A request for A after the device was `what` (revoked, reset) gets a new registration, not

@@ -852,6 +852,14 @@ impl<R: Registrar> Invalidate for RegCache<R> {
         self.invalidate_device(device);
     }
 
+    /// Drops the device's entries now if its status page counts a reset they do not know of,
+    /// as the next request for one of them would (entries registered since stay).
+    fn device_reset(&self, device: u32) {
+        let mut doomed = Vec::new();
+        self.write().drop_stale(device, &mut doomed);
+        self.tell(doomed, Cause::Device);
+    }
+
     fn file_closing(&self, status: &DeviceStatus) {
         let released: Vec<DeviceStatus> = {
             let mut state = self.write();

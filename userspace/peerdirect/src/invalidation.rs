@@ -20,7 +20,12 @@
 //!   revocation starts), a thread the first subscription starts tells every hook at once
 //!   ([`Invalidate::device_gone`]), without waiting for a command: removal of the device waits
 //!   for importers that cannot be revoked (EFA's pinned memory registrations), so a cache must
-//!   let go of its registrations by itself for the removal to finish.
+//!   let go of its registrations by itself for the removal to finish;
+//! - when the module says the device was reset (the file polls `POLLPRI` alone until a `read`
+//!   returns the status page's new count of resets), the same thread reads the status and
+//!   tells every hook ([`Invalidate::device_reset`]): the exports made before the reset are
+//!   revoked, and a pinned registration of one would let the NIC reach the device while it
+//!   resets.
 //!
 //! Hooks are held weakly: a cache that is dropped unsubscribes by itself. They run on the
 //! thread that frees (or the watching thread), outside this module's locks.
@@ -142,6 +147,11 @@ pub trait Invalidate: Send + Sync {
     /// `/dev/peerdirect<device>` is gone (revoked, unbound, reset): drop everything held for
     /// its exports.
     fn device_gone(&self, device: u32);
+
+    /// `/dev/peerdirect<device>` was reset: its status page counts one more reset, and the
+    /// exports made before it are revoked (those made after work). Drop what is held for
+    /// them; by default nothing (a hook that checks the status page learns it there).
+    fn device_reset(&self, _device: u32) {}
 
     /// The device file whose status page `status` is, is being closed: let go of the page
     /// (a mapping of the file keeps the file open).
@@ -284,6 +294,12 @@ impl State {
         }
     }
 
+    fn device_reset(&self, device: u32) {
+        for hook in self.live() {
+            hook.device_reset(device);
+        }
+    }
+
     /// The hooks still alive, so that they run without this module's locks held.
     fn live(&self) -> Vec<Arc<dyn Invalidate>> {
         let mut subscribers = lock(&self.subscribers);
@@ -292,10 +308,12 @@ impl State {
     }
 }
 
-/// A thread that waits for the device file to poll `POLLPRI` (with `POLLHUP`): the module
-/// started revoking the device. A module without `poll` never answers so (the file then polls
-/// only `POLLIN | POLLOUT`, which the thread does not ask for), and the thread just waits to
-/// be stopped: the status page and `ENODEV` remain the ways to learn.
+/// A thread that waits for the device file to poll `POLLPRI`: with `POLLHUP`, the module
+/// started revoking the device (the thread tells the hooks and ends); alone, the device was
+/// reset (the thread reads the status, which ends the event, tells the hooks and goes on). A
+/// module without `poll` never answers so (the file then polls only `POLLIN | POLLOUT`, which
+/// the thread does not ask for), and the thread just waits to be stopped: the status page and
+/// `ENODEV` remain the ways to learn.
 struct Watcher {
     /// Written to stop the thread.
     stop: OwnedFd,
@@ -311,9 +329,11 @@ impl Watcher {
         let stopped = stop.try_clone()?;
         let thread = thread::Builder::new()
             .name(format!("peerdirect{device}-watch"))
-            .spawn(move || {
-                if going(&fd, &stopped) {
-                    state.device_gone(device);
+            .spawn(move || loop {
+                match next_event(&fd, &stopped) {
+                    Event::Gone => return state.device_gone(device),
+                    Event::Reset => state.device_reset(device),
+                    Event::Stopped => return,
                 }
             })?;
         Ok(Self {
@@ -323,8 +343,20 @@ impl Watcher {
     }
 }
 
-/// Waits until `fd` says the device is going (true) or `stop` is written (false).
-fn going(fd: &OwnedFd, stop: &OwnedFd) -> bool {
+/// What a device file's watcher learned.
+#[derive(Debug, PartialEq, Eq)]
+enum Event {
+    /// The device is going: its file polls `POLLHUP` (or `POLLERR`).
+    Gone,
+    /// The device was reset, and the status read: `POLLPRI` alone.
+    Reset,
+    /// `stop` was written, or the file cannot be polled or read.
+    Stopped,
+}
+
+/// Waits until `fd` says the device is going or was reset (then reads its status, which ends
+/// the reset's event), or `stop` is written.
+fn next_event(fd: &OwnedFd, stop: &OwnedFd) -> Event {
     loop {
         let mut fds = [
             PollFd::new(fd, PollFlags::PRI),
@@ -333,16 +365,22 @@ fn going(fd: &OwnedFd, stop: &OwnedFd) -> bool {
         match poll(&mut fds, None) {
             Ok(_) => {}
             Err(Errno::INTR) => continue,
-            Err(_) => return false,
+            Err(_) => return Event::Stopped,
         }
         if !fds[1].revents().is_empty() {
-            return false;
+            return Event::Stopped;
         }
-        if fds[0]
-            .revents()
-            .intersects(PollFlags::PRI | PollFlags::HUP | PollFlags::ERR)
-        {
-            return true;
+        let events = fds[0].revents();
+        if events.intersects(PollFlags::HUP | PollFlags::ERR) {
+            return Event::Gone;
+        }
+        if events.contains(PollFlags::PRI) {
+            let mut status = [0u8; size_of::<uapi::peerdirect_status>()];
+            // A file that polls `POLLPRI` but cannot say why would wake the thread forever.
+            return match rustix::io::read(fd, &mut status) {
+                Ok(_) => Event::Reset,
+                Err(_) => Event::Stopped,
+            };
         }
     }
 }

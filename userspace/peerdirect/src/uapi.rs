@@ -24,6 +24,7 @@ const _: () = {
     assert!(PEERDIRECT_EXPORT_SIZE_VER0 as usize == size_of::<peerdirect_export>());
     assert!(PEERDIRECT_COMPANION_SIZE_VER0 as usize == size_of::<peerdirect_companion>());
     assert!(PEERDIRECT_EXPORT_RANGE_SIZE_VER0 as usize == size_of::<peerdirect_export_range>());
+    assert!(PEERDIRECT_STATUS_SIZE_VER0 as usize == size_of::<peerdirect_status>());
 };
 
 /// A type or command number of the header (a `u32` for bindgen) as the byte `_IO` takes;

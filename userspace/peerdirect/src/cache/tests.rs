@@ -1303,6 +1303,42 @@ fn a_reset_counted_on_the_status_page_drops_the_device_entries_before_a_hit() {
     drop(held);
 }
 
+#[test]
+fn a_reset_the_watcher_reports_drops_the_device_entries_at_once_and_tells_the_listener() {
+    use crate::invalidation::Invalidate;
+    let fake = FakeDevice::with_status_page("reset-hook");
+    let registrar = FakeRegistrar::new(1);
+    let cache = Arc::new(cache(16, 1 << 30));
+    let heard = listen(&cache, &registrar);
+    cache.attach(&fake.device);
+    let old = get(&cache, &registrar, ExportId::new(7, 1), 0, 4, RW)
+        .mr()
+        .id;
+    drop(get(&cache, &registrar, ExportId::new(8, 1), 0, 4, RW)); // another device
+
+    // Told before the page counts a reset (a late or spurious event): nothing goes.
+    cache.device_reset(7);
+    assert_eq!(cache.stats().entries, 2);
+    assert!(heard.lock().unwrap().is_empty());
+
+    // The module resets device 7 and the watcher says so: its entry goes without a request,
+    // and the listener hears of it; the other device's stays.
+    fake.set_resets(1);
+    cache.device_reset(7);
+    assert_eq!(cache.stats().entries, 1);
+    assert_eq!(cache.stats().invalidations, 1);
+    assert_eq!(*heard.lock().unwrap(), [(old, Cause::Device, false)]);
+    assert!(!registrar.is_live(old));
+
+    // An entry registered after the reset survives the same report again.
+    let new = get(&cache, &registrar, ExportId::new(7, 2), 0, 4, RW)
+        .mr()
+        .id;
+    cache.device_reset(7);
+    assert!(registrar.is_live(new));
+    assert_eq!(cache.stats().entries, 2);
+}
+
 /// What a listener heard: (MR id, cause, held), in order.
 type Heard = Arc<Mutex<Vec<(u64, Cause, bool)>>>;
 

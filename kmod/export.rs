@@ -109,9 +109,10 @@ impl Exporter for Export {
         // No live guard: removal revokes this export (under the reservation lock held here)
         // before the device's binding goes, and waits for the mapping made here to be undone.
         let hbm = self.hbm();
-        // Nothing to reach while the BAR does not decode: a reset no one announced, or an
-        // owner that keeps decoding off (a VM's driver, through vfio).
-        if !pci::decodes_memory(hbm.pdev()) {
+        // Nothing to reach while the BAR does not decode (a reset no one announced, an owner
+        // that keeps decoding off: a VM's driver, through vfio), nor once it is no longer
+        // where the device was found (resized, reassigned or moved since).
+        if !pci::bar_in_place(hbm.pdev(), &hbm.recorded().place()) {
             return Err(EIO);
         }
         let page = PAGE_SIZE as u64;
@@ -191,7 +192,16 @@ pub(crate) fn export(
     };
     let cpu_phys = export.phys_addr();
     // The export holds the allocation, which holds the device: the buffer's window may name it.
-    let dmabuf = DmaBuf::export(export, len, cpu_phys, hbm.pdev(), writable, &hbm.exported)?;
+    let place = hbm.recorded().place();
+    let dmabuf = DmaBuf::export(
+        export,
+        len,
+        cpu_phys,
+        hbm.pdev(),
+        place,
+        writable,
+        &hbm.exported,
+    )?;
     dmabuf.set_name(index, alloc.handle(), alloc.offset() + offset, len)?;
     // Recorded for revocation; fails if the device went away meanwhile.
     let record = ExportRecord {

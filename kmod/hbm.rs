@@ -14,7 +14,7 @@ use crate::{
     sys::{
         self,
         dma_buf::{AttachInfo, DmaBuf, Registry},
-        pci::{BarIndex, DriverName},
+        pci::{BarIndex, BarPlace, DriverName},
     },
     uapi::PEERDIRECT_STATUS_REVOKED,
 };
@@ -77,6 +77,13 @@ pub(crate) struct HbmInfo {
     pub(crate) device_id: u16,
     /// N of `/dev/peerdirectN`.
     pub(crate) index: u32,
+}
+
+impl HbmInfo {
+    /// Where the BAR was found, for the checks at every map and CPU fault.
+    pub(crate) fn place(&self) -> BarPlace {
+        BarPlace::new(self.bar, self.phys_addr, self.bus_addr, self.bytes)
+    }
 }
 
 /// An export as debugfs lists it.

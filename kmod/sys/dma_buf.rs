@@ -257,9 +257,15 @@ struct CpuWindow {
     /// The device whose BAR the range is in: a fault maps nothing while it does not decode
     /// memory. The exporter holds a reference on it for as long as the buffer lives.
     pdev: *mut bindings::pci_dev,
+    /// Where the BAR the range is in was found: a fault maps nothing once it is elsewhere.
+    place: pci::BarPlace,
     /// Written and read by C only, under the buffer's reservation lock.
     revoked: Opaque<bool>,
 }
+
+// The layout `struct peerdirect_cpu_window` has (helpers/dma_buf.c asserts the same numbers).
+const _: () = assert!(core::mem::offset_of!(CpuWindow, place) == 24);
+const _: () = assert!(core::mem::offset_of!(CpuWindow, revoked) == 56);
 
 /// A dma-buf's private data: the window C reads first, then the exporter and the registry
 /// that lists the buffer until its release.
@@ -313,8 +319,9 @@ pub(crate) struct DmaBuf {
 
 impl DmaBuf {
     /// Exports `exporter` as a dma-buf of `size` bytes, backed for the CPU by the physical
-    /// range from `cpu_phys` in a BAR of `device` (which `exporter` keeps a reference on),
-    /// writable through mmap if `writable`, to be listed in `registry`
+    /// range from `cpu_phys` in a BAR of `device` (which `exporter` keeps a reference on)
+    /// found at `place` (CPU faults map nothing once it is elsewhere), writable through mmap
+    /// if `writable`, to be listed in `registry`
     /// ([`RegistryGuard::insert`]), which its release leaves. The buffer holds the module
     /// this code is built into, whose code its ops are, while it exists.
     pub(crate) fn export<T: Exporter>(
@@ -322,6 +329,7 @@ impl DmaBuf {
         size: u64,
         cpu_phys: u64,
         device: &kernel::pci::Device,
+        place: pci::BarPlace,
         writable: bool,
         registry: &Arc<Registry<T::Record>>,
     ) -> Result<Self> {
@@ -331,6 +339,7 @@ impl DmaBuf {
                     phys: cpu_phys,
                     len: size,
                     pdev: pci::raw_pci_dev(device),
+                    place,
                     revoked: Opaque::new(false),
                 },
                 registry: registry.clone(),

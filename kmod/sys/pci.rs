@@ -147,12 +147,27 @@ pub(crate) fn bar_is_mem(pdev: &pci::Device, bar: BarIndex) -> bool {
     unsafe { raw::peerdirect_pci_bar_is_mem(raw_pci_dev(pdev), bar.as_c_int()) }
 }
 
-/// Whether the device decodes memory accesses (its command register's memory bit) and is
-/// there: not while it is being reset, nor once its owner turned decoding off.
-pub(crate) fn decodes_memory(pdev: &pci::Device) -> bool {
-    // SAFETY: `raw_pci_dev` is a valid `struct pci_dev` while `pdev` is borrowed; a config
-    // read may be made in any context.
-    unsafe { raw::peerdirect_pci_decodes_memory(raw_pci_dev(pdev)) }
+pub(crate) use super::raw::BarPlace;
+
+impl BarPlace {
+    pub(crate) fn new(bar: BarIndex, phys: u64, bus: u64, len: u64) -> Self {
+        Self {
+            phys,
+            bus,
+            len,
+            bar: bar.as_c_int(),
+        }
+    }
+}
+
+/// Whether `pdev`'s BAR can be reached where `place` says it was found: the device decodes
+/// memory (not while it is being reset, nor once its owner turned decoding off), and the BAR
+/// was neither resized, reassigned nor moved since (the kernel's resource and the BAR
+/// register still say `place`).
+pub(crate) fn bar_in_place(pdev: &pci::Device, place: &BarPlace) -> bool {
+    // SAFETY: `raw_pci_dev` is a valid `struct pci_dev` while `pdev` is borrowed, `place.bar`
+    // a standard BAR's index (a `BarIndex`); config reads may be made in any context.
+    unsafe { raw::peerdirect_pci_bar_in_place(raw_pci_dev(pdev), place) }
 }
 
 /// The PCI domain (segment) of the device.

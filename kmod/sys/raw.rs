@@ -38,6 +38,21 @@ impl AttachInfo {
     }
 }
 
+/// Where a memory BAR was found (mirrors `struct peerdirect_bar_place` in `helpers.h`): made
+/// by `pci::BarPlace::new`, read by `peerdirect_pci_bar_in_place`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BarPlace {
+    /// The CPU physical address of its start (the kernel's resource).
+    pub(crate) phys: u64,
+    /// Its bus address (what the BAR register holds).
+    pub(crate) bus: u64,
+    /// Its length.
+    pub(crate) len: u64,
+    /// Its index, below `PCI_STD_NUM_BARS`.
+    pub(super) bar: c_int,
+}
+
 /// What the PCI bus notifier of `helpers/pci_notifier.c` calls (mirrors
 /// `struct peerdirect_pci_events` in `helpers.h`): it is given one at registration, which
 /// stays valid and unchanged until it is unregistered.
@@ -72,7 +87,10 @@ extern "C" {
     pub(super) fn peerdirect_pci_domain(pdev: *mut bindings::pci_dev) -> c_int;
     pub(super) fn peerdirect_pci_numa_node(pdev: *mut bindings::pci_dev) -> c_int;
     pub(super) fn peerdirect_pci_bar_is_mem(pdev: *mut bindings::pci_dev, bar: c_int) -> bool;
-    pub(super) fn peerdirect_pci_decodes_memory(pdev: *mut bindings::pci_dev) -> bool;
+    pub(super) fn peerdirect_pci_bar_in_place(
+        pdev: *mut bindings::pci_dev,
+        place: *const BarPlace,
+    ) -> bool;
     pub(super) fn peerdirect_pci_reserve_wc(pdev: *mut bindings::pci_dev, bar: c_int) -> c_int;
     pub(super) fn peerdirect_pci_dev_id(pdev: *mut bindings::pci_dev) -> u16;
     pub(super) fn peerdirect_pci_upstream_bridge(

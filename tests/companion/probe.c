@@ -27,7 +27,35 @@
  *	as a VM's driver does; prints "opened reset_works=N" (or the step that failed), waits
  *	for GOFILE if given, then closes it (vfio-pci resets it again if it can and restores
  *	the config space it saved at open, decoding on)
+ * probe bar-move BDF BAR DELTA: moves the memory BAR by DELTA bytes (a signed number) behind
+ *	the kernel's back, as root's setpci can: writes the BAR register(s) through the
+ *	device's sysfs config file; prints "moved OLD -> NEW" (bus addresses)
  */
+static int bar_move(const char *bdf, int bar, long long delta)
+{
+	char path[96];
+	unsigned int lo, hi = 0;
+	unsigned long long addr;
+	off_t where = 0x10 + 4 * bar;
+	int fd, wide;
+
+	snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/config", bdf);
+	fd = open(path, O_RDWR);
+	if (fd < 0 || pread(fd, &lo, 4, where) != 4)
+		return printf("%s: %s\n", path, strerror(errno)), 1;
+	wide = (lo & 6) == 4; /* PCI_BASE_ADDRESS_MEM_TYPE_64 */
+	if (wide && pread(fd, &hi, 4, where + 4) != 4)
+		return printf("%s: %s\n", path, strerror(errno)), 1;
+	addr = ((unsigned long long)hi << 32 | lo) & ~0xfULL;
+	lo = (unsigned int)(addr + delta) | (lo & 0xf);
+	hi = (unsigned int)((addr + delta) >> 32);
+	if (pwrite(fd, &lo, 4, where) != 4 || (wide && pwrite(fd, &hi, 4, where + 4) != 4))
+		return printf("write %s: %s\n", path, strerror(errno)), 1;
+	printf("moved %#llx -> %#llx\n", addr, addr + delta);
+	close(fd);
+	return 0;
+}
+
 static const char *errname(int e)
 {
 	switch (e) {
@@ -180,6 +208,8 @@ int main(int argc, char **argv)
 		printf("read %x\n", p[0]);
 		return 0;
 	}
+	if (argc == 5 && !strcmp(argv[1], "bar-move"))
+		return bar_move(argv[2], atoi(argv[3]), strtoll(argv[4], 0, 0));
 	if (argc >= 3 && argc <= 5 && !strcmp(argv[1], "vfio-open"))
 		return vfio_open(argv[2], argc >= 4 ? argv[3] : NULL,
 				 argc == 5 && !strcmp(argv[4], "decode-off"));

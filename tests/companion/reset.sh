@@ -46,6 +46,16 @@ run off_cpu /tmp/probe cpu $dev 0x8400000 0x200000 /tmp/go2
 touch /tmp/vgo
 wait $vfio
 run on_import /tmp/probe imp $dev 0x8200000 0x200000 "dev=$nic mode=dynamic hbm=$hbm"
+# Root moves the BAR behind the kernel's back (setpci's way: a write to the BAR register):
+# nothing may map the old range meanwhile (peerdirect compares the register with where it found
+# the BAR at every map and CPU fault); moved back, maps work again
+run moved /tmp/probe bar-move $hbm 2 0x100000000
+run moved_import /tmp/probe imp $dev 0x8600000 0x200000 "dev=$nic mode=dynamic hbm=$hbm"
+touch /tmp/go3
+run moved_cpu /tmp/probe cpu $dev 0x8800000 0x200000 /tmp/go3
+run back /tmp/probe bar-move $hbm 2 -0x100000000
+run back_import /tmp/probe imp $dev 0x8600000 0x200000 "dev=$nic mode=dynamic hbm=$hbm"
+run back_cpu /tmp/probe cpu $dev 0x8800000 0x200000 /tmp/go3
 run done_again peerdirect companion reset-done $hbm
 run not_companion peerdirect companion reset-prepare $nic
 /tmp/probe cmd "release all" >/dev/null

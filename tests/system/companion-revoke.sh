@@ -16,9 +16,9 @@
 . "$ROOT/tests/companion/host-lib.sh"
 # Plan: this script's own checks, declared first: the 18 every way shares (checks) for each of
 # the 3 ways, and those of one way: 3 + 3 of the owner's unbind, 1 of the hot-unplug, 9 + 3 + 2
-# of companion remove, 25 of the reset (tests/companion/reset.sh). A guest run that does not
+# of companion remove, 31 of the reset (tests/companion/reset.sh). A guest run that does not
 # end cleanly adds a failure (guest_run).
-plan $((3 * 18 + 3 + 3 + 1 + 9 + 3 + 2 + 25))
+plan $((3 * 18 + 3 + 3 + 1 + 9 + 3 + 2 + 31))
 
 # meanwhile WAY WHAT: while the removal waits, the host's other PCI work goes on
 meanwhile() {
@@ -115,6 +115,12 @@ expect "reset: meanwhile a map of a new export fails with EIO" reset off_import 
 expect "reset: and a CPU mapping of one faults with SIGBUS" reset off_cpu 135 '^$'
 expect "reset: once the user closes the device (vfio-pci restores its config space, decoding on), maps work again" \
 	reset on_import 0 'attach=0 .*map=0 '
+expect "reset: root moves the BAR by 4 GiB behind the kernel's back (a write to the BAR register through sysfs config)" reset moved 0 '^moved 0x'
+expect "reset: while the BAR is elsewhere, a map of a new export fails with EIO" reset moved_import 0 'attach=0 .*map=-5 '
+expect "reset: and a CPU mapping of one faults with SIGBUS instead of writing to nothing" reset moved_cpu 135 '^$'
+expect "reset: moved back to where it was found, maps work again" reset back 0 '^moved 0x'
+expect "reset: a map of a new export succeeds" reset back_import 0 'attach=0 .*map=0 '
+expect "reset: and a CPU mapping writes and reads" reset back_cpu 0 '^mapped a5\|read a5'
 expect "reset: reset-done again: EINVAL" reset done_again 1 'os error 22\)'
 expect "reset: reset-prepare of a device that is not a companion: ENOENT" reset not_companion 1 'os error 2\); that device is not a companion'
 expect "reset: companion remove afterwards" reset remove 0 '^$'

@@ -157,6 +157,10 @@ void peerdirect_unmap_table(struct dma_buf_attachment *attach, struct sg_table *
  * fault raises SIGBUS (vfio-pci's model, with its memory_lock). Where the range and the VMA
  * are aligned, PMD and PUD entries map 2 MiB and 1 GiB at a time.
  */
+/* The layout sys/dma_buf.rs's CpuWindow has (it asserts the same numbers). */
+static_assert(offsetof(struct peerdirect_cpu_window, place) == 24);
+static_assert(offsetof(struct peerdirect_cpu_window, revoked) == 56);
+
 static struct peerdirect_cpu_window *peerdirect_vma_window(struct vm_area_struct *vma)
 {
 	struct dma_buf *dmabuf = vma->vm_private_data;
@@ -186,8 +190,11 @@ static vm_fault_t peerdirect_dmabuf_huge_fault(struct vm_fault *vmf, unsigned in
 		return VM_FAULT_FALLBACK;
 
 	dma_resv_lock(dmabuf->resv, NULL);
-	/* Nothing to map while the BAR does not decode (a reset, an owner that turned it off). */
-	if (window->revoked || !peerdirect_pci_decodes_memory(window->pdev))
+	/*
+	 * Nothing to map while the BAR does not decode (a reset, an owner that turned it off) or
+	 * is no longer where the export found it (resized, reassigned, moved).
+	 */
+	if (window->revoked || !peerdirect_pci_bar_in_place(window->pdev, &window->place))
 		ret = VM_FAULT_SIGBUS;
 	else if (!order)
 		ret = vmf_insert_pfn(vma, vmf->address, pfn);

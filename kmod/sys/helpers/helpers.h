@@ -15,6 +15,15 @@ int peerdirect_pci_domain(struct pci_dev *pdev);
 int peerdirect_pci_numa_node(struct pci_dev *pdev);
 bool peerdirect_pci_bar_is_mem(struct pci_dev *pdev, int bar);
 bool peerdirect_pci_decodes_memory(struct pci_dev *pdev);
+
+/* Where a BAR was found (sys::pci::BarPlace). */
+struct peerdirect_bar_place {
+	u64 phys;
+	u64 bus;
+	u64 len;
+	int bar;
+};
+bool peerdirect_pci_bar_in_place(struct pci_dev *pdev, const struct peerdirect_bar_place *place);
 int peerdirect_pci_reserve_wc(struct pci_dev *pdev, int bar);
 u16 peerdirect_pci_dev_id(struct pci_dev *pdev);
 struct pci_dev *peerdirect_pci_upstream_bridge(struct pci_dev *pdev);
@@ -97,6 +106,7 @@ struct peerdirect_cpu_window {
 	u64 phys;
 	u64 len;
 	struct pci_dev *pdev;
+	struct peerdirect_bar_place place;
 	bool revoked;
 };
 

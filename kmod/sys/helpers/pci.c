@@ -66,6 +66,37 @@ bool peerdirect_pci_decodes_memory(struct pci_dev *pdev)
 }
 
 /*
+ * Whether @pdev's BAR can be reached where @place says peerdirect found it: the device decodes
+ * memory (above), the kernel's resource for the BAR still starts at place->phys and is
+ * place->len long (not resized or reassigned since: pci_resize_resource(), sysfs
+ * resourceN_resize), and the BAR register still holds place->bus (nobody moved the BAR
+ * behind the kernel's back, as a write to the config space through sysfs or setpci can).
+ * The register is not read where it says nothing: a VF's BARs live in its PF's SR-IOV
+ * capability, and Enhanced Allocation BARs (IORESOURCE_PCI_FIXED) have none. Any context.
+ */
+bool peerdirect_pci_bar_in_place(struct pci_dev *pdev, const struct peerdirect_bar_place *place)
+{
+	const struct resource *res = &pdev->resource[place->bar];
+	int where = PCI_BASE_ADDRESS_0 + 4 * place->bar;
+	u32 lo, hi = 0;
+	u64 bus;
+
+	if (!peerdirect_pci_decodes_memory(pdev))
+		return false;
+	if (READ_ONCE(res->start) != place->phys || resource_size(res) != place->len)
+		return false;
+	if (pdev->is_virtfn || (res->flags & IORESOURCE_PCI_FIXED))
+		return true;
+	if (pci_read_config_dword(pdev, where, &lo) || PCI_POSSIBLE_ERROR(lo))
+		return false;
+	if ((lo & PCI_BASE_ADDRESS_MEM_TYPE_MASK) == PCI_BASE_ADDRESS_MEM_TYPE_64 &&
+	    (place->bar >= PCI_STD_NUM_BARS - 1 || pci_read_config_dword(pdev, where + 4, &hi)))
+		return false;
+	bus = ((u64)hi << 32) | (lo & PCI_BASE_ADDRESS_MEM_MASK);
+	return bus == place->bus;
+}
+
+/*
  * Whether the driver named @driver is bound to @pdev. The caller holds the device lock
  * (peerdirect_pci_device_lock), so the binding cannot change meanwhile.
  */

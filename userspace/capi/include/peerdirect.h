@@ -13,7 +13,11 @@
  *   must be valid as described at each function; handles must not be used after they are
  *   released.
  * - A pd_device may be used from several threads at once; a pd_allocation too, except that
- *   freeing it must not race with other calls on it.
+ *   freeing it must not race with other calls on it. So may a pd_regcache, a pd_domain (the
+ *   libfabric domain attached must then be FI_THREAD_SAFE, as libfabric requires for calls
+ *   from several threads; an ibverbs protection domain always is) and a pd_mr, except that
+ *   pd_regcache_free(), pd_domain_detach() and pd_mr_release() must not race with other calls
+ *   on the handle they release.
  * - The library never aborts or unwinds into the caller: an internal error is -EIO with a
  *   message.
  */

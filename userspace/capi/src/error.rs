@@ -41,7 +41,7 @@ impl Failure {
     }
 
     /// The value a C function returns for it: the negative errno.
-    fn code(&self) -> c_int {
+    pub(crate) fn code(&self) -> c_int {
         -self.errno.raw_os_error()
     }
 }
@@ -82,13 +82,18 @@ fn set_last_error(message: &str) {
         bytes.truncate(nul);
         CString::new(bytes).unwrap_or_default()
     });
-    LAST_ERROR.with(|last| *last.borrow_mut() = message);
+    // While the thread exits, its message may be gone already (a pd_* call from another
+    // thread-local's destructor): the call still returns its errno; the message is dropped.
+    let _ = LAST_ERROR.try_with(|last| *last.borrow_mut() = message);
 }
 
-/// The message of the last failure on this thread; "" before the first. The pointer stays
-/// valid until the next failing call on this thread.
+/// The message of the last failure on this thread; "" before the first, and once the thread's
+/// message is gone (while it exits). The pointer stays valid until the next failing call on
+/// this thread.
 pub(crate) fn last_error() -> *const c_char {
-    LAST_ERROR.with(|last| last.borrow().as_ptr())
+    LAST_ERROR
+        .try_with(|last| last.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
 }
 
 /// Runs `f`, catching panics: the result, or `on_error` with the failure recorded for
@@ -234,6 +239,34 @@ mod tests {
         let failure = Failure::from(err);
         assert_eq!(failure.code(), -Errno::PROTO.raw_os_error());
         assert!(failure.message.contains("update"), "{}", failure.message);
+    }
+
+    /// A failing call made while the thread exits, from a destructor that runs after the
+    /// thread's message is gone, returns its errno instead of aborting the process.
+    #[test]
+    fn a_failure_while_the_thread_exits_returns_its_errno() {
+        struct LateCaller(std::sync::mpsc::Sender<(c_int, String)>);
+        impl Drop for LateCaller {
+            fn drop(&mut self) {
+                let code = guard_status("pd_test", || Err(Failure::new(Errno::NOMEM, "late")));
+                let message = last();
+                let _ = self.0.send((code, message));
+            }
+        }
+        thread_local! {
+            static LATE: RefCell<Option<LateCaller>> = const { RefCell::new(None) };
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // Destructors run in the reverse order of first use: LATE's after LAST_ERROR's.
+            LATE.with(|late| *late.borrow_mut() = Some(LateCaller(tx)));
+            guard_status("pd_test", || Err(Failure::new(Errno::INVAL, "first")));
+        })
+        .join()
+        .expect("the thread exits cleanly");
+        let (code, message) = rx.recv().expect("the destructor ran");
+        assert_eq!(code, -12);
+        assert!(message.is_empty() || message == "late", "{message}");
     }
 
     #[test]

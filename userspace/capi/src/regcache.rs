@@ -129,9 +129,10 @@ impl From<LibfabricError> for Failure {
             LibfabricError::NotFound(_)
             | LibfabricError::MissingSymbol(_)
             | LibfabricError::TooOld { .. } => Errno::NOSYS,
-            // libfabric's error numbers are errno values (FI_EAGAIN == EAGAIN, ...).
-            LibfabricError::Call { errno, .. } => Errno::from_raw_os_error(*errno),
-            LibfabricError::Map { errno, .. } => *errno,
+            // libfabric's own numbers (FI_ENOKEY, ...) mapped to errno values.
+            LibfabricError::Call { .. } | LibfabricError::Map { .. } => {
+                err.errno().unwrap_or(Errno::IO)
+            }
             LibfabricError::BadName(_) => Errno::INVAL,
             LibfabricError::DmaBufRefused { .. } => {
                 return Failure::new(
@@ -989,5 +990,20 @@ mod tests {
         assert!(checked_range(8192, 4096, 8192).is_err());
         assert!(checked_range(8192, 8192, 0).is_err()); // empty
         assert!(checked_range(8192, u64::MAX, 2).is_err());
+    }
+
+    /// libfabric's own error numbers reach C as errno values: `FI_ENOKEY` (266) as
+    /// `-ENOKEY`, not -266, which `strerror` calls "Unknown error 266".
+    #[test]
+    fn libfabric_errors_reach_c_as_errno_values() {
+        let call = |errno| LibfabricError::Call {
+            provider: "tcp".into(),
+            call: "fi_mr_regattr",
+            errno,
+            text: "libfabric's text".into(),
+        };
+        assert_eq!(Failure::from(call(266)).code(), -126); // ENOKEY
+        assert_eq!(Failure::from(call(270)).code(), -14); // EFAULT
+        assert_eq!(Failure::from(call(11)).code(), -11); // EAGAIN
     }
 }

@@ -372,3 +372,15 @@ fn export_functions_refuse_unknown_flags_before_the_command() {
     assert!(last_error().starts_with("PEERDIRECT_IOC_EXPORT_RANGE on "));
     assert_eq!(fd, -7, "a failed export left fd_out alone");
 }
+
+/// The header promises that every handle may be used from several threads at once (except
+/// releasing it): so each must be `Send + Sync` as Rust sees it.
+#[test]
+fn every_handle_may_be_shared_between_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<PdDevice>();
+    shareable::<PdAllocation>();
+    shareable::<PdRegCache>();
+    shareable::<PdDomain>();
+    shareable::<PdMr>();
+}

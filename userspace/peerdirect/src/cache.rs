@@ -243,6 +243,10 @@ pub struct CacheStats {
     pub max_count: u64,
     /// The limit on `bytes`.
     pub max_bytes: u64,
+    /// Times the cache's lock was taken for writing (a miss, an eviction, an invalidation,
+    /// the first attach of a device; never a hit): each ends the readers' bias, which costs
+    /// the process a `membarrier` when readers were biased.
+    pub writes: u64,
 }
 
 /// A thread-safe cache of registrations made by registrars of type `R`, bounded by a number
@@ -360,6 +364,8 @@ struct Counters {
     failed_registrations: AtomicU64,
     deregistrations: Stripes,
     uncached: AtomicU64,
+    /// Times the state was locked for writing.
+    writes: AtomicU64,
 }
 
 /// What the registrations of one registrar share: the registrar, which deregisters them, and
@@ -711,6 +717,11 @@ impl<R: Registrar> RegCache<R> {
         let hook: Weak<Self> = Arc::downgrade(self);
         device.subscribe(hook);
         if let Some(status) = device.status() {
+            // Attached already (the C ABI attaches at every registration): a read, so that a
+            // hit through it takes no write lock (which would end the readers' bias).
+            if self.read().watched.iter().any(|w| w.status.is(&status)) {
+                return;
+            }
             let mut state = self.write();
             if !state.watched.iter().any(|w| w.status.is(&status)) {
                 // Entries of the device registered before this count of resets (its exports
@@ -758,6 +769,7 @@ impl<R: Registrar> RegCache<R> {
             bytes,
             max_count: self.limits.max_count as u64,
             max_bytes: self.limits.max_bytes,
+            writes: self.counters.writes.load(Relaxed),
         }
     }
 
@@ -837,6 +849,7 @@ impl<R: Registrar> RegCache<R> {
     }
 
     fn write(&self) -> WriteGuard<'_, State<R>> {
+        self.counters.writes.fetch_add(1, Relaxed);
         self.state.write().expect(POISONED)
     }
 }

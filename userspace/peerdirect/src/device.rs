@@ -61,7 +61,7 @@ impl Device {
             hooks: Hooks::default(),
             fd,
             path: path.to_owned(),
-            index: u32::MAX,
+            index: Self::UNKNOWN_INDEX,
             status: None,
         };
         // A module without a status page (older than this crate) leaves revocation to be
@@ -79,7 +79,7 @@ impl Device {
         {
             Some(index) => index,
             // Not named peerdirectN (a link, a test node): ask the module.
-            None => device.info().map_or(u32::MAX, |info| info.index),
+            None => device.info().map_or(Self::UNKNOWN_INDEX, |info| info.index),
         };
         Ok(device)
     }
@@ -94,8 +94,14 @@ impl Device {
         &self.path
     }
 
+    /// The index of a node that neither is named peerdirectN nor answers INFO (such a node
+    /// exports nothing). Not [`ExportId::FOREIGN`]: revoking it must not drop the
+    /// registrations of foreign dma-bufs.
+    pub const UNKNOWN_INDEX: u32 = u32::MAX - 1;
+
     /// N of `/dev/peerdirectN`: from the node's name, else from `PEERDIRECT_IOC_INFO`;
-    /// `u32::MAX` if neither says. The device part of the [`ExportId`]s of its exports.
+    /// [`Device::UNKNOWN_INDEX`] if neither says. The device part of the [`ExportId`]s of its
+    /// exports.
     pub fn index(&self) -> u32 {
         self.index
     }
@@ -507,6 +513,18 @@ mod tests {
             "{err}"
         );
         assert!(err.hint().unwrap().contains("peerdirect.ko"));
+    }
+
+    /// A node neither named peerdirectN nor answering INFO gets an index of its own, not the
+    /// pseudo-device of foreign dma-bufs (whose registrations its ENODEV would drop).
+    #[test]
+    fn a_node_without_an_index_is_not_the_foreign_pseudo_device() {
+        let dir = TempDir::new("noindex");
+        let path = dir.0.join("hbm-stand-in");
+        fs::write(&path, b"").unwrap();
+        let device = Device::open(&path).unwrap();
+        assert_eq!(device.index(), Device::UNKNOWN_INDEX);
+        assert_ne!(device.index(), crate::invalidation::ExportId::FOREIGN);
     }
 
     #[test]

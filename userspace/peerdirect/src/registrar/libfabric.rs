@@ -489,6 +489,47 @@ impl Fabric {
     }
 }
 
+impl LibfabricError {
+    /// The errno closest to the failure, for callers that speak errno (the C ABI): a failed
+    /// call's number mapped by [`errno_of_fi`]; `None` for failures that are not a call's.
+    pub fn errno(&self) -> Option<rustix::io::Errno> {
+        match self {
+            Self::Call { errno, .. } => Some(errno_of_fi(*errno)),
+            Self::Map { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+}
+
+/// The errno closest to libfabric error number `fi_errno` (positive). libfabric's numbers
+/// below `FI_ERRNO_OFFSET` (256) are errno values and pass through; its own (`FI_EOTHER` to
+/// `FI_ENOMR`) are not, and a C caller handed 266 would read "Unknown error 266".
+pub fn errno_of_fi(fi_errno: i32) -> rustix::io::Errno {
+    use bindings as b;
+    use rustix::io::Errno;
+    let Ok(number) = u32::try_from(fi_errno) else {
+        return Errno::IO;
+    };
+    match number {
+        n if n < b::FI_EOTHER => Errno::from_raw_os_error(fi_errno),
+        // A buffer the caller gave is too small; a completion overran its queue.
+        b::FI_ETOOSMALL => Errno::NOBUFS,
+        b::FI_EOVERRUN => Errno::OVERFLOW,
+        // The object is not in a state that allows the call (not enabled, not bound).
+        b::FI_EOPBADSTATE | b::FI_ENOEQ | b::FI_ENOCQ | b::FI_ENOAV | b::FI_EDOMAIN => Errno::BADFD,
+        b::FI_EBADFLAGS => Errno::INVAL,
+        b::FI_ECRC => Errno::BADMSG,
+        b::FI_ETRUNC => Errno::MSGSIZE,
+        // A memory key the provider does not know or will not take (a requested key in use).
+        b::FI_ENOKEY => Errno::NOKEY,
+        // The buffer is not in registered memory.
+        b::FI_ENOMR => Errno::FAULT,
+        b::FI_ENORX => Errno::AGAIN,
+        // FI_EOTHER, FI_EAVAIL (an error entry is waiting: read it) and anything newer.
+        _ => Errno::IO,
+    }
+}
+
 /// A dma-buf with its writable CPU mapping, made once per export: the source the registrar
 /// registers from, and the way the CPU reads and writes HBM (plain copies).
 pub struct MappedDmaBuf {
@@ -1211,6 +1252,24 @@ impl Endpoint {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn libfabric_error_numbers_become_errno_values_a_c_caller_can_print() {
+        use rustix::io::Errno;
+        // errno values pass through.
+        assert_eq!(super::errno_of_fi(11), Errno::AGAIN);
+        assert_eq!(super::errno_of_fi(95), Errno::OPNOTSUPP);
+        // libfabric's own: FI_ENOKEY, FI_ENOMR, FI_ETRUNC.
+        assert_eq!(super::errno_of_fi(266), Errno::NOKEY);
+        assert_eq!(super::errno_of_fi(270), Errno::FAULT);
+        assert_eq!(super::errno_of_fi(265), Errno::MSGSIZE);
+        // Every one of them (FI_EOTHER..FI_ERRNO_MAX) and beyond is an errno below 256.
+        for fi in 256..300 {
+            let errno = super::errno_of_fi(fi).raw_os_error();
+            assert!((1..256).contains(&errno), "{fi} -> {errno}");
+        }
+        assert_eq!(super::errno_of_fi(-5), Errno::IO);
+    }
 
     #[test]
     fn only_refusals_of_dma_buf_memory_take_host_bounce() {

@@ -24,6 +24,10 @@
 # take the other branch of the program, which is not run). And userspace/capi/examples/hcl_style.cpp, built with
 # g++: it registers two peerdirect exports as Habana's HCL registers device memory
 # (fi_mr_dmabuf: fd, offset 0, base_addr = the buffer, iov_count 1) and moves 4 MiB over tcp.
+# And userspace/capi/examples/nommap_register.c: a dma-buf whose exporter has no mmap
+# (tests/kmod/peerdirect_nommap.ko, which maps its buffer through its own device, as habanalabs
+# does) registered by its fd alone at the runtime's address (pd_register_dmabuf_at), and a
+# read-only export of /dev/peerdirect0 registered for reading, each moving 1 MiB over tcp.
 # Last, userspace/capi/examples/companion_export.c on a companion device (the HBM device bound
 # to vfio-pci): pd_export_range refused without CAP_SYS_ADMIN (-EPERM), then a BAR range
 # exported, the pattern written through its mapping (checked on the host), and registered
@@ -37,8 +41,8 @@
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Plan: make install and pkg-config (2); the first boot: hbm_export (4), fabric_register (3),
-# verbs_register (2), hcl_style (2); the companion boot (6).
-plan 19
+# verbs_register (2), hcl_style (2), nommap_register (3); the companion boot (6).
+plan 22
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -70,7 +74,7 @@ fi
 
 cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/fabric_register.c" \
 	"$ROOT/userspace/capi/examples/hcl_style.cpp" "$ROOT/userspace/capi/examples/verbs_register.c" \
-	"$work/share/"
+	"$ROOT/userspace/capi/examples/nommap_register.c" "$work/share/"
 # The programs are built on the host, chrooted in the guest's trixie userland (in_trixie: its
 # gcc, g++, pkg-config, headers and libraries, the files the guest runs them with): a second
 # each, where TCG takes half a minute for the C++ one. They run in the guest.
@@ -84,6 +88,7 @@ trixie_build() {
 trixie_build build 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hbm_export hbm_export.c $(pkg-config --cflags --libs peerdirect) && cp /tmp/hbm_export .'
 trixie_build hbuild 'g++ -std=c++17 -Wall -Wextra -Werror -o /tmp/hcl_style hcl_style.cpp $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/hcl_style .'
 trixie_build fbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/fabric_register .'
+trixie_build nbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/nommap_register nommap_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/nommap_register .'
 trixie_build vbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_register verbs_register.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_register .'
 cat >"$work/share/probe.sh" <<'EOF'
 cd /mnt/host
@@ -93,6 +98,7 @@ run ldd ldd ./hbm_export
 # hcl_style before hbm_export: each leaves its bytes in HBM for the host to find, and
 # hbm_export's allocation (offset 0) must be the last to be written there.
 run hcl ./hcl_style
+run nommap sh -c 'insmod /usr/lib/peerdirect/tests/peerdirect_nommap.ko && ./nommap_register'
 run example ./hbm_export
 run fabric ./fabric_register
 run fabric_rxe env FI_UNIVERSE_SIZE=64 ./fabric_register 'verbs;ofi_rxm'
@@ -213,6 +219,33 @@ if [ "$(cat verbs.rc 2>/dev/null)" = 0 ] &&
 	sed "s/^/# /" verbs.out
 else
 	fail "$desc" "$(show verbs)"
+fi
+
+desc="trixie's gcc builds nommap_register.c (C99, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"
+if [ "$(cat nbuild.rc 2>/dev/null)" = 0 ]; then
+	ok "$desc"
+else
+	fail "$desc" "$(show nbuild)"
+fi
+desc="nommap_register: a dma-buf whose exporter refuses mmap (tests/kmod/peerdirect_nommap.ko, reached through its own device) registers by its fd alone with pd_register_dmabuf_at at the runtime's address (pd_register_dmabuf, which maps it, fails; a NULL or second base address: EINVAL); a sub-range is a cache hit; tcp moves 1 MiB through the registration, every byte checked; no dma-buf is mapped in the process"
+if [ "$(cat nommap.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' nommap.out &&
+	grep -q '^ok - pd_register_dmabuf, which maps the dma-buf, fails: .*mmap' nommap.out &&
+	grep -q '^ok - pd_register_dmabuf_at registered the pool by its fd at .*: path dma_buf' nommap.out &&
+	grep -q '^ok - a sub-range of the pool is a cache hit on the same registration$' nommap.out &&
+	grep -q '^ok - tcp moved 1048576 bytes from the pool' nommap.out &&
+	grep -q '^ok - /proc/self/maps maps no dma-buf' nommap.out; then
+	ok "$desc"
+else
+	fail "$desc" "$(show nommap)"
+fi
+desc="nommap_register: a read-only export of /dev/peerdirect0 is refused by pd_register_dmabuf (EACCES: it maps writable), registers for reading with pd_register_dmabuf_at at its read-only mapping, and tcp sends 1 MiB of HBM from it, every byte checked"
+if [ "$(cat nommap.rc 2>/dev/null)" = 0 ] &&
+	grep -q '^ok - pd_register_dmabuf of a read-only export (it maps writable): EACCES$' nommap.out &&
+	grep -q '^ok - a read-only export registered for reading at its read-only mapping; tcp sent 1048576 bytes' nommap.out; then
+	ok "$desc"
+	sed "s/^/# /" nommap.out
+else
+	fail "$desc" "$(show nommap)"
 fi
 
 desc="trixie's g++ builds hcl_style.cpp (C++17, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"

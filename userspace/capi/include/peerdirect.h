@@ -314,6 +314,24 @@ int pd_register_dmabuf(pd_domain *domain, int fd, uint64_t offset, uint64_t leng
 		       uint32_t access, pd_mr **out);
 
 /*
+ * As pd_register_dmabuf, by the fd alone: the dma-buf is never mapped, so one whose exporter
+ * has no mmap (habanalabs' device memory) or a read-only export (registered for
+ * PD_ACCESS_LOCAL_READ / PD_ACCESS_REMOTE_READ) registers too. Its first byte is named
+ * base_addr in the registration (fi_mr_dmabuf.base_addr): the address the caller names it by,
+ * which local operations use (pd_mr_local() gives base_addr + offset) and peers' RMA with
+ * FI_MR_VIRT_ADDR. A runtime passes its device virtual address, as HCL does; a provider that
+ * moves bytes with the CPU (tcp, shm) reads and writes there, so it must then be a CPU address
+ * of the same bytes (a mapping the runtime made through its own driver). The library never
+ * touches base_addr. Host bounce is not possible (it copies through a mapping): a provider
+ * that refuses dma-bufs fails with -EOPNOTSUPP. A dma-buf is registered at one address only:
+ * another base_addr, or pd_register_dmabuf() of it, is -EINVAL until
+ * pd_regcache_invalidate_dmabuf(). -EINVAL also: base_addr NULL, or too high for the dma-buf
+ * to fit after it; otherwise as for pd_register_dmabuf.
+ */
+int pd_register_dmabuf_at(pd_domain *domain, int fd, uint64_t offset, uint64_t length,
+			  void *base_addr, uint32_t access, pd_mr **out);
+
+/*
  * As pd_register_dmabuf, for a dma-buf that dev exported (pd_export_range() on a companion
  * device, or pd_export()): it is registered under its identity on that device, and the cache
  * watches dev, so that the device's removal drops the registration and tells the invalidation

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use pd::cache::ExportId;
-use pd::registrar::libfabric::MappedDmaBuf;
+use pd::registrar::libfabric::DmaBufSource;
 use pd::Device;
 
 use crate::error::Failure;
@@ -31,9 +31,10 @@ pub struct PdAllocation {
     pub(crate) source: Mutex<Option<Arc<Source>>>,
 }
 
-/// What `pd_register` registers an allocation from: its export and that export's identity.
+/// What `pd_register` registers an allocation from: its export (mapped, or named by the
+/// caller's address: `pd_register_dmabuf_at`) and that export's identity.
 pub(crate) struct Source {
-    pub(crate) mapped: MappedDmaBuf,
+    pub(crate) source: DmaBufSource,
     pub(crate) export: ExportId,
 }
 

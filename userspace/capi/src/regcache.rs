@@ -27,7 +27,9 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use pd::cache::{Access, ByteRange, DomainId, ExportId, RegCache};
 use pd::registrar::ibverbs::{self, IbverbsRegistrar};
-use pd::registrar::libfabric::{Fabric, LibfabricError, LibfabricRegistrar, MappedDmaBuf};
+use pd::registrar::libfabric::{
+    DmaBufSource, Fabric, LibfabricError, LibfabricRegistrar, MappedDmaBuf,
+};
 use pd::{Cause, Device, Errno, Invalidated, RawExport, RegPath, Registrar, Registration};
 
 use crate::abi::{self, FidDomain, IbvPd, PdRegcacheStats};
@@ -133,7 +135,7 @@ impl From<LibfabricError> for Failure {
             LibfabricError::Call { .. } | LibfabricError::Map { .. } => {
                 err.errno().unwrap_or(Errno::IO)
             }
-            LibfabricError::BadName(_) => Errno::INVAL,
+            LibfabricError::BadName(_) | LibfabricError::BaseAddr { .. } => Errno::INVAL,
             LibfabricError::DmaBufRefused { .. } => {
                 return Failure::new(
                     Errno::OPNOTSUPP,
@@ -452,8 +454,43 @@ pub unsafe extern "C" fn pd_register_dmabuf(
             return Err(Failure::null(F, "out"));
         }
         let access = checked_access(access)?;
-        let source = domain.shared.fd_source(F, fd, None)?;
-        let size = source.mapped.dma_buf().length();
+        let source = domain.shared.fd_source(F, fd, None, None)?;
+        let size = source.source.dma_buf().length();
+        let range = checked_range(size, offset, length)?;
+        // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
+        unsafe { domain.register_into(F, &source, range, access, out) }
+    })
+}
+
+/// `int pd_register_dmabuf_at(pd_domain *domain, int fd, uint64_t offset, uint64_t length,
+/// void *base_addr, uint32_t access, pd_mr **out)`: as `pd_register_dmabuf`, by the fd alone:
+/// the dma-buf is not mapped, and its first byte is named `base_addr` in the registration.
+///
+/// # Safety
+///
+/// `domain` is NULL or a live handle; `fd` is open for the call; `out` as for `pd_register`.
+/// `base_addr` is only passed on to the provider, never dereferenced here.
+#[no_mangle]
+pub unsafe extern "C" fn pd_register_dmabuf_at(
+    domain: *mut PdDomain,
+    fd: c_int,
+    offset: u64,
+    length: u64,
+    base_addr: *mut c_void,
+    access: u32,
+    out: *mut *mut PdMr,
+) -> c_int {
+    const F: &str = "pd_register_dmabuf_at";
+    guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let domain = unsafe { arg(F, "domain", domain.cast_const()) }?;
+        if out.is_null() {
+            return Err(Failure::null(F, "out"));
+        }
+        let access = checked_access(access)?;
+        let base = base_addr as u64;
+        let source = domain.shared.fd_source(F, fd, None, Some(base))?;
+        let size = source.source.dma_buf().length();
         let range = checked_range(size, offset, length)?;
         // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
         unsafe { domain.register_into(F, &source, range, access, out) }
@@ -490,8 +527,8 @@ pub unsafe extern "C" fn pd_register_export(
             return Err(Failure::null(F, "out"));
         }
         let access = checked_access(access)?;
-        let source = domain.shared.fd_source(F, fd, Some(&dev.device))?;
-        let size = source.mapped.dma_buf().length();
+        let source = domain.shared.fd_source(F, fd, Some(&dev.device), None)?;
+        let size = source.source.dma_buf().length();
         let range = checked_range(size, offset, length)?;
         domain.shared.cache.attach(&dev.device);
         // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
@@ -609,8 +646,8 @@ fn source(alloc: &PdAllocation) -> Result<Arc<Source>, Failure> {
     let export = alloc.device.export_id(&dma_buf).map_err(|errno| {
         Failure::new(errno, format!("pd_register: fstat of the dma-buf: {errno}"))
     })?;
-    let mapped = MappedDmaBuf::new(dma_buf)?;
-    let source = Arc::new(Source { mapped, export });
+    let source = MappedDmaBuf::new(dma_buf)?.into_source();
+    let source = Arc::new(Source { source, export });
     *slot = Some(Arc::clone(&source));
     Ok(source)
 }
@@ -632,7 +669,7 @@ impl PdDomain {
     ) -> Result<(), Failure> {
         let registration = self.shared.cache.get(
             &self.registrar,
-            &source.mapped,
+            &source.source,
             source.export,
             range,
             access,
@@ -650,14 +687,16 @@ impl PdDomain {
 }
 
 impl Shared {
-    /// The cache's source for the dma-buf `fd`: its own duplicate, mapped, made on first use;
-    /// known as a foreign export, or as one of `device`'s (`EINVAL` if `device` did not export
-    /// it).
+    /// The cache's source for the dma-buf `fd`: its own duplicate, made on first use and
+    /// mapped, or named by the caller's `base_addr` (not mapped); known as a foreign export,
+    /// or as one of `device`'s (`EINVAL` if `device` did not export it). A dma-buf is
+    /// registered one way only: mapped or at one base address (`EINVAL` otherwise).
     fn fd_source(
         &self,
         function: &str,
         fd: c_int,
         device: Option<&Device>,
+        base_addr: Option<u64>,
     ) -> Result<Arc<Source>, Failure> {
         let dma_buf = borrowed_dma_buf(function, fd)?;
         let export = match device {
@@ -679,6 +718,25 @@ impl Shared {
         .map_err(|errno| Failure::new(errno, format!("{function}: fstat: {errno}")))?;
         let mut foreign = lock(&self.foreign);
         if let Some(source) = foreign.get(&export.dma_buf_inode()) {
+            let known = &source.source;
+            let same_base = match base_addr {
+                None => known.is_mapped(),
+                Some(base) => !known.is_mapped() && known.base_addr() == base,
+            };
+            if source.export == export && !same_base {
+                return Err(Failure::new(
+                    Errno::INVAL,
+                    format!(
+                        "{function}: fd {fd} is registered {} already; register a dma-buf at \
+                         one address only (pd_regcache_invalidate_dmabuf() first to change it)",
+                        if known.is_mapped() {
+                            "through its mapping (pd_register_dmabuf)".to_owned()
+                        } else {
+                            format!("at base address {:#x}", known.base_addr())
+                        }
+                    ),
+                ));
+            }
             if source.export == export {
                 return Ok(Arc::clone(source));
             }
@@ -696,8 +754,11 @@ impl Shared {
                 ),
             ));
         }
-        let mapped = MappedDmaBuf::new(dma_buf)?;
-        let source = Arc::new(Source { mapped, export });
+        let source = match base_addr {
+            None => MappedDmaBuf::new(dma_buf)?.into_source(),
+            Some(base) => DmaBufSource::at(dma_buf, base)?,
+        };
+        let source = Arc::new(Source { source, export });
         foreign.insert(export.dma_buf_inode(), Arc::clone(&source));
         Ok(source)
     }

@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 
 use pd::cache::{DomainId, RegKey};
 use pd::registrar::ibverbs::{IbvMr, IbverbsError, IbverbsRegistrar};
-use pd::registrar::libfabric::{FabricMr, LibfabricRegistrar, MappedDmaBuf};
+use pd::registrar::libfabric::{DmaBufSource, FabricMr, LibfabricRegistrar};
 use pd::{Errno, RegPath, Registrar};
 
 use crate::error::Failure;
@@ -48,7 +48,7 @@ impl AnyRegistrar {
 }
 
 impl Registrar for AnyRegistrar {
-    type Source = MappedDmaBuf;
+    type Source = DmaBufSource;
     type Mr = AnyMr;
     type Error = Failure;
 
@@ -59,7 +59,7 @@ impl Registrar for AnyRegistrar {
         }
     }
 
-    fn register(&self, source: &MappedDmaBuf, key: &RegKey) -> Result<AnyMr, Failure> {
+    fn register(&self, source: &DmaBufSource, key: &RegKey) -> Result<AnyMr, Failure> {
         match self {
             Self::Fabric(registrar) => registrar
                 .register(source, key)

@@ -148,8 +148,16 @@ pub enum LibfabricError {
         /// `fi_strerror(errno)`.
         text: String,
     },
+    /// [`DmaBufSource::at`]: a base address of 0, or one the dma-buf does not fit after.
+    #[error("base address {base_addr:#x} for a {len}-byte dma-buf: give the non-zero address its first byte is named by, with room for all of it")]
+    BaseAddr {
+        /// The address given.
+        base_addr: u64,
+        /// The dma-buf's length.
+        len: u64,
+    },
     /// The dma-buf could not be mapped.
-    #[error("mmap of dma-buf ({len} bytes, writable): {errno}; export it with ExportFlags::RDWR")]
+    #[error("mmap of dma-buf ({len} bytes, writable): {errno}; export it with ExportFlags::RDWR, or, for an exporter without mmap or a read-only export, register it by its fd alone (DmaBufSource::at; C: pd_register_dmabuf_at)")]
     Map {
         /// Its length.
         len: u64,
@@ -530,18 +538,84 @@ pub fn errno_of_fi(fi_errno: i32) -> rustix::io::Errno {
     }
 }
 
-/// A dma-buf with its writable CPU mapping, made once per export: the source the registrar
-/// registers from, and the way the CPU reads and writes HBM (plain copies).
-pub struct MappedDmaBuf {
+/// What the registrar registers: a dma-buf, and the address its first byte is named by in
+/// the registration (`fi_mr_dmabuf.base_addr`; local operations and, with `FI_MR_VIRT_ADDR`,
+/// peers' RMA name its bytes from there). Either this process's CPU mapping of it
+/// ([`MappedDmaBuf`]), or an address the caller gives ([`DmaBufSource::at`]): registered by
+/// its fd alone, never mapped here, as a runtime registers device memory it names by its own
+/// device addresses and whose exporter may offer no `mmap` at all (habanalabs).
+pub struct DmaBufSource {
     dma_buf: DmaBuf,
+    /// The mapping, or the caller's addresses ([`sys::Memory::foreign`]).
     memory: Arc<sys::Memory>,
+}
+
+impl std::fmt::Debug for DmaBufSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DmaBufSource")
+            .field("dma_buf", &self.dma_buf)
+            .field("base_addr", &format_args!("{:#x}", self.base_addr()))
+            .field("mapped", &self.is_mapped())
+            .finish()
+    }
+}
+
+impl DmaBufSource {
+    /// `dma_buf`, by its fd alone: its first byte is named `base_addr` in registrations
+    /// (whatever address the caller names it by: a device virtual address for a runtime, or,
+    /// for a provider that moves bytes with the CPU (tcp, shm), a CPU address of the same
+    /// bytes, which that provider then reads and writes). Nothing is mapped, so read-only
+    /// exports register for reading and exporters without `mmap` work; but host bounce,
+    /// which copies through a mapping, is not possible. `base_addr` must be non-zero with
+    /// room for the whole dma-buf after it.
+    pub fn at(dma_buf: DmaBuf, base_addr: u64) -> Result<Self, LibfabricError> {
+        let len = dma_buf.length();
+        let bad = || LibfabricError::BaseAddr { base_addr, len };
+        let size = usize::try_from(len).map_err(|_| bad())?;
+        base_addr.checked_add(len).ok_or_else(bad)?;
+        let base = NonNull::new(base_addr as usize as *mut u8).ok_or_else(bad)?;
+        Ok(Self {
+            dma_buf,
+            memory: sys::Memory::foreign(base, size),
+        })
+    }
+
+    /// The dma-buf.
+    pub fn dma_buf(&self) -> &DmaBuf {
+        &self.dma_buf
+    }
+
+    /// The address its first byte is named by: the mapping's, or the caller's.
+    pub fn base_addr(&self) -> u64 {
+        self.memory.ptr.as_ptr() as u64
+    }
+
+    /// Whether it is this process's mapping ([`MappedDmaBuf`]), which host bounce needs.
+    pub fn is_mapped(&self) -> bool {
+        self.memory.is_cpu()
+    }
+}
+
+/// A dma-buf with its writable CPU mapping, made once per export: a [`DmaBufSource`] whose
+/// base address is the mapping (it derefs to one), and the way the CPU reads and writes HBM
+/// (plain copies).
+pub struct MappedDmaBuf {
+    source: DmaBufSource,
 }
 
 impl std::fmt::Debug for MappedDmaBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MappedDmaBuf")
-            .field("dma_buf", &self.dma_buf)
+            .field("dma_buf", &self.source.dma_buf)
             .finish_non_exhaustive()
+    }
+}
+
+impl std::ops::Deref for MappedDmaBuf {
+    type Target = DmaBufSource;
+
+    fn deref(&self) -> &DmaBufSource {
+        &self.source
     }
 }
 
@@ -552,23 +626,31 @@ impl MappedDmaBuf {
         let map_err = |errno| LibfabricError::Map { len, errno };
         let size = usize::try_from(len).map_err(|_| map_err(rustix::io::Errno::NOMEM))?;
         let memory = sys::Memory::map(dma_buf.as_fd(), size).map_err(map_err)?;
-        Ok(Self { dma_buf, memory })
+        Ok(Self {
+            source: DmaBufSource { dma_buf, memory },
+        })
     }
 
     /// The dma-buf.
     pub fn dma_buf(&self) -> &DmaBuf {
-        &self.dma_buf
+        &self.source.dma_buf
+    }
+
+    /// The source alone, for a caller that registers but never copies: the mapping stays
+    /// for as long as it or a registration of it lives.
+    pub fn into_source(self) -> DmaBufSource {
+        self.source
     }
 
     /// Copies bytes `offset..offset + buf.len()` of the dma-buf into `buf`. Panics if out of
     /// range.
     pub fn read(&self, offset: usize, buf: &mut [u8]) {
-        self.memory.read(offset, buf);
+        self.source.memory.read(offset, buf);
     }
 
     /// Copies `data` into the dma-buf at `offset`. Panics if out of range.
     pub fn write(&self, offset: usize, data: &[u8]) {
-        self.memory.write(offset, data);
+        self.source.memory.write(offset, data);
     }
 }
 
@@ -792,7 +874,7 @@ impl FabricMr {
 }
 
 impl Registrar for LibfabricRegistrar {
-    type Source = MappedDmaBuf;
+    type Source = DmaBufSource;
     type Mr = FabricMr;
     type Error = LibfabricError;
 
@@ -800,7 +882,7 @@ impl Registrar for LibfabricRegistrar {
         self.fabric.id
     }
 
-    fn register(&self, source: &MappedDmaBuf, key: &RegKey) -> Result<FabricMr, LibfabricError> {
+    fn register(&self, source: &DmaBufSource, key: &RegKey) -> Result<FabricMr, LibfabricError> {
         let access = fi_access(key.access);
         let range = key.range;
         let requested_key = requested_key();
@@ -826,6 +908,14 @@ impl Registrar for LibfabricRegistrar {
                     .to_string();
                 if !self.host_bounce.load(Relaxed) {
                     return Err(LibfabricError::DmaBufRefused { reason });
+                }
+                if !source.is_mapped() {
+                    return Err(LibfabricError::DmaBufRefused {
+                        reason: format!(
+                            "{reason}; and host bounce copies through a CPU mapping of the \
+                             dma-buf, which a registration by the caller's address has not"
+                        ),
+                    });
                 }
                 let slots = usize::try_from(range.length())
                     .unwrap_or(usize::MAX)
@@ -1252,6 +1342,46 @@ impl Endpoint {
 
 #[cfg(test)]
 mod tests {
+
+    /// A registration by the caller's address: never mapped (so never copied through), named
+    /// by that address; an address of 0, or one the dma-buf does not fit after, is refused.
+    #[test]
+    fn a_source_at_the_callers_address_is_not_mapped() {
+        use super::{DmaBufSource, LibfabricError};
+        let stand_in = || {
+            let file = tempfile_of(8192);
+            crate::DmaBuf::from_fd(file.into()).unwrap()
+        };
+        let source = DmaBufSource::at(stand_in(), 0x7f00_0000_0000).unwrap();
+        assert!(!source.is_mapped());
+        assert_eq!(source.base_addr(), 0x7f00_0000_0000);
+        assert_eq!(source.dma_buf().length(), 8192);
+        for base in [0, u64::MAX - 4096] {
+            assert!(matches!(
+                DmaBufSource::at(stand_in(), base),
+                Err(LibfabricError::BaseAddr { len: 8192, .. })
+            ));
+        }
+    }
+
+    /// A file of `len` zero bytes, unlinked: a stand-in the dma-buf code can size (lseek).
+    fn tempfile_of(len: u64) -> std::fs::File {
+        let path = std::env::temp_dir().join(format!(
+            "peerdirect-libfabric-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(len).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file
+    }
 
     #[test]
     fn libfabric_error_numbers_become_errno_values_a_c_caller_can_print() {

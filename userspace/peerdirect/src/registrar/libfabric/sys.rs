@@ -437,7 +437,8 @@ impl Drop for Domain {
 
 /// Memory the CPU reaches through a raw pointer: a dma-buf's mapping or a host staging
 /// buffer. Never lent out as a Rust slice (a NIC and peers write it behind Rust's back); data
-/// moves in and out by copies.
+/// moves in and out by copies. Or an address range the caller names a dma-buf's bytes by
+/// ([`Memory::foreign`]), which only the provider uses and this code never dereferences.
 pub(super) struct Memory {
     pub(super) ptr: NonNull<u8>,
     len: usize,
@@ -449,6 +450,9 @@ enum MemoryKind {
     Mapped,
     /// `std::alloc` with this layout: freed on drop.
     Heap(Layout),
+    /// The caller's addresses for a dma-buf (a device's virtual addresses, say): registered as
+    /// the dma-buf's `base_addr`, never read or written here, nothing to release.
+    Foreign,
 }
 
 // SAFETY: the memory is process-wide; access goes through copies with raw pointers, and the
@@ -495,8 +499,33 @@ impl Memory {
         })
     }
 
+    /// `len` bytes at `base`, the address the caller names a dma-buf's first byte by: what
+    /// the provider is given as `base_addr`, never dereferenced here (the copies below
+    /// refuse it).
+    pub(super) fn foreign(base: NonNull<u8>, len: usize) -> Arc<Memory> {
+        Arc::new(Memory {
+            ptr: base,
+            len,
+            kind: MemoryKind::Foreign,
+        })
+    }
+
+    /// Whether the CPU may copy to and from it here (a mapping or host memory).
+    pub(super) fn is_cpu(&self) -> bool {
+        !matches!(self.kind, MemoryKind::Foreign)
+    }
+
     pub(super) fn len(&self) -> usize {
         self.len
+    }
+
+    /// Panics unless `offset..offset + len` is inside the region and the CPU may copy there.
+    fn check_copy(&self, offset: usize, len: usize) {
+        assert!(
+            self.is_cpu(),
+            "a CPU copy of a region known only by the caller's address"
+        );
+        self.check(offset, len);
     }
 
     fn check(&self, offset: usize, len: usize) {
@@ -509,9 +538,10 @@ impl Memory {
 
     /// Copies bytes `offset..offset + buf.len()` into `buf`.
     pub(super) fn read(&self, offset: usize, buf: &mut [u8]) {
-        self.check(offset, buf.len());
-        // SAFETY: in bounds (checked), the memory lives as long as `self`, and `buf` is
-        // Rust-owned memory, so the two do not overlap.
+        self.check_copy(offset, buf.len());
+        // SAFETY: in bounds of memory this process maps or owns (checked: not the caller's
+        // foreign addresses), which lives as long as `self`; `buf` is Rust-owned memory, so
+        // the two do not overlap.
         unsafe {
             ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), buf.as_mut_ptr(), buf.len())
         }
@@ -519,7 +549,7 @@ impl Memory {
 
     /// Copies `data` to bytes `offset..offset + data.len()`.
     pub(super) fn write(&self, offset: usize, data: &[u8]) {
-        self.check(offset, data.len());
+        self.check_copy(offset, data.len());
         // SAFETY: as in read; the memory is writable (a PROT_WRITE mapping or the heap).
         unsafe {
             ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
@@ -528,10 +558,10 @@ impl Memory {
 
     /// Copies `len` bytes from `src` at `src_offset` to `self` at `offset`.
     pub(super) fn copy_from(&self, offset: usize, src: &Memory, src_offset: usize, len: usize) {
-        self.check(offset, len);
-        src.check(src_offset, len);
-        // SAFETY: both ranges are in bounds (checked) of live regions; `ptr::copy` allows
-        // overlap, so even the same region is fine.
+        self.check_copy(offset, len);
+        src.check_copy(src_offset, len);
+        // SAFETY: both ranges are in bounds of live regions this process maps or owns
+        // (checked); `ptr::copy` allows overlap, so even the same region is fine.
         unsafe {
             ptr::copy(
                 src.ptr.as_ptr().add(src_offset),
@@ -552,6 +582,7 @@ impl Drop for Memory {
             }
             // SAFETY: allocated by `host` with this layout; nothing references it (above).
             MemoryKind::Heap(layout) => unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) },
+            MemoryKind::Foreign => {}
         }
     }
 }

@@ -76,6 +76,19 @@ static uint8_t pattern(uint64_t seed, uint64_t i)
 	return (uint8_t)(((i + seed) * 0x9e3779b97f4a7c15ull) >> 56);
 }
 
+/* Whether err is -expected (named name); prints the step either way, with pd_last_error(). */
+static int refused(const char *what, int err, int expected, const char *name)
+{
+	if (err != -expected) {
+		printf("FAIL - %s : %s, expected %s\n", what, err ? pd_strerror(err) : "registered",
+		       name);
+		failed = 1;
+		return 0;
+	}
+	printf("ok - %s: %s (%s)\n", what, name, pd_last_error());
+	return 1;
+}
+
 /* Whether /proc/self/maps maps any dma-buf (its lines name "dmabuf"). */
 static int maps_a_dma_buf(void)
 {
@@ -284,24 +297,14 @@ int main(void)
 	}
 
 	/* What a mapping library does with it: map the dma-buf, which fails. */
-	err = pd_register_dmabuf(dom, req.fd, 0, 0, ACCESS_RW, &other);
-	if (err != -EINVAL) {
-		printf("FAIL - pd_register_dmabuf : %s, expected EINVAL (it maps the dma-buf)\n",
-		       err ? pd_strerror(err) : "registered");
-		failed = 1;
+	if (!refused("pd_register_dmabuf, which maps the dma-buf, fails",
+		     pd_register_dmabuf(dom, req.fd, 0, 0, ACCESS_RW, &other), EINVAL, "EINVAL"))
 		goto out;
-	}
-	printf("ok - pd_register_dmabuf, which maps the dma-buf, fails: %s\n", pd_last_error());
 	pd_regcache_invalidate_dmabuf(cache, req.fd);
-
-	err = pd_register_dmabuf_at(dom, req.fd, 0, 0, NULL, ACCESS_RW, &other);
-	if (err != -EINVAL) {
-		printf("FAIL - pd_register_dmabuf_at with base address NULL : %s, expected EINVAL\n",
-		       err ? pd_strerror(err) : "registered");
-		failed = 1;
+	if (!refused("pd_register_dmabuf_at with base address NULL",
+		     pd_register_dmabuf_at(dom, req.fd, 0, 0, NULL, ACCESS_RW, &other), EINVAL,
+		     "EINVAL"))
 		goto out;
-	}
-	printf("ok - pd_register_dmabuf_at with base address NULL: EINVAL\n");
 
 	/* HCL's pattern: one registration for the whole pool at the runtime's address. */
 	if ((err = pd_register_dmabuf_at(dom, req.fd, 0, 0, pool, ACCESS_RW, &pool_mr))) {
@@ -333,14 +336,10 @@ int main(void)
 		goto out;
 	}
 	printf("ok - a sub-range of the pool is a cache hit on the same registration\n");
-	err = pd_register_dmabuf_at(dom, req.fd, 0, 0, pool + 4096, ACCESS_RW, &other);
-	if (err != -EINVAL) {
-		printf("FAIL - the same dma-buf at another base address : %s, expected EINVAL\n",
-		       err ? pd_strerror(err) : "registered");
-		failed = 1;
+	if (!refused("the same dma-buf at another base address",
+		     pd_register_dmabuf_at(dom, req.fd, 0, 0, pool + 4096, ACCESS_RW, &other),
+		     EINVAL, "EINVAL"))
 		goto out;
-	}
-	printf("ok - the same dma-buf at another base address: EINVAL\n");
 
 	/* tcp moves bytes at the registration's addresses: the pool's first half to its second. */
 	if (!open_ends(info, domain, &ends))
@@ -379,14 +378,10 @@ int main(void)
 	}
 	for (i = 0; i < MOVED; i++)
 		rw[i] = pattern(2, i);
-	err = pd_register_dmabuf(dom, ro_fd, 0, 0, PD_ACCESS_LOCAL_READ, &other);
-	if (err != -EACCES) {
-		printf("FAIL - pd_register_dmabuf of a read-only export : %s, expected EACCES\n",
-		       err ? pd_strerror(err) : "registered");
-		failed = 1;
+	if (!refused("pd_register_dmabuf of a read-only export (it maps writable)",
+		     pd_register_dmabuf(dom, ro_fd, 0, 0, PD_ACCESS_LOCAL_READ, &other), EACCES,
+		     "EACCES"))
 		goto out;
-	}
-	printf("ok - pd_register_dmabuf of a read-only export (it maps writable): EACCES\n");
 	pd_regcache_invalidate_dmabuf(cache, ro_fd);
 	if ((err = pd_register_dmabuf_at(dom, ro_fd, 0, 0, ro, PD_ACCESS_LOCAL_READ, &ro_mr))) {
 		fail_pd("pd_register_dmabuf_at of a read-only export", err);

@@ -446,19 +446,53 @@ pub unsafe extern "C" fn pd_register_dmabuf(
     access: u32,
     out: *mut *mut PdMr,
 ) -> c_int {
-    const F: &str = "pd_register_dmabuf";
-    guard_status(F, || {
+    let request = FdRequest {
+        fd,
+        offset,
+        length,
+        base_addr: None,
+        access,
+    };
+    // SAFETY: the arguments are passed on under the same contract.
+    unsafe { register_fd("pd_register_dmabuf", domain, &request, out) }
+}
+
+/// A registration of a dma-buf fd, as `pd_register_dmabuf` (mapped: `base_addr` `None`) and
+/// `pd_register_dmabuf_at` ask for it.
+struct FdRequest {
+    fd: c_int,
+    offset: u64,
+    length: u64,
+    base_addr: Option<u64>,
+    access: u32,
+}
+
+/// Registers `request` in `domain` and stores a new handle in `out`.
+///
+/// # Safety
+///
+/// `domain` is NULL or a live handle; `request.fd` is open for the call; `out` is NULL or
+/// valid for writing a pointer.
+unsafe fn register_fd(
+    function: &'static str,
+    domain: *mut PdDomain,
+    request: &FdRequest,
+    out: *mut *mut PdMr,
+) -> c_int {
+    guard_status(function, || {
         // SAFETY: the caller promises NULL or a live handle.
-        let domain = unsafe { arg(F, "domain", domain.cast_const()) }?;
+        let domain = unsafe { arg(function, "domain", domain.cast_const()) }?;
         if out.is_null() {
-            return Err(Failure::null(F, "out"));
+            return Err(Failure::null(function, "out"));
         }
-        let access = checked_access(access)?;
-        let source = domain.shared.fd_source(F, fd, None, None)?;
+        let access = checked_access(request.access)?;
+        let source = domain
+            .shared
+            .fd_source(function, request.fd, None, request.base_addr)?;
         let size = source.source.dma_buf().length();
-        let range = checked_range(size, offset, length)?;
+        let range = checked_range(size, request.offset, request.length)?;
         // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
-        unsafe { domain.register_into(F, &source, range, access, out) }
+        unsafe { domain.register_into(function, &source, range, access, out) }
     })
 }
 
@@ -480,21 +514,15 @@ pub unsafe extern "C" fn pd_register_dmabuf_at(
     access: u32,
     out: *mut *mut PdMr,
 ) -> c_int {
-    const F: &str = "pd_register_dmabuf_at";
-    guard_status(F, || {
-        // SAFETY: the caller promises NULL or a live handle.
-        let domain = unsafe { arg(F, "domain", domain.cast_const()) }?;
-        if out.is_null() {
-            return Err(Failure::null(F, "out"));
-        }
-        let access = checked_access(access)?;
-        let base = base_addr as u64;
-        let source = domain.shared.fd_source(F, fd, None, Some(base))?;
-        let size = source.source.dma_buf().length();
-        let range = checked_range(size, offset, length)?;
-        // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
-        unsafe { domain.register_into(F, &source, range, access, out) }
-    })
+    let request = FdRequest {
+        fd,
+        offset,
+        length,
+        base_addr: Some(base_addr as u64),
+        access,
+    };
+    // SAFETY: the arguments are passed on under the same contract.
+    unsafe { register_fd("pd_register_dmabuf_at", domain, &request, out) }
 }
 
 /// `int pd_register_export(pd_domain *domain, const pd_device *dev, int fd, uint64_t offset,

@@ -28,6 +28,9 @@
 # (tests/kmod/peerdirect_nommap.ko, which maps its buffer through its own device, as habanalabs
 # does) registered by its fd alone at the runtime's address (pd_register_dmabuf_at), and a
 # read-only export of /dev/peerdirect0 registered for reading, each moving 1 MiB over tcp.
+# And userspace/capi/examples/hcl_pool.c: HCL's pattern, a 4 GiB pool registered once
+# (the first boot has 8 GiB of HBM), 1,000 buffers found in it by address (pd_register_addr),
+# a transfer between two of them, the one-word flush buffer found for remote reads.
 # Last, userspace/capi/examples/companion_export.c on a companion device (the HBM device bound
 # to vfio-pci): pd_export_range refused without CAP_SYS_ADMIN (-EPERM), then a BAR range
 # exported, the pattern written through its mapping (checked on the host), and registered
@@ -41,8 +44,8 @@
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Plan: make install and pkg-config (2); the first boot: hbm_export (4), fabric_register (3),
-# verbs_register (2), hcl_style (2), nommap_register (3); the companion boot (6).
-plan 22
+# verbs_register (2), hcl_style (2), nommap_register (3), hcl_pool (2); the companion boot (6).
+plan 24
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -74,7 +77,8 @@ fi
 
 cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/fabric_register.c" \
 	"$ROOT/userspace/capi/examples/hcl_style.cpp" "$ROOT/userspace/capi/examples/verbs_register.c" \
-	"$ROOT/userspace/capi/examples/nommap_register.c" "$work/share/"
+	"$ROOT/userspace/capi/examples/nommap_register.c" "$ROOT/userspace/capi/examples/hcl_pool.c" \
+	"$work/share/"
 # The programs are built on the host, chrooted in the guest's trixie userland (in_trixie: its
 # gcc, g++, pkg-config, headers and libraries, the files the guest runs them with): a second
 # each, where TCG takes half a minute for the C++ one. They run in the guest.
@@ -89,6 +93,7 @@ trixie_build build 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hbm_exp
 trixie_build hbuild 'g++ -std=c++17 -Wall -Wextra -Werror -o /tmp/hcl_style hcl_style.cpp $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/hcl_style .'
 trixie_build fbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/fabric_register .'
 trixie_build nbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/nommap_register nommap_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/nommap_register .'
+trixie_build pbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hcl_pool hcl_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/hcl_pool .'
 trixie_build vbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_register verbs_register.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_register .'
 cat >"$work/share/probe.sh" <<'EOF'
 cd /mnt/host
@@ -99,13 +104,14 @@ run ldd ldd ./hbm_export
 # hbm_export's allocation (offset 0) must be the last to be written there.
 run hcl ./hcl_style
 run nommap sh -c 'insmod /usr/lib/peerdirect/tests/peerdirect_nommap.ko && ./nommap_register'
+run pool ./hcl_pool
 run example ./hbm_export
 run fabric ./fabric_register
 run fabric_rxe env FI_UNIVERSE_SIZE=64 ./fabric_register 'verbs;ofi_rxm'
 run verbs ./verbs_register rxe0 refused
 EOF
 hbm=$work/hbm
-out=$(guest --rxe --hbm 256M --hbm-backing "$hbm" --share "$work/share" -- sh /mnt/host/probe.sh 2>&1)
+out=$(guest --rxe --hbm 8G --hbm-backing "$hbm" --share "$work/share" -- sh /mnt/host/probe.sh 2>&1)
 rc=$?
 cd "$work/share"
 if [ "$(cat build.rc 2>/dev/null)" = 0 ]; then
@@ -122,9 +128,9 @@ else
 fi
 
 if [ $rc = 0 ] && [ "$(cat example.rc 2>/dev/null)" = 0 ] &&
-	grep -q '^/dev/peerdirect0: .* 268435456 bytes of HBM' example.out &&
+	grep -q '^/dev/peerdirect0: .* 8589934592 bytes of HBM' example.out &&
 	grep -q '^wrote and read back 4194304 bytes through the mapping: 0 words differ$' example.out &&
-	grep -q '^stats: allocations 0, allocated_bytes 0, exports 0, hbm_bytes 268435456$' example.out; then
+	grep -q '^stats: allocations 0, allocated_bytes 0, exports 0, hbm_bytes 8589934592$' example.out; then
 	ok "hbm_export runs in the guest: device info, 4 MiB allocated, exported, mapped, pattern read back, stats back to zero"
 	sed "s/^/# /" example.out
 else
@@ -248,6 +254,25 @@ if [ "$(cat nommap.rc 2>/dev/null)" = 0 ] &&
 	sed "s/^/# /" nommap.out
 else
 	fail "$desc" "$(show nommap)"
+fi
+
+desc="trixie's gcc builds hcl_pool.c (C99, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"
+if [ "$(cat pbuild.rc 2>/dev/null)" = 0 ]; then
+	ok "$desc"
+else
+	fail "$desc" "$(show pbuild)"
+fi
+desc="hcl_pool (HCL's pattern): a 4 GiB pool of HBM registered once with pd_register_dmabuf_at at the runtime's address; 1,000 buffers found by address (pd_register_addr) are cache hits on that one registration at their addresses and offsets; addresses outside it: ENOENT; tcp sends 1 MiB between two buffers 2 GiB apart, found by address, every byte checked; the one-word flush buffer found for remote reads with the pool's key"
+if [ "$(cat pool.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' pool.out &&
+	grep -q '^ok - the 4 GiB pool registered once at .*: path dma_buf' pool.out &&
+	grep -q '^ok - 1000 buffers looked up by address .*: 1000 cache hits on the one registration' pool.out &&
+	grep -q '^ok - bytes past the pool.s end, and an address outside it: ENOENT' pool.out &&
+	grep -q '^ok - tcp sent 1048576 bytes from pool + 3 GiB + 12345 to pool + 1 GiB + 777' pool.out &&
+	grep -q '^ok - the one-word flush buffer ' pool.out; then
+	ok "$desc"
+	sed "s/^/# /" pool.out
+else
+	fail "$desc" "$(show pool)"
 fi
 
 desc="trixie's g++ builds hcl_style.cpp (C++17, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"

@@ -332,6 +332,19 @@ int pd_register_dmabuf_at(pd_domain *domain, int fd, uint64_t offset, uint64_t l
 			  void *base_addr, uint32_t access, pd_mr **out);
 
 /*
+ * Bytes [addr, addr + length) (length above 0) of a dma-buf registered with
+ * pd_register_dmabuf_at() in this cache, found by the caller's own addresses, as a runtime
+ * finds the registration covering a buffer (HCL registers its whole pool once, then sends
+ * from buffers inside it): as pd_register_dmabuf_at() of that range, so a cached registration
+ * that covers it is handed out (a hit: no write lock, no provider call). pd_mr_local() gives
+ * addr, pd_mr_offset() its offset in the registration. The dma-bufs registered at the
+ * caller's addresses may not overlap there (pd_register_dmabuf_at() refuses it with -EINVAL).
+ * -ENOENT: no such dma-buf covers the bytes; -EINVAL: length 0, or as for pd_register().
+ */
+int pd_register_addr(pd_domain *domain, const void *addr, uint64_t length, uint32_t access,
+		     pd_mr **out);
+
+/*
  * As pd_register_dmabuf, for a dma-buf that dev exported (pd_export_range() on a companion
  * device, or pd_export()): it is registered under its identity on that device, and the cache
  * watches dev, so that the device's removal drops the registration and tells the invalidation

@@ -525,6 +525,47 @@ pub unsafe extern "C" fn pd_register_dmabuf_at(
     unsafe { register_fd("pd_register_dmabuf_at", domain, &request, out) }
 }
 
+/// `int pd_register_addr(pd_domain *domain, const void *addr, uint64_t length, uint32_t
+/// access, pd_mr **out)`: bytes `[addr, addr + length)` of a dma-buf registered at the caller's
+/// addresses (`pd_register_dmabuf_at`), found by those addresses, as a runtime's registration
+/// cache finds the registration covering a buffer: a hit when one covers them.
+///
+/// # Safety
+///
+/// `domain` is NULL or a live handle; `out` as for `pd_register`. `addr` is only compared,
+/// never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn pd_register_addr(
+    domain: *mut PdDomain,
+    addr: *const c_void,
+    length: u64,
+    access: u32,
+    out: *mut *mut PdMr,
+) -> c_int {
+    const F: &str = "pd_register_addr";
+    guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let domain = unsafe { arg(F, "domain", domain.cast_const()) }?;
+        if out.is_null() {
+            return Err(Failure::null(F, "out"));
+        }
+        let access = checked_access(access)?;
+        if length == 0 {
+            return Err(Failure::new(
+                Errno::INVAL,
+                format!("{F}: length 0; name the bytes the operation uses"),
+            ));
+        }
+        let addr = addr as u64;
+        let source = domain.shared.source_at(F, addr, length)?;
+        let base = source.source.base_addr();
+        let size = source.source.dma_buf().length();
+        let range = checked_range(size, addr - base, length)?;
+        // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
+        unsafe { domain.register_into(F, &source, range, access, out) }
+    })
+}
+
 /// `int pd_register_export(pd_domain *domain, const pd_device *dev, int fd, uint64_t offset,
 /// uint64_t length, uint32_t access, pd_mr **out)`: as `pd_register_dmabuf`, for a dma-buf
 /// that `dev` exported (`pd_export_range` on a companion, or `pd_export`): registered under
@@ -715,6 +756,30 @@ impl PdDomain {
 }
 
 impl Shared {
+    /// The dma-buf registered at the caller's addresses (`pd_register_dmabuf_at`) whose bytes
+    /// `[addr, addr + length)` are; `ENOENT` if none.
+    fn source_at(&self, function: &str, addr: u64, length: u64) -> Result<Arc<Source>, Failure> {
+        let end = addr.checked_add(length);
+        lock(&self.foreign)
+            .values()
+            .find(|s| {
+                let base = s.source.base_addr();
+                !s.source.is_mapped()
+                    && base <= addr
+                    && end.is_some_and(|end| end <= base + s.source.dma_buf().length())
+            })
+            .cloned()
+            .ok_or_else(|| {
+                Failure::new(
+                    Errno::NOENT,
+                    format!(
+                        "{function}: no dma-buf registered with pd_register_dmabuf_at covers \
+                         {addr:#x} (+{length:#x}); register the memory it is in first"
+                    ),
+                )
+            })
+    }
+
     /// The cache's source for the dma-buf `fd`: its own duplicate, made on first use and
     /// mapped, or named by the caller's `base_addr` (not mapped); known as a foreign export,
     /// or as one of `device`'s (`EINVAL` if `device` did not export it). A dma-buf is
@@ -784,7 +849,28 @@ impl Shared {
         }
         let source = match base_addr {
             None => MappedDmaBuf::new(dma_buf)?.into_source(),
-            Some(base) => DmaBufSource::at(dma_buf, base)?,
+            Some(base) => {
+                let source = DmaBufSource::at(dma_buf, base)?;
+                // Its addresses name it alone: pd_register_addr finds it by them.
+                let end = base + source.dma_buf().length();
+                if let Some(other) = foreign.values().find(|other| {
+                    let o = &other.source;
+                    !o.is_mapped()
+                        && o.base_addr() < end
+                        && base < o.base_addr() + o.dma_buf().length()
+                }) {
+                    return Err(Failure::new(
+                        Errno::INVAL,
+                        format!(
+                            "{function}: fd {fd} at {base:#x}..{end:#x} overlaps the dma-buf \
+                             registered at {:#x} (+{:#x}); one address names one byte",
+                            other.source.base_addr(),
+                            other.source.dma_buf().length()
+                        ),
+                    ));
+                }
+                source
+            }
         };
         let source = Arc::new(Source { source, export });
         foreign.insert(export.dma_buf_inode(), Arc::clone(&source));

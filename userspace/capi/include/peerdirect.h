@@ -105,8 +105,8 @@ struct pd_invalidation {
  * only held by pd_mr handles, before the cache lets go of it: on the thread that frees the
  * allocation, detaches the domain or calls pd_regcache_invalidate_dmabuf(), or on the
  * library's own thread that watches a device for removal and resets. It runs outside the
- * library's locks; it may call pd_mr_release(), but must not free the cache or detach a
- * domain.
+ * library's locks; it may call pd_mr_release(), pd_device_close() and
+ * pd_regcache_set_invalidate_callback(), but must not free the cache or detach a domain.
  */
 typedef void (*pd_invalidate_fn)(void *ctx, const struct pd_invalidation *invalidation);
 
@@ -243,9 +243,11 @@ int pd_stats(unsigned index, struct pd_stats *out);
 pd_regcache *pd_regcache_new(int *err);
 
 /*
- * Releases the cache (NULL is ignored). No invalidation callback runs once it has started;
- * cached registrations are closed now, those held by pd_mr handles when the handles are
- * released. Its pd_domain handles stay valid until detached.
+ * Releases the cache (NULL is ignored). No invalidation callback starts once it has started,
+ * and it returns only once no call of the callback runs on another thread (so the callback's
+ * ctx may be freed then; do not call it holding a lock the callback takes); cached
+ * registrations are closed now, those held by pd_mr handles when the handles are released.
+ * Its pd_domain handles stay valid until detached.
  */
 void pd_regcache_free(pd_regcache *cache);
 
@@ -367,7 +369,10 @@ int pd_regcache_invalidate_dmabuf(pd_regcache *cache, int fd);
 /*
  * From now on, calls fn(ctx, invalidation) for each registration of the cache whose memory,
  * device or domain goes (see pd_invalidate_fn); fn NULL: no callback. fn must be callable
- * with ctx from any thread until it is replaced or the cache freed. Returns 0 or -EINVAL.
+ * with ctx from any thread until it is replaced or the cache freed. Returns 0 or -EINVAL, and
+ * only once no call of the callback it replaces runs on another thread: after setting NULL
+ * the old ctx may be freed (do not call it holding a lock the callback takes; from inside the
+ * callback it does not wait for that call itself).
  */
 int pd_regcache_set_invalidate_callback(pd_regcache *cache, pd_invalidate_fn fn, void *ctx);
 

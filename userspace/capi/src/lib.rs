@@ -25,6 +25,7 @@
 )]
 
 mod abi;
+mod callback;
 mod error;
 mod handle;
 mod regcache;

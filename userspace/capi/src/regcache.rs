@@ -33,6 +33,7 @@ use pd::registrar::libfabric::{
 use pd::{Cause, Device, Errno, Invalidated, RawExport, RegPath, Registrar, Registration};
 
 use crate::abi::{self, FidDomain, IbvPd, PdRegcacheStats};
+use crate::callback::CallbackSlot;
 use crate::error::{guard_status, handle_guard, shield, Failure};
 use crate::handle::{arg, put, PdAllocation, PdDevice, Source};
 use crate::registrar::AnyRegistrar;
@@ -73,8 +74,8 @@ struct Shared {
     /// `pd_register_export`: by a peerdirect device): a duplicate of the caller's fd, mapped,
     /// by inode number, until `pd_regcache_invalidate_dmabuf` or the cache's end.
     foreign: Mutex<HashMap<u64, Arc<Source>>>,
-    /// The caller's invalidation callback, read by the cache's listener.
-    callback: Arc<Mutex<Option<Callback>>>,
+    /// The caller's invalidation callback, called by the cache's listener.
+    callback: Arc<CallbackSlot<Callback>>,
 }
 
 /// An attached domain: its handle's address (what the callback is told) and its registrar.
@@ -168,7 +169,7 @@ pub unsafe extern "C" fn pd_regcache_new(err: *mut c_int) -> *mut PdRegCache {
             domains: Arc::default(),
             host_bounce: AtomicBool::new(false),
             foreign: Mutex::default(),
-            callback: Arc::default(),
+            callback: Arc::new(CallbackSlot::new()),
         };
         let (domains, callback) = (Arc::clone(&shared.domains), Arc::clone(&shared.callback));
         shared.cache.set_listener(Some(Arc::new(move |invalidated| {
@@ -185,12 +186,18 @@ pub unsafe extern "C" fn pd_regcache_new(err: *mut c_int) -> *mut PdRegCache {
 /// Calls the caller's callback, if any, about a registration the cache invalidates.
 fn tell(
     domains: &Mutex<HashMap<DomainId, Attached>>,
-    callback: &Mutex<Option<Callback>>,
+    callback: &CallbackSlot<Callback>,
     invalidated: &Invalidated<'_, AnyRegistrar>,
 ) {
-    let Some(callback) = *lock(callback) else {
-        return;
-    };
+    callback.call(|callback| call(domains, callback, invalidated));
+}
+
+/// Calls `callback` about `invalidated`.
+fn call(
+    domains: &Mutex<HashMap<DomainId, Attached>>,
+    callback: Callback,
+    invalidated: &Invalidated<'_, AnyRegistrar>,
+) {
     let domain = lock(domains)
         .get(&invalidated.key.domain)
         .map_or(0, |attached| attached.handle);
@@ -230,7 +237,7 @@ pub unsafe extern "C" fn pd_regcache_free(cache: *mut PdRegCache) {
         // must not unwind into C.
         guard_status("pd_regcache_free", || {
             let shared = &cache.shared;
-            *lock(&shared.callback) = None;
+            shared.callback.set(None);
             let domains: Vec<DomainId> = lock(&shared.domains).keys().copied().collect();
             for domain in domains {
                 shared.cache.invalidate_domain(domain);
@@ -388,10 +395,10 @@ pub unsafe extern "C" fn pd_regcache_set_invalidate_callback(
     guard_status(F, || {
         // SAFETY: the caller promises NULL or a live handle.
         let cache = unsafe { arg(F, "cache", cache) }?;
-        *lock(&cache.shared.callback) = function.map(|function| Callback {
+        cache.shared.callback.set(function.map(|function| Callback {
             function,
             ctx: ctx as usize,
-        });
+        }));
         Ok(())
     })
 }

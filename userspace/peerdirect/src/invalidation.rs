@@ -391,7 +391,11 @@ impl Drop for Watcher {
         // thread's poll fails and it ends anyway.
         let _ = rustix::io::write(&self.stop, &1u64.to_ne_bytes());
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            // Dropped by a hook the thread itself runs (a callback that closes the device):
+            // it cannot wait for itself; it ends once that hook returns (it was told to stop).
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
         }
     }
 }
@@ -490,6 +494,41 @@ mod tests {
         assert!(eventually(|| *a.gone.lock().unwrap() == [7]));
         // Told once, and the exports are forgotten: closing tells nobody of them again.
         assert_eq!(hooks.before_close(), 0);
+    }
+
+    /// A hook run by the watcher thread may drop the `Hooks` that own the thread (a C callback
+    /// closing the device): the thread does not try to join itself.
+    #[test]
+    fn a_hook_on_the_watcher_thread_may_drop_the_hooks() {
+        use std::os::fd::AsFd;
+        struct Closer {
+            hooks: Mutex<Option<Hooks>>,
+            dropped: std::sync::atomic::AtomicBool,
+        }
+        impl Invalidate for Closer {
+            fn exports_freed(&self, _: &[ExportId]) {}
+            fn device_gone(&self, _: u32) {
+                drop(self.hooks.lock().unwrap().take());
+                self.dropped
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let closer = Arc::new(Closer {
+            hooks: Mutex::new(Some(Hooks::default())),
+            dropped: std::sync::atomic::AtomicBool::new(false),
+        });
+        let (reader, writer) = std::io::pipe().unwrap();
+        {
+            let hooks = closer.hooks.lock().unwrap();
+            let hooks = hooks.as_ref().unwrap();
+            let weak: Weak<Closer> = Arc::downgrade(&closer);
+            hooks.subscribe(weak);
+            hooks.watch(reader.as_fd(), 5).unwrap();
+        }
+        drop(writer); // POLLHUP: the device is going
+        assert!(eventually(|| closer
+            .dropped
+            .load(std::sync::atomic::Ordering::SeqCst)));
     }
 
     #[test]

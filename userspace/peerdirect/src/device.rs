@@ -182,8 +182,11 @@ impl Device {
     /// Before the command is sent, the hooks subscribed to this file drop what they hold of
     /// the exports made from `raw.free.handle` through this `Device`.
     pub fn free_raw<const TAIL: usize>(&self, raw: &mut RawFree<TAIL>) -> Result<(), Error> {
-        self.hooks.before_free(raw.free.handle);
-        self.send(Operation::Free, raw)
+        let handle = raw.free.handle;
+        self.hooks.before_free(handle);
+        self.send(Operation::Free, raw)?;
+        self.hooks.freed(handle);
+        Ok(())
     }
 
     /// Sends `PEERDIRECT_IOC_EXPORT` with an argument the caller built, like
@@ -525,6 +528,41 @@ mod tests {
         let device = Device::open(&path).unwrap();
         assert_eq!(device.index(), Device::UNKNOWN_INDEX);
         assert_ne!(device.index(), crate::invalidation::ExportId::FOREIGN);
+    }
+
+    /// A FREE that fails leaves the allocation, and so its exports, as they were: a retried
+    /// free tells the caches again (they may have registered them anew meanwhile).
+    #[test]
+    fn a_failed_free_keeps_the_exports_for_the_next_try() {
+        #[derive(Default)]
+        struct Told(std::sync::Mutex<Vec<ExportId>>);
+        impl Invalidate for Told {
+            fn exports_freed(&self, exports: &[ExportId]) {
+                self.0.lock().unwrap().extend_from_slice(exports);
+            }
+            fn device_gone(&self, _: u32) {}
+        }
+        let dir = TempDir::new("failedfree");
+        let path = dir.0.join("peerdirect0");
+        fs::write(&path, b"").unwrap();
+        let device = Device::open(&path).unwrap();
+        let told = std::sync::Arc::new(Told::default());
+        let weak: std::sync::Weak<Told> = std::sync::Arc::downgrade(&told);
+        device.hooks.subscribe(weak);
+        device.hooks.exported(3, ExportId::new(0, 33));
+        let mut raw = RawFree::<0>::new();
+        raw.free.handle = 3;
+        for told_so_far in 1..=2 {
+            // A regular file answers FREE with ENOTTY.
+            assert_eq!(
+                device.free_raw(&mut raw).unwrap_err().errno(),
+                Some(Errno::NOTTY)
+            );
+            assert_eq!(
+                *told.0.lock().unwrap(),
+                vec![ExportId::new(0, 33); told_so_far]
+            );
+        }
     }
 
     #[test]

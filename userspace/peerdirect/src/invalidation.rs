@@ -226,14 +226,22 @@ impl Hooks {
             .push(export);
     }
 
-    /// Allocation `handle` is about to be freed: tells every hook its exports, and forgets
-    /// them. Returns how many exports that was.
+    /// Allocation `handle` is about to be freed: tells every hook its exports (they stay
+    /// recorded until [`Hooks::freed`]). Returns how many exports that was.
     pub(crate) fn before_free(&self, handle: u32) -> usize {
         let exports = lock(&self.state.exports)
-            .remove(&handle)
+            .get(&handle)
+            .cloned()
             .unwrap_or_default();
         self.notify_freed(&exports);
         exports.len()
+    }
+
+    /// The allocation `handle` was freed (the module said so): forgets its exports. Until
+    /// then they stay recorded, so that a free that failed (the allocation, and what the
+    /// caches may register of it again, still there) is told to the hooks again when retried.
+    pub(crate) fn freed(&self, handle: u32) {
+        lock(&self.state.exports).remove(&handle);
     }
 
     /// The file is about to be closed, freeing every allocation left: like
@@ -425,7 +433,7 @@ mod tests {
     }
 
     #[test]
-    fn free_tells_every_hook_the_handles_exports_once() {
+    fn free_tells_every_hook_the_handles_exports_until_it_succeeds() {
         let hooks = Hooks::default();
         let (a, b) = (Arc::new(Recorder::default()), Arc::new(Recorder::default()));
         hooks.subscribe(weak(&a));
@@ -442,7 +450,12 @@ mod tests {
                 [ExportId::new(0, 10), ExportId::new(0, 11)]
             );
         }
-        // Forgotten: a second free (ENOENT in the kernel) tells nobody anything.
+        // Still recorded until the free succeeded: a retried free tells them again.
+        assert_eq!(hooks.before_free(1), 2);
+        assert_eq!(a.freed.lock().unwrap().len(), 4);
+        a.freed.lock().unwrap().truncate(2);
+        // Freed: a second free (ENOENT in the kernel) tells nobody anything.
+        hooks.freed(1);
         assert_eq!(hooks.before_free(1), 0);
         assert_eq!(a.freed.lock().unwrap().len(), 2);
         assert_eq!(hooks.before_close(), 1);

@@ -868,7 +868,9 @@ impl Endpoint {
         // SAFETY: the buffer is inside `mr`'s memory (checked), `desc` is `mr`'s, both outlive it.
         let ret = unsafe {
             let tagged = (*self.ep.as_ptr()).tagged;
-            let buf = mr.memory.ptr.as_ptr().add(offset).cast::<c_void>();
+            // Wrapping: a foreign region's addresses are the caller's, not an allocation of
+            // this process, so only the provider may make anything of them.
+            let buf = mr.memory.ptr.as_ptr().wrapping_add(offset).cast::<c_void>();
             let desc = (*mr.mr.as_ptr()).mem_desc;
             if let Kind::Read { addr, key } = kind {
                 let rma = (*self.ep.as_ptr()).rma;

@@ -19,7 +19,9 @@
 //!   registering, and 10,000 such cycles leak nothing;
 //! - `tcp`: 10,000 register/deregister cycles with the cache on and off leave the fd count and
 //!   the module's export count where they were; a registration over 4 GiB when the HBM is
-//!   large enough.
+//!   large enough; a receive of one chunk that meets a send of three fails and says the
+//!   sender's count (the count travels in the tags), instead of leaving two chunks for a later
+//!   receive.
 
 use std::cell::RefCell;
 use std::process::ExitCode;
@@ -872,6 +874,46 @@ fn short_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     }
 }
 
+/// A receive that asks for fewer chunks than the sender sends fails and says so, instead of
+/// reporting success and leaving the sender's other chunks for a later receive.
+fn long_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
+    const SENT: u64 = 3 * CHUNK as u64;
+    const ASKED: u64 = CHUNK as u64;
+    let registrar = registrar(provider, node)?;
+    let source = Buffer::new(hbm, SENT, Some(SEED + 8))?;
+    let destination = Buffer::new(hbm, ASKED, None)?;
+    let cache = RegCache::new(CacheLimits::default());
+    let src_mr = source.register(&cache, &registrar, SENT, Access::LOCAL_READ)?;
+    let dst_mr = destination.register(&cache, &registrar, ASKED, Access::LOCAL_WRITE)?;
+    let (sender, receiver, to_receiver) = endpoint_pair(registrar.fabric())?;
+    let received = std::thread::scope(|s| {
+        let recv = s.spawn(|| receiver.recv(dst_mr.mr(), 0, ASKED, 0x7f30_0000));
+        let sent = sender.send(src_mr.mr(), 0, SENT, to_receiver, 0x7f30_0000);
+        let received = recv
+            .join()
+            .map_err(|_| "the receiving thread panicked".to_owned())?;
+        sent.map_err(|e| format!("send: {e}"))?;
+        Ok::<_, String>(received)
+    })?;
+    match received {
+        Ok(()) => Err(
+            "a receive of 1 chunk that met a 3-chunk send succeeded (2 chunks left for later)"
+                .to_owned(),
+        ),
+        Err(err)
+            if err.to_string().contains("has 3 chunk(s)")
+                && err.to_string().contains("expected 1") =>
+        {
+            Ok(format!(
+                "{provider}: a receive of 1 chunk that meets a 3-chunk send fails: {err}"
+            ))
+        }
+        Err(err) => Err(format!(
+            "expected the receive to say the sender had 3 chunks, got: {err}"
+        )),
+    }
+}
+
 /// The cases on `/dev/peerdirect0`: its allocations, or with `companion` ranges of its BAR
 /// (a companion device, named by the caller).
 pub fn run(provider: &str, companion: bool) -> ExitCode {
@@ -923,6 +965,13 @@ pub fn run(provider: &str, companion: bool) -> ExitCode {
             Box::new(|| closed_fd_case(hbm)),
         ));
         cases.push(("registration over 4 GiB", Box::new(|| large_case(hbm))));
+        // tcp only: its sends complete once written (eager). ofi_rxm over verbs sends 1 MiB
+        // chunks by rendezvous, which completes only when the receiver takes the chunk, so the
+        // chunks no receive matches leave the sender waiting until its stall timeout.
+        cases.push((
+            "a send of more chunks than the receive asks for",
+            Box::new(move || long_case(hbm, provider, node)),
+        ));
     }
     println!("1..{}", cases.len());
     let mut failed = false;

@@ -234,6 +234,30 @@ pub enum LibfabricError {
         /// Bytes expected.
         expected: usize,
     },
+    /// A transfer's tags do not fit: `tag + chunks` above [`TAG_LIMIT`] (the top 16 bits of
+    /// a tag carry the chunk count).
+    #[error("tag {tag:#x} with {chunks} chunk(s) reaches past {limit:#x}: use tags below it", limit = TAG_LIMIT)]
+    TagRange {
+        /// The transfer's tag.
+        tag: u64,
+        /// Its chunks.
+        chunks: u64,
+    },
+    /// A receive met a message of a transfer with another number of chunks: the sender sent
+    /// more (or less) than the receiver asked for, and the rest would be left for a later
+    /// receive.
+    #[error(
+        "{provider}: the sender's transfer has {sent} chunk(s) (modulo 65536), this receive \
+         expected {expected}: sender and receiver disagree on the length"
+    )]
+    ChunkCount {
+        /// The provider.
+        provider: String,
+        /// The sender's chunk count (modulo 2^16).
+        sent: u64,
+        /// This receive's.
+        expected: u64,
+    },
     /// An earlier transfer on the registration failed, and its operations could not be
     /// cancelled: the NIC may still write into its memory.
     #[error(
@@ -1005,6 +1029,24 @@ impl HostMr {
     }
 }
 
+/// Where a transfer's chunk count goes in its messages' tags: the top 16 bits (the count
+/// modulo 2^16), so that a receive learns from its first chunk whether the sender sent as many
+/// chunks as it expects. The caller's tags, plus one per chunk, stay below [`TAG_LIMIT`].
+const COUNT_SHIFT: u32 = 48;
+const COUNT_MASK: u64 = 0xffff << COUNT_SHIFT;
+/// Tags a transfer may use (`tag + chunks` at most this).
+pub const TAG_LIMIT: u64 = 1 << COUNT_SHIFT;
+
+/// The tag of chunk `id` of a transfer of `count` chunks with base `tag`: a send carries the
+/// count; a receive asks for `tag + id` and ignores the count bits (checked on completion).
+fn chunk_tag(kind: sys::Kind, tag: u64, id: u64, count: u64) -> u64 {
+    let tag = tag + id;
+    match kind {
+        sys::Kind::Send => tag | ((count << COUNT_SHIFT) & COUNT_MASK),
+        _ => tag,
+    }
+}
+
 /// A peer's registered memory as RMA names it: address and key ([`FabricMr::remote`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteMr {
@@ -1077,7 +1119,9 @@ impl Endpoint {
     }
 
     /// Sends bytes `offset..offset + length` of `mr` (relative to its range) to `peer` with
-    /// tagged messages `tag`, `tag + 1`, ... (one per chunk), returning once all completed.
+    /// tagged messages `tag`, `tag + 1`, ... (one per chunk, carrying the chunk count in the
+    /// tag's top 16 bits; `tag` plus the chunks at most [`TAG_LIMIT`]), returning once all
+    /// completed.
     /// Host bounce copies each chunk from HBM to the staging buffer first.
     pub fn send(
         &self,
@@ -1101,6 +1145,8 @@ impl Endpoint {
 
     /// Receives what [`Endpoint::send`] sends with `tag` into bytes `offset..offset + length`
     /// of `mr`, from any peer. Host bounce copies each chunk from staging to HBM on arrival.
+    /// A sender whose transfer has another number of chunks (a longer or shorter send) fails
+    /// it with [`LibfabricError::ChunkCount`], instead of leaving chunks for a later receive.
     pub fn recv(
         &self,
         mr: &FabricMr,
@@ -1232,6 +1278,10 @@ impl Endpoint {
         // Inside the mapping (checked by the caller), so it fits.
         let hbm_base = (mr.range.offset() + offset) as usize;
         let pieces: Vec<(u64, usize)> = chunks(length).collect();
+        let count = pieces.len() as u64;
+        if tag.checked_add(count).is_none_or(|end| end > TAG_LIMIT) {
+            return Err(LibfabricError::TagRange { tag, chunks: count });
+        }
         // Host bounce: this direction's half of the staging slots (sends the first half).
         let (window, first_slot) = if bounce {
             let per_direction = mr.mr.memory().len() / CHUNK / 2;
@@ -1273,7 +1323,12 @@ impl Endpoint {
                     offset: region_offset,
                     len,
                     peer,
-                    tag: tag.wrapping_add(id),
+                    tag: chunk_tag(kind, tag, id, count),
+                    ignore: if kind == sys::Kind::Recv {
+                        COUNT_MASK
+                    } else {
+                        0
+                    },
                     id,
                 };
                 match self.ep.post(transfer, &mr.mr, &op) {
@@ -1302,6 +1357,14 @@ impl Endpoint {
                 let Some(&(chunk_offset, len)) = pieces.get(completion.op as usize) else {
                     continue;
                 };
+                let sent = completion.tag >> COUNT_SHIFT;
+                if kind == sys::Kind::Recv && sent != count & (COUNT_MASK >> COUNT_SHIFT) {
+                    return Err(LibfabricError::ChunkCount {
+                        provider: self.provider.clone(),
+                        sent,
+                        expected: count,
+                    });
+                }
                 if kind == sys::Kind::Recv && completion.len != len {
                     return Err(LibfabricError::ShortMessage {
                         provider: self.provider.clone(),
@@ -1381,6 +1444,17 @@ mod tests {
         file.set_len(len).unwrap();
         std::fs::remove_file(&path).unwrap();
         file
+    }
+
+    /// A send's tags carry its chunk count in the top 16 bits; a receive asks for the plain
+    /// tag (and ignores those bits, checking them on completion).
+    #[test]
+    fn tags_carry_the_chunk_count_on_sends() {
+        use super::{chunk_tag, sys::Kind, COUNT_MASK, TAG_LIMIT};
+        assert_eq!(chunk_tag(Kind::Send, 0x40, 2, 3), 0x42 | (3 << 48));
+        assert_eq!(chunk_tag(Kind::Recv, 0x40, 2, 3), 0x42);
+        assert_eq!(chunk_tag(Kind::Send, 0, 0, 0x1_0001) & COUNT_MASK, 1 << 48);
+        assert_eq!(TAG_LIMIT, 1 << 48);
     }
 
     #[test]

@@ -661,6 +661,9 @@ pub(super) struct Completion {
     pub(super) op: u64,
     /// Bytes received, for receives; the operation's length otherwise.
     pub(super) len: usize,
+    /// The tag of the message received, for receives (a receive's `ignore` bits may differ
+    /// from what it asked for).
+    pub(super) tag: u64,
     /// Its error, if it failed (`fi_cq_readerr`).
     pub(super) result: Result<()>,
 }
@@ -706,6 +709,8 @@ pub(super) struct Op {
     /// The peer (`fi_addr_t`; FI_ADDR_UNSPEC for receives from anyone).
     pub(super) peer: u64,
     pub(super) tag: u64,
+    /// Receives: the bits of `tag` a message's may differ in (`fi_trecv`'s `ignore`).
+    pub(super) ignore: u64,
     /// Names the operation in its completion, within its transfer.
     pub(super) id: u64,
 }
@@ -849,6 +854,7 @@ impl Endpoint {
             len,
             peer,
             tag,
+            ignore,
             id,
         } = *op;
         mr.memory.check(offset, len);
@@ -905,7 +911,7 @@ impl Endpoint {
                     desc,
                     peer,
                     tag,
-                    0,
+                    ignore,
                     ctx.cast(),
                 )
             }
@@ -984,7 +990,7 @@ impl Endpoint {
                 None => -(b::FI_ENOSYS as isize),
             }
         };
-        let mut read: Vec<(*mut c_void, usize, Result<()>)> = Vec::new();
+        let mut read: Vec<(*mut c_void, usize, u64, Result<()>)> = Vec::new();
         if n == -(b::FI_EAVAIL as isize) {
             // SAFETY: zeroed fi_cq_err_entry is valid (plain data).
             let mut err: b::fi_cq_err_entry = unsafe { core::mem::zeroed() };
@@ -998,15 +1004,19 @@ impl Endpoint {
                 }
             };
             check(got)?;
-            read.push((err.op_context, err.len, Err(FiErrno(err.err))));
+            read.push((err.op_context, err.len, err.tag, Err(FiErrno(err.err))));
         } else if n < 0 && n != -(b::FI_EAGAIN as isize) {
             return Err(FiErrno(i32::try_from(-n).unwrap_or(i32::MAX)));
         } else {
             let n = usize::try_from(n).unwrap_or(0).min(entries.len());
-            read.extend(entries[..n].iter().map(|e| (e.op_context, e.len, Ok(()))));
+            read.extend(
+                entries[..n]
+                    .iter()
+                    .map(|e| (e.op_context, e.len, e.tag, Ok(()))),
+            );
         }
         let mut book = self.book();
-        for (context, len, result) in read {
+        for (context, len, tag, result) in read {
             // A context not booked is not ours (or already counted): ignored.
             let Some((c, _memory)) = book.inflight.remove(&(context as usize)) else {
                 continue;
@@ -1014,6 +1024,7 @@ impl Endpoint {
             let completion = Completion {
                 op: c.id,
                 len,
+                tag,
                 result,
             };
             if c.transfer == transfer.id {

@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use peerdirect::cache::{Access, ByteRange, ExportId};
 use peerdirect::registrar::libfabric::{
     default_universe_size, Endpoint, Fabric, FabricMr, LibfabricRegistrar, MappedDmaBuf, Peer,
+    TAG_LIMIT,
 };
 use peerdirect::size::{human_bytes, parse_number, parse_size};
 use peerdirect::{CacheStats, Device, ExportFlags, RegCache, RegPath, Registration};
@@ -50,9 +51,13 @@ const USAGE: &str = "usage: allreduce --rank R --ranks N --root ADDR:PORT [--pro
     [--json FILE]";
 
 /// The first tag of this program's messages; a step's messages add its sequence number
-/// (shifted past the chunk indices the library adds).
-const TAG_BASE: u64 = 0xa1 << 48;
+/// (shifted past the chunk indices the library adds, and taken modulo 2^16: steps run one
+/// after another, so tags may come round again), all below the library's `TAG_LIMIT` (its
+/// top 16 bits carry each transfer's chunk count).
+const TAG_BASE: u64 = 0xa1 << 40;
 const TAG_STEP_SHIFT: u32 = 24;
+const TAG_STEPS: u64 = 1 << 16;
+const _: () = assert!(TAG_BASE + (TAG_STEPS << TAG_STEP_SHIFT) <= TAG_LIMIT);
 
 /// Element `index` of rank `rank`'s buffer before iteration `iteration`. Small integers, so
 /// that sums over up to 256 ranks are exact in float32 and the host can recompute them
@@ -391,7 +396,7 @@ impl Ring<'_> {
 
     /// Sends `send` to the next rank while receiving into `recv` what the previous rank sends.
     fn step(&mut self, step: Step<'_>, send: Span<'_>, recv: Span<'_>) -> Result<()> {
-        let tag = TAG_BASE | (self.steps << TAG_STEP_SHIFT);
+        let tag = TAG_BASE | ((self.steps % TAG_STEPS) << TAG_STEP_SHIFT);
         self.steps += 1;
         let (endpoint, next) = (&self.endpoint, self.next);
         let prev = (self.rank + self.ranks - 1) % self.ranks;

@@ -539,9 +539,8 @@ impl Memory {
     /// Copies bytes `offset..offset + buf.len()` into `buf`.
     pub(super) fn read(&self, offset: usize, buf: &mut [u8]) {
         self.check_copy(offset, buf.len());
-        // SAFETY: in bounds of memory this process maps or owns (checked: not the caller's
-        // foreign addresses), which lives as long as `self`; `buf` is Rust-owned memory, so
-        // the two do not overlap.
+        // Checked: in bounds, and memory this process maps or owns (not foreign addresses).
+        // SAFETY: so valid for `self`'s life; `buf` is Rust-owned, so the two do not overlap.
         unsafe {
             ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), buf.as_mut_ptr(), buf.len())
         }

@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId, RegCache};
 use peerdirect::registrar::libfabric::{
-    Endpoint, Fabric, FabricMr, LibfabricRegistrar, MappedDmaBuf, Peer, CHUNK,
+    Endpoint, Fabric, FabricMr, LibfabricError, LibfabricRegistrar, MappedDmaBuf, Peer, CHUNK,
 };
 use peerdirect::{pattern, Device, DmaBuf, ExportFlags, RegPath, Registration, Stats};
 
@@ -841,29 +841,42 @@ fn foreign_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     ))
 }
 
+/// A send of `sent` bytes (a pattern from `seed`) met by a receive of `asked` bytes, on a pair
+/// of fresh endpoints with tag `tag`: what the receive returned (the send must succeed).
+fn mismatched(
+    hbm: &Hbm<'_>,
+    provider: &str,
+    node: Option<&str>,
+    sent: u64,
+    asked: u64,
+    seed: u64,
+    tag: u64,
+) -> Result<Result<(), LibfabricError>, String> {
+    let registrar = registrar(provider, node)?;
+    let source = Buffer::new(hbm, sent, Some(seed))?;
+    let destination = Buffer::new(hbm, asked, None)?;
+    let cache = RegCache::new(CacheLimits::default());
+    let src_mr = source.register(&cache, &registrar, sent, Access::LOCAL_READ)?;
+    let dst_mr = destination.register(&cache, &registrar, asked, Access::LOCAL_WRITE)?;
+    let (sender, receiver, to_receiver) = endpoint_pair(registrar.fabric())?;
+    std::thread::scope(|s| {
+        let recv = s.spawn(|| receiver.recv(dst_mr.mr(), 0, asked, tag));
+        let send = sender.send(src_mr.mr(), 0, sent, to_receiver, tag);
+        let received = recv
+            .join()
+            .map_err(|_| "the receiving thread panicked".to_owned())?;
+        send.map_err(|e| format!("send: {e}"))?;
+        Ok(received)
+    })
+}
+
 /// A receive whose chunk gets a shorter message than it asked for fails and says so, instead
 /// of reporting success (on host bounce it would have copied a whole staging slot, stale bytes
 /// included, into HBM).
 fn short_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     const ASKED: u64 = 1 << 20;
     const SENT: u64 = ASKED / 2;
-    let registrar = registrar(provider, node)?;
-    let source = Buffer::new(hbm, SENT, Some(SEED + 7))?;
-    let destination = Buffer::new(hbm, ASKED, None)?;
-    let cache = RegCache::new(CacheLimits::default());
-    let src_mr = source.register(&cache, &registrar, SENT, Access::LOCAL_READ)?;
-    let dst_mr = destination.register(&cache, &registrar, ASKED, Access::LOCAL_WRITE)?;
-    let (sender, receiver, to_receiver) = endpoint_pair(registrar.fabric())?;
-    let received = std::thread::scope(|s| {
-        let recv = s.spawn(|| receiver.recv(dst_mr.mr(), 0, ASKED, 0x7f20_0000));
-        let sent = sender.send(src_mr.mr(), 0, SENT, to_receiver, 0x7f20_0000);
-        let received = recv
-            .join()
-            .map_err(|_| "the receiving thread panicked".to_owned())?;
-        sent.map_err(|e| format!("send: {e}"))?;
-        Ok::<_, String>(received)
-    })?;
-    match received {
+    match mismatched(hbm, provider, node, SENT, ASKED, SEED + 7, 0x7f20_0000)? {
         Ok(()) => Err(format!(
             "a receive of {ASKED} bytes that got a {SENT}-byte message succeeded"
         )),
@@ -879,23 +892,7 @@ fn short_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
 fn long_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     const SENT: u64 = 3 * CHUNK as u64;
     const ASKED: u64 = CHUNK as u64;
-    let registrar = registrar(provider, node)?;
-    let source = Buffer::new(hbm, SENT, Some(SEED + 8))?;
-    let destination = Buffer::new(hbm, ASKED, None)?;
-    let cache = RegCache::new(CacheLimits::default());
-    let src_mr = source.register(&cache, &registrar, SENT, Access::LOCAL_READ)?;
-    let dst_mr = destination.register(&cache, &registrar, ASKED, Access::LOCAL_WRITE)?;
-    let (sender, receiver, to_receiver) = endpoint_pair(registrar.fabric())?;
-    let received = std::thread::scope(|s| {
-        let recv = s.spawn(|| receiver.recv(dst_mr.mr(), 0, ASKED, 0x7f30_0000));
-        let sent = sender.send(src_mr.mr(), 0, SENT, to_receiver, 0x7f30_0000);
-        let received = recv
-            .join()
-            .map_err(|_| "the receiving thread panicked".to_owned())?;
-        sent.map_err(|e| format!("send: {e}"))?;
-        Ok::<_, String>(received)
-    })?;
-    match received {
+    match mismatched(hbm, provider, node, SENT, ASKED, SEED + 8, 0x7f30_0000)? {
         Ok(()) => Err(
             "a receive of 1 chunk that met a 3-chunk send succeeded (2 chunks left for later)"
                 .to_owned(),

@@ -257,8 +257,8 @@ fn exchange_path(provider: &str, side: &str, mr: &FabricMr) -> Result<String, St
 
 fn exchange_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     let registrar = registrar(provider, node)?;
-    let (src_alloc, src, src_export) = mapped(hbm, EXCHANGE)?;
-    let (dst_alloc, dst, dst_export) = mapped(hbm, EXCHANGE)?;
+    let (src_alloc, mut src, src_export) = mapped(hbm, EXCHANGE)?;
+    let (dst_alloc, mut dst, dst_export) = mapped(hbm, EXCHANGE)?;
     let mut data = vec![0u8; EXCHANGE as usize];
     pattern::fill(SEED, 0, &mut data);
     src.write(0, &data);
@@ -326,7 +326,7 @@ fn rma_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     const LEN: u64 = 4 << 20;
     let registrar = registrar(provider, node)?;
     let caps = registrar.fabric().caps().clone();
-    let (dst_alloc, dst, dst_export) = mapped(hbm, LEN)?;
+    let (dst_alloc, mut dst, dst_export) = mapped(hbm, LEN)?;
     dst.write(0, &vec![0u8; LEN as usize]);
     let cache = RegCache::new(CacheLimits::default());
     let dst_mr = cache
@@ -349,7 +349,7 @@ fn rma_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     if !caps.rma {
         return Err(format!("{provider} does not advertise FI_RMA with FI_READ"));
     }
-    let src = registrar
+    let mut src = registrar
         .register_host(LEN as usize, Access::REMOTE_READ)
         .map_err(|e| e.to_string())?;
     let mut data = vec![0u8; LEN as usize];
@@ -454,7 +454,7 @@ fn large_case(hbm: &Hbm<'_>) -> Outcome {
         ));
     }
     let registrar = registrar("tcp", Some("127.0.0.1"))?;
-    let (allocation, hbm, export) = mapped(hbm, len)?;
+    let (allocation, mut hbm, export) = mapped(hbm, len)?;
     let tail = len - 4096;
     hbm.write(tail as usize, b"past 4 GiB");
     let cache = RegCache::new(CacheLimits::default());
@@ -508,7 +508,7 @@ struct Buffer<'h> {
 
 impl<'h> Buffer<'h> {
     fn new(source: &'h Hbm<'_>, len: u64, seed: Option<u64>) -> Result<Self, String> {
-        let (alloc, hbm, export) = mapped(source, len)?;
+        let (alloc, mut hbm, export) = mapped(source, len)?;
         let mut data = vec![0u8; len as usize];
         if let Some(seed) = seed {
             pattern::fill(seed, 0, &mut data);

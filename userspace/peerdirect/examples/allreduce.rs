@@ -343,7 +343,7 @@ impl<'d> Buffer<'d> {
             .collect()
     }
 
-    fn write_f32(&self, offset: usize, values: &[f32]) {
+    fn write_f32(&mut self, offset: usize, values: &[f32]) {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.mapped.write(offset, &bytes);
     }

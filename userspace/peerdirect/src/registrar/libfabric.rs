@@ -673,7 +673,19 @@ impl MappedDmaBuf {
     }
 
     /// Copies `data` into the dma-buf at `offset`. Panics if out of range.
-    pub fn write(&self, offset: usize, data: &[u8]) {
+    ///
+    /// Takes `&mut self`, as [`DmaBufMap::write`](crate::DmaBufMap::write) does, so that two
+    /// threads cannot write the same bytes at once through shared references:
+    ///
+    /// ```compile_fail
+    /// fn racing(buf: &peerdirect::registrar::libfabric::MappedDmaBuf) {
+    ///     std::thread::scope(|s| {
+    ///         s.spawn(|| buf.write(0, &[1]));
+    ///         s.spawn(|| buf.write(0, &[2]));
+    ///     });
+    /// }
+    /// ```
+    pub fn write(&mut self, offset: usize, data: &[u8]) {
         self.source.memory.write(offset, data);
     }
 }
@@ -1007,7 +1019,19 @@ impl HostMr {
     }
 
     /// Copies `data` into it at `offset`. Panics outside it.
-    pub fn write(&self, offset: usize, data: &[u8]) {
+    ///
+    /// Takes `&mut self`: two threads cannot write the same bytes at once through shared
+    /// references.
+    ///
+    /// ```compile_fail
+    /// fn racing(mr: &peerdirect::registrar::libfabric::HostMr) {
+    ///     std::thread::scope(|s| {
+    ///         s.spawn(|| mr.write(0, &[1]));
+    ///         s.spawn(|| mr.write(0, &[2]));
+    ///     });
+    /// }
+    /// ```
+    pub fn write(&mut self, offset: usize, data: &[u8]) {
         self.mr.memory().write(offset, data);
     }
 

@@ -645,7 +645,7 @@ pub(super) struct Endpoint {
 struct Book {
     /// Operations posted and not yet completed, by their context's address: their context
     /// and memory stay alive here until the completion is read or the endpoint is closed.
-    inflight: HashMap<usize, (Box<Context>, Arc<Memory>)>,
+    inflight: HashMap<usize, (Booked, Arc<Memory>)>,
     /// Transfers under way ([`Endpoint::begin`]); completions of other (ended) transfers'
     /// operations are dropped.
     open: HashSet<u64>,
@@ -720,6 +720,54 @@ pub(super) struct Context {
     _scratch: b::fi_context2,
     transfer: u64,
     id: u64,
+}
+
+/// A posted operation's context, owned through the raw pointer libfabric was given
+/// (`Box::into_raw`), so that nothing Rust does to the owner (moving it into and out of
+/// the book) invalidates the provider's pointer. Freed on drop.
+struct Booked(NonNull<Context>);
+
+impl Booked {
+    fn new(transfer: u64, id: u64) -> Booked {
+        let context = Box::new(Context {
+            // SAFETY: fi_context2 is eight pointers: zero is a valid value.
+            _scratch: unsafe { core::mem::zeroed() },
+            transfer,
+            id,
+        });
+        Booked(NonNull::from(Box::leak(context)))
+    }
+
+    /// The pointer libfabric is given, and gives back in the completion.
+    fn as_ptr(&self) -> *mut c_void {
+        self.0.as_ptr().cast()
+    }
+
+    /// The transfer and the id within it (read through the raw pointer: the provider may be
+    /// writing the scratch words meanwhile, so no reference to the whole context is made).
+    fn names(&self) -> (u64, u64) {
+        let c = self.0.as_ptr();
+        // SAFETY: `c` is the live allocation `new` leaked (freed only by drop); the two words
+        // are written once, before the pointer is handed out, and never by the provider.
+        unsafe {
+            (
+                ptr::addr_of!((*c).transfer).read(),
+                ptr::addr_of!((*c).id).read(),
+            )
+        }
+    }
+
+    fn transfer(&self) -> u64 {
+        self.names().0
+    }
+}
+
+impl Drop for Booked {
+    fn drop(&mut self) {
+        // SAFETY: from Box::leak in `new`, dropped once; the provider is done with it (its
+        // completion was read, or the endpoint is closed).
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
 }
 
 impl Endpoint {
@@ -857,13 +905,8 @@ impl Endpoint {
             id,
         } = *op;
         mr.memory.check(offset, len);
-        let mut context = Box::new(Context {
-            // SAFETY: fi_context2 is eight pointers: zero is a valid value.
-            _scratch: unsafe { core::mem::zeroed() },
-            transfer: transfer.id,
-            id,
-        });
-        let ctx: *mut Context = &mut *context;
+        let context = Booked::new(transfer.id, id);
+        let ctx = context.as_ptr();
         // Held across the post, so that no completion of it is read before it is booked.
         let mut book = self.book();
         // fi_tsend/fi_trecv: ep->tagged->send/recv; fi_read: ep->rma->read. The memory and the
@@ -890,7 +933,7 @@ impl Endpoint {
                     peer,
                     addr,
                     key,
-                    ctx.cast(),
+                    ctx,
                 )
             } else if kind == Kind::Send {
                 (*tagged).send.ok_or(FiErrno(b::FI_ENOSYS as i32))?(
@@ -900,7 +943,7 @@ impl Endpoint {
                     desc,
                     peer,
                     tag,
-                    ctx.cast(),
+                    ctx,
                 )
             } else {
                 (*tagged).recv.ok_or(FiErrno(b::FI_ENOSYS as i32))?(
@@ -911,7 +954,7 @@ impl Endpoint {
                     peer,
                     tag,
                     ignore,
-                    ctx.cast(),
+                    ctx,
                 )
             }
         };
@@ -938,25 +981,27 @@ impl Endpoint {
         self.book()
             .inflight
             .values()
-            .filter(|(c, _)| c.transfer == transfer.id)
+            .filter(|(c, _)| c.transfer() == transfer.id)
             .count()
     }
 
     /// Asks the provider to cancel `transfer`'s pending operations (`fi_cancel`); each then
     /// completes with `FI_ECANCELED`, or normally if it was already done.
+    ///
+    /// Under the book's lock, which completions are also read under: each context cancelled
+    /// is one the provider has not reported yet, so still alive, and still this transfer's
+    /// (a context read and freed meanwhile could be reused by another transfer's operation).
     pub(super) fn cancel(&self, transfer: &Transfer<'_>) {
-        let contexts: Vec<usize> = self
-            .book()
+        let book = self.book();
+        for (&ctx, _) in book
             .inflight
             .iter()
-            .filter(|(_, (c, _))| c.transfer == transfer.id)
-            .map(|(&ctx, _)| ctx)
-            .collect();
-        for ctx in contexts {
+            .filter(|(_, (c, _))| c.transfer() == transfer.id)
+        {
             // fi_cancel: ep->ops->cancel(&ep->fid, context). Its result is only a hint:
             // completions tell.
-            // SAFETY: ctx is an operation posted on this open endpoint and still booked, so
-            // alive until its completion is read.
+            // SAFETY: ctx is an operation posted on this open endpoint and still booked (the
+            // lock is held), so alive and not yet reported by the provider.
             unsafe {
                 let ops = (*self.ep.as_ptr()).ops;
                 if let Some(cancel) = ops.as_ref().and_then(|ops| ops.cancel) {
@@ -975,7 +1020,10 @@ impl Endpoint {
         transfer: &Transfer<'_>,
         done: &mut Vec<Completion>,
     ) -> Result<()> {
-        if let Some(mail) = self.book().mailbox.remove(&transfer.id) {
+        // Held from the read to the routing: a context is booked exactly as long as the
+        // provider may still report it, which is what `cancel` relies on.
+        let mut book = self.book();
+        if let Some(mail) = book.mailbox.remove(&transfer.id) {
             done.extend(mail);
         }
         // SAFETY: fi_cq_tagged_entry is plain data: zero is valid.
@@ -1014,22 +1062,22 @@ impl Endpoint {
                     .map(|e| (e.op_context, e.len, e.tag, Ok(()))),
             );
         }
-        let mut book = self.book();
         for (context, len, tag, result) in read {
             // A context not booked is not ours (or already counted): ignored.
             let Some((c, _memory)) = book.inflight.remove(&(context as usize)) else {
                 continue;
             };
+            let (owner, op) = c.names();
             let completion = Completion {
-                op: c.id,
+                op,
                 len,
                 tag,
                 result,
             };
-            if c.transfer == transfer.id {
+            if owner == transfer.id {
                 done.push(completion);
-            } else if book.open.contains(&c.transfer) {
-                book.mailbox.entry(c.transfer).or_default().push(completion);
+            } else if book.open.contains(&owner) {
+                book.mailbox.entry(owner).or_default().push(completion);
             }
             // Else its transfer ended (after cancelling it): only its memory goes now.
         }
@@ -1053,4 +1101,229 @@ impl Drop for Endpoint {
 /// A C string for a provider or node name.
 pub(super) fn c_string(s: &str) -> Option<CString> {
     CString::new(s).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    //! The endpoint against an in-process provider (ops tables of our own), to make the
+    //! interleavings of threads that a real provider only makes by chance.
+
+    use super::*;
+    use std::sync::Condvar;
+    use std::time::{Duration, Instant};
+
+    /// What the fake provider saw and holds; one endpoint at a time (the one test using it).
+    #[derive(Default)]
+    struct Fake {
+        /// Contexts posted and not reported.
+        posted: Vec<usize>,
+        /// Contexts whose completion the next `fi_cq_read` reports.
+        ready: Vec<usize>,
+        /// `fi_cancel` calls, and those naming a context already reported (so, on the
+        /// endpoint's side, perhaps freed and reused).
+        cancels: usize,
+        stale_cancels: Vec<usize>,
+        /// The first cancel waits (bounded) for another thread to read completions.
+        first_cancel: bool,
+        other_read: bool,
+    }
+
+    static FAKE: Mutex<Option<Fake>> = Mutex::new(None);
+    static WAKE: Condvar = Condvar::new();
+
+    fn fake() -> MutexGuard<'static, Option<Fake>> {
+        FAKE.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until `done` holds, for at most `limit`; whether it held.
+    fn wait_for(limit: Duration, done: impl Fn(&Fake) -> bool) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut state = fake();
+        loop {
+            if state.as_ref().is_some_and(&done) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            state = WAKE
+                .wait_timeout(state, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn with_fake<T>(f: impl FnOnce(&mut Fake) -> T) -> T {
+        let mut state = fake();
+        let out = f(state.as_mut().expect("the fake provider is set up"));
+        WAKE.notify_all();
+        out
+    }
+
+    unsafe extern "C" fn close(_: *mut b::fid) -> c_int {
+        0
+    }
+
+    unsafe extern "C" fn send(
+        _: *mut b::fid_ep,
+        _: *const c_void,
+        _: usize,
+        _: *mut c_void,
+        _: b::fi_addr_t,
+        _: u64,
+        context: *mut c_void,
+    ) -> isize {
+        with_fake(|f| f.posted.push(context as usize));
+        0
+    }
+
+    unsafe extern "C" fn cancel(_: b::fid_t, context: *mut c_void) -> isize {
+        let first = with_fake(|f| {
+            f.cancels += 1;
+            if !f.posted.contains(&(context as usize)) {
+                f.stale_cancels.push(context as usize);
+            }
+            // The first cancel: the other posted operation completes now, and another
+            // thread may read it while this call lasts.
+            let first = !f.first_cancel;
+            if first {
+                f.first_cancel = true;
+                f.ready = f
+                    .posted
+                    .iter()
+                    .copied()
+                    .filter(|&c| c != context as usize)
+                    .collect();
+            }
+            first
+        });
+        if first {
+            // Bounded: an endpoint that holds its book across the cancels keeps the reader
+            // out, and this times out.
+            wait_for(Duration::from_millis(300), |f| f.other_read);
+        }
+        0
+    }
+
+    unsafe extern "C" fn cq_read(_: *mut b::fid_cq, buf: *mut c_void, count: usize) -> isize {
+        let ready: Vec<usize> = with_fake(|f| {
+            let n = f.ready.len().min(count);
+            let ready: Vec<usize> = f.ready.drain(..n).collect();
+            f.posted.retain(|c| !ready.contains(c));
+            ready
+        });
+        if ready.is_empty() {
+            return -(b::FI_EAGAIN as isize);
+        }
+        let entries = buf.cast::<b::fi_cq_tagged_entry>();
+        for (i, &context) in ready.iter().enumerate() {
+            // SAFETY: the caller gave room for `count` tagged entries; i < count.
+            unsafe {
+                let mut entry: b::fi_cq_tagged_entry = core::mem::zeroed();
+                entry.op_context = context as *mut c_void;
+                entries.add(i).write(entry);
+            }
+        }
+        ready.len() as isize
+    }
+
+    /// Leaks a zeroed `T` (plain data: ops tables and fids) for the fake's objects.
+    fn leak<T>() -> &'static mut T {
+        // SAFETY: only instantiated with bindgen's plain C structs, valid when zeroed.
+        Box::leak(Box::new(unsafe { core::mem::zeroed::<T>() }))
+    }
+
+    /// An endpoint and an MR of 4 KiB host memory, on the fake provider.
+    fn fake_endpoint() -> (Endpoint, Mr) {
+        let fid_ops = leak::<b::fi_ops>();
+        fid_ops.close = Some(close);
+        let ep_ops = leak::<b::fi_ops_ep>();
+        ep_ops.cancel = Some(cancel);
+        let tagged = leak::<b::fi_ops_tagged>();
+        tagged.send = Some(send);
+        let cq_ops = leak::<b::fi_ops_cq>();
+        cq_ops.read = Some(cq_read);
+        let ep = leak::<b::fid_ep>();
+        ep.fid.ops = fid_ops;
+        ep.ops = ep_ops;
+        ep.tagged = tagged;
+        let cq = leak::<b::fid_cq>();
+        cq.fid.ops = fid_ops;
+        cq.ops = cq_ops;
+        let av = leak::<b::fid_av>();
+        av.fid.ops = fid_ops;
+        let mr = leak::<b::fid_mr>();
+        mr.fid.ops = fid_ops;
+        // SAFETY: a fake domain nothing calls into; it outlives everything (leaked).
+        let domain = unsafe { Domain::borrow(NonNull::from(leak::<b::fid_domain>())) };
+        let endpoint = Endpoint {
+            ep: NonNull::from(ep),
+            cq: NonNull::from(cq),
+            av: NonNull::from(av),
+            book: Mutex::default(),
+            next_transfer: AtomicU64::new(1),
+            _domain: Arc::clone(&domain),
+        };
+        let mr = Mr {
+            mr: NonNull::from(mr),
+            memory: Memory::host(4096),
+            _domain: domain,
+        };
+        (endpoint, mr)
+    }
+
+    fn send_op(id: u64) -> Op {
+        Op {
+            kind: Kind::Send,
+            offset: 0,
+            len: 64,
+            peer: 0,
+            tag: 0,
+            ignore: 0,
+            id,
+        }
+    }
+
+    /// A transfer that fails cancels its operations while another thread reads completions
+    /// (another transfer's, or the same endpoint's progress): the reader must not complete,
+    /// free and let a new post reuse a context the canceller is about to name.
+    #[test]
+    fn cancel_names_only_contexts_the_provider_has_not_reported() {
+        *fake() = Some(Fake::default());
+        let (endpoint, mr) = fake_endpoint();
+        let failing = endpoint.begin();
+        endpoint.post(&failing, &mr, &send_op(1)).unwrap();
+        endpoint.post(&failing, &mr, &send_op(2)).unwrap();
+        let mut read = Vec::new();
+        std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                assert!(
+                    wait_for(Duration::from_secs(5), |f| f.first_cancel),
+                    "no cancel within 5 s"
+                );
+                let other = endpoint.begin();
+                let mut done = Vec::new();
+                endpoint.completions(&other, &mut done).unwrap();
+                with_fake(|f| f.other_read = true);
+            });
+            endpoint.cancel(&failing);
+            reader.join().unwrap();
+        });
+        endpoint.completions(&failing, &mut read).unwrap();
+        let state = fake().take().unwrap();
+        assert_eq!(state.cancels, 2, "both posted operations are cancelled");
+        assert!(
+            state.stale_cancels.is_empty(),
+            "fi_cancel named {} context(s) the provider had already reported complete \
+             (on the endpoint's side freed, and free to be reused by another post)",
+            state.stale_cancels.len()
+        );
+        assert_eq!(
+            read.len(),
+            1,
+            "the completed operation reaches its transfer"
+        );
+        assert_eq!(endpoint.pending(&failing), 1);
+    }
 }

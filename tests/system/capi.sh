@@ -45,7 +45,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Plan: make install and pkg-config (2); the first boot: hbm_export (4), fabric_register (3),
 # verbs_register (2), hcl_style (2), nommap_register (3), hcl_pool (2); the companion boot (6).
-plan 24
+plan 25
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -322,6 +322,7 @@ peerdirect companion add $hbm --bar 2 >/dev/null
 run cnocap setpriv --inh-caps=-sys_admin --bounding-set=-sys_admin ./companion_export 0 0x1000000 0x400000 0x5eed0003 --expect-errno EPERM
 run companion ./companion_export 0 0x1000000 0x400000 0x5eed0003
 run creset ./companion_export 0 0x3000000 0x200000 0x5eed0005 --reset
+run clock ./companion_export 0 0x3400000 0x200000 0x5eed0006 --lock
 # Registered and mapped while the companion goes.
 ./companion_export 0 0x2000000 0x200000 0x5eed0004 --hold /tmp/go >hold.out 2>&1 &
 pid=$!
@@ -358,7 +359,7 @@ if [ $rc = 0 ] && [ "$(cat companion.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL'
 else
 	fail "$desc" "qemu/run exited $rc" "$out" "$(show companion)"
 fi
-desc="companion_export --reset: pd_companion_reset_prepare with a registration held and mapped: the callback hears of it (PD_INVALIDATED_DEVICE, its key) on the library's watching thread, the mapping faults with SIGBUS, exports are EBUSY until pd_companion_reset_done (a second: EINVAL), then a new export maps, takes a pattern and registers anew"
+desc="companion_export --reset: pd_companion_reset_prepare with a registration held and mapped: the callback hears of it (PD_INVALIDATED_DEVICE, its key) on the library's own thread, the mapping faults with SIGBUS, exports are EBUSY until pd_companion_reset_done (a second: EINVAL), then a new export maps, takes a pattern and registers anew"
 if [ "$(cat creset.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' creset.out &&
 	grep -q "^ok - invalidated by the reset: 1 callback(s), cause PD_INVALIDATED_DEVICE, held 1, key .*, on the library's thread$" creset.out &&
 	grep -q '^ok - touching the mapping after the reset began: SIGBUS$' creset.out &&
@@ -368,6 +369,15 @@ if [ "$(cat creset.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' creset.out &&
 	sed "s/^/# /" creset.out
 else
 	fail "$desc" "$(show creset)"
+fi
+desc="companion_export --lock: the invalidation callback takes an error-checking mutex the program holds around two resets and its pd_register_export calls (one finding its registration revoked): both calls come once the program lets go, none on the program's own thread (no EDEADLK)"
+if [ "$(cat clock.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' clock.out &&
+	grep -q '^ok - a second reset, then pd_register_export of the revoked export with the lock held' clock.out &&
+	grep -q '^ok - the callback heard of both registrations once the lock was let go of: [0-9]* call(s), none with EDEADLK$' clock.out; then
+	ok "$desc"
+	sed "s/^/# /" clock.out
+else
+	fail "$desc" "$(show clock)"
 fi
 desc="companion remove while companion_export holds a registration (pd_register_export) and a mapping: the invalidation callback hears of it with PD_INVALIDATED_DEVICE and its key, and touching the mapping then gets SIGBUS"
 if [ "$(cat cremove.rc 2>/dev/null)" = 0 ] && [ "$(cat hold.rc 2>/dev/null)" = 0 ] &&

@@ -32,18 +32,28 @@
  * pd_companion_reset_done, and a second done with -EINVAL; then a new export of the same range
  * maps, takes the pattern with SEED + 1, and registers (a miss).
  *
+ * With --lock, the invalidation callback takes an error-checking mutex that the program holds
+ * around its own calls, as a runtime's callback takes the lock its registration path holds.
+ * Holding it, the program announces a reset (the registration is invalidated: the callback's
+ * call waits for the mutex), exports and registers the range again, announces a second reset
+ * and registers again, a request that finds its registration revoked. Once the program lets
+ * go of the mutex, the callback must hear of both registrations within 5 s, and no call of it
+ * may have found the mutex held by its own thread (EDEADLK): the library calls it on its own
+ * thread, never inside the program's pd_register_export.
+ *
  *   cc -o companion_export companion_export.c $(pkg-config --cflags --libs peerdirect libfabric)
  *   ./companion_export DEVICE_INDEX BAR_OFFSET LENGTH SEED
- *                      [--expect-errno NAME | --hold GOFILE | --reset]
+ *                      [--expect-errno NAME | --hold GOFILE | --reset | --lock]
  *
  * Numbers are decimal, or hexadecimal with 0x.
  */
-#define _GNU_SOURCE /* strdup, htole64, gettid */
+#define _GNU_SOURCE /* strdup, htole64, gettid, PTHREAD_MUTEX_ERRORCHECK */
 #include <ctype.h>
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,7 +247,7 @@ static int cache_counted(const pd_regcache *cache, uint64_t hits, uint64_t misse
 static int usage(void)
 {
 	fprintf(stderr, "usage: companion_export DEVICE_INDEX BAR_OFFSET LENGTH SEED "
-			"[--expect-errno NAME | --hold GOFILE | --reset]\n");
+			"[--expect-errno NAME | --hold GOFILE | --reset | --lock]\n");
 	return 2;
 }
 
@@ -422,12 +432,110 @@ out:
 	return status;
 }
 
+/* --lock: the program's lock, which the callback takes; counts published with release. */
+struct locked {
+	pthread_mutex_t mutex; /* PTHREAD_MUTEX_ERRORCHECK */
+	int calls;
+	int deadlocks; /* calls that found the mutex held by their own thread */
+};
+
+static void on_invalidate_locked(void *ctx, const struct pd_invalidation *invalidation)
+{
+	struct locked *locked = ctx;
+	int err = pthread_mutex_lock(&locked->mutex);
+
+	(void)invalidation;
+	if (err == 0)
+		pthread_mutex_unlock(&locked->mutex);
+	else
+		__atomic_add_fetch(&locked->deadlocks, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&locked->calls, 1, __ATOMIC_RELEASE);
+}
+
+/* A reset announced and ended, as the owner's runtime does around one; 0 iff both. */
+static int announce_reset(pd_device *dev)
+{
+	int err;
+
+	if ((err = pd_companion_reset_prepare(dev))) {
+		pd_failed("pd_companion_reset_prepare", err);
+		return 1;
+	}
+	if ((err = pd_companion_reset_done(dev))) {
+		pd_failed("pd_companion_reset_done", err);
+		return 1;
+	}
+	return 0;
+}
+
+/*
+ * --lock: with the mutex held, a reset (the registrations made before are invalidated),
+ * a new export registered, a second reset and a request for it again; then, the mutex let
+ * go of, both calls of the callback must come, neither with EDEADLK. 0 iff so.
+ */
+static int lock_around_register(pd_device *dev, pd_domain *dom, struct locked *locked,
+				uint64_t bar_offset, uint64_t length)
+{
+	pd_mr *mr = NULL, *again = NULL;
+	int fd = -1, err, tries, calls, status = 1;
+
+	if ((err = pthread_mutex_lock(&locked->mutex))) {
+		printf("FAIL - pthread_mutex_lock : %s\n", strerror(err));
+		return 1;
+	}
+	if (announce_reset(dev))
+		goto unlock;
+	printf("ok - a reset announced with the lock held\n");
+	if ((err = pd_export_range(dev, bar_offset, length, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR,
+				   &fd))) {
+		pd_failed("pd_export_range after the reset", err);
+		goto unlock;
+	}
+	if ((err = pd_register_export(dom, dev, fd, 0, 0, ALL_ACCESS, &mr))) {
+		pd_failed("pd_register_export after the reset", err);
+		goto unlock;
+	}
+	printf("ok - exported again and registered with the lock held: key %#" PRIx64 "\n",
+	       pd_mr_key(mr));
+	if (announce_reset(dev))
+		goto unlock;
+	/* Its registration was revoked by the second reset: this request finds it so. */
+	err = pd_register_export(dom, dev, fd, 0, 0, ALL_ACCESS, &again);
+	printf("ok - a second reset, then pd_register_export of the revoked export with the lock "
+	       "held: %s\n",
+	       err ? errno_name(err) : "registered");
+	status = 0;
+unlock:
+	pthread_mutex_unlock(&locked->mutex);
+	for (tries = 0; tries < 500 && __atomic_load_n(&locked->calls, __ATOMIC_ACQUIRE) < 2;
+	     tries++)
+		usleep(10000);
+	calls = __atomic_load_n(&locked->calls, __ATOMIC_ACQUIRE);
+	if (status == 0 && (calls < 2 || locked->deadlocks)) {
+		printf("FAIL - callback under the program's lock : %d call(s) within 5 s, %d of "
+		       "them found the lock held by their own thread (EDEADLK); expected 2, none\n",
+		       calls, locked->deadlocks);
+		status = 1;
+	} else if (status == 0) {
+		printf("ok - the callback heard of both registrations once the lock was let go of: "
+		       "%d call(s), none with EDEADLK\n",
+		       calls);
+	}
+	pd_mr_release(again);
+	pd_mr_release(mr);
+	if (fd >= 0)
+		close(fd);
+	return status;
+}
+
 int main(int argc, char **argv)
 {
 	uint64_t index, bar_offset, length, seed;
 	const char *go = NULL;
-	int reset = 0;
+	int reset = 0, lock = 0;
 	struct heard heard = { 0 };
+	struct locked locked = { .calls = 0 };
+	pthread_mutexattr_t attr;
 	int expected = 0;
 	char what[128];
 	struct pd_device_info info;
@@ -444,6 +552,8 @@ int main(int argc, char **argv)
 
 	if (argc == 6 && strcmp(argv[5], "--reset") == 0)
 		reset = 1;
+	else if (argc == 6 && strcmp(argv[5], "--lock") == 0)
+		lock = 1;
 	else if (argc != 5 && argc != 7)
 		return usage();
 	if (!parse_u64(argv[1], &index) || index > UINT_MAX || !parse_u64(argv[2], &bar_offset) ||
@@ -557,6 +667,20 @@ int main(int argc, char **argv)
 		pd_failed("pd_regcache_set_invalidate_callback", err);
 		goto out;
 	}
+	if (lock) {
+		if (pthread_mutexattr_init(&attr) ||
+		    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ERRORCHECK) ||
+		    pthread_mutex_init(&locked.mutex, &attr)) {
+			printf("FAIL - an error-checking mutex\n");
+			goto out;
+		}
+		pthread_mutexattr_destroy(&attr);
+		if ((err = pd_regcache_set_invalidate_callback(cache, on_invalidate_locked,
+							       &locked))) {
+			pd_failed("pd_regcache_set_invalidate_callback", err);
+			goto out;
+		}
+	}
 	/* Registered as the device's export: the cache watches the device. */
 	err = pd_register_export(dom, dev, fd, 0, 0, ALL_ACCESS, &first);
 	if (err) {
@@ -589,6 +713,10 @@ int main(int argc, char **argv)
 		goto out;
 	if (go) {
 		status = hold_until_gone(go, &heard, pd_mr_key(first), map);
+		goto out;
+	}
+	if (lock) {
+		status = lock_around_register(dev, dom, &locked, bar_offset, length);
 		goto out;
 	}
 	if (reset) {

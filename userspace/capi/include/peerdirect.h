@@ -102,10 +102,16 @@ struct pd_invalidation {
 
 /*
  * Called once for each registration of a cache whose memory, device or domain goes, cached or
- * only held by pd_mr handles, before the cache lets go of it: on the thread that frees the
- * allocation, detaches the domain or calls pd_regcache_invalidate_dmabuf(), or on the
- * library's own thread that watches a device for removal and resets. It runs outside the
- * library's locks; it may call pd_mr_release(), pd_device_close() and
+ * only held by pd_mr handles, before the cache lets go of it. Always on the cache's own
+ * thread ("peerdirect-tell"), one call at a time, never on a thread that calls the library,
+ * and outside the library's locks, so a lock the caller holds around pd_register() (or any
+ * other call) may be taken by the callback:
+ * - what a call discovers (pd_register() or a command finding the device removed or reset,
+ *   the library's watcher seeing it) is told without that call waiting for the callback;
+ * - pd_allocation_free(), pd_domain_detach(), pd_regcache_invalidate_dmabuf() and pd_regcache_free()
+ *   return only once the callback has been told and the registrations no pd_mr holds are
+ *   closed: do not call them holding a lock the callback takes.
+ * It may call pd_mr_release(), pd_device_close(), pd_regcache_invalidate_dmabuf() and
  * pd_regcache_set_invalidate_callback(), but must not free the cache or detach a domain.
  */
 typedef void (*pd_invalidate_fn)(void *ctx, const struct pd_invalidation *invalidation);

@@ -114,6 +114,7 @@ mod lent;
 mod limits;
 mod lock;
 mod lru;
+mod notify;
 mod pin;
 mod slot;
 #[cfg(test)]
@@ -125,7 +126,7 @@ use std::sync::atomic::{
     AtomicBool, AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
 };
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use serde::Serialize;
 
@@ -138,15 +139,16 @@ use lent::Lent;
 pub use limits::{CacheLimits, LimitsError, MAX_COUNT_VAR, MAX_SIZE_VAR};
 use lock::{ReadGuard, ReadMostly, WriteGuard};
 use lru::{Lru, Slot};
+use notify::{Delivery, Notifier};
 use pin::{Held, Pinned};
 
 /// Makes and releases registrations (memory regions) in one domain.
-pub trait Registrar: Send + Sync {
+pub trait Registrar: Send + Sync + 'static {
     /// What [`Registrar::register`] finds the memory in, e.g. a [`crate::DmaBuf`]. The cache
     /// only passes it through: it must be the export that the key's [`ExportId`] names.
     type Source: ?Sized;
     /// A registration, e.g. an `fid_mr` or an `ibv_mr`.
-    type Mr: Send + Sync;
+    type Mr: Send + Sync + 'static;
     /// Why a registration failed.
     type Error;
 
@@ -207,8 +209,20 @@ pub struct Invalidated<'a, R: Registrar> {
 }
 
 /// Told once about every registration of the cache (cached, or only held by handles) whose
-/// memory, device or domain goes. Called outside the cache's lock, on the thread that
-/// invalidates (a free, a device's watcher thread, a failed command, an `invalidate_*` call).
+/// memory, device or domain goes.
+///
+/// Called on the cache's own thread (`peerdirect-tell`, started at the first invalidation
+/// with a listener), one call at a time, never on a thread that calls into the cache, so
+/// never with the cache's lock or a lock of the caller's held:
+/// - what a request, a command failing with `ENODEV` or the device's watcher discovers (a
+///   revoked or reset device) is queued; the request returns without waiting;
+/// - an explicit invalidation ([`RegCache::invalidate_export`], `_device`, `_domain`, a free
+///   through the crate) returns once the listener has been told and the registrations no
+///   handle holds are deregistered: do not make one holding a lock the listener takes.
+///
+/// The listener may call into the cache: what that invalidates is told at once, nested.
+/// [`RegCache::set_listener`] returns once no call of the listener it replaces runs or is
+/// queued; [`RegCache::wait_told`] waits for what is queued.
 pub type Listener<R> = Arc<dyn Fn(&Invalidated<'_, R>) + Send + Sync>;
 
 /// What a [`RegCache`] did so far. Each counter is exact; a snapshot of several is not taken
@@ -262,7 +276,8 @@ pub struct RegCache<R: Registrar> {
     /// that hits in different threads do not write one cache line, and a thread that owns a
     /// slot counts without a locked instruction.
     hits: Stripes,
-    listener: Mutex<Option<Listener<R>>>,
+    /// Tells the listener, on a thread of its own ([`Listener`]).
+    notifier: Notifier<R>,
 }
 
 /// A counter in stripes, each on a cache line of its own: one for each [`slot`], and the last
@@ -499,17 +514,24 @@ impl<R: Registrar> RegCache<R> {
             }),
             counters: Arc::default(),
             hits: Stripes::default(),
-            listener: Mutex::default(),
+            notifier: Notifier::default(),
         }
     }
 
     /// Tells `listener` (from now on; `None`: nobody) about every registration whose memory,
     /// device or domain goes, once each, whether the cache still had it or only handles did.
+    /// Returns once no call of the listener it replaces runs or is queued (except when called
+    /// from that listener, which cannot wait for itself).
     pub fn set_listener(&self, listener: Option<Listener<R>>) {
-        *self
-            .listener
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = listener;
+        self.notifier.set(listener);
+    }
+
+    /// Returns once the listener has been told of every invalidation made before the call,
+    /// and the registrations no handle holds are deregistered. Invalidations that requests,
+    /// failed commands and the device watcher discover are told on the cache's thread
+    /// without their finder waiting ([`Listener`]); this waits for them.
+    pub fn wait_told(&self) {
+        self.notifier.wait_told();
     }
 
     /// An empty cache with the limits of [`MAX_COUNT_VAR`] and [`MAX_SIZE_VAR`]
@@ -581,10 +603,11 @@ impl<R: Registrar> RegCache<R> {
     fn find_stale(&self, key: &RegKey) -> (Option<Held<Entry<R>>>, Seen) {
         let mut doomed = Vec::new();
         let mut state = self.write();
-        state.drop_stale(key.export.device(), &mut doomed);
+        let passed = state.drop_stale(key.export.device(), &mut doomed);
         let found = (state.hold(key, slot::current()), state.seen());
         drop(state);
-        self.tell(doomed, Cause::Device);
+        drop(passed);
+        self.notifier.tell(doomed, Cause::Device, Delivery::Queue);
         found
     }
 
@@ -672,6 +695,7 @@ impl<R: Registrar> RegCache<R> {
     pub fn invalidate_export(&self, export: ExportId) -> usize {
         self.invalidate(
             Cause::Memory,
+            Delivery::Wait,
             |key| key.export == export,
             |index, removed| index.remove_export(export, removed),
         )
@@ -683,6 +707,7 @@ impl<R: Registrar> RegCache<R> {
     pub fn invalidate_device(&self, device: u32) -> usize {
         self.invalidate(
             Cause::Device,
+            Delivery::Wait,
             |key| key.export.device() == device,
             |index, removed| index.remove_where(|export, _| export.device() == device, removed),
         )
@@ -693,6 +718,7 @@ impl<R: Registrar> RegCache<R> {
     pub fn invalidate_domain(&self, domain: DomainId) -> usize {
         self.invalidate(
             Cause::Domain,
+            Delivery::Wait,
             |key| key.domain == domain,
             |index, removed| index.remove_where(|_, d| d == domain, removed),
         )
@@ -792,11 +818,12 @@ impl<R: Registrar> RegCache<R> {
     fn invalidate(
         &self,
         cause: Cause,
+        delivery: Delivery,
         affected: impl Fn(&RegKey) -> bool,
         remove: impl FnOnce(&mut Index<Cached<R>>, &mut Vec<Cached<R>>),
     ) -> usize {
         let mut doomed = Vec::new();
-        let count = {
+        let (count, passed) = {
             let mut state = self.write();
             state.epoch += 1;
             let mut removed = Vec::new();
@@ -804,42 +831,22 @@ impl<R: Registrar> RegCache<R> {
             state.invalidations += removed.len() as u64;
             state.take(removed, &mut doomed, &mut Pinned::default());
             let count = doomed.len();
-            state.held_too(&affected, &mut doomed);
-            count
+            (count, state.held_too(&affected, &mut doomed))
         };
-        self.tell(doomed, cause);
+        drop(passed);
+        self.notifier.tell(doomed, cause, delivery);
         count
     }
 
-    /// Tells the listener, if any, about each of `doomed` it was not told about yet, then
-    /// releases them (deregistering those no handle holds). Called without the lock.
-    fn tell(&self, doomed: Vec<Arc<Entry<R>>>, cause: Cause) {
-        if doomed.is_empty() {
-            return;
-        }
-        let listener = self
-            .listener
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone();
-        if let Some(listener) = listener {
-            for entry in &doomed {
-                if entry.told.swap(true, Relaxed) {
-                    continue;
-                }
-                let Some(mr) = entry.mr.as_ref() else {
-                    continue;
-                };
-                listener(&Invalidated {
-                    key: &entry.key,
-                    mr,
-                    cause,
-                    // `doomed` holds one reference to each, and holds each once.
-                    held: Arc::strong_count(entry) > 1,
-                });
-            }
-        }
-        drop(doomed);
+    /// [`RegCache::invalidate_device`], as a revocation the crate discovered (a command's
+    /// `ENODEV`, the watcher): told without waiting.
+    fn device_revoked(&self, device: u32) -> usize {
+        self.invalidate(
+            Cause::Device,
+            Delivery::Queue,
+            |key| key.export.device() == device,
+            |index, removed| index.remove_where(|export, _| export.device() == device, removed),
+        )
     }
 
     // Only this module's bookkeeping runs under the lock (registrars are called outside it),
@@ -862,15 +869,16 @@ impl<R: Registrar> Invalidate for RegCache<R> {
     }
 
     fn device_gone(&self, device: u32) {
-        self.invalidate_device(device);
+        self.device_revoked(device);
     }
 
     /// Drops the device's entries now if its status page counts a reset they do not know of,
     /// as the next request for one of them would (entries registered since stay).
     fn device_reset(&self, device: u32) {
         let mut doomed = Vec::new();
-        self.write().drop_stale(device, &mut doomed);
-        self.tell(doomed, Cause::Device);
+        let passed = self.write().drop_stale(device, &mut doomed);
+        drop(passed);
+        self.notifier.tell(doomed, Cause::Device, Delivery::Queue);
     }
 
     fn file_closing(&self, status: &DeviceStatus) {
@@ -1016,9 +1024,11 @@ impl<R: Registrar> State<R> {
     /// If `device` is being revoked or was reset, takes all of its entries (into `dropped`,
     /// for the caller to release once it has let go of the lock); after a reset, entries
     /// registered from now on are of exports made after it.
-    fn drop_stale(&mut self, device: u32, dropped: &mut Vec<Arc<Entry<R>>>) {
+    /// Returns references to drop once the lock is let go of ([`State::held_too`]).
+    #[must_use = "dropped under the lock, a reference may deregister there"]
+    fn drop_stale(&mut self, device: u32, dropped: &mut Vec<Arc<Entry<R>>>) -> Vec<Arc<Entry<R>>> {
         if !self.stale(device) {
-            return;
+            return Vec::new();
         }
         for w in self.watched.iter_mut().filter(|w| w.device == device) {
             w.resets = w.status.resets();
@@ -1030,8 +1040,9 @@ impl<R: Registrar> State<R> {
             self.epoch += 1;
             self.invalidations += removed.len() as u64;
             self.take(removed, dropped, &mut Pinned::default());
-            self.held_too(&|key: &RegKey| key.export.device() == device, dropped);
+            return self.held_too(&|key: &RegKey| key.export.device() == device, dropped);
         }
+        Vec::new()
     }
 
     /// The binding of `registrar`: the one its live registrations share, or a new one.
@@ -1069,18 +1080,31 @@ impl<R: Registrar> State<R> {
     }
 
     /// Adds to `doomed` the live registrations `affected` matches that are not in it yet (each
-    /// once): those only handles hold.
-    fn held_too(&self, affected: &dyn Fn(&RegKey) -> bool, doomed: &mut Vec<Arc<Entry<R>>>) {
+    /// once): those only handles hold. Returns the references it took to the others, for the
+    /// caller to drop once it has let go of the lock: a handle dropped meanwhile leaves one of
+    /// them the last, whose drop deregisters.
+    #[must_use = "dropped under the lock, a reference may deregister there"]
+    fn held_too(
+        &self,
+        affected: &dyn Fn(&RegKey) -> bool,
+        doomed: &mut Vec<Arc<Entry<R>>>,
+    ) -> Vec<Arc<Entry<R>>> {
         let mut seen: HashSet<*const Entry<R>> = doomed.iter().map(Arc::as_ptr).collect();
+        let mut passed = Vec::new();
         for weak in &self.live {
             let Some(entry) = weak.upgrade() else {
                 continue;
             };
+            #[cfg(test)]
+            tests::point("held_too: upgraded");
             if affected(&entry.key) && !entry.told.load(Relaxed) && seen.insert(Arc::as_ptr(&entry))
             {
                 doomed.push(entry);
+            } else {
+                passed.push(entry);
             }
         }
+        passed
     }
 
     /// A handle to a cached entry that serves `key`, pinned in `slot` (the calling thread's)
@@ -1152,10 +1176,13 @@ impl<R: Registrar> State<R> {
             };
             next = self.lru.newer(slot);
             let entry = self.lru.get(slot);
-            // A covered entry is out of the index but still on the list.
-            if Arc::strong_count(entry) == CACHE_REFERENCES
-                && !covered.iter().any(|&(covered, _)| covered == slot)
+            // A covered entry is out of the index but still on the list. The pins are looked
+            // at before the count: a pinned handle cloned (counted) and then dropped (its pin
+            // emptied with a release the scan acquires) shows in a count read after the scan,
+            // not necessarily in one read before it.
+            if !covered.iter().any(|&(covered, _)| covered == slot)
                 && !pinned.holds(entry)
+                && Arc::strong_count(entry) == CACHE_REFERENCES
             {
                 if entry.referenced.load(Relaxed) {
                     entry.referenced.store(false, Relaxed);

@@ -375,6 +375,8 @@ impl<T> ReadMostly<T> {
                 .store(end.saturating_add(took.saturating_mul(backoff)), Relaxed);
         }
         let guard = WriteGuard { lock: self };
+        #[cfg(test)]
+        WRITING_HERE.with(|n| n.set(n.get() + 1));
         if self.poisoned.load(Relaxed) {
             return Err(Poisoned);
         }
@@ -508,9 +510,23 @@ impl<T> DerefMut for WriteGuard<'_, T> {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Write guards this thread holds (any cache's).
+    static WRITING_HERE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether this thread holds a cache's write lock: registrars must never be called then.
+#[cfg(test)]
+pub(super) fn write_held_here() -> bool {
+    WRITING_HERE.with(|n| n.get() > 0)
+}
+
 impl<T> Drop for WriteGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
+        #[cfg(test)]
+        WRITING_HERE.with(|n| n.set(n.get() - 1));
         if thread::panicking() {
             self.lock.poisoned.store(true, Relaxed);
         }

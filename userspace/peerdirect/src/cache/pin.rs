@@ -177,6 +177,8 @@ impl Pinned {
     /// let go since: then it is merely treated as held).
     pub(super) fn holds<T>(&mut self, arc: &Arc<T>) -> bool {
         if !self.taken {
+            #[cfg(test)]
+            super::tests::point("pin scan");
             self.addresses.clear();
             for line in &LINES[..slot::handed_out()] {
                 // Most lines are empty (a miss's handle is counted): eight independent loads

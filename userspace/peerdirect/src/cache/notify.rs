@@ -1,0 +1,243 @@
+//! Where the listener is told: on a thread of the cache's own, never on a thread that calls
+//! into the cache, so never with a lock the caller holds around a request.
+//!
+//! An invalidation a request discovers (a revoked or reset device, seen by `get` or by a
+//! command failing with `ENODEV`, or reported by the device's watcher) is queued and the
+//! request goes on. An explicit one (`invalidate_*`, a free through the crate) waits until the
+//! listener has been told and the registrations no handle holds are deregistered, as its
+//! callers rely on (a domain is closed right after). From the listener itself, calls into the
+//! cache work: what they invalidate is told there and then, nested, since the thread cannot
+//! wait for itself.
+//!
+//! The thread starts with the first invalidation that finds a listener, and ends when the
+//! cache is dropped, after telling what was queued. A listener that panics is reported on
+//! standard error (queued) or to the waiting caller (explicit), and the thread goes on.
+
+use std::any::Any;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::thread::{self, JoinHandle, ThreadId};
+
+use super::{Cause, Entry, Invalidated, Listener, Registrar};
+
+/// Whether the invalidating call waits for the listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Delivery {
+    /// Explicit: return once told and deregistered.
+    Wait,
+    /// Discovered by a request, a failed command or the watcher: queued.
+    Queue,
+}
+
+type Panic = Box<dyn Any + Send>;
+
+/// What the thread is given: registrations to tell of (none: a barrier), and where to say
+/// it is done (with the listener's panic, if it panicked).
+struct Job<R: Registrar> {
+    doomed: Vec<Arc<Entry<R>>>,
+    cause: Cause,
+    done: Option<SyncSender<Option<Panic>>>,
+}
+
+struct Running<R: Registrar> {
+    jobs: Sender<Job<R>>,
+    thread: JoinHandle<()>,
+}
+
+pub(super) struct Notifier<R: Registrar> {
+    listener: Arc<Mutex<Option<Listener<R>>>>,
+    running: Mutex<Option<Running<R>>>,
+    /// The thread's id, set by the thread before it tells anything (it never changes after).
+    thread: Arc<OnceLock<ThreadId>>,
+}
+
+impl<R: Registrar> Default for Notifier<R> {
+    fn default() -> Self {
+        Self {
+            listener: Arc::default(),
+            running: Mutex::default(),
+            thread: Arc::default(),
+        }
+    }
+}
+
+impl<R: Registrar> Notifier<R> {
+    /// Replaces the listener; returns once no call of the one it replaces runs or is queued
+    /// (unless called from the listener: it cannot wait for itself).
+    pub(super) fn set(&self, listener: Option<Listener<R>>) {
+        *lock(&self.listener) = listener;
+        self.wait_told();
+    }
+
+    /// Returns once every invalidation queued before has been told (and its idle
+    /// registrations deregistered).
+    pub(super) fn wait_told(&self) {
+        if self.on_thread() {
+            return;
+        }
+        let (done, wait) = mpsc::sync_channel(1);
+        let job = Job {
+            doomed: Vec::new(),
+            cause: Cause::Memory,
+            done: Some(done),
+        };
+        if self.send(job).is_ok() {
+            // A barrier calls nothing of the caller's: it cannot panic.
+            let _ = wait.recv();
+        }
+    }
+
+    /// Tells the listener of each of `doomed` it was not told of yet, then lets them go
+    /// (deregistering those no handle holds): at once without a listener, else on the thread.
+    pub(super) fn tell(&self, doomed: Vec<Arc<Entry<R>>>, cause: Cause, delivery: Delivery) {
+        if doomed.is_empty() {
+            return;
+        }
+        if lock(&self.listener).is_none() {
+            drop(doomed);
+            return;
+        }
+        if self.on_thread() {
+            if let Some(panic) = deliver(&self.listener, doomed, cause) {
+                panic::resume_unwind(panic);
+            }
+            return;
+        }
+        let (done, wait) = match delivery {
+            Delivery::Wait => {
+                let (done, wait) = mpsc::sync_channel(1);
+                (Some(done), Some(wait))
+            }
+            Delivery::Queue => (None, None),
+        };
+        let job = Job {
+            doomed,
+            cause,
+            done,
+        };
+        match self.send(job) {
+            Err(job) => {
+                // No thread could be started: told here, as the only way left.
+                if let Some(panic) = deliver(&self.listener, job.doomed, job.cause) {
+                    panic::resume_unwind(panic);
+                }
+            }
+            Ok(()) => {
+                if let Some(Ok(Some(panic))) = wait.map(|wait| wait.recv()) {
+                    panic::resume_unwind(panic);
+                }
+            }
+        }
+    }
+
+    fn on_thread(&self) -> bool {
+        self.thread.get() == Some(&thread::current().id())
+    }
+
+    /// Queues `job`, starting the thread if it is not running; gives the job back if it
+    /// cannot be started.
+    fn send(&self, job: Job<R>) -> Result<(), Job<R>> {
+        let mut running = lock(&self.running);
+        if running.is_none() {
+            let (jobs, queue) = mpsc::channel();
+            let (listener, id) = (Arc::clone(&self.listener), Arc::clone(&self.thread));
+            let thread = thread::Builder::new()
+                .name("peerdirect-tell".into())
+                .spawn(move || {
+                    // Before any listener call, so that the listener's own calls into the
+                    // cache know they run here.
+                    let _ = id.set(thread::current().id());
+                    serve(&listener, &queue);
+                });
+            let Ok(thread) = thread else {
+                return Err(job);
+            };
+            *running = Some(Running { jobs, thread });
+        }
+        let Some(run) = running.as_ref() else {
+            return Err(job);
+        };
+        run.jobs.send(job).map_err(|mpsc::SendError(job)| job)
+    }
+}
+
+impl<R: Registrar> Drop for Notifier<R> {
+    fn drop(&mut self) {
+        let running = self
+            .running
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(Running { jobs, thread }) = running {
+            // The thread tells what is queued, then ends. Dropped from the listener (its
+            // closure held the last reference to the cache): the thread ends by itself.
+            drop(jobs);
+            if !self.on_thread() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// The thread: tells each job, in order, until the cache is dropped.
+fn serve<R: Registrar>(listener: &Mutex<Option<Listener<R>>>, queue: &Receiver<Job<R>>) {
+    for job in queue {
+        let panic = deliver(listener, job.doomed, job.cause);
+        match job.done {
+            Some(done) => {
+                let _ = done.send(panic);
+            }
+            None => {
+                if let Some(panic) = panic {
+                    eprintln!(
+                        "peerdirect: the registration cache's invalidation listener panicked: {}",
+                        message(&*panic)
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Tells the current listener of each of `doomed` not told yet, then drops them. The
+/// listener's panic, if it panicked (the rest are dropped untold).
+fn deliver<R: Registrar>(
+    listener: &Mutex<Option<Listener<R>>>,
+    doomed: Vec<Arc<Entry<R>>>,
+    cause: Cause,
+) -> Option<Panic> {
+    let listener = lock(listener).clone()?;
+    panic::catch_unwind(AssertUnwindSafe(move || {
+        for entry in &doomed {
+            if entry.told.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                continue;
+            }
+            let Some(mr) = entry.mr.as_ref() else {
+                continue;
+            };
+            listener(&Invalidated {
+                key: &entry.key,
+                mr,
+                cause,
+                // `doomed` holds one reference to each, and holds each once.
+                held: Arc::strong_count(entry) > 1,
+            });
+        }
+        drop(doomed);
+    }))
+    .err()
+}
+
+fn message(panic: &(dyn Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not a string)")
+}
+
+// Only a listener or a handle is stored under these: a poisoned lock holds good values.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

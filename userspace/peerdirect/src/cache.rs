@@ -113,6 +113,14 @@ mod key;
 mod lent;
 mod limits;
 mod lock;
+/// The cache's lock, for `benches/locks.rs` to measure against the crates that do the same;
+/// not an API.
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod bench_internals {
+    pub use super::barrier::heavy_count;
+    pub use super::lock::{Poisoned, ReadGuard, ReadMostly, WriteGuard};
+}
 mod lru;
 mod notify;
 mod pin;

@@ -25,6 +25,16 @@ pub(super) fn available() -> bool {
     })
 }
 
+/// Heavy barriers run in this process so far (each one a system call that interrupts every
+/// CPU running a thread of it).
+static HEAVY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many heavy barriers ran in this process so far.
+#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
+pub fn heavy_count() -> u64 {
+    HEAVY.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Every running thread of the process executes a full memory barrier before this returns.
 /// Only called once [`available`] said yes.
 ///
@@ -33,6 +43,7 @@ pub(super) fn available() -> bool {
 /// If the kernel refuses the command after it accepted the registration: no such failure is
 /// documented, and without the barrier a biased reader could overlap the caller's write.
 pub(super) fn heavy() {
+    HEAVY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if let Err(error) = membarrier(MembarrierCommand::PrivateExpedited) {
         // MEMBARRIER_CMD_GLOBAL waits for an RCU grace period instead: every CPU passes
         // through a full barrier. Slow (milliseconds), and only here.

@@ -137,7 +137,7 @@ struct Mark {
 struct Shared(AtomicU32);
 
 /// Guards a `T`: many readers, or one writer.
-pub(super) struct ReadMostly<T> {
+pub struct ReadMostly<T> {
     /// [`FREE`], [`HELD`] or [`CONTENDED`] (a futex). Held by a writer, and by a reader
     /// that found it held, while it marks itself.
     word: AtomicU32,
@@ -165,7 +165,7 @@ unsafe impl<T: Send + Sync> Sync for ReadMostly<T> {}
 
 /// The lock was poisoned: a writer panicked while it held it.
 #[derive(Debug)]
-pub(super) struct Poisoned;
+pub struct Poisoned;
 
 /// How a read guard holds the lock.
 enum Held {
@@ -176,19 +176,20 @@ enum Held {
 }
 
 /// Shared access; dropping it ends the read. Not `Send`: a mark belongs to its thread's slot.
-pub(super) struct ReadGuard<'a, T> {
+pub struct ReadGuard<'a, T> {
     lock: &'a ReadMostly<T>,
     held: Held,
     _not_send: PhantomData<*const ()>,
 }
 
 /// Exclusive access; dropping it lets readers and writers in.
-pub(super) struct WriteGuard<'a, T> {
+pub struct WriteGuard<'a, T> {
     lock: &'a ReadMostly<T>,
 }
 
 impl<T> ReadMostly<T> {
-    pub(super) fn new(data: T) -> Self {
+    /// Guards `data`, biased when the heavy barrier is available.
+    pub fn new(data: T) -> Self {
         Self::with_bias(
             data,
             Some(Bias {
@@ -224,7 +225,7 @@ impl<T> ReadMostly<T> {
     /// Shared access, waiting for a writer that holds the lock. Always inlined: as a call (which
     /// the compiler chose in the cache's benchmark) a hit took 6 to 15 ns longer.
     #[inline(always)]
-    pub(super) fn read(&self) -> Result<ReadGuard<'_, T>, Poisoned> {
+    pub fn read(&self) -> Result<ReadGuard<'_, T>, Poisoned> {
         let held = match slot::current() {
             Some(slot) => {
                 let mark = &self.marks[slot];
@@ -344,7 +345,7 @@ impl<T> ReadMostly<T> {
 
     /// Exclusive access, waiting for the writer or the readers that hold the lock.
     #[inline(always)]
-    pub(super) fn write(&self) -> Result<WriteGuard<'_, T>, Poisoned> {
+    pub fn write(&self) -> Result<WriteGuard<'_, T>, Poisoned> {
         debug_assert!(
             slot::current().is_none_or(|slot| !self.marks[slot].marked.load(Relaxed)),
             "a thread write-locked a lock it reads"

@@ -1,7 +1,7 @@
-//! The registration cache's lock (`ReadMostly`: per-thread marks, a bias kept with
-//! `membarrier`) next to the crates that do the same, in the same run: `std::sync::RwLock`,
-//! `parking_lot::RwLock`, `crossbeam_utils::sync::ShardedLock` and an `arc_swap::ArcSwap`
-//! snapshot (a write copies the map).
+//! The registration cache's lock, `crossbeam_utils::sync::ShardedLock`, next to the others
+//! that do the same, in the same run: `std::sync::RwLock`, `parking_lot::RwLock` and an
+//! `arc_swap::ArcSwap` snapshot (a write copies the map). The cache's own biased lock
+//! (per-thread marks, `membarrier`) was measured here too and replaced (git log).
 //!
 //! Each guards the same map of 1,024 registrations (`u64` keys to `u64` values); a hit is a
 //! read lock, a lookup and a copy of the value (the handle the cache hands out is measured by
@@ -13,8 +13,7 @@
 //!   thread does, while another writes 1,000 times a second: its iterations per second, its
 //!   p99.9, and how many iterations took over 20 µs (the poller interrupted).
 //!
-//! `cargo bench --features bench-internals --bench locks`, or `scripts/bench`. Compare the
-//! rows of one run, not runs.
+//! `cargo bench --bench locks`, or `scripts/bench`. Compare the rows of one run, not runs.
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -25,7 +24,6 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use crossbeam_utils::sync::ShardedLock;
-use peerdirect::cache::bench_internals::{heavy_count, ReadMostly};
 
 const ENTRIES: u64 = 1024;
 const HITS_PER_THREAD: usize = 400_000;
@@ -46,24 +44,6 @@ trait Lock: Sync {
     fn new(map: Map) -> Self;
     fn hit(&self, key: u64) -> Option<u64>;
     fn write(&self, key: u64, value: u64);
-}
-
-struct Ours(ReadMostly<Map>);
-
-impl Lock for Ours {
-    const NAME: &'static str = "peerdirect ReadMostly";
-    fn new(map: Map) -> Self {
-        Self(ReadMostly::new(map))
-    }
-    #[inline]
-    fn hit(&self, key: u64) -> Option<u64> {
-        self.0.read().ok()?.get(&key).copied()
-    }
-    fn write(&self, key: u64, value: u64) {
-        if let Ok(mut map) = self.0.write() {
-            map.insert(key, value);
-        }
-    }
 }
 
 struct Std(RwLock<Map>);
@@ -103,7 +83,7 @@ impl Lock for ParkingLot {
 struct Sharded(ShardedLock<Map>);
 
 impl Lock for Sharded {
-    const NAME: &'static str = "crossbeam ShardedLock";
+    const NAME: &'static str = "ShardedLock (the cache's)";
     fn new(map: Map) -> Self {
         Self(ShardedLock::new(map))
     }
@@ -158,7 +138,6 @@ struct Samples {
     /// Threads that hit, and their hits in all.
     threads: usize,
     hits: usize,
-    heavy: u64,
 }
 
 impl Samples {
@@ -167,7 +146,6 @@ impl Samples {
         self.wall += other.wall;
         self.threads = other.threads;
         self.hits += other.hits;
-        self.heavy += other.heavy;
     }
 
     fn at(&mut self, per_mille: usize) -> u64 {
@@ -186,7 +164,6 @@ impl Samples {
 fn hits<L: Lock>(lock: &L, threads: usize, write_every: Option<Duration>) -> Samples {
     let barrier = Barrier::new(threads);
     let done = AtomicBool::new(false);
-    let heavy = heavy_count();
     let start = Instant::now();
     let ns = thread::scope(|s| {
         if let Some(every) = write_every {
@@ -225,7 +202,6 @@ fn hits<L: Lock>(lock: &L, threads: usize, write_every: Option<Duration>) -> Sam
         wall: start.elapsed(),
         threads,
         hits: threads * (HITS_PER_THREAD / BATCH * BATCH),
-        heavy: heavy_count() - heavy,
     }
 }
 
@@ -249,7 +225,6 @@ fn writer<L: Lock>(lock: &L, every: Duration, done: &AtomicBool) {
 /// every `write_every`.
 fn busy_poll<L: Lock>(lock: &L, length: Duration, write_every: Duration) -> Samples {
     let done = AtomicBool::new(false);
-    let heavy = heavy_count();
     let start = Instant::now();
     let ns = thread::scope(|s| {
         let done = &done;
@@ -275,7 +250,6 @@ fn busy_poll<L: Lock>(lock: &L, length: Duration, write_every: Duration) -> Samp
         ns,
         wall: start.elapsed(),
         threads: 1,
-        heavy: heavy_count() - heavy,
     }
 }
 
@@ -288,7 +262,6 @@ struct Row {
     rate: f64,
     /// Iterations over 20 us (busy poll only).
     over_20us: Option<usize>,
-    heavy: u64,
 }
 
 fn row(case: Case, lock: &'static str, mut samples: Samples) -> Row {
@@ -302,7 +275,6 @@ fn row(case: Case, lock: &'static str, mut samples: Samples) -> Row {
         p999: samples.at(999),
         rate: samples.rate(),
         over_20us,
-        heavy: samples.heavy,
     }
 }
 
@@ -345,7 +317,7 @@ fn main() {
     println!(
         "  a hit: read lock, lookup in a map of {ENTRIES}, copy. Hits: ns per hit, the mean of \
          batches of {BATCH} (p50, p99, p99.9 over batches); busy poll: each iteration timed, \
-         >20 us counts the poller's interruptions; membar: membarrier calls. {cpus} CPUs; \
+         >20 us counts the poller's interruptions. {cpus} CPUs; \
          {ROUNDS} rounds, locks in turns"
     );
     let cases = [
@@ -359,32 +331,25 @@ fn main() {
     ];
     let mut rows = Vec::new();
     for case in cases {
-        let mut samples: [Samples; 5] = Default::default();
+        let mut samples: [Samples; 4] = Default::default();
         for _ in 0..ROUNDS {
-            samples[0].add(run_case::<Ours>(case));
+            samples[0].add(run_case::<Sharded>(case));
             samples[1].add(run_case::<Std>(case));
             samples[2].add(run_case::<ParkingLot>(case));
-            samples[3].add(run_case::<Sharded>(case));
-            samples[4].add(run_case::<Snapshot>(case));
+            samples[3].add(run_case::<Snapshot>(case));
         }
-        let names = [
-            Ours::NAME,
-            Std::NAME,
-            ParkingLot::NAME,
-            Sharded::NAME,
-            Snapshot::NAME,
-        ];
+        let names = [Sharded::NAME, Std::NAME, ParkingLot::NAME, Snapshot::NAME];
         for (name, samples) in names.into_iter().zip(samples) {
             rows.push(row(case, name, samples));
         }
     }
     println!(
-        "  {:<38} {:<22} {:>7} {:>7} {:>8} {:>12} {:>8} {:>8}",
-        "case", "lock", "p50 ns", "p99 ns", "p99.9 ns", "hits/s/thr", ">20 us", "membar"
+        "  {:<38} {:<26} {:>7} {:>7} {:>8} {:>12} {:>8}",
+        "case", "lock", "p50 ns", "p99 ns", "p99.9 ns", "hits/s/thr", ">20 us"
     );
     for r in &rows {
         println!(
-            "  {:<38} {:<22} {:>7} {:>7} {:>8} {:>12.0} {:>8} {:>8}",
+            "  {:<38} {:<26} {:>7} {:>7} {:>8} {:>12.0} {:>8}",
             r.case,
             r.lock,
             r.p50,
@@ -392,17 +357,18 @@ fn main() {
             r.p999,
             r.rate,
             r.over_20us.map_or("-".to_string(), |n| n.to_string()),
-            r.heavy
         );
     }
-    // Ours against the best crate, per case, by hits per second per thread.
-    println!("  hits/s/thread, ours / the best crate's (above 1: ours is faster):");
-    for chunk in rows.chunks(5) {
+    // The cache's lock against the best of the others, per case, by hits per second.
+    println!(
+        "  hits/s/thread, the cache's lock / the best other's (above 1: the cache's is faster):"
+    );
+    for chunk in rows.chunks(4) {
         let ours = &chunk[0];
         let best = chunk[1..]
             .iter()
             .max_by(|a, b| a.rate.total_cmp(&b.rate))
-            .expect("four crates");
+            .expect("three others");
         println!(
             "  {:<38} {:.2}x vs {}; p99 {} ns vs {} ns",
             ours.case,

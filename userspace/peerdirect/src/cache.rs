@@ -41,9 +41,8 @@
 //!
 //! With n cached entries, one read-write lock guards the index and the recency list; the
 //! registrar is called outside it, so misses in different threads register in parallel.
-//! The lock is read-mostly (`cache/lock.rs`): a reader marks a cache line of its own thread
-//! (with a plain store while the lock is biased, else with one locked instruction) instead of
-//! writing the lock word that every reader shares.
+//! The lock is crossbeam's `ShardedLock` (`cache/lock.rs`): a reader locks one of eight
+//! shards, picked by its thread, instead of a word every reader shares.
 //! - Hit: under the read lock only, so hits in different threads never wait for each other:
 //!   one atomic load of each attached status page of the export's device, a hash lookup of
 //!   the export, then per (domain, access) group of that export whose access suffices
@@ -54,8 +53,8 @@
 //!   the entry (an atomic flag, written only when it changes) and the hit count a per-thread
 //!   stripe, and the handle a *pin* in a line of the thread's own (`cache/pin.rs`) instead of
 //!   a count on the entry, so a hit writes no line that other threads' hits write, and makes
-//!   no locked instruction (but the read lock's mark when the lock is not biased, and a count
-//!   when the thread's eight pins are in use). Dropping a pinned handle empties its pin with
+//!   no locked instruction but its shard's read lock and unlock (and a count when the
+//!   thread's eight pins are in use). Dropping a pinned handle empties its pin with
 //!   one locked instruction on that line.
 //! - Eviction is CLOCK, an approximation of LRU that needs nothing from hits but the mark
 //!   (and the pins, which a miss that evicts reads: one line per thread that has a slot):
@@ -107,23 +106,16 @@
 //! ([`Uncached::Invalidated`]) without telling the listener: that invalidation may have been of
 //! other memory, so the caller decides from `uncached()`.
 
-mod barrier;
 mod index;
 mod key;
 mod lent;
 mod limits;
 mod lock;
-/// The cache's lock, for `benches/locks.rs` to measure against the crates that do the same;
-/// not an API.
-#[cfg(feature = "bench-internals")]
-#[doc(hidden)]
-pub mod bench_internals {
-    pub use super::barrier::heavy_count;
-    pub use super::lock::{Poisoned, ReadGuard, ReadMostly, WriteGuard};
-}
 mod lru;
 mod notify;
 mod pin;
+#[cfg(test)]
+mod point;
 mod slot;
 #[cfg(test)]
 mod tests;
@@ -145,7 +137,7 @@ use index::Index;
 pub use key::{Access, ByteRange, DomainId, RangeError, RegKey};
 use lent::Lent;
 pub use limits::{CacheLimits, LimitsError, MAX_COUNT_VAR, MAX_SIZE_VAR};
-use lock::{ReadGuard, ReadMostly, WriteGuard};
+use lock::{Lock, ReadGuard, WriteGuard};
 use lru::{Lru, Slot};
 use notify::{Delivery, Notifier};
 use pin::{Held, Pinned};
@@ -266,8 +258,8 @@ pub struct CacheStats {
     /// The limit on `bytes`.
     pub max_bytes: u64,
     /// Times the cache's lock was taken for writing (a miss, an eviction, an invalidation,
-    /// the first attach of a device; never a hit): each ends the readers' bias, which costs
-    /// the process a `membarrier` when readers were biased.
+    /// the first attach of a device; never a hit): each waits for every reader and locks
+    /// every shard.
     pub writes: u64,
 }
 
@@ -276,16 +268,17 @@ pub struct CacheStats {
 /// approximately (CLOCK).
 pub struct RegCache<R: Registrar> {
     limits: CacheLimits,
-    /// Read-held by hits, write-held by everything that changes what is cached. A read marks
-    /// a line of the thread's own ([`lock`]): hits in different threads write no common line.
-    state: ReadMostly<State<R>>,
+    /// Read-held by hits, write-held by everything that changes what is cached. A read locks
+    /// a shard of the reading thread's ([`lock`]): hits in different threads write no common
+    /// line.
+    state: Lock<State<R>>,
     counters: Arc<Counters>,
     /// Hits, counted by each thread in the stripe of its [`slot`] (summed by `stats`), so
     /// that hits in different threads do not write one cache line, and a thread that owns a
     /// slot counts without a locked instruction.
     hits: Stripes,
     /// Tells the listener, on a thread of its own ([`Listener`]).
-    notifier: Notifier<R>,
+    notifier: Notifier<Listener<R>>,
 }
 
 /// A counter in stripes, each on a cache line of its own: one for each [`slot`], and the last
@@ -504,7 +497,7 @@ impl<R: Registrar> RegCache<R> {
     pub fn new(limits: CacheLimits) -> Self {
         Self {
             limits,
-            state: ReadMostly::new(State {
+            state: Lock::new(State {
                 index: Index::default(),
                 lru: Lru::new(),
                 bytes: 0,
@@ -584,8 +577,8 @@ impl<R: Registrar> RegCache<R> {
             // No cached entry can serve it: skip the lookup.
             Some(_) => Seen::default(),
             None => {
+                let slot = slot::current();
                 let read = self.read();
-                let slot = read.slot();
                 let (hit, seen) = if read.stale(export.device()) {
                     drop(read);
                     self.find_stale(&key)
@@ -615,7 +608,7 @@ impl<R: Registrar> RegCache<R> {
         let found = (state.hold(key, slot::current()), state.seen());
         drop(state);
         drop(passed);
-        self.notifier.tell(doomed, Cause::Device, Delivery::Queue);
+        self.tell(doomed, Cause::Device, Delivery::Queue);
         found
     }
 
@@ -752,7 +745,7 @@ impl<R: Registrar> RegCache<R> {
         device.subscribe(hook);
         if let Some(status) = device.status() {
             // Attached already (the C ABI attaches at every registration): a read, so that a
-            // hit through it takes no write lock (which would end the readers' bias).
+            // hit through it takes no write lock (which would wait for every reader).
             if self.read().watched.iter().any(|w| w.status.is(&status)) {
                 return;
             }
@@ -842,8 +835,39 @@ impl<R: Registrar> RegCache<R> {
             (count, state.held_too(&affected, &mut doomed))
         };
         drop(passed);
-        self.notifier.tell(doomed, cause, delivery);
+        self.tell(doomed, cause, delivery);
         count
+    }
+
+    /// Tells the listener of each of `doomed` it was not told of yet, then lets them go
+    /// (deregistering those no handle holds): on the notifier's thread ([`Listener`]).
+    fn tell(&self, doomed: Vec<Arc<Entry<R>>>, cause: Cause, delivery: Delivery) {
+        if doomed.is_empty() {
+            return;
+        }
+        self.notifier.tell(
+            move |listener: Option<&Listener<R>>| {
+                if let Some(listener) = listener {
+                    for entry in &doomed {
+                        if entry.told.swap(true, Relaxed) {
+                            continue;
+                        }
+                        let Some(mr) = entry.mr.as_ref() else {
+                            continue;
+                        };
+                        listener(&Invalidated {
+                            key: &entry.key,
+                            mr,
+                            cause,
+                            // `doomed` holds one reference to each, and holds each once.
+                            held: Arc::strong_count(entry) > 1,
+                        });
+                    }
+                }
+                drop(doomed);
+            },
+            delivery,
+        );
     }
 
     /// [`RegCache::invalidate_device`], as a revocation the crate discovered (a command's
@@ -886,7 +910,7 @@ impl<R: Registrar> Invalidate for RegCache<R> {
         let mut doomed = Vec::new();
         let passed = self.write().drop_stale(device, &mut doomed);
         drop(passed);
-        self.notifier.tell(doomed, Cause::Device, Delivery::Queue);
+        self.tell(doomed, Cause::Device, Delivery::Queue);
     }
 
     fn file_closing(&self, status: &DeviceStatus) {
@@ -1104,7 +1128,7 @@ impl<R: Registrar> State<R> {
                 continue;
             };
             #[cfg(test)]
-            tests::point("held_too: upgraded");
+            point::reached("held_too: upgraded");
             if affected(&entry.key) && !entry.told.load(Relaxed) && seen.insert(Arc::as_ptr(&entry))
             {
                 doomed.push(entry);

@@ -19,8 +19,6 @@ use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::{self, JoinHandle, ThreadId};
 
-use super::{Cause, Entry, Invalidated, Listener, Registrar};
-
 /// Whether the invalidating call waits for the listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Delivery {
@@ -32,27 +30,30 @@ pub(super) enum Delivery {
 
 type Panic = Box<dyn Any + Send>;
 
-/// What the thread is given: registrations to tell of (none: a barrier), and where to say
-/// it is done (with the listener's panic, if it panicked).
-struct Job<R: Registrar> {
-    doomed: Vec<Arc<Entry<R>>>,
-    cause: Cause,
+/// Telling: given the listener now set (if any), tells it and lets go of what it told of.
+type Tell<L> = Box<dyn FnOnce(Option<&L>) + Send>;
+
+/// What the thread is given (no telling: a barrier), and where to say it is done (with the
+/// listener's panic, if it panicked).
+struct Job<L> {
+    tell: Option<Tell<L>>,
     done: Option<SyncSender<Option<Panic>>>,
 }
 
-struct Running<R: Registrar> {
-    jobs: Sender<Job<R>>,
+struct Running<L> {
+    jobs: Sender<Job<L>>,
     thread: JoinHandle<()>,
 }
 
-pub(super) struct Notifier<R: Registrar> {
-    listener: Arc<Mutex<Option<Listener<R>>>>,
-    running: Mutex<Option<Running<R>>>,
+/// Runs the tellings of a listener of type `L` on a thread of its own.
+pub(super) struct Notifier<L> {
+    listener: Arc<Mutex<Option<L>>>,
+    running: Mutex<Option<Running<L>>>,
     /// The thread's id, set by the thread before it tells anything (it never changes after).
     thread: Arc<OnceLock<ThreadId>>,
 }
 
-impl<R: Registrar> Default for Notifier<R> {
+impl<L> Default for Notifier<L> {
     fn default() -> Self {
         Self {
             listener: Arc::default(),
@@ -62,10 +63,10 @@ impl<R: Registrar> Default for Notifier<R> {
     }
 }
 
-impl<R: Registrar> Notifier<R> {
+impl<L: Clone + Send + 'static> Notifier<L> {
     /// Replaces the listener; returns once no call of the one it replaces runs or is queued
     /// (unless called from the listener: it cannot wait for itself).
-    pub(super) fn set(&self, listener: Option<Listener<R>>) {
+    pub(super) fn set(&self, listener: Option<L>) {
         *lock(&self.listener) = listener;
         self.wait_told();
     }
@@ -78,8 +79,7 @@ impl<R: Registrar> Notifier<R> {
         }
         let (done, wait) = mpsc::sync_channel(1);
         let job = Job {
-            doomed: Vec::new(),
-            cause: Cause::Memory,
+            tell: None,
             done: Some(done),
         };
         if self.send(job).is_ok() {
@@ -88,18 +88,15 @@ impl<R: Registrar> Notifier<R> {
         }
     }
 
-    /// Tells the listener of each of `doomed` it was not told of yet, then lets them go
-    /// (deregistering those no handle holds): at once without a listener, else on the thread.
-    pub(super) fn tell(&self, doomed: Vec<Arc<Entry<R>>>, cause: Cause, delivery: Delivery) {
-        if doomed.is_empty() {
-            return;
-        }
+    /// Runs `tell` with the listener: at once without a listener (it tells nobody), from the
+    /// listener's own calls nested, else on the thread, waiting for it as `delivery` says.
+    pub(super) fn tell(&self, tell: impl FnOnce(Option<&L>) + Send + 'static, delivery: Delivery) {
         if lock(&self.listener).is_none() {
-            drop(doomed);
+            tell(None);
             return;
         }
         if self.on_thread() {
-            if let Some(panic) = deliver(&self.listener, doomed, cause) {
+            if let Some(panic) = run(&self.listener, Box::new(tell)) {
                 panic::resume_unwind(panic);
             }
             return;
@@ -112,14 +109,13 @@ impl<R: Registrar> Notifier<R> {
             Delivery::Queue => (None, None),
         };
         let job = Job {
-            doomed,
-            cause,
+            tell: Some(Box::new(tell)),
             done,
         };
         match self.send(job) {
             Err(job) => {
                 // No thread could be started: told here, as the only way left.
-                if let Some(panic) = deliver(&self.listener, job.doomed, job.cause) {
+                if let Some(panic) = job.tell.and_then(|tell| run(&self.listener, tell)) {
                     panic::resume_unwind(panic);
                 }
             }
@@ -137,7 +133,7 @@ impl<R: Registrar> Notifier<R> {
 
     /// Queues `job`, starting the thread if it is not running; gives the job back if it
     /// cannot be started.
-    fn send(&self, job: Job<R>) -> Result<(), Job<R>> {
+    fn send(&self, job: Job<L>) -> Result<(), Job<L>> {
         let mut running = lock(&self.running);
         if running.is_none() {
             let (jobs, queue) = mpsc::channel();
@@ -162,7 +158,7 @@ impl<R: Registrar> Notifier<R> {
     }
 }
 
-impl<R: Registrar> Drop for Notifier<R> {
+impl<L> Drop for Notifier<L> {
     fn drop(&mut self) {
         let running = self
             .running
@@ -173,17 +169,17 @@ impl<R: Registrar> Drop for Notifier<R> {
             // The thread tells what is queued, then ends. Dropped from the listener (its
             // closure held the last reference to the cache): the thread ends by itself.
             drop(jobs);
-            if !self.on_thread() {
+            if self.thread.get() != Some(&thread::current().id()) {
                 let _ = thread.join();
             }
         }
     }
 }
 
-/// The thread: tells each job, in order, until the cache is dropped.
-fn serve<R: Registrar>(listener: &Mutex<Option<Listener<R>>>, queue: &Receiver<Job<R>>) {
+/// The thread: runs each job, in order, until the cache is dropped.
+fn serve<L: Clone>(listener: &Mutex<Option<L>>, queue: &Receiver<Job<L>>) {
     for job in queue {
-        let panic = deliver(listener, job.doomed, job.cause);
+        let panic = job.tell.and_then(|tell| run(listener, tell));
         match job.done {
             Some(done) => {
                 let _ = done.send(panic);
@@ -200,33 +196,10 @@ fn serve<R: Registrar>(listener: &Mutex<Option<Listener<R>>>, queue: &Receiver<J
     }
 }
 
-/// Tells the current listener of each of `doomed` not told yet, then drops them. The
-/// listener's panic, if it panicked (the rest are dropped untold).
-fn deliver<R: Registrar>(
-    listener: &Mutex<Option<Listener<R>>>,
-    doomed: Vec<Arc<Entry<R>>>,
-    cause: Cause,
-) -> Option<Panic> {
-    let listener = lock(listener).clone()?;
-    panic::catch_unwind(AssertUnwindSafe(move || {
-        for entry in &doomed {
-            if entry.told.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                continue;
-            }
-            let Some(mr) = entry.mr.as_ref() else {
-                continue;
-            };
-            listener(&Invalidated {
-                key: &entry.key,
-                mr,
-                cause,
-                // `doomed` holds one reference to each, and holds each once.
-                held: Arc::strong_count(entry) > 1,
-            });
-        }
-        drop(doomed);
-    }))
-    .err()
+/// Runs `tell` with the listener set now; its panic, if it panicked.
+fn run<L: Clone>(listener: &Mutex<Option<L>>, tell: Tell<L>) -> Option<Panic> {
+    let listener = lock(listener).clone();
+    panic::catch_unwind(AssertUnwindSafe(move || tell(listener.as_ref()))).err()
 }
 
 fn message(panic: &(dyn Any + Send)) -> &str {

@@ -12,9 +12,8 @@
 //!   entry ([`Held::pin`]), in a pin it found empty. Anyone holding the handle empties it.
 //! - While the entry is cached, the cache's reference keeps it alive.
 //! - An entry leaves its cache only under the cache's write lock, while no pin of it can be
-//!   filled; every pin of it that was filled before is seen by the writer (the readers let go
-//!   of their marks with a release, which the writer synchronizes with before it goes on,
-//!   `lock.rs`).
+//!   filled; every pin of it that was filled before is seen by the writer (a reader's unlock is
+//!   a release that the writer's lock acquires, `lock.rs`).
 //! - Eviction takes only entries of which it saw no pin ([`Pinned`]): one it saw empty was
 //!   emptied with a release its acquiring load synchronizes with, so the handle's last use
 //!   happened before the entry can go.
@@ -178,7 +177,7 @@ impl Pinned {
     pub(super) fn holds<T>(&mut self, arc: &Arc<T>) -> bool {
         if !self.taken {
             #[cfg(test)]
-            super::tests::point("pin scan");
+            super::point::reached("pin scan");
             self.addresses.clear();
             for line in &LINES[..slot::handed_out()] {
                 // Most lines are empty (a miss's handle is counted): eight independent loads

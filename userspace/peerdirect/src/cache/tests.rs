@@ -98,33 +98,7 @@ impl Registrar for FakeRegistrar {
 
 type Cache = RegCache<FakeRegistrar>;
 
-/// A hook and the point of the cache's code it runs at.
-type Hook = (&'static str, Box<dyn FnOnce()>);
-
-thread_local! {
-    /// A hook to run at a named point of the cache's code, on this thread, once.
-    static POINT: std::cell::RefCell<Option<Hook>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Called by the cache at `name` (tests only): runs the hook set for it on this thread.
-pub(super) fn point(name: &str) {
-    let hook = POINT.with(|point| {
-        let mut point = point.borrow_mut();
-        if point.as_ref().is_some_and(|(at, _)| *at == name) {
-            point.take()
-        } else {
-            None
-        }
-    });
-    if let Some((_, hook)) = hook {
-        hook();
-    }
-}
-
-/// Runs `hook` the next time this thread reaches the cache's point `name`.
-fn at_point(name: &'static str, hook: impl FnOnce() + 'static) {
-    POINT.with(|point| *point.borrow_mut() = Some((name, Box::new(hook))));
-}
+use super::point::at as at_point;
 
 fn cache(max_count: usize, max_bytes: u64) -> Cache {
     RegCache::new(CacheLimits {
@@ -161,8 +135,7 @@ fn get(
 }
 
 /// Whether this thread has a slot, so that its hits pin: a test thread that started while
-/// another test held every slot (`lock.rs`'s `with_every_slot_held`) has none, and its hits'
-/// handles are counted.
+/// other tests' threads held every slot has none, and its hits' handles are counted.
 fn has_slot() -> bool {
     slot::current().is_some()
 }

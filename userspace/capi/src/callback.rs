@@ -143,9 +143,18 @@ mod tests {
             })
         };
         started.wait();
-        slot.set(None);
+        // On a thread of its own, bounded: a set that never returned fails the test.
+        let (cleared, wait_cleared) = mpsc::channel();
+        let (clearing, after) = (Arc::clone(&slot), Arc::clone(&finished));
+        thread::spawn(move || {
+            clearing.set(None);
+            let _ = cleared.send(after.load(SeqCst));
+        });
+        let finished_first = wait_cleared
+            .recv_timeout(Duration::from_secs(5))
+            .expect("set(None) returned within 5 s");
         assert!(
-            finished.load(SeqCst),
+            finished_first,
             "set(None) returned while the callback still ran"
         );
         caller.join().unwrap();

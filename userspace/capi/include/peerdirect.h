@@ -18,6 +18,11 @@
  *   from several threads; an ibverbs protection domain always is) and a pd_mr, except that
  *   pd_regcache_free(), pd_domain_detach() and pd_mr_release() must not race with other calls
  *   on the handle they release.
+ * - fork: a handle belongs to the process that made it. In a forked child, calls on its
+ *   parent's handles fail with -ECHILD (pd_last_error() says why) and the release functions
+ *   leave them alone (closing them would close the parent's libfabric, ibverbs and peerdirect
+ *   objects, and the library's threads did not survive the fork); accessors such as
+ *   pd_mr_key() still read what they hold. Handles the child makes itself work.
  * - The library never aborts or unwinds into the caller: an internal error is -EIO with a
  *   message.
  */

@@ -40,7 +40,7 @@ use pd::{Control, Device, Errno, ExportFlags, PciAddress, RawExport, RawFree, St
 
 pub use abi::{FidDomain, PdDeviceInfo, PdRegcacheStats, PdStats};
 use error::{guard_status, handle_guard, shield, Failure};
-use handle::{arg, put};
+use handle::{arg, put, take, Born};
 pub use handle::{PdAllocation, PdDevice};
 pub use regcache::{PdMr, PdRegCache};
 
@@ -60,6 +60,7 @@ unsafe fn open(
             let device = open()?;
             Ok(Box::into_raw(Box::new(PdDevice {
                 device: Arc::new(device),
+                born: Born::now(),
             })))
         })
     }
@@ -113,11 +114,11 @@ pub unsafe extern "C" fn pd_device_open_path(
 /// `dev` is NULL or a handle from `pd_device_open*` not closed yet; it is not used after.
 #[no_mangle]
 pub unsafe extern "C" fn pd_device_close(dev: *mut PdDevice) {
-    shield("pd_device_close", (), || {
-        if !dev.is_null() {
-            // SAFETY: the caller hands back a pointer from `Box::into_raw` in `open`, once.
-            drop(unsafe { Box::from_raw(dev) });
-        }
+    const F: &str = "pd_device_close";
+    guard_status(F, || {
+        // SAFETY: the caller hands back a pointer from `Box::into_raw` in `open`, once.
+        drop(unsafe { take(F, "dev", dev) }?);
+        Ok(())
     });
 }
 
@@ -168,6 +169,7 @@ pub unsafe extern "C" fn pd_alloc(
             hbm_offset,
             length,
             source: Mutex::default(),
+            born: Born::now(),
         });
         // SAFETY: `out` is not NULL, and the caller promises it is valid for writing.
         unsafe { put(F, "out", out, Box::into_raw(allocation)) }
@@ -183,12 +185,12 @@ pub unsafe extern "C" fn pd_alloc(
 /// `alloc` is NULL or a handle from `pd_alloc` not freed yet; it is not used after.
 #[no_mangle]
 pub unsafe extern "C" fn pd_allocation_free(alloc: *mut PdAllocation) -> c_int {
-    guard_status("pd_allocation_free", || {
-        if alloc.is_null() {
-            return Ok(());
-        }
+    const F: &str = "pd_allocation_free";
+    guard_status(F, || {
         // SAFETY: the caller hands back a pointer from `Box::into_raw` in `pd_alloc`, once.
-        let alloc = unsafe { Box::from_raw(alloc) };
+        let Some(alloc) = unsafe { take(F, "alloc", alloc) }? else {
+            return Ok(());
+        };
         let mut raw = RawFree::<0>::new();
         raw.free.handle = alloc.handle;
         // The handle (and its export, after the caches let go) drops here, inside the guard.

@@ -35,7 +35,7 @@ use pd::{Cause, Device, Errno, Invalidated, RawExport, RegPath, Registrar, Regis
 use crate::abi::{self, FidDomain, IbvPd, PdRegcacheStats};
 use crate::callback::CallbackSlot;
 use crate::error::{guard_status, handle_guard, shield, Failure};
-use crate::handle::{arg, put, PdAllocation, PdDevice, Source};
+use crate::handle::{arg, put, take, Born, Handle, PdAllocation, PdDevice, Source};
 use crate::registrar::AnyRegistrar;
 
 /// `struct pd_invalidation`: a registration whose memory, device or domain goes, as the
@@ -76,6 +76,26 @@ struct Shared {
     foreign: Mutex<HashMap<u64, Arc<Source>>>,
     /// The caller's invalidation callback, called by the cache's listener.
     callback: Arc<CallbackSlot<Callback>>,
+    /// For the cache and its domains.
+    born: Born,
+}
+
+impl Handle for PdRegCache {
+    fn born(&self) -> Born {
+        self.shared.born
+    }
+}
+
+impl Handle for PdDomain {
+    fn born(&self) -> Born {
+        self.shared.born
+    }
+}
+
+impl Handle for PdMr {
+    fn born(&self) -> Born {
+        self.born
+    }
 }
 
 /// An attached domain: its handle's address (what the callback is told) and its registrar.
@@ -101,6 +121,7 @@ pub struct PdDomain {
 /// `pd_mr`: a registration handed out by `pd_register`, registered until released.
 pub struct PdMr {
     registration: Registration<AnyRegistrar>,
+    born: Born,
     /// The host-bounce reason, NUL-terminated for C.
     reason: Option<CString>,
 }
@@ -114,6 +135,7 @@ impl PdMr {
         };
         Self {
             registration,
+            born: Born::now(),
             reason,
         }
     }
@@ -170,6 +192,7 @@ pub unsafe extern "C" fn pd_regcache_new(err: *mut c_int) -> *mut PdRegCache {
             host_bounce: AtomicBool::new(false),
             foreign: Mutex::default(),
             callback: Arc::new(CallbackSlot::new()),
+            born: Born::now(),
         };
         let (domains, callback) = (Arc::clone(&shared.domains), Arc::clone(&shared.callback));
         shared.cache.set_listener(Some(Arc::new(move |invalidated| {
@@ -229,24 +252,25 @@ fn call(
 /// `cache` is NULL or a handle from `pd_regcache_new` not freed yet; it is not used after.
 #[no_mangle]
 pub unsafe extern "C" fn pd_regcache_free(cache: *mut PdRegCache) {
-    if !cache.is_null() {
+    const F: &str = "pd_regcache_free";
+    // The closing deregistrations may touch the domains; a panic in a provider's close must
+    // not unwind into C.
+    guard_status(F, || {
         // SAFETY: the caller hands back a pointer from `Box::into_raw` in `pd_regcache_new`,
         // once.
-        let cache = unsafe { Box::from_raw(cache) };
-        // The closing deregistrations may touch the domains; a panic in a provider's close
-        // must not unwind into C.
-        guard_status("pd_regcache_free", || {
-            let shared = &cache.shared;
-            shared.callback.set(None);
-            let domains: Vec<DomainId> = lock(&shared.domains).keys().copied().collect();
-            for domain in domains {
-                shared.cache.invalidate_domain(domain);
-            }
-            lock(&shared.foreign).clear();
-            drop(cache);
-            Ok(())
-        });
-    }
+        let Some(cache) = unsafe { take(F, "cache", cache) }? else {
+            return Ok(());
+        };
+        let shared = &cache.shared;
+        shared.callback.set(None);
+        let domains: Vec<DomainId> = lock(&shared.domains).keys().copied().collect();
+        for domain in domains {
+            shared.cache.invalidate_domain(domain);
+        }
+        lock(&shared.foreign).clear();
+        drop(cache);
+        Ok(())
+    });
 }
 
 /// `pd_domain *pd_domain_attach(pd_regcache *cache, struct fid_domain *domain, int *err)`: a
@@ -938,14 +962,12 @@ pub unsafe extern "C" fn pd_regcache_stats(
 /// `mr` is NULL or a handle from `pd_register` not released yet; it is not used after.
 #[no_mangle]
 pub unsafe extern "C" fn pd_mr_release(mr: *mut PdMr) {
-    if !mr.is_null() {
+    const F: &str = "pd_mr_release";
+    guard_status(F, || {
         // SAFETY: the caller hands back a pointer from `Box::into_raw` in `pd_register`, once.
-        let mr = unsafe { Box::from_raw(mr) };
-        guard_status("pd_mr_release", || {
-            drop(mr);
-            Ok(())
-        });
-    }
+        drop(unsafe { take(F, "mr", mr) }?);
+        Ok(())
+    });
 }
 
 /// Reads a field of a live `pd_mr`, or `default` for NULL.

@@ -331,6 +331,7 @@ fn export_functions_refuse_unknown_flags_before_the_command() {
     std::fs::remove_file(&file).unwrap();
     let dev = PdDevice {
         device: Arc::clone(&device),
+        born: crate::handle::Born::now(),
     };
     let alloc = PdAllocation {
         device,
@@ -338,6 +339,7 @@ fn export_functions_refuse_unknown_flags_before_the_command() {
         hbm_offset: 0,
         length: 4096,
         source: Mutex::default(),
+        born: crate::handle::Born::now(),
     };
     let last_error = || {
         // SAFETY: `pd_last_error` returns this thread's NUL-terminated message, which lives

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <peerdirect.h>
@@ -176,6 +177,48 @@ int main(int argc, char **argv)
 		pd_mr_release(NULL);
 		pd_regcache_free(cache);
 		pd_regcache_free(NULL);
+	}
+
+	/*
+	 * fork: the child's calls on its parent's handles fail with -ECHILD and release nothing
+	 * of the parent's; handles the child makes itself work; the parent's are untouched.
+	 */
+	{
+		struct pd_regcache_stats stats;
+		pd_regcache *cache = pd_regcache_new(&err);
+		int wstatus = -1;
+		pid_t child;
+
+		CHECK(cache != NULL);
+		fflush(stdout);
+		child = fork();
+		if (child == 0) {
+			pd_regcache *mine;
+			int bad = 0;
+
+			if (pd_regcache_stats(cache, &stats) != -ECHILD)
+				bad |= 1;
+			if (!contains(pd_last_error(),
+				      "pd_regcache_stats: cache was made by the parent of this forked process"))
+				bad |= 2;
+			if (pd_regcache_set_invalidate_callback(cache, NULL, NULL) != -ECHILD)
+				bad |= 4;
+			pd_regcache_free(cache); /* left alone: the parent's */
+			if (!contains(pd_last_error(), "pd_regcache_free: cache was made by the parent"))
+				bad |= 8;
+			mine = pd_regcache_new(&err);
+			if (!mine || pd_regcache_stats(mine, &stats) != 0 || stats.entries != 0)
+				bad |= 16;
+			pd_regcache_free(mine);
+			_exit(bad);
+		}
+		CHECK(child > 0);
+		CHECK(waitpid(child, &wstatus, 0) == child);
+		CHECK(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+		if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) != 0)
+			printf("FAILED: the forked child's checks %#x\n", WEXITSTATUS(wstatus));
+		CHECK(pd_regcache_stats(cache, &stats) == 0);
+		pd_regcache_free(cache);
 	}
 
 	return failed;

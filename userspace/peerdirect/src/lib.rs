@@ -50,6 +50,15 @@ mod sys;
 pub mod uapi;
 
 pub use allocation::Allocation;
+
+/// How many `fork`s separate this process from the one in which this was first called (0
+/// there; a `pthread_atfork` handler counts). A handle that records it when made can tell,
+/// when used, that it is its parent's: libfabric and ibverbs objects, a device's watcher
+/// thread and a cache's listener thread do not survive `fork` (the C ABI then fails with
+/// `-ECHILD`). The crate's own types do not check it: do not use them in a forked child.
+pub fn fork_generation() -> u64 {
+    sys::fork::generation()
+}
 pub use cache::{CacheStats, Cause, Invalidated, Listener, RegCache, Registrar, Registration};
 pub use control::{control_path, Control};
 pub use device::{device_infos, device_path, devices, Device, ExportFlags};

@@ -4,6 +4,7 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod dma_buf;
+pub(crate) mod fork;
 pub(crate) mod status;
 
 use core::ffi::c_void;

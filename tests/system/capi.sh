@@ -44,8 +44,9 @@
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Plan: make install and pkg-config (2); the first boot: hbm_export (4), fabric_register (3),
-# verbs_register (2), hcl_style (2), nommap_register (3), hcl_pool (2); the companion boot (6).
-plan 25
+# verbs_register (2), hcl_style (2), nommap_register (3), hcl_pool (2), key_pool (2); the companion
+# boot (7).
+plan 27
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -78,7 +79,7 @@ fi
 cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/fabric_register.c" \
 	"$ROOT/userspace/capi/examples/hcl_style.cpp" "$ROOT/userspace/capi/examples/verbs_register.c" \
 	"$ROOT/userspace/capi/examples/nommap_register.c" "$ROOT/userspace/capi/examples/hcl_pool.c" \
-	"$work/share/"
+	"$ROOT/userspace/capi/examples/key_pool.c" "$work/share/"
 # The programs are built on the host, chrooted in the guest's trixie userland (in_trixie: its
 # gcc, g++, pkg-config, headers and libraries, the files the guest runs them with): a second
 # each, where TCG takes half a minute for the C++ one. They run in the guest.
@@ -94,6 +95,7 @@ trixie_build hbuild 'g++ -std=c++17 -Wall -Wextra -Werror -o /tmp/hcl_style hcl_
 trixie_build fbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/fabric_register .'
 trixie_build nbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/nommap_register nommap_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/nommap_register .'
 trixie_build pbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hcl_pool hcl_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/hcl_pool .'
+trixie_build kbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/key_pool key_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/key_pool .'
 trixie_build vbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_register verbs_register.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_register .'
 cat >"$work/share/probe.sh" <<'EOF'
 cd /mnt/host
@@ -105,6 +107,7 @@ run ldd ldd ./hbm_export
 run hcl ./hcl_style
 run nommap sh -c 'insmod /usr/lib/peerdirect/tests/peerdirect_nommap.ko && ./nommap_register'
 run pool ./hcl_pool
+run keys ./key_pool
 run example ./hbm_export
 run fabric ./fabric_register
 run fabric_rxe env FI_UNIVERSE_SIZE=64 ./fabric_register 'verbs;ofi_rxm'
@@ -273,6 +276,25 @@ if [ "$(cat pool.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' pool.out &&
 	sed "s/^/# /" pool.out
 else
 	fail "$desc" "$(show pool)"
+fi
+
+desc="trixie's gcc builds key_pool.c (C99, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"
+if [ "$(cat kbuild.rc 2>/dev/null)" = 0 ]; then
+	ok "$desc"
+else
+	fail "$desc" "$(show kbuild)"
+fi
+desc="key_pool: tcp without FI_MR_PROV_KEY takes the keys of the program's pool (pd_domain_set_keys with the domain's mr_key_size), which get them back as registrations close (a freed allocation, pd_domain_detach); a key the key size cannot hold: ERANGE, none left: ENOSPC; PD_IFACE_SYNAPSEAI refused by tcp, an unknown iface EINVAL"
+if [ "$(cat keys.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' keys.out &&
+	grep -q '^ok - two registrations took keys 0x7000 and 0x7001 from the program.s pool' keys.out &&
+	grep -q '^ok - freeing the first allocation closed its registration and gave key 0x7000 back' keys.out &&
+	grep -q '^ok - a key the key size cannot hold: -ERANGE; an allocator with none left: -ENOSPC' keys.out &&
+	grep -q '^ok - PD_IFACE_SYNAPSEAI (device 0) on tcp' keys.out &&
+	grep -q '^ok - pd_domain_detach closed every registration: every key is back in the pool' keys.out; then
+	ok "$desc"
+	sed "s/^/# /" keys.out
+else
+	fail "$desc" "$(show keys)"
 fi
 
 desc="trixie's g++ builds hcl_style.cpp (C++17, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"

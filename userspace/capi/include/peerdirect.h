@@ -29,6 +29,7 @@
 #ifndef PEERDIRECT_H
 #define PEERDIRECT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -376,6 +377,43 @@ int pd_register_export(pd_domain *domain, const pd_device *dev, int fd, uint64_t
  * errno.
  */
 int pd_regcache_invalidate_dmabuf(pd_regcache *cache, int fd);
+
+/*
+ * A key allocator for a domain's registrations (pd_domain_set_keys()): alloc returns 0 and a
+ * key no registration of the domain uses in *key, or a negative errno when none is left;
+ * release gives back the key of a registration once it is closed.
+ */
+typedef int (*pd_key_alloc_fn)(void *ctx, uint64_t *key);
+typedef void (*pd_key_release_fn)(void *ctx, uint64_t key);
+
+/*
+ * From now on, new registrations in the libfabric domain request their keys
+ * (fi_mr_attr.requested_key) from alloc(ctx, &key) instead of the library's process-wide
+ * counter from 1, which may collide with keys the runtime requests itself; each key must be
+ * below 2^(8 * key_size) (the domain's fi_domain_attr.mr_key_size; 8 or more: any key).
+ * Providers with FI_MR_PROV_KEY pick their own keys and ignore the requested one. Each key is
+ * given back with release(ctx, key) (release may be NULL) once its registration is closed,
+ * from whichever thread closes it; alloc and release must be callable with ctx from any
+ * thread until the domain's last registration made with them is closed. A registration
+ * fails with -ENOSPC when alloc fails and -ERANGE when its key does not fit. alloc NULL:
+ * the library's counter again. Registrations made before keep their keys. Returns 0,
+ * -EINVAL (domain NULL) or -EOPNOTSUPP (an ibverbs domain: ibverbs picks its keys).
+ */
+int pd_domain_set_keys(pd_domain *domain, pd_key_alloc_fn alloc, pd_key_release_fn release,
+		       void *ctx, size_t key_size);
+
+/* pd_domain_set_iface(): where a domain's registered memory lives (fi_mr_attr.iface). */
+#define PD_IFACE_SYSTEM 0u    /* FI_HMEM_SYSTEM: the default */
+#define PD_IFACE_SYNAPSEAI 1u /* FI_HMEM_SYNAPSEAI, on SynapseAI device `device` */
+
+/*
+ * From now on, new registrations in the libfabric domain name their memory's iface (and
+ * fi_mr_attr.device.synapseai = device for PD_IFACE_SYNAPSEAI, as HCL registers Gaudi HBM).
+ * Only providers built with libfabric's SynapseAI support take PD_IFACE_SYNAPSEAI; others
+ * refuse the registration as they refuse dma-bufs. Returns 0, -EINVAL (domain NULL, an
+ * unknown iface) or -EOPNOTSUPP (an ibverbs domain).
+ */
+int pd_domain_set_iface(pd_domain *domain, uint32_t iface, int device);
 
 /*
  * From now on, calls fn(ctx, invalidation) for each registration of the cache whose memory,

@@ -29,6 +29,10 @@ const _: () = assert!(PD_ACCESS_LOCAL_WRITE == pd::cache::Access::LOCAL_WRITE.bi
 const _: () = assert!(PD_ACCESS_REMOTE_READ == pd::cache::Access::REMOTE_READ.bits() as u32);
 const _: () = assert!(PD_ACCESS_REMOTE_WRITE == pd::cache::Access::REMOTE_WRITE.bits() as u32);
 
+/// `PD_IFACE_*`: where a domain's registered memory lives (`pd_domain_set_iface`).
+pub const PD_IFACE_SYSTEM: u32 = 0;
+pub const PD_IFACE_SYNAPSEAI: u32 = 1;
+
 /// `PD_INVALIDATED_*`: why registrations were invalidated (`struct pd_invalidation`), the
 /// crate's `Cause`.
 pub const PD_INVALIDATED_MEMORY: u32 = 1;

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use pd::cache::{Access, ByteRange, DomainId, ExportId, RegCache};
 use pd::registrar::ibverbs::{self, IbverbsRegistrar};
 use pd::registrar::libfabric::{
-    DmaBufSource, Fabric, LibfabricError, LibfabricRegistrar, MappedDmaBuf,
+    DmaBufSource, Fabric, Iface, KeyAllocator, LibfabricError, LibfabricRegistrar, MappedDmaBuf,
 };
 use pd::{Cause, Device, Errno, Invalidated, RawExport, RegPath, Registrar, Registration};
 
@@ -50,6 +50,35 @@ pub struct PdInvalidation {
     pub length: u64,
     pub cause: u32,
     pub held: u32,
+}
+
+/// `pd_key_alloc_fn`: a domain's key allocator (`pd_domain_set_keys`).
+pub type PdKeyAllocFn = unsafe extern "C" fn(ctx: *mut c_void, key: *mut u64) -> c_int;
+/// `pd_key_release_fn`: gives a key back to it.
+pub type PdKeyReleaseFn = unsafe extern "C" fn(ctx: *mut c_void, key: u64);
+
+/// The caller's key allocator, which it promised may be called from any thread.
+struct CKeys {
+    alloc: PdKeyAllocFn,
+    release: Option<PdKeyReleaseFn>,
+    ctx: usize,
+}
+
+impl KeyAllocator for CKeys {
+    fn allocate(&self) -> Option<u64> {
+        let mut key = 0;
+        // SAFETY: the caller of pd_domain_set_keys promised that `alloc` may be called with
+        // its ctx from any thread while registrations are made; `key` outlives the call.
+        let status = unsafe { (self.alloc)(self.ctx as *mut c_void, &mut key) };
+        (status == 0).then_some(key)
+    }
+
+    fn release(&self, key: u64) {
+        if let Some(release) = self.release {
+            // SAFETY: as for `alloc`, until the last registration that had a key is closed.
+            unsafe { release(self.ctx as *mut c_void, key) };
+        }
+    }
 }
 
 /// `pd_invalidate_fn`: the invalidation callback.
@@ -399,6 +428,90 @@ pub unsafe extern "C" fn pd_domain_detach(domain: *mut PdDomain) -> c_int {
     } else {
         dropped
     }
+}
+
+/// The libfabric registrar of a `pd_domain`, or `-EOPNOTSUPP` for an ibverbs domain.
+fn fabric_registrar<'a>(
+    function: &str,
+    domain: &'a PdDomain,
+) -> Result<&'a LibfabricRegistrar, Failure> {
+    match &*domain.registrar {
+        AnyRegistrar::Fabric(registrar) => Ok(registrar),
+        AnyRegistrar::Verbs(_) => Err(Failure::new(
+            Errno::OPNOTSUPP,
+            format!(
+                "{function}: an ibverbs domain: keys and the memory's iface are libfabric's \
+                 (ibverbs picks its own keys)"
+            ),
+        )),
+    }
+}
+
+/// `int pd_domain_set_keys(pd_domain *domain, pd_key_alloc_fn alloc, pd_key_release_fn
+/// release, void *ctx, size_t key_size)`: the keys new registrations in the domain request.
+///
+/// # Safety
+///
+/// `domain` is NULL or a live handle; `alloc` and `release` (NULL or functions) may be called
+/// with `ctx` from any thread until the last registration of the domain made with them is
+/// closed.
+#[no_mangle]
+pub unsafe extern "C" fn pd_domain_set_keys(
+    domain: *mut PdDomain,
+    alloc: Option<PdKeyAllocFn>,
+    release: Option<PdKeyReleaseFn>,
+    ctx: *mut c_void,
+    key_size: usize,
+) -> c_int {
+    const F: &str = "pd_domain_set_keys";
+    guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let domain = unsafe { arg(F, "domain", domain.cast_const()) }?;
+        let registrar = fabric_registrar(F, domain)?;
+        match alloc {
+            Some(alloc) => registrar.set_keys(
+                Arc::new(CKeys {
+                    alloc,
+                    release,
+                    ctx: ctx as usize,
+                }),
+                key_size,
+            ),
+            None => registrar.set_process_keys(),
+        }
+        Ok(())
+    })
+}
+
+/// `int pd_domain_set_iface(pd_domain *domain, uint32_t iface, int device)`: where the memory
+/// of new registrations in the domain lives (`PD_IFACE_*`).
+///
+/// # Safety
+///
+/// `domain` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn pd_domain_set_iface(
+    domain: *mut PdDomain,
+    iface: u32,
+    device: c_int,
+) -> c_int {
+    const F: &str = "pd_domain_set_iface";
+    guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let domain = unsafe { arg(F, "domain", domain.cast_const()) }?;
+        let iface = match iface {
+            abi::PD_IFACE_SYSTEM => Iface::System,
+            abi::PD_IFACE_SYNAPSEAI => Iface::SynapseAi { device },
+            other => {
+                return Err(Failure::new(
+                    Errno::INVAL,
+                    format!("{F}: iface {other} is none of PD_IFACE_SYSTEM, PD_IFACE_SYNAPSEAI"),
+                ))
+            }
+        };
+        fabric_registrar(F, domain)?.set_iface(iface);
+        Ok(())
+    })
 }
 
 /// `int pd_regcache_set_invalidate_callback(pd_regcache *cache, pd_invalidate_fn function,

@@ -27,6 +27,7 @@ fn c_type(rust: &str) -> String {
         "c_char" => "char",
         "u32" => "uint32_t",
         "u64" => "uint64_t",
+        "usize" => "size_t",
         "PdDevice" => "pd_device",
         "PdAllocation" => "pd_allocation",
         "PdDeviceInfo" => "struct pd_device_info",
@@ -38,6 +39,8 @@ fn c_type(rust: &str) -> String {
         "PdDomain" => "pd_domain",
         "IbvPd" => "struct ibv_pd",
         "Option<PdInvalidateFn>" | "Option < PdInvalidateFn >" => "pd_invalidate_fn",
+        "Option<PdKeyAllocFn>" | "Option < PdKeyAllocFn >" => "pd_key_alloc_fn",
+        "Option<PdKeyReleaseFn>" | "Option < PdKeyReleaseFn >" => "pd_key_release_fn",
         "c_void" => "void",
         other => panic!("no C spelling for the Rust type {other}"),
     }
@@ -83,6 +86,8 @@ fn signatures() -> Vec<(&'static str, String)> {
         pd_domain_detach(*mut PdDomain) -> c_int;
         pd_register(*mut PdDomain, *const PdAllocation, u64, u64, u32, *mut *mut PdMr) -> c_int;
         pd_regcache_set_invalidate_callback(*mut PdRegCache, Option<PdInvalidateFn>, *mut c_void) -> c_int;
+        pd_domain_set_keys(*mut PdDomain, Option<PdKeyAllocFn>, Option<PdKeyReleaseFn>, *mut c_void, usize) -> c_int;
+        pd_domain_set_iface(*mut PdDomain, u32, c_int) -> c_int;
         pd_regcache_stats(*const PdRegCache, *mut PdRegcacheStats) -> c_int;
         pd_regcache_set_host_bounce(*mut PdRegCache, c_int) -> c_int;
         pd_register_dmabuf(*mut PdDomain, c_int, u64, u64, u32, *mut *mut PdMr) -> c_int;
@@ -143,6 +148,8 @@ fn rust_layout() -> Vec<(String, u64)> {
         ("PD_INVALIDATED_MEMORY", PD_INVALIDATED_MEMORY),
         ("PD_INVALIDATED_DEVICE", PD_INVALIDATED_DEVICE),
         ("PD_INVALIDATED_DOMAIN", PD_INVALIDATED_DOMAIN),
+        ("PD_IFACE_SYSTEM", PD_IFACE_SYSTEM),
+        ("PD_IFACE_SYNAPSEAI", PD_IFACE_SYNAPSEAI),
     ] {
         values.push((name.to_owned(), value.into()));
     }
@@ -237,7 +244,7 @@ fn header_rust_and_table_name_the_same_functions() {
         in_table, in_rust,
         "signature table vs. extern \"C\" fns of lib.rs"
     );
-    assert_eq!(in_rust.len(), 41);
+    assert_eq!(in_rust.len(), 43);
 }
 
 #[test]
@@ -259,7 +266,7 @@ fn layout_matches_the_header() {
         &format!("#include <stddef.h>\n#include <peerdirect.h>\n\n{body}"),
     );
     // Guard against the comparison passing vacuously.
-    assert_eq!(values.len(), 2 + 15 + 2 + 4 + 2 + 13 + 2 + 6 + 3 + 11);
+    assert_eq!(values.len(), 2 + 15 + 2 + 4 + 2 + 13 + 2 + 6 + 3 + 13);
 }
 
 /// No panic may unwind into C: the body of every `extern "C"` function runs inside
@@ -314,7 +321,7 @@ fn every_c_function_runs_inside_the_guard() {
         );
         seen += 1;
     }
-    assert_eq!(seen, 41);
+    assert_eq!(seen, 43);
 }
 
 /// `pd_export` and `pd_export_range` refuse bits other than `PD_EXPORT_*` with `-EINVAL`,

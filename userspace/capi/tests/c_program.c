@@ -165,6 +165,9 @@ int main(int argc, char **argv)
 		CHECK(pd_regcache_set_host_bounce(cache, 1) == 0);
 		CHECK(pd_regcache_set_host_bounce(NULL, 1) == -EINVAL);
 		CHECK(pd_regcache_set_invalidate_callback(NULL, NULL, NULL) == -EINVAL);
+		CHECK(pd_domain_set_keys(NULL, NULL, NULL, NULL, 8) == -EINVAL);
+		CHECK(contains(pd_last_error(), "pd_domain_set_keys: domain is NULL"));
+		CHECK(pd_domain_set_iface(NULL, PD_IFACE_SYSTEM, 0) == -EINVAL);
 		CHECK(pd_regcache_set_invalidate_callback(cache, NULL, NULL) == 0);
 		CHECK(pd_mr_staging(NULL, &u64) == NULL && u64 == 0);
 		CHECK(pd_mr_local(NULL, &ptr, &u64) == -EINVAL);

@@ -52,8 +52,10 @@
 //! its own use of the domain with everything that registers or deregisters through the
 //! registrar (cache misses, evictions, invalidations, freeing an allocation of an attached
 //! device, dropping a [`crate::Registration`]). Keys are requested from 1 upwards for
-//! providers without `FI_MR_PROV_KEY`: the program must not request keys of its own in that
-//! range. Such a fabric has no endpoints ([`Fabric::endpoint`] says so) and its
+//! providers without `FI_MR_PROV_KEY`, unless the program hands its own key allocator to the
+//! registrar ([`LibfabricRegistrar::set_keys`], honouring the domain's `mr_key_size`); the
+//! memory's `iface` is [`Iface::System`] unless set ([`LibfabricRegistrar::set_iface`]:
+//! SynapseAI, as HCL registers). Such a fabric has no endpoints ([`Fabric::endpoint`] says so) and its
 //! [`ProviderCaps`] are only the provider's name.
 
 #[allow(
@@ -257,6 +259,25 @@ pub enum LibfabricError {
         sent: u64,
         /// This receive's.
         expected: u64,
+    },
+    /// The key allocator ([`LibfabricRegistrar::set_keys`]) had no key left.
+    #[error("{provider}: the key allocator has no key left for a new registration")]
+    NoKey {
+        /// The provider.
+        provider: String,
+    },
+    /// The key allocator gave a key the domain's `mr_key_size` cannot hold.
+    #[error(
+        "{provider}: key {key:#x} from the key allocator does not fit the domain's key size \
+         (keys below {limit:#x})"
+    )]
+    KeyRange {
+        /// The provider.
+        provider: String,
+        /// The key.
+        key: u64,
+        /// Keys must be below it.
+        limit: u64,
     },
     /// An earlier transfer on the registration failed, and its operations could not be
     /// cancelled: the NIC may still write into its memory.
@@ -528,6 +549,8 @@ impl LibfabricError {
         match self {
             Self::Call { errno, .. } => Some(errno_of_fi(*errno)),
             Self::Map { errno, .. } => Some(*errno),
+            Self::NoKey { .. } => Some(rustix::io::Errno::NOSPC),
+            Self::KeyRange { .. } => Some(rustix::io::Errno::RANGE),
             _ => None,
         }
     }
@@ -707,6 +730,70 @@ pub struct LibfabricRegistrar {
     stats: Mutex<PathStats>,
     /// Whether a refused dma-buf registration falls back to a host staging buffer.
     host_bounce: AtomicBool,
+    /// Where requested keys come from, and the memory's `iface`.
+    keys: Mutex<Keys>,
+}
+
+/// Where the memory a registrar registers lives, as `fi_mr_attr.iface` and `.device` say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Iface {
+    /// `FI_HMEM_SYSTEM` (the default): memory the provider may treat as host memory, as
+    /// software providers and verbs with dma-bufs do.
+    #[default]
+    System,
+    /// `FI_HMEM_SYNAPSEAI` on Gaudi `device`, as HCL registers its HBM: only providers built
+    /// with libfabric's SynapseAI support take it; others refuse the registration as they
+    /// refuse dma-bufs (then host bounce, where allowed and the dma-buf is mapped).
+    SynapseAi {
+        /// The SynapseAI device id (`fi_mr_attr.device.synapseai`).
+        device: i32,
+    },
+}
+
+/// The keys a registrar requests (`fi_mr_attr.requested_key`) from providers that do not pick
+/// their own (no `FI_MR_PROV_KEY`; those ignore it). A key must be unique in the domain, so a
+/// runtime that requests keys of its own hands the registrar its allocator
+/// ([`LibfabricRegistrar::set_keys`]), as aws-ofi-nccl does with its key pool.
+pub trait KeyAllocator: Send + Sync {
+    /// A key no registration of the domain uses; `None` when none is left.
+    fn allocate(&self) -> Option<u64>;
+    /// The registration that had `key` is closed: the key may be handed out again. Called
+    /// from whichever thread drops the registration.
+    fn release(&self, key: u64);
+}
+
+/// The default: one counter for the whole process, from 1. Several registrars (caches) may
+/// share a domain, and one made after a domain's invalidation must not request the keys of
+/// registrations still held.
+struct ProcessKeys;
+
+impl KeyAllocator for ProcessKeys {
+    fn allocate(&self) -> Option<u64> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Some(NEXT.fetch_add(1, Relaxed))
+    }
+
+    fn release(&self, _: u64) {}
+}
+
+struct Keys {
+    allocator: Arc<dyn KeyAllocator>,
+    /// Keys must be below this (`mr_key_size` bytes); `None`: any `u64`.
+    limit: Option<u64>,
+    iface: Iface,
+}
+
+/// A requested key, given back to its allocator when dropped: after the MR, as the field
+/// after it in [`FabricMr`] and [`HostMr`].
+struct KeyLease {
+    allocator: Arc<dyn KeyAllocator>,
+    key: u64,
+}
+
+impl Drop for KeyLease {
+    fn drop(&mut self) {
+        self.allocator.release(self.key);
+    }
 }
 
 impl std::fmt::Debug for LibfabricRegistrar {
@@ -726,7 +813,64 @@ impl LibfabricRegistrar {
             fabric,
             stats: Mutex::default(),
             host_bounce: AtomicBool::new(true),
+            keys: Mutex::new(Keys {
+                allocator: Arc::new(ProcessKeys),
+                limit: None,
+                iface: Iface::System,
+            }),
         }
+    }
+
+    /// Requests keys for new registrations from `allocator` (instead of the process-wide
+    /// counter from 1), each below `2^(8 * key_size)` for a domain whose `mr_key_size` is
+    /// `key_size` bytes (8 or more: any key); a key above fails the registration
+    /// ([`LibfabricError::KeyRange`]), as does an allocator with none left
+    /// ([`LibfabricError::NoKey`]). Registrations made before keep their keys.
+    pub fn set_keys(&self, allocator: Arc<dyn KeyAllocator>, key_size: usize) {
+        let mut keys = self.keys();
+        keys.allocator = allocator;
+        keys.limit = (key_size < 8).then(|| 1u64 << (8 * key_size));
+    }
+
+    /// Requests keys from the process-wide counter again (the default).
+    pub fn set_process_keys(&self) {
+        let mut keys = self.keys();
+        keys.allocator = Arc::new(ProcessKeys);
+        keys.limit = None;
+    }
+
+    /// Registers new registrations' memory as `iface` (default [`Iface::System`]).
+    pub fn set_iface(&self, iface: Iface) {
+        self.keys().iface = iface;
+    }
+
+    fn keys(&self) -> std::sync::MutexGuard<'_, Keys> {
+        // Only plain values are stored under it.
+        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A key for a new registration, and the registrar's iface.
+    fn lease(&self) -> Result<(KeyLease, Iface), LibfabricError> {
+        let keys = self.keys();
+        let provider = || self.fabric.caps.provider.clone();
+        let key = keys
+            .allocator
+            .allocate()
+            .ok_or_else(|| LibfabricError::NoKey {
+                provider: provider(),
+            })?;
+        let lease = KeyLease {
+            allocator: Arc::clone(&keys.allocator),
+            key,
+        };
+        if let Some(limit) = keys.limit.filter(|&limit| key >= limit) {
+            return Err(LibfabricError::KeyRange {
+                provider: provider(),
+                key,
+                limit,
+            });
+        }
+        Ok((lease, keys.iface))
     }
 
     /// Whether a dma-buf registration the provider refuses falls back to a host staging buffer
@@ -753,22 +897,13 @@ impl LibfabricRegistrar {
     /// Registers `len` bytes of new, zeroed host memory with `access` (not cached, not
     /// counted in [`LibfabricRegistrar::path_stats`]).
     pub fn register_host(&self, len: usize, access: Access) -> Result<HostMr, LibfabricError> {
-        let key = requested_key();
+        let (lease, _) = self.lease()?;
         self.fabric
             .domain
-            .register_host(fi_access(access), key, sys::Memory::host(len))
-            .map(|mr| HostMr { mr })
+            .register_host(fi_access(access), lease.key, sys::Memory::host(len))
+            .map(|mr| HostMr { mr, _key: lease })
             .map_err(|e| self.fabric.error("fi_mr_regattr(host)", e))
     }
-}
-
-/// The key to request for a new registration. Providers that pick keys (`FI_MR_PROV_KEY`)
-/// ignore it; the others (tcp) take it, and it must be unique in the domain. One counter for
-/// the whole process: several registrars (caches) may share a domain, and a registrar made
-/// after a domain's invalidation must not request the keys of registrations still held.
-fn requested_key() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Relaxed)
 }
 
 /// The `FI_*` access bits for `access`: local reads are send and RMA-write sources
@@ -793,6 +928,8 @@ pub fn fi_access(access: Access) -> u64 {
 /// A registration: an MR of the dma-buf itself, or of a host staging buffer.
 pub struct FabricMr {
     mr: sys::Mr,
+    /// Given back after `mr` is closed (fields drop in order).
+    _key: KeyLease,
     path: RegPath,
     range: ByteRange,
     hbm: Arc<sys::Memory>,
@@ -921,13 +1058,20 @@ impl Registrar for LibfabricRegistrar {
     fn register(&self, source: &DmaBufSource, key: &RegKey) -> Result<FabricMr, LibfabricError> {
         let access = fi_access(key.access);
         let range = key.range;
-        let requested_key = requested_key();
+        let (lease, iface) = self.lease()?;
+        let requested_key = lease.key;
         let direct = self.fabric.domain.register_dma_buf(
             source.dma_buf.as_fd(),
-            range.offset(),
-            range.length(),
+            sys::DmaBufRange {
+                offset: range.offset(),
+                len: range.length(),
+            },
             access,
             requested_key,
+            match iface {
+                Iface::System => sys::Hmem::System,
+                Iface::SynapseAi { device } => sys::Hmem::SynapseAi(device),
+            },
             Arc::clone(&source.memory),
         );
         let (mr, path) = match direct {
@@ -976,6 +1120,7 @@ impl Registrar for LibfabricRegistrar {
         }
         Ok(FabricMr {
             mr,
+            _key: lease,
             path,
             range,
             hbm: Arc::clone(&source.memory),
@@ -996,6 +1141,7 @@ impl Registrar for LibfabricRegistrar {
 /// provider that mishandles `FI_MR_DMABUF` targets; Documentation/rdma.md).
 pub struct HostMr {
     mr: sys::Mr,
+    _key: KeyLease,
 }
 
 impl std::fmt::Debug for HostMr {

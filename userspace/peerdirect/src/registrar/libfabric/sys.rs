@@ -339,19 +339,20 @@ impl Domain {
         unsafe { ptr::addr_of_mut!((*self.domain.as_ptr()).fid) }
     }
 
-    /// `fi_mr_regattr(domain, {dmabuf = {fd, offset, len, base_addr}, iface =
-    /// FI_HMEM_SYSTEM}, FI_MR_DMABUF)`. Software providers use `base_addr + offset` as the
-    /// CPU address of the region, which `memory` (the dma-buf's mapping) provides; the MR keeps
-    /// it mapped.
+    /// `fi_mr_regattr(domain, {dmabuf = {fd, offset, len, base_addr}, iface, device},
+    /// FI_MR_DMABUF)`. Software providers use `base_addr + offset` as the CPU address of the
+    /// region, which `memory` (the dma-buf's mapping, or the caller's addresses) provides; the
+    /// MR keeps it.
     pub(super) fn register_dma_buf(
         self: &Arc<Self>,
         fd: BorrowedFd<'_>,
-        offset: u64,
-        len: u64,
+        range: DmaBufRange,
         access: u64,
         requested_key: u64,
+        hmem: Hmem,
         memory: Arc<Memory>,
     ) -> Result<Mr> {
+        let DmaBufRange { offset, len } = range;
         assert!(offset
             .checked_add(len)
             .is_some_and(|end| end <= memory.len as u64));
@@ -371,7 +372,13 @@ impl Domain {
         attr.iov_count = 1;
         attr.access = access;
         attr.requested_key = requested_key;
-        attr.iface = b::FI_HMEM_SYSTEM;
+        match hmem {
+            Hmem::System => attr.iface = b::FI_HMEM_SYSTEM,
+            Hmem::SynapseAi(device) => {
+                attr.iface = b::FI_HMEM_SYNAPSEAI;
+                attr.device.synapseai = device;
+            }
+        }
         self.regattr(&attr, b::FI_MR_DMABUF, memory)
     }
 
@@ -433,6 +440,20 @@ impl Drop for Domain {
             unsafe { close(self.fid()) }
         }
     }
+}
+
+/// Bytes `offset..offset + len` of a dma-buf.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DmaBufRange {
+    pub(super) offset: u64,
+    pub(super) len: u64,
+}
+
+/// `fi_mr_attr.iface` and `.device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Hmem {
+    System,
+    SynapseAi(i32),
 }
 
 /// Memory the CPU reaches through a raw pointer: a dma-buf's mapping or a host staging
@@ -1271,6 +1292,91 @@ mod tests {
             _domain: domain,
         };
         (endpoint, mr)
+    }
+
+    /// What the fake domain's `fi_mr_regattr` was given: flags, requested key, iface, device
+    /// id, fd, base address.
+    type Regattr = (u64, u64, u32, i32, i32, usize);
+    static REGATTR: Mutex<Vec<Regattr>> = Mutex::new(Vec::new());
+
+    unsafe extern "C" fn regattr(
+        _: *mut b::fid,
+        attr: *const b::fi_mr_attr,
+        flags: u64,
+        mr: *mut *mut b::fid_mr,
+    ) -> c_int {
+        // SAFETY: the endpoint passes a valid attr, and with FI_MR_DMABUF its dmabuf member;
+        // the device union is read as the int every member of it starts with.
+        let seen = unsafe {
+            let attr = &*attr;
+            let dmabuf = &*attr.__bindgen_anon_1.dmabuf;
+            (
+                flags,
+                attr.requested_key,
+                attr.iface,
+                attr.device.synapseai,
+                dmabuf.fd,
+                dmabuf.base_addr as usize,
+            )
+        };
+        REGATTR.lock().unwrap().push(seen);
+        let fid_ops = leak::<b::fi_ops>();
+        fid_ops.close = Some(close);
+        let fake = leak::<b::fid_mr>();
+        fake.fid.ops = fid_ops;
+        fake.key = seen.1;
+        // SAFETY: the caller's out pointer.
+        unsafe { *mr = fake };
+        0
+    }
+
+    /// A dma-buf registration passes the requested key, the iface and its device id, the fd
+    /// and the caller's base address to `fi_mr_regattr` as they were given.
+    #[test]
+    fn a_dma_buf_registration_names_its_key_iface_and_device() {
+        let mr_ops = leak::<b::fi_ops_mr>();
+        mr_ops.regattr = Some(regattr);
+        let d = leak::<b::fid_domain>();
+        d.mr = mr_ops;
+        // SAFETY: a fake domain whose only op is regattr; it outlives everything (leaked).
+        let domain = unsafe { Domain::borrow(NonNull::from(d)) };
+        use std::os::fd::AsFd;
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let base = NonNull::new(0x7f00_0000_0000 as *mut u8).unwrap();
+        let range = DmaBufRange {
+            offset: 4096,
+            len: 8192,
+        };
+        let access = b::FI_RECV as u64;
+        for (hmem, key) in [(Hmem::System, 0x7001), (Hmem::SynapseAi(3), 0x7002)] {
+            let memory = Memory::foreign(base, 1 << 20);
+            let mr = domain
+                .register_dma_buf(file.as_fd(), range, access, key, hmem, memory)
+                .unwrap();
+            assert_eq!(mr.key(), key);
+        }
+        let fd = file.as_raw_fd();
+        assert_eq!(
+            *REGATTR.lock().unwrap(),
+            [
+                (
+                    b::FI_MR_DMABUF,
+                    0x7001,
+                    b::FI_HMEM_SYSTEM,
+                    0,
+                    fd,
+                    base.as_ptr() as usize
+                ),
+                (
+                    b::FI_MR_DMABUF,
+                    0x7002,
+                    b::FI_HMEM_SYNAPSEAI,
+                    3,
+                    fd,
+                    base.as_ptr() as usize
+                ),
+            ]
+        );
     }
 
     fn send_op(id: u64) -> Op {

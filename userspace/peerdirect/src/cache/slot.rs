@@ -1,8 +1,9 @@
 //! Which thread is which, for the cache's per-thread state: each of up to [`SLOTS`] threads at a
 //! time owns a slot, a small index, from its first use of any cache until it ends, when the
 //! slot goes back for another thread to take. A cache keeps one cache line per slot where
-//! only the slot's owner writes (the hit counter's stripe, the read lock's mark), so that
-//! threads hitting one cache never write a line another thread writes.
+//! only the slot's owner writes (the hit counter's stripe; every cache shares the slot's pins,
+//! [`super::pin`]), so that threads hitting one cache never write a line another thread
+//! writes.
 //!
 //! Threads beyond the first [`SLOTS`] alive at once get none and take the caches' shared
 //! paths, which are correct for any number of threads, only slower.
@@ -28,9 +29,9 @@ impl Owned {
         let mut returned = RETURNED.lock().unwrap_or_else(|e| e.into_inner());
         Self(returned.pop().or_else(|| {
             let next = HANDED_OUT.load(SeqCst);
-            // SeqCst: a writer of a cache that reads the old count has its lock announced
-            // before this store, so the new owner's first read of that cache sees the lock
-            // taken ([`super::lock`]).
+            // The owner fills its slot's pins only under a cache's read lock, taken after
+            // this store: a writer that takes the lock after that read sees the new count
+            // (the lock's release and acquire), and scans the slot.
             (next < SLOTS).then(|| {
                 HANDED_OUT.store(next + 1, SeqCst);
                 next
@@ -62,7 +63,7 @@ pub(super) fn current() -> Option<usize> {
 }
 
 /// How many slots were ever handed out (at most [`SLOTS`]): no thread owns or owned a slot
-/// at or above it. A SeqCst load, ordered with the store in `claim`.
+/// at or above it.
 #[inline]
 pub(super) fn handed_out() -> usize {
     HANDED_OUT.load(SeqCst)

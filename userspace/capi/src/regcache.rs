@@ -184,9 +184,10 @@ impl From<LibfabricError> for Failure {
             | LibfabricError::MissingSymbol(_)
             | LibfabricError::TooOld { .. } => Errno::NOSYS,
             // libfabric's own numbers (FI_ENOKEY, ...) mapped to errno values.
-            LibfabricError::Call { .. } | LibfabricError::Map { .. } => {
-                err.errno().unwrap_or(Errno::IO)
-            }
+            LibfabricError::Call { .. }
+            | LibfabricError::Map { .. }
+            | LibfabricError::NoKey { .. }
+            | LibfabricError::KeyRange { .. } => err.errno().unwrap_or(Errno::IO),
             LibfabricError::BadName(_) | LibfabricError::BaseAddr { .. } => Errno::INVAL,
             LibfabricError::DmaBufRefused { .. } => {
                 return Failure::new(

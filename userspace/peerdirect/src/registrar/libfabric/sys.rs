@@ -1108,9 +1108,20 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        // `book` (contexts and memory of operations that never completed) is dropped after,
-        // with the fields.
-        // SAFETY: closing the endpoint ends its operations; then its CQ and AV, only it uses.
+        let book = self.book.get_mut().unwrap_or_else(|e| e.into_inner());
+        if !book.inflight.is_empty() {
+            // Operations that neither completed nor could be cancelled (a failed transfer's
+            // rendezvous chunks nobody takes): the provider still holds their contexts and may
+            // still use their memory, and closing the endpoint under them crashed libfabric
+            // 2.1's ofi_rxm over verbs (a NULL dereference inside fi_close; compare
+            // ofiwg/libfabric#11828). Left open, with their contexts, memory and domain, for
+            // the life of the process.
+            std::mem::forget(std::mem::take(&mut book.inflight));
+            std::mem::forget(Arc::clone(&self._domain));
+            return;
+        }
+        // SAFETY: closing the endpoint ends its operations (none is left); then its CQ and AV,
+        // only it uses.
         unsafe {
             close(self.ep_fid());
             close(ptr::addr_of_mut!((*self.av.as_ptr()).fid));
@@ -1150,6 +1161,10 @@ mod tests {
     }
 
     static FAKE: Mutex<Option<Fake>> = Mutex::new(None);
+    /// Held by each test that uses the fake provider: one at a time.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    /// `close` calls on the fake's objects.
+    static CLOSES: AtomicU64 = AtomicU64::new(0);
     static WAKE: Condvar = Condvar::new();
 
     fn fake() -> MutexGuard<'static, Option<Fake>> {
@@ -1183,6 +1198,7 @@ mod tests {
     }
 
     unsafe extern "C" fn close(_: *mut b::fid) -> c_int {
+        CLOSES.fetch_add(1, Relaxed);
         0
     }
 
@@ -1334,6 +1350,7 @@ mod tests {
     /// and the caller's base address to `fi_mr_regattr` as they were given.
     #[test]
     fn a_dma_buf_registration_names_its_key_iface_and_device() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         let mr_ops = leak::<b::fi_ops_mr>();
         mr_ops.regattr = Some(regattr);
         let d = leak::<b::fid_domain>();
@@ -1396,6 +1413,7 @@ mod tests {
     /// free and let a new post reuse a context the canceller is about to name.
     #[test]
     fn cancel_names_only_contexts_the_provider_has_not_reported() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         *fake() = Some(Fake::default());
         let (endpoint, mr) = fake_endpoint();
         let failing = endpoint.begin();
@@ -1431,5 +1449,48 @@ mod tests {
             "the completed operation reaches its transfer"
         );
         assert_eq!(endpoint.pending(&failing), 1);
+    }
+
+    /// An endpoint whose operations the provider still holds (neither completed nor
+    /// cancelled) is left open, with their contexts and memory; one with none is closed (its
+    /// endpoint, AV and CQ).
+    #[test]
+    fn an_endpoint_with_operations_the_provider_still_holds_is_left_open() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        *fake() = Some(Fake::default());
+        let (endpoint, mr) = fake_endpoint();
+        let transfer = endpoint.begin();
+        endpoint.post(&transfer, &mr, &send_op(1)).unwrap();
+        let held = Arc::clone(&mr.memory);
+        drop(transfer);
+        let before = CLOSES.load(Relaxed);
+        drop(endpoint);
+        assert_eq!(
+            CLOSES.load(Relaxed),
+            before,
+            "closed under a held operation"
+        );
+        assert_eq!(
+            Arc::strong_count(&held),
+            3,
+            "the operation's memory is kept (the MR's, the leaked operation's, this test's)"
+        );
+
+        let (endpoint, mr) = fake_endpoint();
+        let transfer = endpoint.begin();
+        endpoint.post(&transfer, &mr, &send_op(1)).unwrap();
+        with_fake(|f| f.ready = f.posted.clone());
+        let mut done = Vec::new();
+        endpoint.completions(&transfer, &mut done).unwrap();
+        assert_eq!(done.len(), 1);
+        drop(transfer);
+        let before = CLOSES.load(Relaxed);
+        drop(endpoint);
+        assert_eq!(
+            CLOSES.load(Relaxed),
+            before + 3,
+            "endpoint, AV and CQ closed"
+        );
+        fake().take();
     }
 }

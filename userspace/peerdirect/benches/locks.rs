@@ -46,23 +46,31 @@ trait Lock: Sync {
     fn write(&self, key: u64, value: u64);
 }
 
-struct Std(RwLock<Map>);
+/// A lock with std's interface (`read`/`write` returning a `LockResult`).
+macro_rules! std_like {
+    ($name:ident, $lock:ident, $text:literal) => {
+        struct $name($lock<Map>);
 
-impl Lock for Std {
-    const NAME: &'static str = "std RwLock";
-    fn new(map: Map) -> Self {
-        Self(RwLock::new(map))
-    }
-    #[inline]
-    fn hit(&self, key: u64) -> Option<u64> {
-        self.0.read().ok()?.get(&key).copied()
-    }
-    fn write(&self, key: u64, value: u64) {
-        if let Ok(mut map) = self.0.write() {
-            map.insert(key, value);
+        impl Lock for $name {
+            const NAME: &'static str = $text;
+            fn new(map: Map) -> Self {
+                Self($lock::new(map))
+            }
+            #[inline]
+            fn hit(&self, key: u64) -> Option<u64> {
+                self.0.read().ok()?.get(&key).copied()
+            }
+            fn write(&self, key: u64, value: u64) {
+                if let Ok(mut map) = self.0.write() {
+                    map.insert(key, value);
+                }
+            }
         }
-    }
+    };
 }
+
+std_like!(Std, RwLock, "std RwLock");
+std_like!(Sharded, ShardedLock, "ShardedLock (the cache's)");
 
 struct ParkingLot(parking_lot::RwLock<Map>);
 
@@ -77,24 +85,6 @@ impl Lock for ParkingLot {
     }
     fn write(&self, key: u64, value: u64) {
         self.0.write().insert(key, value);
-    }
-}
-
-struct Sharded(ShardedLock<Map>);
-
-impl Lock for Sharded {
-    const NAME: &'static str = "ShardedLock (the cache's)";
-    fn new(map: Map) -> Self {
-        Self(ShardedLock::new(map))
-    }
-    #[inline]
-    fn hit(&self, key: u64) -> Option<u64> {
-        self.0.read().ok()?.get(&key).copied()
-    }
-    fn write(&self, key: u64, value: u64) {
-        if let Ok(mut map) = self.0.write() {
-            map.insert(key, value);
-        }
     }
 }
 

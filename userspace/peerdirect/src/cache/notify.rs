@@ -74,7 +74,8 @@ impl<L: Clone + Send + 'static> Notifier<L> {
     /// Returns once every invalidation queued before has been told (and its idle
     /// registrations deregistered).
     pub(super) fn wait_told(&self) {
-        if self.on_thread() {
+        // Not started: nothing was ever queued (and no thread is started for nothing).
+        if self.on_thread() || lock(&self.running).is_none() {
             return;
         }
         let (done, wait) = mpsc::sync_channel(1);

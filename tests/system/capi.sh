@@ -44,9 +44,9 @@
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Plan: make install and pkg-config (2); the first boot: hbm_export (4), fabric_register (3),
-# verbs_register (2), hcl_style (2), nommap_register (3), hcl_pool (2), key_pool (2); the companion
-# boot (7).
-plan 27
+# verbs_register (2), hcl_style (2), nommap_register (3), hcl_pool (2), key_pool (2),
+# callback_race (2); the companion boot (7).
+plan 29
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -79,7 +79,8 @@ fi
 cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/fabric_register.c" \
 	"$ROOT/userspace/capi/examples/hcl_style.cpp" "$ROOT/userspace/capi/examples/verbs_register.c" \
 	"$ROOT/userspace/capi/examples/nommap_register.c" "$ROOT/userspace/capi/examples/hcl_pool.c" \
-	"$ROOT/userspace/capi/examples/key_pool.c" "$work/share/"
+	"$ROOT/userspace/capi/examples/key_pool.c" "$ROOT/userspace/capi/tests/callback_race.c" \
+	"$work/share/"
 # The programs are built on the host, chrooted in the guest's trixie userland (in_trixie: its
 # gcc, g++, pkg-config, headers and libraries, the files the guest runs them with): a second
 # each, where TCG takes half a minute for the C++ one. They run in the guest.
@@ -95,6 +96,7 @@ trixie_build hbuild 'g++ -std=c++17 -Wall -Wextra -Werror -o /tmp/hcl_style hcl_
 trixie_build fbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/fabric_register .'
 trixie_build nbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/nommap_register nommap_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/nommap_register .'
 trixie_build pbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hcl_pool hcl_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/hcl_pool .'
+trixie_build abuild 'gcc -std=c99 -Wall -Wextra -Werror -fsanitize=address -g -o /tmp/callback_race callback_race.c $(pkg-config --cflags --libs peerdirect libfabric) -pthread && cp /tmp/callback_race .'
 trixie_build kbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/key_pool key_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/key_pool .'
 trixie_build vbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_register verbs_register.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_register .'
 cat >"$work/share/probe.sh" <<'EOF'
@@ -108,6 +110,9 @@ run hcl ./hcl_style
 run nommap sh -c 'insmod /usr/lib/peerdirect/tests/peerdirect_nommap.ko && ./nommap_register'
 run pool ./hcl_pool
 run keys ./key_pool
+# AddressSanitizer for use after free only: the Rust library's process-long allocations are
+# no leaks to report.
+run race env ASAN_OPTIONS=detect_leaks=0 ./callback_race
 run example ./hbm_export
 run fabric ./fabric_register
 run fabric_rxe env FI_UNIVERSE_SIZE=64 ./fabric_register 'verbs;ofi_rxm'
@@ -295,6 +300,21 @@ if [ "$(cat keys.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' keys.out &&
 	sed "s/^/# /" keys.out
 else
 	fail "$desc" "$(show keys)"
+fi
+
+desc="trixie's gcc builds tests/callback_race.c with AddressSanitizer (-fsanitize=address, -Wall -Wextra -Werror)"
+if [ "$(cat abuild.rc 2>/dev/null)" = 0 ]; then
+	ok "$desc"
+else
+	fail "$desc" "$(show abuild)"
+fi
+desc="callback_race under AddressSanitizer: 20 rounds of setting the invalidation callback with a fresh heap context, clearing it (the last: pd_regcache_free) and freeing the context at once, while a thread registers and frees allocations (each telling the callback): no call after its removal returned, no use after free"
+if [ "$(cat race.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL\|AddressSanitizer: ' race.out &&
+	grep -q '^ok - 20 rounds of setting, clearing and freeing the callback.s context' race.out; then
+	ok "$desc"
+	sed "s/^/# /" race.out
+else
+	fail "$desc" "$(show race)"
 fi
 
 desc="trixie's g++ builds hcl_style.cpp (C++17, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"

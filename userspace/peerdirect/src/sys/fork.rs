@@ -25,9 +25,9 @@ extern "C" {
 pub(crate) fn generation() -> u64 {
     static REGISTERED: Once = Once::new();
     REGISTERED.call_once(|| {
-        // SAFETY: registers a child handler that only adds to an atomic; glibc keeps it
-        // (and drops it if this library is unloaded, by its DSO handle). On failure (ENOMEM)
-        // forks are not counted: handles then work in a child as in its parent.
+        // On failure (ENOMEM) forks are not counted: handles then work in a child as in its
+        // parent. glibc drops the handler if this library is unloaded (by its DSO handle).
+        // SAFETY: registers a child handler that only adds to an atomic (async-signal-safe).
         let _ = unsafe { pthread_atfork(None, None, Some(in_child)) };
     });
     FORKS.load(Relaxed)

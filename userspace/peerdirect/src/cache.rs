@@ -706,12 +706,7 @@ impl<R: Registrar> RegCache<R> {
     /// the device is unbound or reset, and returns how many. Like
     /// [`RegCache::invalidate_export`].
     pub fn invalidate_device(&self, device: u32) -> usize {
-        self.invalidate(
-            Cause::Device,
-            Delivery::Wait,
-            |key| key.export.device() == device,
-            |index, removed| index.remove_where(|export, _| export.device() == device, removed),
-        )
+        self.invalidate_device_told(device, Delivery::Wait)
     }
 
     /// Drops every cached registration in `domain`, e.g. before the domain is closed, and
@@ -870,12 +865,12 @@ impl<R: Registrar> RegCache<R> {
         );
     }
 
-    /// [`RegCache::invalidate_device`], as a revocation the crate discovered (a command's
-    /// `ENODEV`, the watcher): told without waiting.
-    fn device_revoked(&self, device: u32) -> usize {
+    /// [`RegCache::invalidate_device`], the listener told as `delivery` says: a revocation
+    /// the crate discovered (a command's `ENODEV`, the watcher) is told without waiting.
+    fn invalidate_device_told(&self, device: u32, delivery: Delivery) -> usize {
         self.invalidate(
             Cause::Device,
-            Delivery::Queue,
+            delivery,
             |key| key.export.device() == device,
             |index, removed| index.remove_where(|export, _| export.device() == device, removed),
         )
@@ -901,7 +896,7 @@ impl<R: Registrar> Invalidate for RegCache<R> {
     }
 
     fn device_gone(&self, device: u32) {
-        self.device_revoked(device);
+        self.invalidate_device_told(device, Delivery::Queue);
     }
 
     /// Drops the device's entries now if its status page counts a reset they do not know of,

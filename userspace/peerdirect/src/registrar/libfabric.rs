@@ -730,8 +730,8 @@ pub struct LibfabricRegistrar {
     stats: Mutex<PathStats>,
     /// Whether a refused dma-buf registration falls back to a host staging buffer.
     host_bounce: AtomicBool,
-    /// Where requested keys come from, and the memory's `iface`.
-    keys: Mutex<Keys>,
+    /// What new registrations request: their keys and the memory's `iface`.
+    requests: Mutex<Requests>,
 }
 
 /// Where the memory a registrar registers lives, as `fi_mr_attr.iface` and `.device` say.
@@ -776,7 +776,7 @@ impl KeyAllocator for ProcessKeys {
     fn release(&self, _: u64) {}
 }
 
-struct Keys {
+struct Requests {
     allocator: Arc<dyn KeyAllocator>,
     /// Keys must be below this (`mr_key_size` bytes); `None`: any `u64`.
     limit: Option<u64>,
@@ -813,7 +813,7 @@ impl LibfabricRegistrar {
             fabric,
             stats: Mutex::default(),
             host_bounce: AtomicBool::new(true),
-            keys: Mutex::new(Keys {
+            requests: Mutex::new(Requests {
                 allocator: Arc::new(ProcessKeys),
                 limit: None,
                 iface: Iface::System,
@@ -827,50 +827,50 @@ impl LibfabricRegistrar {
     /// ([`LibfabricError::KeyRange`]), as does an allocator with none left
     /// ([`LibfabricError::NoKey`]). Registrations made before keep their keys.
     pub fn set_keys(&self, allocator: Arc<dyn KeyAllocator>, key_size: usize) {
-        let mut keys = self.keys();
-        keys.allocator = allocator;
-        keys.limit = (key_size < 8).then(|| 1u64 << (8 * key_size));
+        let mut requests = self.requests();
+        requests.allocator = allocator;
+        requests.limit = (key_size < 8).then(|| 1u64 << (8 * key_size));
     }
 
     /// Requests keys from the process-wide counter again (the default).
     pub fn set_process_keys(&self) {
-        let mut keys = self.keys();
-        keys.allocator = Arc::new(ProcessKeys);
-        keys.limit = None;
+        self.set_keys(Arc::new(ProcessKeys), 8);
     }
 
     /// Registers new registrations' memory as `iface` (default [`Iface::System`]).
     pub fn set_iface(&self, iface: Iface) {
-        self.keys().iface = iface;
+        self.requests().iface = iface;
     }
 
-    fn keys(&self) -> std::sync::MutexGuard<'_, Keys> {
+    fn requests(&self) -> std::sync::MutexGuard<'_, Requests> {
         // Only plain values are stored under it.
-        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+        self.requests.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A key for a new registration, and the registrar's iface.
     fn lease(&self) -> Result<(KeyLease, Iface), LibfabricError> {
-        let keys = self.keys();
-        let provider = || self.fabric.caps.provider.clone();
-        let key = keys
-            .allocator
-            .allocate()
-            .ok_or_else(|| LibfabricError::NoKey {
-                provider: provider(),
-            })?;
-        let lease = KeyLease {
-            allocator: Arc::clone(&keys.allocator),
-            key,
+        // Copied out: the allocator (the caller's code) runs without this lock.
+        let (allocator, limit, iface) = {
+            let requests = self.requests();
+            (
+                Arc::clone(&requests.allocator),
+                requests.limit,
+                requests.iface,
+            )
         };
-        if let Some(limit) = keys.limit.filter(|&limit| key >= limit) {
+        let provider = || self.fabric.caps.provider.clone();
+        let key = allocator.allocate().ok_or_else(|| LibfabricError::NoKey {
+            provider: provider(),
+        })?;
+        let lease = KeyLease { allocator, key };
+        if let Some(limit) = limit.filter(|&limit| key >= limit) {
             return Err(LibfabricError::KeyRange {
                 provider: provider(),
                 key,
                 limit,
             });
         }
-        Ok((lease, keys.iface))
+        Ok((lease, iface))
     }
 
     /// Whether a dma-buf registration the provider refuses falls back to a host staging buffer

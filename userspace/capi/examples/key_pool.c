@@ -10,7 +10,9 @@
  *   one with no key left: -ENOSPC;
  * - PD_IFACE_SYNAPSEAI: tcp (no SynapseAI support here) refuses the registration; an unknown
  *   iface is -EINVAL; back to PD_IFACE_SYSTEM, the registration takes the pool's free key;
- * - detaching the domain closes every registration: every key is back in the pool.
+ * - detaching the domain closes every registration: every key is back in the pool;
+ * - the allocator calls into the library each time (pd_domain_set_iface): it runs under no
+ *   lock of the library's.
  * Each step prints one line, "ok - ..." or "FAIL - ... : <why>"; exit status 0 iff all ok.
  *
  *   cc -o key_pool key_pool.c $(pkg-config --cflags --libs peerdirect libfabric)
@@ -41,6 +43,10 @@ struct pool {
 	int used[KEYS];
 	int released;
 	uint64_t last_released;
+	/* The allocator calls back into the library (it must not run under its locks). */
+	pd_domain *dom;
+	uint32_t iface;
+	int reentries, reentry_failures;
 };
 
 static int alloc_key(void *ctx, uint64_t *key)
@@ -48,6 +54,12 @@ static int alloc_key(void *ctx, uint64_t *key)
 	struct pool *pool = ctx;
 	int i;
 
+	/* Setting the iface it has again: a call into the library from inside the allocator. */
+	if (pool->dom) {
+		pool->reentries++;
+		if (pd_domain_set_iface(pool->dom, pool->iface, 0))
+			pool->reentry_failures++;
+	}
 	for (i = 0; i < KEYS; i++) {
 		if (!pool->used[i]) {
 			pool->used[i] = 1;
@@ -131,7 +143,7 @@ static pd_mr *expect(pd_domain *dom, const pd_allocation *alloc, int expected, c
 
 int main(void)
 {
-	struct pool pool = { { 0 }, 0, 0 };
+	struct pool pool = { { 0 }, 0, 0, NULL, PD_IFACE_SYSTEM, 0, 0 };
 	struct fi_info *hints, *info = NULL;
 	struct fid_fabric *fabric = NULL;
 	struct fid_domain *domain = NULL;
@@ -174,6 +186,7 @@ int main(void)
 		fail_pd("pd_regcache_new / pd_domain_attach", err);
 		return 1;
 	}
+	pool.dom = dom;
 	if ((err = pd_domain_set_keys(dom, alloc_key, release_key, &pool, key_size))) {
 		fail_pd("pd_domain_set_keys", err);
 		return 1;
@@ -241,6 +254,7 @@ int main(void)
 		fail_pd("pd_domain_set_keys / pd_domain_set_iface(SYNAPSEAI)", err);
 		goto out;
 	}
+	pool.iface = PD_IFACE_SYNAPSEAI;
 	err = pd_register(dom, c, 0, 0, ALL, &mr_c);
 	if (err == 0 || !strstr(pd_last_error(), "fi_mr_regattr")) {
 		printf("FAIL - PD_IFACE_SYNAPSEAI on tcp : %s (%s), expected tcp's refusal\n",
@@ -259,6 +273,7 @@ int main(void)
 		fail_pd("pd_domain_set_iface(SYSTEM)", err);
 		goto out;
 	}
+	pool.iface = PD_IFACE_SYSTEM;
 	if (!(mr_c = expect(dom, c, 0, "pd_register with PD_IFACE_SYSTEM again")))
 		goto out;
 	if (pd_mr_key(mr_c) != FIRST_KEY || in_use(&pool) != 2) {
@@ -283,6 +298,15 @@ out:
 	} else if (!failed) {
 		printf("ok - pd_domain_detach closed every registration: every key is back in the "
 		       "pool\n");
+	}
+	if (!failed && (pool.reentries == 0 || pool.reentry_failures)) {
+		printf("FAIL - the allocator's calls into the library : %d, %d failed\n",
+		       pool.reentries, pool.reentry_failures);
+		failed = 1;
+	} else if (!failed) {
+		printf("ok - the allocator called into the library %d times (pd_domain_set_iface), "
+		       "as it may: it runs under no lock of the library's\n",
+		       pool.reentries);
 	}
 	pd_regcache_free(cache);
 	if (domain)

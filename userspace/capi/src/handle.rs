@@ -2,7 +2,7 @@
 //! and `pd_allocation`, and the checks of pointer arguments every C function makes. Below
 //! both, so that neither needs the other's.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use pd::cache::ExportId;
 use pd::registrar::libfabric::DmaBufSource;
@@ -67,7 +67,7 @@ pub struct PdAllocation {
     pub(crate) length: u64,
     /// The export `pd_register` registers from, made (and mapped) on its first call. Closed
     /// when the handle is freed, after the device has invalidated its cache entries.
-    pub(crate) source: Mutex<Option<Arc<Source>>>,
+    pub(crate) source: OnceSource,
     pub(crate) born: Born,
 }
 
@@ -82,6 +82,35 @@ impl Handle for PdAllocation {
 pub(crate) struct Source {
     pub(crate) source: DmaBufSource,
     pub(crate) export: ExportId,
+}
+
+/// A [`Source`] made once, on first use, and read without a lock after that: every
+/// `pd_register` of an allocation reads its export, from any number of threads at once, and a
+/// hit must not write a line the others read (no lock, no reference count).
+#[derive(Default)]
+pub(crate) struct OnceSource {
+    source: OnceLock<Source>,
+    /// Held while the source is made, so that two first calls make one export.
+    making: Mutex<()>,
+}
+
+impl OnceSource {
+    /// The source, made by `make` if this is the first call (or the first calls failed).
+    pub(crate) fn get_or_make(
+        &self,
+        make: impl FnOnce() -> Result<Source, Failure>,
+    ) -> Result<&Source, Failure> {
+        if let Some(source) = self.source.get() {
+            return Ok(source);
+        }
+        let _making = self.making.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(source) = self.source.get() {
+            return Ok(source);
+        }
+        let source = make()?;
+        // Only calls holding `making` set it, and it was empty when this one took it.
+        Ok(self.source.get_or_init(|| source))
+    }
 }
 
 /// Converts a C handle argument, refusing NULL and a handle inherited across `fork`.

@@ -34,7 +34,7 @@ mod registrar;
 use std::ffi::{c_char, c_int, c_uint, CStr, OsStr};
 use std::os::fd::{IntoRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use pd::{Control, Device, Errno, ExportFlags, PciAddress, RawExport, RawFree, Stats};
 
@@ -168,7 +168,7 @@ pub unsafe extern "C" fn pd_alloc(
             handle: allocation.into_handle(),
             hbm_offset,
             length,
-            source: Mutex::default(),
+            source: Default::default(),
             born: Born::now(),
         });
         // SAFETY: `out` is not NULL, and the caller promises it is valid for writing.

@@ -569,9 +569,8 @@ pub unsafe extern "C" fn pd_register(
         let access = checked_access(access)?;
         let range = checked_range(alloc.length, offset, length)?;
         let source = source(alloc)?;
-        domain.shared.cache.attach(&alloc.device);
         // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
-        unsafe { domain.register_into(F, &source, range, access, out) }
+        unsafe { domain.register_into(F, Some(&alloc.device), source, range, access, out) }
     })
 }
 
@@ -637,7 +636,7 @@ unsafe fn register_fd(
         let size = source.source.dma_buf().length();
         let range = checked_range(size, request.offset, request.length)?;
         // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
-        unsafe { domain.register_into(function, &source, range, access, out) }
+        unsafe { domain.register_into(function, None, &source, range, access, out) }
     })
 }
 
@@ -707,7 +706,7 @@ pub unsafe extern "C" fn pd_register_addr(
         let size = source.source.dma_buf().length();
         let range = checked_range(size, addr - base, length)?;
         // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
-        unsafe { domain.register_into(F, &source, range, access, out) }
+        unsafe { domain.register_into(F, None, &source, range, access, out) }
     })
 }
 
@@ -744,9 +743,8 @@ pub unsafe extern "C" fn pd_register_export(
         let source = domain.shared.fd_source(F, fd, Some(&dev.device), None)?;
         let size = source.source.dma_buf().length();
         let range = checked_range(size, offset, length)?;
-        domain.shared.cache.attach(&dev.device);
         // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
-        unsafe { domain.register_into(F, &source, range, access, out) }
+        unsafe { domain.register_into(F, Some(&dev.device), &source, range, access, out) }
     })
 }
 
@@ -848,27 +846,23 @@ fn checked_range(size: u64, offset: u64, length: u64) -> Result<ByteRange, Failu
 }
 
 /// The allocation's export, made and mapped on first use.
-fn source(alloc: &PdAllocation) -> Result<Arc<Source>, Failure> {
-    let mut slot = lock(&alloc.source);
-    if let Some(source) = slot.as_ref() {
-        return Ok(Arc::clone(source));
-    }
-    let mut raw = RawExport::<0>::new();
-    raw.export.handle = alloc.handle;
-    raw.export.flags = abi::PD_EXPORT_CLOEXEC | abi::PD_EXPORT_RDWR;
-    let dma_buf = alloc.device.export_raw(&mut raw)?;
-    let export = alloc.device.export_id(&dma_buf).map_err(|errno| {
-        Failure::new(errno, format!("pd_register: fstat of the dma-buf: {errno}"))
-    })?;
-    let source = MappedDmaBuf::new(dma_buf)?.into_source();
-    let source = Arc::new(Source { source, export });
-    *slot = Some(Arc::clone(&source));
-    Ok(source)
+fn source(alloc: &PdAllocation) -> Result<&Source, Failure> {
+    alloc.source.get_or_make(|| {
+        let mut raw = RawExport::<0>::new();
+        raw.export.handle = alloc.handle;
+        raw.export.flags = abi::PD_EXPORT_CLOEXEC | abi::PD_EXPORT_RDWR;
+        let dma_buf = alloc.device.export_raw(&mut raw)?;
+        let export = alloc.device.export_id(&dma_buf).map_err(|errno| {
+            Failure::new(errno, format!("pd_register: fstat of the dma-buf: {errno}"))
+        })?;
+        let source = MappedDmaBuf::new(dma_buf)?.into_source();
+        Ok(Source { source, export })
+    })
 }
 
 impl PdDomain {
     /// Registers `range` of `source` in the domain through the cache and stores a new handle
-    /// in `out`.
+    /// in `out`; the cache attached to `device` first if `source` is its export.
     ///
     /// # Safety
     ///
@@ -876,18 +870,20 @@ impl PdDomain {
     unsafe fn register_into(
         &self,
         function: &str,
+        device: Option<&Device>,
         source: &Source,
         range: ByteRange,
         access: Access,
         out: *mut *mut PdMr,
     ) -> Result<(), Failure> {
-        let registration = self.shared.cache.get(
-            &self.registrar,
-            &source.source,
-            source.export,
-            range,
-            access,
-        );
+        let cache = &self.shared.cache;
+        let (registrar, export) = (&self.registrar, source.export);
+        let registration = match device {
+            Some(device) => {
+                cache.get_from(device, registrar, &source.source, export, range, access)
+            }
+            None => cache.get(registrar, &source.source, export, range, access),
+        };
         let registration = registration.map_err(|err| err.prefixed(function))?;
         let mr = Box::into_raw(Box::new(PdMr::new(registration)));
         // SAFETY: the caller promises `out` is NULL (refused) or valid for writing.

@@ -345,7 +345,7 @@ fn export_functions_refuse_unknown_flags_before_the_command() {
         handle: 1,
         hbm_offset: 0,
         length: 4096,
-        source: Mutex::default(),
+        source: Default::default(),
         born: crate::handle::Born::now(),
     };
     let last_error = || {

@@ -560,6 +560,58 @@ impl<R: Registrar> RegCache<R> {
         range: ByteRange,
         access: Access,
     ) -> Result<Registration<R>, R::Error> {
+        match self.look_up(registrar, export, range, access, None) {
+            Lookup::Hit(registration) => Ok(registration),
+            Lookup::Miss(key, bypass, seen) => self.miss(registrar, source, key, bypass, seen),
+            Lookup::Unwatched => unreachable!("a lookup that names no device finds it watched"),
+        }
+    }
+
+    /// [`RegCache::get`] of an export of `device`, attaching the cache to `device` first if
+    /// it is not ([`RegCache::attach`]), as the C ABI does at every registration: whether it
+    /// is attached is read under the lookup's own read lock, so that a hit through this costs
+    /// what one through `get` does.
+    #[inline]
+    pub fn get_from(
+        self: &Arc<Self>,
+        device: &Device,
+        registrar: &Arc<R>,
+        source: &R::Source,
+        export: ExportId,
+        range: ByteRange,
+        access: Access,
+    ) -> Result<Registration<R>, R::Error>
+    where
+        R: 'static,
+    {
+        let Some(status) = device.status_page() else {
+            // No status page (an older module): nothing to watch, so nothing tells whether
+            // the cache subscribed; subscribing again is a no-op.
+            self.attach(device);
+            return self.get(registrar, source, export, range, access);
+        };
+        match self.look_up(registrar, export, range, access, Some(status)) {
+            Lookup::Hit(registration) => Ok(registration),
+            Lookup::Miss(key, bypass, seen) => self.miss(registrar, source, key, bypass, seen),
+            Lookup::Unwatched => {
+                self.attach(device);
+                self.get(registrar, source, export, range, access)
+            }
+        }
+    }
+
+    /// The lookup of [`RegCache::get`] and [`RegCache::get_from`]: a hit, or what a miss
+    /// needs; with `watching`, [`Lookup::Unwatched`] if the cache does not watch that status
+    /// page (under the same read lock).
+    #[inline(always)]
+    fn look_up(
+        &self,
+        registrar: &Arc<R>,
+        export: ExportId,
+        range: ByteRange,
+        access: Access,
+        watching: Option<&DeviceStatus>,
+    ) -> Lookup<R> {
         let key = RegKey {
             domain: registrar.domain(),
             export,
@@ -575,10 +627,22 @@ impl<R: Registrar> RegCache<R> {
         };
         let seen = match bypass {
             // No cached entry can serve it: skip the lookup.
-            Some(_) => Seen::default(),
+            Some(_) => {
+                if let Some(status) = watching {
+                    if !self.read().watches(status) {
+                        return Lookup::Unwatched;
+                    }
+                }
+                Seen::default()
+            }
             None => {
                 let slot = slot::current();
                 let read = self.read();
+                if let Some(status) = watching {
+                    if !read.watches(status) {
+                        return Lookup::Unwatched;
+                    }
+                }
                 let (hit, seen) = if read.stale(export.device()) {
                     drop(read);
                     self.find_stale(&key)
@@ -587,7 +651,7 @@ impl<R: Registrar> RegCache<R> {
                 };
                 if let Some(entry) = hit {
                     self.hits.add(slot);
-                    return Ok(Registration {
+                    return Lookup::Hit(Registration {
                         entry,
                         requested: range,
                     });
@@ -595,7 +659,7 @@ impl<R: Registrar> RegCache<R> {
                 seen
             }
         };
-        self.miss(registrar, source, key, bypass, seen)
+        Lookup::Miss(key, bypass, seen)
     }
 
     /// [`RegCache::get`]'s lookup when `key`'s device is being revoked or was reset: its
@@ -736,14 +800,16 @@ impl<R: Registrar> RegCache<R> {
     where
         R: 'static,
     {
+        // Attached already: one read, no write lock (which would wait for every reader). A
+        // device is watched only once subscribed, below.
+        if let Some(status) = device.status_page() {
+            if self.read().watches(status) {
+                return;
+            }
+        }
         let hook: Weak<Self> = Arc::downgrade(self);
         device.subscribe(hook);
         if let Some(status) = device.status() {
-            // Attached already (the C ABI attaches at every registration): a read, so that a
-            // hit through it takes no write lock (which would wait for every reader).
-            if self.read().watched.iter().any(|w| w.status.is(&status)) {
-                return;
-            }
             let mut state = self.write();
             if !state.watched.iter().any(|w| w.status.is(&status)) {
                 // Entries of the device registered before this count of resets (its exports
@@ -1017,6 +1083,15 @@ impl Watched {
     }
 }
 
+/// What [`RegCache::look_up`] found.
+enum Lookup<R: Registrar> {
+    Hit(Registration<R>),
+    /// No cached entry serves the key: what a miss needs.
+    Miss(RegKey, Option<Uncached>, Seen),
+    /// The cache does not watch the device the lookup named.
+    Unwatched,
+}
+
 /// What a miss saw of the state when it looked up its key.
 #[derive(Clone, Copy, Default)]
 struct Seen {
@@ -1046,6 +1121,11 @@ impl<R: Registrar> State<R> {
     /// revoked, or it was reset since they were registered.
     fn stale(&self, device: u32) -> bool {
         self.watched.iter().any(|w| w.device == device && w.stale())
+    }
+
+    /// Whether the cache watches the device whose status page this is ([`RegCache::attach`]).
+    fn watches(&self, status: &DeviceStatus) -> bool {
+        self.watched.iter().any(|w| w.status.is(status))
     }
 
     /// If `device` is being revoked or was reset, takes all of its entries (into `dropped`,

@@ -118,6 +118,17 @@ impl Device {
         self.status.clone()
     }
 
+    /// [`Device::status`], borrowed.
+    pub(crate) fn status_page(&self) -> Option<&DeviceStatus> {
+        self.status.as_ref()
+    }
+
+    /// How many live hooks (caches) are subscribed to the device.
+    #[cfg(test)]
+    pub(crate) fn hooks_subscribed(&self) -> usize {
+        self.hooks.subscribers()
+    }
+
     /// Whether the module has started revoking this device (its status page says so); `false`
     /// when there is no status page.
     pub fn is_revoked(&self) -> bool {

@@ -56,6 +56,8 @@ pub use allocation::Allocation;
 /// when used, that it is its parent's: libfabric and ibverbs objects, a device's watcher
 /// thread and a cache's listener thread do not survive `fork` (the C ABI then fails with
 /// `-ECHILD`). The crate's own types do not check it: do not use them in a forked child.
+/// Inlined: the C ABI reads it in every call that takes a handle.
+#[inline]
 pub fn fork_generation() -> u64 {
     sys::fork::generation()
 }

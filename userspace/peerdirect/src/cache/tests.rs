@@ -1337,6 +1337,51 @@ fn attaching_an_attached_device_and_hits_take_no_write_lock() {
     assert_eq!(cache.stats().writes, after_miss);
 }
 
+/// The C ABI's registration functions: `get_from` attaches the cache to the device on its
+/// first call only (one subscription, the status page watched) and its hits take no write lock.
+#[test]
+fn get_from_attaches_on_the_first_call_and_its_hits_take_no_write_lock() {
+    let fake = FakeDevice::with_status_page("get-from");
+    let registrar = FakeRegistrar::new(1);
+    let cache = Arc::new(cache(16, 1 << 30));
+    let get_from = |first, count| {
+        cache
+            .get_from(
+                &fake.device,
+                &registrar,
+                &(),
+                ExportId::new(7, 1),
+                pages(first, count),
+                RW,
+            )
+            .unwrap()
+    };
+    drop(get_from(0, 4));
+    assert_eq!(fake.device.hooks_subscribed(), 1);
+    // (A miss's insertion is not counted in `writes`.)
+    assert_eq!(
+        cache.stats().writes,
+        1,
+        "the first call records the status page"
+    );
+    for _ in 0..10 {
+        drop(get_from(1, 2));
+    }
+    assert_eq!(cache.stats().hits, 10);
+    assert_eq!(
+        cache.stats().writes,
+        1,
+        "hits through get_from write nothing"
+    );
+    assert_eq!(fake.device.hooks_subscribed(), 1);
+
+    // Watched: a reset of the device drops its entry at the next request.
+    fake.set_resets(1);
+    drop(get_from(0, 4));
+    assert_eq!(cache.stats().invalidations, 1);
+    assert_eq!(cache.stats().misses, 2);
+}
+
 #[test]
 fn a_reset_the_watcher_reports_drops_the_device_entries_at_once_and_tells_the_listener() {
     use crate::invalidation::Invalidate;

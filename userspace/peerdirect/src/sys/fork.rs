@@ -22,13 +22,21 @@ extern "C" {
 }
 
 /// How many forks separate this process from the one in which this was first called.
+#[inline]
 pub(crate) fn generation() -> u64 {
     static REGISTERED: Once = Once::new();
-    REGISTERED.call_once(|| {
+    if !REGISTERED.is_completed() {
+        register(&REGISTERED);
+    }
+    FORKS.load(Relaxed)
+}
+
+#[cold]
+fn register(registered: &Once) {
+    registered.call_once(|| {
         // On failure (ENOMEM) forks are not counted: handles then work in a child as in its
         // parent. glibc drops the handler if this library is unloaded (by its DSO handle).
         // SAFETY: registers a child handler that only adds to an atomic (async-signal-safe).
         let _ = unsafe { pthread_atfork(None, None, Some(in_child)) };
     });
-    FORKS.load(Relaxed)
 }

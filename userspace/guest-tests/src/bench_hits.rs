@@ -1,0 +1,128 @@
+//! `--bench-hits`: a benchmark, not a test. The crate's cache hit as a runtime pays it:
+//! [`RegCache::get`] of a range already registered, then the drop of the handle it returned,
+//! on libfabric's tcp domain over 127.0.0.1, from 1, 2 and 8 threads at once, all asking for
+//! the same 2 MiB allocation of /dev/peerdirect0 (so all hit one entry).
+//!
+//! Timed exactly as `userspace/capi/benches/hits.c` times the C ABI's hit (`pd_register` and
+//! `pd_mr_release`), for `scripts/bench-hits` to set the two side by side: each thread times
+//! batches of [`BATCH`] hit+drop pairs with `Instant` (CLOCK_MONOTONIC, as the C program
+//! reads it), after [`WARM`] untimed batches; per thread count one line gives the median and
+//! 99th percentile over every thread's batches of the time per pair, and the hits per second
+//! per thread:
+//!
+//! ```text
+//! hits rust threads 2 p50_ns 55.1 p99_ns 80.3 mhits_per_thread 16.9
+//! ```
+
+use std::hint::black_box;
+use std::process::ExitCode;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::Instant;
+
+use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId, RegCache};
+use peerdirect::registrar::libfabric::{Fabric, LibfabricRegistrar, MappedDmaBuf};
+use peerdirect::{Device, ExportFlags};
+
+use crate::INDEX;
+
+const LENGTH: u64 = 2 << 20;
+/// Pairs per timed batch, batches per thread, and untimed batches first: as hits.c.
+const BATCH: usize = 64;
+const BATCHES: usize = 2000;
+const WARM: usize = 100;
+/// The thread counts, as hits.c's default.
+const THREADS: [usize; 3] = [1, 2, 8];
+
+/// What one thread measured: ns per pair of each batch, and the seconds all batches took.
+struct Thread {
+    per_pair: Vec<f64>,
+    seconds: f64,
+}
+
+pub fn run() -> ExitCode {
+    match bench() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("hits: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn bench() -> Result<(), String> {
+    let device = Device::open_index(INDEX).map_err(|e| format!("opening device {INDEX}: {e}"))?;
+    let alloc = device
+        .alloc(LENGTH, None)
+        .map_err(|e| format!("alloc: {e}"))?;
+    let dma_buf = alloc
+        .export(0, 0, ExportFlags::CLOEXEC | ExportFlags::RDWR)
+        .map_err(|e| format!("export: {e}"))?;
+    let export = ExportId::of_dma_buf(INDEX, &dma_buf).map_err(|e| format!("fstat: {e}"))?;
+    let source = MappedDmaBuf::new(dma_buf).map_err(|e| format!("mapping: {e}"))?;
+    let registrar = Fabric::open("tcp", Some("127.0.0.1"))
+        .map(|fabric| Arc::new(LibfabricRegistrar::new(fabric)))
+        .map_err(|e| format!("opening tcp: {e}"))?;
+    let cache = RegCache::new(CacheLimits::default());
+    let range = ByteRange::new(0, LENGTH).map_err(|e| e.to_string())?;
+    let access = Access::LOCAL_READ | Access::LOCAL_WRITE;
+    // The first registration (a miss) is held for the whole run: every timed call hits.
+    let held = cache
+        .get(&registrar, &source, export, range, access)
+        .map_err(|e| format!("register: {e}"))?;
+    for threads in THREADS {
+        let barrier = Barrier::new(threads);
+        let measured: Vec<Thread> = thread::scope(|scope| {
+            let running: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        barrier.wait();
+                        let pair = || {
+                            let mr = cache.get(&registrar, &source, export, range, access);
+                            drop(black_box(mr));
+                        };
+                        for _ in 0..WARM * BATCH {
+                            pair();
+                        }
+                        let mut per_pair = Vec::with_capacity(BATCHES);
+                        let mut seconds = 0.0;
+                        for _ in 0..BATCHES {
+                            let start = Instant::now();
+                            for _ in 0..BATCH {
+                                pair();
+                            }
+                            let took = start.elapsed().as_secs_f64();
+                            per_pair.push(took * 1e9 / BATCH as f64);
+                            seconds += took;
+                        }
+                        Thread { per_pair, seconds }
+                    })
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|t| t.join().expect("bench thread"))
+                .collect()
+        });
+        let seconds: f64 = measured.iter().map(|t| t.seconds).sum();
+        let mut all: Vec<f64> = measured.into_iter().flat_map(|t| t.per_pair).collect();
+        all.sort_unstable_by(f64::total_cmp);
+        let n = all.len();
+        println!(
+            "hits rust threads {threads} p50_ns {:.1} p99_ns {:.1} mhits_per_thread {:.2}",
+            all[n / 2],
+            all[n * 99 / 100],
+            (BATCHES * BATCH * threads) as f64 / seconds / 1e6
+        );
+    }
+    let stats = cache.stats();
+    if stats.misses != 1 {
+        return Err(format!(
+            "{} misses where only the first call should miss",
+            stats.misses
+        ));
+    }
+    println!("hits rust calls {} misses 1", stats.hits);
+    drop(held);
+    Ok(())
+}

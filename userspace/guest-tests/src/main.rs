@@ -8,6 +8,7 @@
 mod alloc_export;
 mod bench_copy;
 mod bench_exporters;
+mod bench_hits;
 mod cpu_mapping;
 mod fabric;
 mod fuzz;
@@ -77,6 +78,11 @@ struct Args {
     /// --topology switch-iommu --hbm 2G --mem 3G`; leaves the HBM device on vfio-pci).
     #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke", "bench_exporters"])]
     bench_cpu_copy: bool,
+    /// Benchmark (not a test): the crate's cache hit (RegCache::get and the handle's drop) on
+    /// libfabric's tcp domain from 1, 2 and 8 threads instead, timed as
+    /// userspace/capi/benches/hits.c times the C ABI's (`qemu/run --userland trixie`).
+    #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke", "bench_exporters", "bench_cpu_copy"])]
+    bench_hits: bool,
     /// Test the libfabric registrar with this provider instead (`tcp` under `qemu/run
     /// --userland trixie`, `verbs;ofi_rxm` under `--rxe`).
     #[arg(long, value_name = "PROVIDER")]
@@ -452,6 +458,9 @@ fn main() -> ExitCode {
     }
     if args.bench_cpu_copy {
         return bench_copy::run();
+    }
+    if args.bench_hits {
+        return bench_hits::run();
     }
     if let Some(topology) = args.peermem {
         return peermem::run(topology);

@@ -57,6 +57,18 @@
 //! memory's `iface` is [`Iface::System`] unless set ([`LibfabricRegistrar::set_iface`]:
 //! SynapseAI, as HCL registers). Such a fabric has no endpoints ([`Fabric::endpoint`] says so) and its
 //! [`ProviderCaps`] are only the provider's name.
+//!
+//! # Endpoint-bound registrations
+//!
+//! A domain with `FI_MR_ENDPOINT` makes memory regions disabled, with no usable key, until
+//! bound to an endpoint and enabled. The registrar binds (`fi_mr_bind`) and enables
+//! (`fi_mr_enable`) each new registration with the endpoint named
+//! ([`LibfabricRegistrar::set_endpoint`]: [`MrEndpoint::of`] one of ours,
+//! [`MrEndpoint::from_raw`] the program's) before handing it out; with none named a
+//! registration there fails ([`LibfabricError::NoEndpoint`]). A domain [`Fabric::open`]ed
+//! without the bit binds nothing. The `mr_mode` of a borrowed domain cannot be read from its
+//! pointer, so it binds exactly when an endpoint is named: name one when the domain's info
+//! has `FI_MR_ENDPOINT`. Registrations must be closed before the endpoint they are bound to.
 
 #[allow(
     dead_code,
@@ -289,6 +301,47 @@ pub enum LibfabricError {
         /// The provider.
         provider: String,
     },
+    /// The domain has `FI_MR_ENDPOINT` and no endpoint is named for its registrations
+    /// ([`LibfabricRegistrar::set_endpoint`]): nothing was registered.
+    #[error(
+        "{provider}: the domain has FI_MR_ENDPOINT: a registration is usable only once bound to \
+         an endpoint and enabled, and no endpoint is named; name the endpoint that will use \
+         the registrations first (LibfabricRegistrar::set_endpoint; C: pd_domain_set_endpoint)"
+    )]
+    NoEndpoint {
+        /// The provider.
+        provider: String,
+    },
+    /// Binding a new registration to its endpoint (`fi_mr_bind`) or enabling it
+    /// (`fi_mr_enable`) failed, in a domain with `FI_MR_ENDPOINT`; the registration was closed.
+    #[error(
+        "{provider}: {call} of a new registration (the domain binds MRs to endpoints: \
+         FI_MR_ENDPOINT): {text} (-{errno}); the registration was closed"
+    )]
+    EndpointBind {
+        /// The provider.
+        provider: String,
+        /// `fi_mr_bind` or `fi_mr_enable`.
+        call: &'static str,
+        /// The positive libfabric error number.
+        errno: i32,
+        /// `fi_strerror(errno)`.
+        text: String,
+    },
+    /// [`LibfabricRegistrar::set_endpoint`] named another endpoint (or none) while
+    /// registrations made with the endpoint named before are open.
+    #[error(
+        "{provider}: {registrations} registration(s) made with the endpoint named before are \
+         still open: close them first (drop them, and the cache's with \
+         RegCache::invalidate_domain), since each must be closed before the endpoint it is \
+         bound to; the endpoint named stays as it was"
+    )]
+    EndpointBusy {
+        /// The provider.
+        provider: String,
+        /// Registrations open (or being made) with the endpoint named before.
+        registrations: usize,
+    },
     /// A transfer saw no completion for too long.
     #[error(
         "{provider}: no completion for {secs} s during a transfer: the peer has died, hangs or \
@@ -319,7 +372,8 @@ pub struct ProviderCaps {
     pub mr_virt_addr: bool,
     /// `FI_MR_PROV_KEY`: the provider picks keys.
     pub mr_prov_key: bool,
-    /// `FI_MR_ENDPOINT`: MRs must be bound to an endpoint (not supported here).
+    /// `FI_MR_ENDPOINT`: MRs must be bound to an endpoint and enabled before use; the
+    /// registrar does so with the endpoint it is given ([`LibfabricRegistrar::set_endpoint`]).
     pub mr_endpoint: bool,
     /// Largest message.
     pub max_msg_size: u64,
@@ -390,6 +444,9 @@ pub struct Fabric {
     caps: ProviderCaps,
     domain: Arc<sys::Domain>,
     id: DomainId,
+    /// Whether the domain has `FI_MR_ENDPOINT`, as its info says; `None` for a borrowed domain,
+    /// whose info this crate never sees: its registrations are bound when an endpoint is named.
+    mr_endpoint: Option<bool>,
 }
 
 impl std::fmt::Debug for Fabric {
@@ -453,6 +510,7 @@ impl Fabric {
         Ok(Self {
             lib,
             info: Some(info),
+            mr_endpoint: Some(caps.mr_endpoint),
             caps,
             domain,
             id: DomainId::unique(),
@@ -495,6 +553,7 @@ impl Fabric {
             },
             domain,
             id: DomainId::unique(),
+            mr_endpoint: None,
         })
     }
 
@@ -532,7 +591,7 @@ impl Fabric {
         Ok(Endpoint {
             lib: self.lib,
             provider: self.caps.provider.clone(),
-            ep,
+            ep: Arc::new(ep),
             stall: STALL,
         })
     }
@@ -551,6 +610,11 @@ impl LibfabricError {
             Self::Map { errno, .. } => Some(*errno),
             Self::NoKey { .. } => Some(rustix::io::Errno::NOSPC),
             Self::KeyRange { .. } => Some(rustix::io::Errno::RANGE),
+            // The domain is not in a state that allows registering: no endpoint bound, as
+            // errno_of_fi maps libfabric's "not bound" (FI_ENOCQ, FI_ENOAV).
+            Self::NoEndpoint { .. } => Some(rustix::io::Errno::BADFD),
+            Self::EndpointBind { errno, .. } => Some(errno_of_fi(*errno)),
+            Self::EndpointBusy { .. } => Some(rustix::io::Errno::BUSY),
             _ => None,
         }
     }
@@ -724,7 +788,8 @@ pub struct PathStats {
     pub last_bounce_reason: Option<String>,
 }
 
-/// Registers ranges of a [`MappedDmaBuf`] in a [`Fabric`]'s domain.
+/// Registers ranges of a [`MappedDmaBuf`] in a [`Fabric`]'s domain (binding each to the
+/// endpoint named, where the domain has `FI_MR_ENDPOINT`).
 pub struct LibfabricRegistrar {
     fabric: Fabric,
     stats: Mutex<PathStats>,
@@ -781,6 +846,58 @@ struct Requests {
     /// Keys must be below this (`mr_key_size` bytes); `None`: any `u64`.
     limit: Option<u64>,
     iface: Iface,
+    /// The endpoint registrations are bound to now.
+    binding: Arc<Binding>,
+}
+
+/// The endpoint registrations are bound to ([`LibfabricRegistrar::set_endpoint`]), or none.
+/// Each registration holds the one it was made with, from its request to its close, so that
+/// the registrar knows whether any made with it is still open.
+struct Binding {
+    to: Option<Arc<sys::BindTo>>,
+}
+
+/// What a new registration requests, copied out of [`Requests`].
+struct Request {
+    lease: KeyLease,
+    iface: Iface,
+    binding: Arc<Binding>,
+}
+
+/// An endpoint a registrar binds its registrations to, in a domain with `FI_MR_ENDPOINT`
+/// ([`LibfabricRegistrar::set_endpoint`]).
+pub struct MrEndpoint(Arc<sys::BindTo>);
+
+impl std::fmt::Debug for MrEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MrEndpoint").finish_non_exhaustive()
+    }
+}
+
+impl MrEndpoint {
+    /// `endpoint` (of the registrar's fabric, [`Fabric::endpoint`]): it stays open while the
+    /// registrar names it and until every registration bound to it is closed, even if the
+    /// [`Endpoint`] itself is dropped before.
+    pub fn of(endpoint: &Endpoint) -> Self {
+        Self(Arc::new(sys::BindTo::Ours(Arc::clone(&endpoint.ep))))
+    }
+
+    /// An endpoint the caller opened (`struct fid_ep *`, `fi_endpoint` on the registrar's
+    /// domain) and will close; never closed here.
+    ///
+    /// # Safety
+    ///
+    /// `ep` points to an open, enabled `struct fid_ep` of the registrar's domain (of a
+    /// libfabric of 1.20 or later) that stays open until every registration bound to it is
+    /// closed (dropped, and dropped from every cache), and that `fi_mr_bind` may name from the
+    /// threads that register (an `FI_THREAD_SAFE` domain, or the caller serializes
+    /// registrations with its own use of the endpoint).
+    #[allow(unsafe_code)]
+    pub unsafe fn from_raw(ep: NonNull<c_void>) -> Self {
+        // SAFETY: the caller's contract is `BindTo::borrow`'s: an open endpoint of the domain,
+        // kept open until every MR bound to it is closed, usable from the registering threads.
+        Self(Arc::new(unsafe { sys::BindTo::borrow(ep.cast()) }))
+    }
 }
 
 /// A requested key, given back to its allocator when dropped: after the MR, as the field
@@ -817,6 +934,7 @@ impl LibfabricRegistrar {
                 allocator: Arc::new(ProcessKeys),
                 limit: None,
                 iface: Iface::System,
+                binding: Arc::new(Binding { to: None }),
             }),
         }
     }
@@ -842,23 +960,68 @@ impl LibfabricRegistrar {
         self.requests().iface = iface;
     }
 
+    /// Binds new registrations to `endpoint` (`fi_mr_bind`, then `fi_mr_enable`, before a
+    /// registration is handed out), or to none. A domain with `FI_MR_ENDPOINT` needs it:
+    /// there a registration with no endpoint named fails ([`LibfabricError::NoEndpoint`],
+    /// `EBADFD`), and one that cannot be bound or enabled is closed and fails
+    /// ([`LibfabricError::EndpointBind`]). A domain opened by [`Fabric::open`] without
+    /// `FI_MR_ENDPOINT` binds nothing, whatever is named. A borrowed domain
+    /// ([`Fabric::from_raw_domain`]), whose `mr_mode` this crate cannot read, binds to the
+    /// endpoint named if there is one: name one exactly when the domain's info has
+    /// `FI_MR_ENDPOINT`.
+    ///
+    /// Each registration must be closed before the endpoint it is bound to, so the endpoint
+    /// named changes only while no registration made with the one named before is open (nor
+    /// being made): else [`LibfabricError::EndpointBusy`] (`EBUSY`) and nothing changes; a
+    /// cache's entries count, so drop them first ([`crate::RegCache::invalidate_domain`]).
+    /// Naming the endpoint named already changes nothing and succeeds.
+    pub fn set_endpoint(&self, endpoint: Option<MrEndpoint>) -> Result<(), LibfabricError> {
+        let mut requests = self.requests();
+        let same = match (&requests.binding.to, &endpoint) {
+            (None, None) => true,
+            (Some(now), Some(new)) => now.same(&new.0),
+            _ => false,
+        };
+        if same {
+            return Ok(());
+        }
+        // Registrations clone it under this lock: none starts while it is counted and replaced.
+        let open = Arc::strong_count(&requests.binding) - 1;
+        if open > 0 {
+            return Err(LibfabricError::EndpointBusy {
+                provider: self.fabric.caps.provider.clone(),
+                registrations: open,
+            });
+        }
+        requests.binding = Arc::new(Binding {
+            to: endpoint.map(|endpoint| endpoint.0),
+        });
+        Ok(())
+    }
+
     fn requests(&self) -> std::sync::MutexGuard<'_, Requests> {
         // Only plain values are stored under it.
         self.requests.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A key for a new registration, and the registrar's iface.
-    fn lease(&self) -> Result<(KeyLease, Iface), LibfabricError> {
+    /// A key for a new registration, the registrar's iface and the endpoint to bind it to.
+    fn request(&self) -> Result<Request, LibfabricError> {
         // Copied out: the allocator (the caller's code) runs without this lock.
-        let (allocator, limit, iface) = {
+        let (allocator, limit, iface, binding) = {
             let requests = self.requests();
             (
                 Arc::clone(&requests.allocator),
                 requests.limit,
                 requests.iface,
+                Arc::clone(&requests.binding),
             )
         };
         let provider = || self.fabric.caps.provider.clone();
+        if self.fabric.mr_endpoint == Some(true) && binding.to.is_none() {
+            return Err(LibfabricError::NoEndpoint {
+                provider: provider(),
+            });
+        }
         let key = allocator.allocate().ok_or_else(|| LibfabricError::NoKey {
             provider: provider(),
         })?;
@@ -870,7 +1033,32 @@ impl LibfabricRegistrar {
                 limit,
             });
         }
-        Ok((lease, iface))
+        Ok(Request {
+            lease,
+            iface,
+            binding,
+        })
+    }
+
+    /// Binds a new MR to the endpoint named and enables it, where the domain wants it
+    /// ([`LibfabricRegistrar::set_endpoint`]); its key and descriptor are final only then. On
+    /// failure the caller drops (closes) the MR.
+    fn bind(&self, mr: &mut sys::Mr, binding: &Binding) -> Result<(), LibfabricError> {
+        let Some(to) = binding.to.as_ref() else {
+            return Ok(());
+        };
+        if self.fabric.mr_endpoint == Some(false) {
+            return Ok(());
+        }
+        let failed = |call, e: sys::FiErrno| LibfabricError::EndpointBind {
+            provider: self.fabric.caps.provider.clone(),
+            call,
+            errno: e.0,
+            text: self.fabric.lib.strerror(e),
+        };
+        mr.bind(Arc::clone(to))
+            .map_err(|e| failed("fi_mr_bind", e))?;
+        mr.enable().map_err(|e| failed("fi_mr_enable", e))
     }
 
     /// Whether a dma-buf registration the provider refuses falls back to a host staging buffer
@@ -897,12 +1085,18 @@ impl LibfabricRegistrar {
     /// Registers `len` bytes of new, zeroed host memory with `access` (not cached, not
     /// counted in [`LibfabricRegistrar::path_stats`]).
     pub fn register_host(&self, len: usize, access: Access) -> Result<HostMr, LibfabricError> {
-        let (lease, _) = self.lease()?;
-        self.fabric
+        let Request { lease, binding, .. } = self.request()?;
+        let mut mr = self
+            .fabric
             .domain
             .register_host(fi_access(access), lease.key, sys::Memory::host(len))
-            .map(|mr| HostMr { mr, _key: lease })
-            .map_err(|e| self.fabric.error("fi_mr_regattr(host)", e))
+            .map_err(|e| self.fabric.error("fi_mr_regattr(host)", e))?;
+        self.bind(&mut mr, &binding)?;
+        Ok(HostMr {
+            mr,
+            _key: lease,
+            _binding: binding,
+        })
     }
 }
 
@@ -930,6 +1124,8 @@ pub struct FabricMr {
     mr: sys::Mr,
     /// Given back after `mr` is closed (fields drop in order).
     _key: KeyLease,
+    /// The endpoint setting it was made with, let go of after `mr` is closed.
+    _binding: Arc<Binding>,
     path: RegPath,
     range: ByteRange,
     hbm: Arc<sys::Memory>,
@@ -960,7 +1156,8 @@ impl FabricMr {
         &self.path
     }
 
-    /// `fi_mr_key`: what peers name it with in RMA.
+    /// `fi_mr_key`: what peers name it with in RMA (read now: in a domain with
+    /// `FI_MR_ENDPOINT`, the key of the bound and enabled MR).
     pub fn key(&self) -> u64 {
         self.mr.key()
     }
@@ -1058,7 +1255,11 @@ impl Registrar for LibfabricRegistrar {
     fn register(&self, source: &DmaBufSource, key: &RegKey) -> Result<FabricMr, LibfabricError> {
         let access = fi_access(key.access);
         let range = key.range;
-        let (lease, iface) = self.lease()?;
+        let Request {
+            lease,
+            iface,
+            binding,
+        } = self.request()?;
         let requested_key = lease.key;
         let direct = self.fabric.domain.register_dma_buf(
             source.dma_buf.as_fd(),
@@ -1074,7 +1275,7 @@ impl Registrar for LibfabricRegistrar {
             },
             Arc::clone(&source.memory),
         );
-        let (mr, path) = match direct {
+        let (mut mr, path) = match direct {
             Ok(mr) => (mr, RegPath::DmaBuf),
             // Anything else (out of memory, keys, ...) is an error of its own, not a reason to
             // take the slow path.
@@ -1110,6 +1311,8 @@ impl Registrar for LibfabricRegistrar {
                 (mr, RegPath::HostBounce { reason })
             }
         };
+        // Dropped (closed) on failure, before its key is given back.
+        self.bind(&mut mr, &binding)?;
         let mut stats = self.stats.lock().expect("no panics under this lock");
         match &path {
             RegPath::HostBounce { reason } => {
@@ -1121,6 +1324,7 @@ impl Registrar for LibfabricRegistrar {
         Ok(FabricMr {
             mr,
             _key: lease,
+            _binding: binding,
             path,
             range,
             hbm: Arc::clone(&source.memory),
@@ -1142,6 +1346,7 @@ impl Registrar for LibfabricRegistrar {
 pub struct HostMr {
     mr: sys::Mr,
     _key: KeyLease,
+    _binding: Arc<Binding>,
 }
 
 impl std::fmt::Debug for HostMr {
@@ -1234,7 +1439,8 @@ pub struct Peer(u64);
 pub struct Endpoint {
     lib: &'static sys::Lib,
     provider: String,
-    ep: sys::Endpoint,
+    /// Shared with the registrations bound to it ([`MrEndpoint::of`]), which keep it open.
+    ep: Arc<sys::Endpoint>,
     /// How long a transfer may go without a completion ([`Endpoint::set_timeout`]).
     stall: Duration,
 }

@@ -427,6 +427,7 @@ impl Domain {
         Ok(Mr {
             mr,
             memory,
+            bound: None,
             _domain: Arc::clone(self),
         })
     }
@@ -611,6 +612,9 @@ impl Drop for Memory {
 pub(super) struct Mr {
     mr: NonNull<b::fid_mr>,
     memory: Arc<Memory>,
+    /// The endpoint it is bound to ([`Mr::bind`]), kept (one of ours: open) until the MR is
+    /// closed, as libfabric asks of an `FI_MR_ENDPOINT` MR.
+    bound: Option<Arc<BindTo>>,
     /// Keeps the domain open until the MR is closed.
     _domain: Arc<Domain>,
 }
@@ -635,6 +639,73 @@ impl Mr {
 
     pub(super) fn memory(&self) -> &Arc<Memory> {
         &self.memory
+    }
+
+    /// `fi_mr_bind(mr, &ep->fid, 0)`: binds the MR to `to` (a domain with `FI_MR_ENDPOINT`
+    /// creates MRs disabled, to be bound to an endpoint and then enabled; fi_mr(3): flags 0 for
+    /// an endpoint). The MR keeps `to` from now on, whatever the call returns: a provider may
+    /// hold on to the endpoint until the MR is closed.
+    pub(super) fn bind(&mut self, to: Arc<BindTo>) -> Result<()> {
+        let ep = to.ep();
+        self.bound = Some(to);
+        // fi_mr_bind is mr->fid.ops->bind(&mr->fid, &ep->fid, flags).
+        // SAFETY: the MR is open; `ep` is an open endpoint of the MR's domain, kept open until
+        // the MR is closed (`bound` above, or the caller's promise for a borrowed one).
+        unsafe {
+            let fid = ptr::addr_of_mut!((*self.mr.as_ptr()).fid);
+            let bind = (*(*fid).ops).bind.ok_or(FiErrno(b::FI_ENOSYS as i32))?;
+            check(bind(fid, ptr::addr_of_mut!((*ep).fid), 0) as isize)
+        }
+    }
+
+    /// `fi_mr_enable(mr)`: the MR becomes usable, its key and descriptor final.
+    pub(super) fn enable(&self) -> Result<()> {
+        // fi_mr_enable is mr->fid.ops->control(&mr->fid, FI_ENABLE, NULL).
+        // SAFETY: the MR is open; FI_ENABLE takes no argument.
+        unsafe {
+            let fid = ptr::addr_of_mut!((*self.mr.as_ptr()).fid);
+            let control = (*(*fid).ops).control.ok_or(FiErrno(b::FI_ENOSYS as i32))?;
+            check(control(fid, b::FI_ENABLE as c_int, ptr::null_mut()) as isize)
+        }
+    }
+}
+
+/// The endpoint MRs are bound to in a domain with `FI_MR_ENDPOINT`: one of ours, which every
+/// MR bound to it keeps open, or one the caller opened and keeps open.
+pub(super) enum BindTo {
+    Ours(Arc<Endpoint>),
+    Theirs(NonNull<b::fid_ep>),
+}
+
+// SAFETY: ours is Send + Sync; a borrowed endpoint is only handed to fi_mr_bind, which the
+// caller of `BindTo::borrow` promises may be called from any thread.
+unsafe impl Send for BindTo {}
+// SAFETY: as above.
+unsafe impl Sync for BindTo {}
+
+impl BindTo {
+    /// An endpoint the caller opened (`fi_endpoint`) and will close; never closed here.
+    ///
+    /// # Safety
+    ///
+    /// `ep` is an open, enabled `struct fid_ep` of the domain the MRs are registered in
+    /// (libfabric >= 1.20's ABI), that stays open until every MR bound to it is closed, and
+    /// that `fi_mr_bind` may name from any thread (an `FI_THREAD_SAFE` domain, or the caller
+    /// serializes registrations with its own use of the endpoint).
+    pub(super) unsafe fn borrow(ep: NonNull<b::fid_ep>) -> BindTo {
+        BindTo::Theirs(ep)
+    }
+
+    fn ep(&self) -> *mut b::fid_ep {
+        match self {
+            BindTo::Ours(endpoint) => endpoint.ep.as_ptr(),
+            BindTo::Theirs(ep) => ep.as_ptr(),
+        }
+    }
+
+    /// Whether both name the same endpoint.
+    pub(super) fn same(&self, other: &BindTo) -> bool {
+        self.ep() == other.ep()
     }
 }
 
@@ -1305,6 +1376,7 @@ mod tests {
         let mr = Mr {
             mr: NonNull::from(mr),
             memory: Memory::host(4096),
+            bound: None,
             _domain: domain,
         };
         (endpoint, mr)

@@ -1984,6 +1984,306 @@ mod tests {
         assert_eq!(chunks(big).last(), Some((big - CHUNK as u64, CHUNK)));
     }
 
+    use crate::cache::ExportId;
+    use sys::fake::{self, Call};
+
+    /// A registrar of a fake domain (`sys::fake`) whose info says `mr_endpoint` (`None`: a
+    /// borrowed domain, whose info is unknown); its MRs are made disabled, as such a domain
+    /// makes them, when `mr_endpoint` is not `Some(false)`. `fi_mr_bind` and `fi_mr_enable`
+    /// return `bind_ret` and `enable_ret`.
+    fn fake_registrar(
+        mr_endpoint: Option<bool>,
+        bind_ret: i32,
+        enable_ret: i32,
+    ) -> (LibfabricRegistrar, &'static fake::Log) {
+        let (domain, log) = fake::domain(mr_endpoint != Some(false), bind_ret, enable_ret);
+        let fabric = Fabric {
+            lib: fake::lib(),
+            info: None,
+            caps: ProviderCaps {
+                provider: "fake".into(),
+                domain: String::new(),
+                hmem: false,
+                mr_local: false,
+                mr_virt_addr: false,
+                mr_prov_key: false,
+                mr_endpoint: mr_endpoint == Some(true),
+                max_msg_size: 0,
+                rma: false,
+            },
+            domain,
+            id: DomainId::unique(),
+            mr_endpoint,
+        };
+        (LibfabricRegistrar::new(fabric), log)
+    }
+
+    /// Registers 4 KiB of a stand-in dma-buf (named by an address, never mapped).
+    fn register(registrar: &LibfabricRegistrar) -> Result<FabricMr, LibfabricError> {
+        let dma_buf = crate::DmaBuf::from_fd(tempfile_of(8192).into()).unwrap();
+        let source = DmaBufSource::at(dma_buf, 0x7f00_0000_0000).unwrap();
+        let key = RegKey {
+            domain: registrar.domain(),
+            export: ExportId::new(0, 1),
+            range: ByteRange::new(0, 4096).unwrap(),
+            access: Access::all(),
+        };
+        registrar.register(&source, &key)
+    }
+
+    /// The key the fake was asked for and the MR it made, from a `Regattr` call.
+    fn regattr(call: Call) -> (u64, usize) {
+        match call {
+            Call::Regattr { key, mr } => (key, mr),
+            other => panic!("{other:?} where fi_mr_regattr was expected"),
+        }
+    }
+
+    fn raw(ep: NonNull<bindings::fid_ep>) -> MrEndpoint {
+        // SAFETY: the fake's endpoint is leaked (never closed) and only named in fi_mr_bind.
+        #[allow(unsafe_code)]
+        unsafe {
+            MrEndpoint::from_raw(ep.cast())
+        }
+    }
+
+    /// In a domain with FI_MR_ENDPOINT (or a borrowed one, whose mode is unknown, with an
+    /// endpoint named) each new registration is bound to the endpoint named (its fid, flags 0)
+    /// and then enabled, before it is handed out: its key and descriptor, which such a provider
+    /// gives only once enabled, are the enabled MR's. Dma-bufs and host memory alike.
+    #[test]
+    fn an_endpoint_mr_is_bound_then_enabled_before_it_is_handed_out() {
+        for mode in [Some(true), None] {
+            let (registrar, log) = fake_registrar(mode, 0, 0);
+            let ep = fake::foreign_endpoint();
+            registrar.set_endpoint(Some(raw(ep))).unwrap();
+            let mr = register(&registrar).unwrap();
+            let calls = log.calls();
+            assert_eq!(calls.len(), 3, "{mode:?}: {calls:?}");
+            let (key, made) = regattr(calls[0]);
+            let bind = Call::Bind {
+                mr: made,
+                fid: fake::fid_of(ep),
+                flags: 0,
+            };
+            assert_eq!(calls[1..], [bind, Call::Enable { mr: made }], "{mode:?}");
+            assert_eq!(mr.key(), key, "{mode:?}: the enabled MR's key");
+            assert_ne!(mr.key(), fake::KEY_NOTAVAIL);
+            assert_eq!(
+                mr.desc(),
+                fake::DESC,
+                "{mode:?}: the enabled MR's descriptor"
+            );
+            drop(mr);
+            assert_eq!(log.calls()[3..], [Call::CloseMr { mr: made }]);
+
+            let host = registrar.register_host(4096, Access::all()).unwrap();
+            let calls = log.calls();
+            let (key, made) = regattr(calls[4]);
+            let bind = Call::Bind {
+                mr: made,
+                fid: fake::fid_of(ep),
+                flags: 0,
+            };
+            assert_eq!(calls[5..], [bind, Call::Enable { mr: made }], "{mode:?}");
+            assert_eq!(host.remote(0, false).key, key);
+        }
+    }
+
+    /// A registration bound to one of this crate's endpoints keeps it open: the endpoint is
+    /// closed only after the MR, as libfabric asks, even when its `Endpoint` went first.
+    #[test]
+    fn an_mr_bound_to_our_endpoint_is_closed_before_the_endpoint() {
+        let (registrar, log) = fake_registrar(Some(true), 0, 0);
+        let endpoint = Endpoint {
+            lib: fake::lib(),
+            provider: "fake".into(),
+            ep: Arc::new(sys::fake::endpoint(&registrar.fabric.domain)),
+            stall: STALL,
+        };
+        let ep_fid = fake::fid_of_ours(&endpoint.ep);
+        registrar
+            .set_endpoint(Some(MrEndpoint::of(&endpoint)))
+            .unwrap();
+        let mr = register(&registrar).unwrap();
+        let (_, made) = regattr(log.calls()[0]);
+        assert_eq!(
+            log.calls()[1],
+            Call::Bind {
+                mr: made,
+                fid: ep_fid,
+                flags: 0
+            }
+        );
+        drop(endpoint);
+        drop(mr);
+        registrar.set_endpoint(None).unwrap();
+        assert_eq!(
+            log.calls()[3..],
+            [Call::CloseMr { mr: made }, Call::CloseEp { ep: ep_fid }]
+        );
+    }
+
+    /// In a domain with FI_MR_ENDPOINT and no endpoint named, a registration fails with an
+    /// error that says to name one (EBADFD), before anything is registered.
+    #[test]
+    fn an_endpoint_mr_domain_with_no_endpoint_named_registers_nothing() {
+        let (registrar, log) = fake_registrar(Some(true), 0, 0);
+        let err = register(&registrar).unwrap_err();
+        assert!(matches!(err, LibfabricError::NoEndpoint { .. }), "{err}");
+        assert_eq!(err.errno(), Some(rustix::io::Errno::BADFD));
+        assert_eq!(
+            err.to_string(),
+            "fake: the domain has FI_MR_ENDPOINT: a registration is usable only once bound to \
+             an endpoint and enabled, and no endpoint is named; name the endpoint that will use \
+             the registrations first (LibfabricRegistrar::set_endpoint; C: pd_domain_set_endpoint)"
+        );
+        let err = registrar.register_host(4096, Access::all()).unwrap_err();
+        assert!(matches!(err, LibfabricError::NoEndpoint { .. }), "{err}");
+        assert_eq!(log.calls(), [], "no MR was made, so none is left open");
+    }
+
+    /// A registration that cannot be bound (`fi_mr_bind`) or enabled (`fi_mr_enable`) is
+    /// closed, and the error names the call, with libfabric's number as an errno.
+    #[test]
+    fn a_registration_that_cannot_be_bound_or_enabled_is_closed() {
+        let einval = 22;
+        let (registrar, log) = fake_registrar(Some(true), -einval, 0);
+        registrar
+            .set_endpoint(Some(raw(fake::foreign_endpoint())))
+            .unwrap();
+        let err = register(&registrar).unwrap_err();
+        let calls = log.calls();
+        let (_, made) = regattr(calls[0]);
+        assert!(
+            matches!(err, LibfabricError::EndpointBind { call: "fi_mr_bind", errno, .. } if errno == einval),
+            "{err}"
+        );
+        assert_eq!(err.errno(), Some(rustix::io::Errno::INVAL));
+        assert_eq!(
+            err.to_string(),
+            "fake: fi_mr_bind of a new registration (the domain binds MRs to endpoints: \
+             FI_MR_ENDPOINT): fake provider error (-22); the registration was closed"
+        );
+        assert!(matches!(calls[1], Call::Bind { .. }));
+        assert_eq!(
+            calls[2..],
+            [Call::CloseMr { mr: made }],
+            "closed, never enabled"
+        );
+
+        let opbadstate = bindings::FI_EOPBADSTATE as i32;
+        let (registrar, log) = fake_registrar(Some(true), 0, -opbadstate);
+        registrar
+            .set_endpoint(Some(raw(fake::foreign_endpoint())))
+            .unwrap();
+        let err = registrar.register_host(4096, Access::all()).unwrap_err();
+        assert!(
+            matches!(err, LibfabricError::EndpointBind { call: "fi_mr_enable", errno, .. } if errno == opbadstate),
+            "{err}"
+        );
+        assert_eq!(err.errno(), Some(rustix::io::Errno::BADFD));
+        let calls = log.calls();
+        let (_, made) = regattr(calls[0]);
+        assert_eq!(
+            calls[2..],
+            [Call::Enable { mr: made }, Call::CloseMr { mr: made }]
+        );
+        let closes = calls
+            .iter()
+            .filter(|c| matches!(c, Call::CloseMr { .. }))
+            .count();
+        assert_eq!(closes, 1);
+        // The key was given back: the next registration's request goes ahead.
+        registrar.set_endpoint(None).unwrap();
+    }
+
+    /// A domain opened without FI_MR_ENDPOINT neither binds nor enables, endpoint named or
+    /// not; nor does a borrowed one with no endpoint named.
+    #[test]
+    fn a_domain_without_fi_mr_endpoint_binds_nothing() {
+        let (registrar, log) = fake_registrar(Some(false), 0, 0);
+        let mr = register(&registrar).unwrap();
+        registrar
+            .set_endpoint(Some(raw(fake::foreign_endpoint())))
+            .unwrap_err(); // `mr` was made with no endpoint named
+        drop(mr);
+        registrar
+            .set_endpoint(Some(raw(fake::foreign_endpoint())))
+            .unwrap();
+        let mr = register(&registrar).unwrap();
+        let _host = registrar.register_host(4096, Access::all()).unwrap();
+        let calls = log.calls();
+        let (key, made) = regattr(calls[2]);
+        assert!(
+            matches!(
+                calls[..],
+                [
+                    Call::Regattr { .. },
+                    Call::CloseMr { .. },
+                    Call::Regattr { .. },
+                    Call::Regattr { .. }
+                ]
+            ),
+            "{calls:?}"
+        );
+        assert_eq!(mr.key(), key);
+        assert_ne!(made, 0);
+
+        let (registrar, log) = fake_registrar(None, 0, 0);
+        let _mr = register(&registrar).unwrap();
+        assert!(
+            matches!(log.calls()[..], [Call::Regattr { .. }]),
+            "{:?}",
+            log.calls()
+        );
+    }
+
+    /// The endpoint named changes only while no registration made with the one before is open
+    /// (each must be closed before its endpoint): EBUSY, and nothing changes; naming the same
+    /// endpoint again is no change.
+    #[test]
+    fn the_endpoint_changes_only_while_no_registration_made_with_the_last_is_open() {
+        let (registrar, log) = fake_registrar(Some(true), 0, 0);
+        let (first, second) = (fake::foreign_endpoint(), fake::foreign_endpoint());
+        registrar.set_endpoint(Some(raw(first))).unwrap();
+        let mr = register(&registrar).unwrap();
+        let err = registrar.set_endpoint(Some(raw(second))).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LibfabricError::EndpointBusy {
+                    registrations: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(err.errno(), Some(rustix::io::Errno::BUSY));
+        assert!(registrar.set_endpoint(None).is_err());
+        registrar.set_endpoint(Some(raw(first))).unwrap();
+        let again = register(&registrar).unwrap();
+        drop((mr, again));
+        registrar.set_endpoint(Some(raw(second))).unwrap();
+        let _mr = register(&registrar).unwrap();
+        let binds: Vec<usize> = log
+            .calls()
+            .iter()
+            .filter_map(|c| match c {
+                Call::Bind { fid, .. } => Some(*fid),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            binds,
+            [
+                fake::fid_of(first),
+                fake::fid_of(first),
+                fake::fid_of(second)
+            ]
+        );
+    }
+
     #[test]
     fn host_memory_copies_stay_in_bounds() {
         let a = sys::Memory::host(8192);

@@ -1566,3 +1566,285 @@ mod tests {
         fake().take();
     }
 }
+
+#[cfg(test)]
+pub(super) mod fake {
+    //! An in-process provider for the registrar's tests: a library that is never asked for
+    //! anything but error strings, and a borrowed domain whose MRs write down, in order, what
+    //! is done to them (each domain has a log of its own, reached through its fids' `context`,
+    //! so tests may run at once).
+
+    use super::*;
+
+    /// A call the fake provider received.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Call {
+        /// `fi_mr_regattr` with this requested key, making the MR at this address.
+        Regattr { key: u64, mr: usize },
+        /// `fi_mr_bind(mr, bfid, flags)`.
+        Bind { mr: usize, fid: usize, flags: u64 },
+        /// `fi_mr_enable(mr)`.
+        Enable { mr: usize },
+        /// `fi_close` of an MR.
+        CloseMr { mr: usize },
+        /// `fi_close` of an endpoint.
+        CloseEp { ep: usize },
+    }
+
+    /// `FI_KEY_NOTAVAIL`: an MR's key before it is enabled (as cxi's are).
+    pub(crate) const KEY_NOTAVAIL: u64 = u64::MAX;
+    /// The descriptor an enabled MR gets.
+    pub(crate) const DESC: usize = 0xde5c;
+
+    /// A fake domain's log and behaviour.
+    pub(crate) struct Log {
+        calls: Mutex<Vec<Call>>,
+        /// MRs are made disabled (`FI_MR_ENDPOINT`): key `KEY_NOTAVAIL` and no descriptor
+        /// until enabled; else both are set at registration.
+        disabled: bool,
+        /// What `fi_mr_bind` and `fi_mr_enable` return.
+        bind_ret: c_int,
+        enable_ret: c_int,
+    }
+
+    impl Log {
+        pub(crate) fn calls(&self) -> Vec<Call> {
+            self.calls.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        }
+
+        fn push(&self, call: Call) {
+            self.calls
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(call);
+        }
+    }
+
+    /// The log a fid's context points to.
+    ///
+    /// # Safety
+    ///
+    /// `fid` is one of the fake's, whose context is a leaked `Log`.
+    unsafe fn log<'a>(fid: *mut b::fid) -> &'a Log {
+        // SAFETY: the caller's contract: the context was set to a leaked Log, never freed.
+        unsafe { &*(*fid).context.cast::<Log>() }
+    }
+
+    /// Leaks a zeroed `T` (plain data: ops tables and fids) for the fake's objects.
+    fn leak<T>() -> &'static mut T {
+        // SAFETY: only instantiated with bindgen's plain C structs, valid when zeroed.
+        Box::leak(Box::new(unsafe { core::mem::zeroed::<T>() }))
+    }
+
+    unsafe extern "C" fn close_mr(fid: *mut b::fid) -> c_int {
+        // SAFETY: called by Mr's drop on a fake MR, whose context is its domain's log.
+        unsafe { log(fid) }.push(Call::CloseMr { mr: fid as usize });
+        0
+    }
+
+    unsafe extern "C" fn close_ep(fid: *mut b::fid) -> c_int {
+        // SAFETY: called by Endpoint's drop on the fake endpoint, whose context is the log.
+        unsafe { log(fid) }.push(Call::CloseEp { ep: fid as usize });
+        0
+    }
+
+    unsafe extern "C" fn close_quietly(_: *mut b::fid) -> c_int {
+        0
+    }
+
+    unsafe extern "C" fn bind(fid: *mut b::fid, bfid: *mut b::fid, flags: u64) -> c_int {
+        // SAFETY: `fid` is a fake MR (only they have this op).
+        let log = unsafe { log(fid) };
+        log.push(Call::Bind {
+            mr: fid as usize,
+            fid: bfid as usize,
+            flags,
+        });
+        log.bind_ret
+    }
+
+    unsafe extern "C" fn control(fid: *mut b::fid, command: c_int, _: *mut c_void) -> c_int {
+        // SAFETY: `fid` is a fake MR (only they have this op).
+        let log = unsafe { log(fid) };
+        assert_eq!(
+            command,
+            b::FI_ENABLE as c_int,
+            "the only control asked of an MR"
+        );
+        log.push(Call::Enable { mr: fid as usize });
+        if log.enable_ret == 0 {
+            // Enabled: the key and the descriptor are final now.
+            // SAFETY: `fid` is the first member of a fake, leaked fid_mr.
+            unsafe {
+                let mr = fid.cast::<b::fid_mr>();
+                (*mr).key = requested_key_of(mr);
+                (*mr).mem_desc = DESC as *mut c_void;
+            }
+        }
+        log.enable_ret
+    }
+
+    /// The key an MR was registered with, which the fake keeps next to it.
+    ///
+    /// # Safety
+    ///
+    /// `mr` is a fake MR (made by `regattr`, inside a `FakeMr`).
+    unsafe fn requested_key_of(mr: *mut b::fid_mr) -> u64 {
+        // SAFETY: the caller's contract: `mr` is the first field of a repr(C) FakeMr.
+        unsafe { (*mr.cast::<FakeMr>()).requested_key }
+    }
+
+    /// A fake MR: the fid_mr the caller sees, and the key to give it when enabled.
+    #[repr(C)]
+    struct FakeMr {
+        mr: b::fid_mr,
+        requested_key: u64,
+    }
+
+    unsafe extern "C" fn regattr(
+        fid: *mut b::fid,
+        attr: *const b::fi_mr_attr,
+        _: u64,
+        mr: *mut *mut b::fid_mr,
+    ) -> c_int {
+        // SAFETY: `fid` is the fake domain's; the registrar passes a valid attr.
+        let (log, key) = unsafe { (log(fid), (*attr).requested_key) };
+        let ops = leak::<b::fi_ops>();
+        ops.close = Some(close_mr);
+        ops.bind = Some(bind);
+        ops.control = Some(control);
+        let fake = Box::leak(Box::new(FakeMr {
+            // SAFETY: fid_mr is plain data: zero is valid.
+            mr: unsafe { core::mem::zeroed() },
+            requested_key: key,
+        }));
+        fake.mr.fid.ops = ops;
+        // SAFETY: reading the domain fid's context (the log), to share it with the MR.
+        fake.mr.fid.context = unsafe { (*fid).context };
+        if log.disabled {
+            fake.mr.key = KEY_NOTAVAIL;
+        } else {
+            fake.mr.key = key;
+            fake.mr.mem_desc = DESC as *mut c_void;
+        }
+        let made: *mut b::fid_mr = &mut fake.mr;
+        log.push(Call::Regattr {
+            key,
+            mr: made as usize,
+        });
+        // SAFETY: the caller's out pointer.
+        unsafe { *mr = made };
+        0
+    }
+
+    unsafe extern "C" fn no_getinfo(
+        _: u32,
+        _: *const c_char,
+        _: *const c_char,
+        _: u64,
+        _: *const b::fi_info,
+        _: *mut *mut b::fi_info,
+    ) -> c_int {
+        -(b::FI_ENOSYS as c_int)
+    }
+    unsafe extern "C" fn no_freeinfo(_: *mut b::fi_info) {}
+    unsafe extern "C" fn no_dupinfo(_: *const b::fi_info) -> *mut b::fi_info {
+        ptr::null_mut()
+    }
+    unsafe extern "C" fn no_fabric(
+        _: *mut b::fi_fabric_attr,
+        _: *mut *mut b::fid_fabric,
+        _: *mut c_void,
+    ) -> c_int {
+        -(b::FI_ENOSYS as c_int)
+    }
+    unsafe extern "C" fn strerror(_: c_int) -> *const c_char {
+        c"fake provider error".as_ptr()
+    }
+    unsafe extern "C" fn version() -> u32 {
+        2 << 16 | 1
+    }
+
+    /// A library whose only useful functions are `fi_strerror` ("fake provider error") and
+    /// `fi_version` (2.1): what a registrar of a borrowed domain calls.
+    pub(crate) fn lib() -> &'static Lib {
+        static LIB: OnceLock<Lib> = OnceLock::new();
+        LIB.get_or_init(|| Lib {
+            getinfo: no_getinfo,
+            freeinfo: no_freeinfo,
+            dupinfo: no_dupinfo,
+            fabric: no_fabric,
+            strerror,
+            version,
+            _library: libloading::os::unix::Library::this().into(),
+        })
+    }
+
+    /// A borrowed domain whose `fi_mr_regattr` makes fake MRs (disabled ones if `disabled`,
+    /// as a domain with `FI_MR_ENDPOINT` makes them), whose `fi_mr_bind` and `fi_mr_enable`
+    /// return `bind_ret` and `enable_ret`; and its log.
+    pub(crate) fn domain(
+        disabled: bool,
+        bind_ret: c_int,
+        enable_ret: c_int,
+    ) -> (Arc<Domain>, &'static Log) {
+        let log: &'static Log = Box::leak(Box::new(Log {
+            calls: Mutex::default(),
+            disabled,
+            bind_ret,
+            enable_ret,
+        }));
+        let mr_ops = leak::<b::fi_ops_mr>();
+        mr_ops.regattr = Some(regattr);
+        let d = leak::<b::fid_domain>();
+        d.mr = mr_ops;
+        d.fid.context = ptr::from_ref(log).cast_mut().cast();
+        // SAFETY: a fake domain whose only op is regattr; it outlives everything (leaked).
+        (unsafe { Domain::borrow(NonNull::from(d)) }, log)
+    }
+
+    /// An endpoint of `domain` (made by [`domain`]) whose close is written to the log.
+    pub(crate) fn endpoint(domain: &Arc<Domain>) -> Endpoint {
+        let context = {
+            let d = domain.domain.as_ptr();
+            // SAFETY: the fake domain is leaked, so alive.
+            unsafe { (*d).fid.context }
+        };
+        let ep_ops = leak::<b::fi_ops>();
+        ep_ops.close = Some(close_ep);
+        let other_ops = leak::<b::fi_ops>();
+        other_ops.close = Some(close_quietly);
+        let ep = leak::<b::fid_ep>();
+        ep.fid.ops = ep_ops;
+        ep.fid.context = context;
+        let cq = leak::<b::fid_cq>();
+        cq.fid.ops = other_ops;
+        let av = leak::<b::fid_av>();
+        av.fid.ops = other_ops;
+        Endpoint {
+            ep: NonNull::from(ep),
+            cq: NonNull::from(cq),
+            av: NonNull::from(av),
+            book: Mutex::default(),
+            next_transfer: AtomicU64::new(1),
+            _domain: Arc::clone(domain),
+        }
+    }
+
+    /// A `struct fid_ep` nothing calls into, as a runtime's endpoint the registrar only names
+    /// in `fi_mr_bind`: its address.
+    pub(crate) fn foreign_endpoint() -> NonNull<b::fid_ep> {
+        NonNull::from(leak::<b::fid_ep>())
+    }
+
+    /// The address `fi_mr_bind` is given for an endpoint: its fid's.
+    pub(crate) fn fid_of(ep: NonNull<b::fid_ep>) -> usize {
+        // SAFETY: only a field address is computed.
+        unsafe { ptr::addr_of_mut!((*ep.as_ptr()).fid) as usize }
+    }
+
+    /// The address `fi_mr_bind` is given for one of our endpoints.
+    pub(crate) fn fid_of_ours(endpoint: &Endpoint) -> usize {
+        endpoint.ep_fid() as usize
+    }
+}

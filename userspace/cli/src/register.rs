@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use peerdirect::cache::{Access, ByteRange, ExportId, RegCache};
-use peerdirect::registrar::libfabric::{self, Fabric, LibfabricRegistrar, MappedDmaBuf};
+use peerdirect::registrar::libfabric::{
+    self, Fabric, LibfabricRegistrar, MappedDmaBuf, MrEndpoint,
+};
 use peerdirect::{Device, ExportFlags, RegPath};
 use serde_json::json;
 
@@ -38,6 +40,12 @@ pub fn run(args: &Args) -> Result<()> {
     let version = libfabric::version()?;
     let caps = fabric.caps().clone();
     let registrar = Arc::new(LibfabricRegistrar::new(fabric));
+    // A provider with FI_MR_ENDPOINT binds registrations to an endpoint: one of ours, which
+    // the registrar keeps open as long as it and the registrations need it.
+    if caps.mr_endpoint {
+        let endpoint = registrar.fabric().endpoint()?;
+        registrar.set_endpoint(Some(MrEndpoint::of(&endpoint)))?;
+    }
     let device = Device::open_index(args.device)?;
     let allocation = device.alloc(args.size, None)?;
     let dma_buf = allocation.export(0, 0, ExportFlags::CLOEXEC | ExportFlags::RDWR)?;

@@ -36,8 +36,8 @@ use std::time::{Duration, Instant};
 
 use peerdirect::cache::{Access, ByteRange, ExportId};
 use peerdirect::registrar::libfabric::{
-    default_universe_size, Endpoint, Fabric, FabricMr, LibfabricRegistrar, MappedDmaBuf, Peer,
-    TAG_LIMIT,
+    default_universe_size, Endpoint, Fabric, FabricMr, LibfabricRegistrar, MappedDmaBuf,
+    MrEndpoint, Peer, TAG_LIMIT,
 };
 use peerdirect::size::{human_bytes, parse_number, parse_size};
 use peerdirect::{CacheStats, Device, ExportFlags, RegCache, RegPath, Registration};
@@ -590,6 +590,9 @@ fn setup<'d>(o: &Options, device: &'d Device) -> Result<(Ring<'d>, Bootstrap)> {
     cache.attach(device);
     let mut endpoint = registrar.fabric().endpoint()?;
     endpoint.set_timeout(o.timeout);
+    // Where the provider has FI_MR_ENDPOINT, registrations are bound to the ring's endpoint
+    // (elsewhere this binds nothing).
+    registrar.set_endpoint(Some(MrEndpoint::of(&endpoint)))?;
     let mut bootstrap = Bootstrap::start(o)?;
     let addresses = bootstrap.all_gather(&hex(&endpoint.address()?), "endpoint addresses")?;
     let next = (o.rank + 1) % o.ranks;

@@ -477,9 +477,15 @@ impl Fabric {
             caps,
             mode: b::FI_CONTEXT | b::FI_CONTEXT2,
             // What this crate handles: descriptors on every post, virtual addresses, keys from
-            // the provider, registered (allocated) memory. Not FI_MR_ENDPOINT.
-            mr_mode: (b::FI_MR_LOCAL | b::FI_MR_VIRT_ADDR | b::FI_MR_ALLOCATED | b::FI_MR_PROV_KEY)
-                as i32,
+            // the provider, registered (allocated) memory, MRs bound to an endpoint (the
+            // registrar binds and enables them, LibfabricRegistrar::set_endpoint). Hints name
+            // the modes the caller handles: a provider's info keeps only those it requires,
+            // so providers without FI_MR_ENDPOINT (tcp, verbs) answer as before.
+            mr_mode: (b::FI_MR_LOCAL
+                | b::FI_MR_VIRT_ADDR
+                | b::FI_MR_ALLOCATED
+                | b::FI_MR_PROV_KEY
+                | b::FI_MR_ENDPOINT) as i32,
             node: node.as_deref(),
         };
         let err = |call, e| call_error(lib, provider, call, e);

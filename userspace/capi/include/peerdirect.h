@@ -49,6 +49,8 @@ typedef struct pd_domain pd_domain;
 typedef struct pd_mr pd_mr;
 /* libfabric's domain (<rdma/fabric.h>); only ever passed by pointer. */
 struct fid_domain;
+/* libfabric's endpoint (<rdma/fabric.h>); only ever passed by pointer. */
+struct fid_ep;
 /* libibverbs' protection domain (<infiniband/verbs.h>); only ever passed by pointer. */
 struct ibv_pd;
 
@@ -414,6 +416,38 @@ int pd_domain_set_keys(pd_domain *domain, pd_key_alloc_fn alloc, pd_key_release_
  * unknown iface) or -EOPNOTSUPP (an ibverbs domain).
  */
 int pd_domain_set_iface(pd_domain *domain, uint32_t iface, int device);
+
+/*
+ * From now on, new registrations in the libfabric domain are bound to the endpoint ep
+ * (fi_mr_bind(mr, &ep->fid, 0)) and then enabled (fi_mr_enable(mr)) before pd_register() and
+ * its siblings hand them out: what a domain whose fi_info has FI_MR_ENDPOINT in
+ * domain_attr->mr_mode needs, since its memory regions are created disabled, with no usable
+ * key, until bound and enabled. The library cannot read an attached domain's mr_mode, so it
+ * binds exactly when an endpoint is named: call this for a domain with FI_MR_ENDPOINT, before
+ * its first registration, and only for such a domain (other providers refuse to bind memory
+ * regions to endpoints). A registration that cannot be bound or enabled is closed, and the
+ * call fails with libfabric's error as a negative errno, pd_last_error() naming fi_mr_bind or
+ * fi_mr_enable. ep NULL: no endpoint, registrations are not bound.
+ *
+ * ep must be an open, enabled endpoint of the attached domain, and stay open until every
+ * registration bound to it is closed (libfabric requires memory regions bound to an endpoint
+ * to be closed before it): release their pd_mr handles and drop the cache's registrations
+ * (name another endpoint or NULL, or pd_domain_detach()) before fi_close(ep).
+ *
+ * A registration stays bound to its endpoint for life. So naming another endpoint (or NULL)
+ * first drops the cache's registrations in the domain, telling the invalidation callback
+ * (PD_INVALIDATED_DOMAIN), then fails with -EBUSY, the endpoint unchanged, while pd_mr
+ * handles still hold registrations made with the endpoint named before, or one is being made:
+ * release them and call again. Naming the endpoint named already changes nothing. A runtime
+ * with several endpoints in one domain attaches the domain once per endpoint (each pd_domain
+ * has registrations of its own, so none is handed out for another endpoint).
+ *
+ * May be called while other threads use the handle (registrations under way count as held);
+ * ep is only given to fi_mr_bind on the registering threads, under the domain's rule
+ * (FI_THREAD_SAFE, or the caller serializes). Returns 0, -EINVAL (domain NULL), -EOPNOTSUPP
+ * (an ibverbs domain) or -EBUSY.
+ */
+int pd_domain_set_endpoint(pd_domain *domain, struct fid_ep *ep);
 
 /*
  * From now on, calls fn(ctx, invalidation) for each registration of the cache whose memory,

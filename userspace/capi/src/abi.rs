@@ -51,6 +51,12 @@ pub struct FidDomain {
     _opaque: [u8; 0],
 }
 
+/// `struct fid_ep` of libfabric: only ever behind a pointer.
+#[repr(C)]
+pub struct FidEp {
+    _opaque: [u8; 0],
+}
+
 // The C names promise the module's values: flags are passed through unchanged.
 const _: () = assert!(PD_EXPORT_CLOEXEC == uapi::PEERDIRECT_EXPORT_CLOEXEC);
 const _: () = assert!(PD_EXPORT_RDWR == uapi::PEERDIRECT_EXPORT_RDWR);

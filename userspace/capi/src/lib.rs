@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use pd::{Control, Device, Errno, ExportFlags, PciAddress, RawExport, RawFree, Stats};
 
-pub use abi::{FidDomain, PdDeviceInfo, PdRegcacheStats, PdStats};
+pub use abi::{FidDomain, FidEp, PdDeviceInfo, PdRegcacheStats, PdStats};
 use error::{guard_status, handle_guard, shield, Failure};
 use handle::{arg, put, take, Born};
 pub use handle::{PdAllocation, PdDevice};

@@ -29,10 +29,11 @@ use pd::cache::{Access, ByteRange, DomainId, ExportId, RegCache};
 use pd::registrar::ibverbs::{self, IbverbsRegistrar};
 use pd::registrar::libfabric::{
     DmaBufSource, Fabric, Iface, KeyAllocator, LibfabricError, LibfabricRegistrar, MappedDmaBuf,
+    MrEndpoint,
 };
 use pd::{Cause, Device, Errno, Invalidated, RawExport, RegPath, Registrar, Registration};
 
-use crate::abi::{self, FidDomain, IbvPd, PdRegcacheStats};
+use crate::abi::{self, FidDomain, FidEp, IbvPd, PdRegcacheStats};
 use crate::callback::CallbackSlot;
 use crate::error::{guard_status, handle_guard, shield, Failure};
 use crate::handle::{arg, put, take, Born, Handle, PdAllocation, PdDevice, Source};
@@ -187,7 +188,10 @@ impl From<LibfabricError> for Failure {
             LibfabricError::Call { .. }
             | LibfabricError::Map { .. }
             | LibfabricError::NoKey { .. }
-            | LibfabricError::KeyRange { .. } => err.errno().unwrap_or(Errno::IO),
+            | LibfabricError::KeyRange { .. }
+            | LibfabricError::NoEndpoint { .. }
+            | LibfabricError::EndpointBind { .. }
+            | LibfabricError::EndpointBusy { .. } => err.errno().unwrap_or(Errno::IO),
             LibfabricError::BadName(_) | LibfabricError::BaseAddr { .. } => Errno::INVAL,
             LibfabricError::DmaBufRefused { .. } => {
                 return Failure::new(
@@ -441,8 +445,9 @@ fn fabric_registrar<'a>(
         AnyRegistrar::Verbs(_) => Err(Failure::new(
             Errno::OPNOTSUPP,
             format!(
-                "{function}: an ibverbs domain: keys and the memory's iface are libfabric's \
-                 (ibverbs picks its own keys)"
+                "{function}: an ibverbs domain: keys, the memory's iface and endpoint binding \
+                 are libfabric's (ibverbs picks its own keys, and binds memory regions to \
+                 protection domains only)"
             ),
         )),
     }
@@ -512,6 +517,56 @@ pub unsafe extern "C" fn pd_domain_set_iface(
         };
         fabric_registrar(F, domain)?.set_iface(iface);
         Ok(())
+    })
+}
+
+/// `int pd_domain_set_endpoint(pd_domain *domain, struct fid_ep *ep)`: the endpoint new
+/// registrations in the domain are bound to and enabled with (`FI_MR_ENDPOINT`), or none.
+/// Cached registrations made with another endpoint (or none) are dropped first; `-EBUSY`
+/// while `pd_mr` handles (or registrations under way) still hold some, the endpoint unchanged.
+///
+/// # Safety
+///
+/// `domain` is NULL or a live handle; `ep` is NULL or an open, enabled `struct fid_ep` of the
+/// attached domain, kept open until every registration bound to it is closed (its `pd_mr`
+/// handles released and the domain detached or named another endpoint).
+#[no_mangle]
+pub unsafe extern "C" fn pd_domain_set_endpoint(domain: *mut PdDomain, ep: *mut FidEp) -> c_int {
+    const F: &str = "pd_domain_set_endpoint";
+    guard_status(F, || {
+        // SAFETY: the caller promises NULL or a live handle.
+        let domain = unsafe { arg(F, "domain", domain.cast_const()) }?;
+        let registrar = fabric_registrar(F, domain)?;
+        let endpoint = || {
+            NonNull::new(ep).map(|ep| {
+                // `from_raw`'s contract is the caller's promise (the domain's thread rule too).
+                // SAFETY: an open endpoint of the domain, open until its registrations close.
+                unsafe { MrEndpoint::from_raw(ep.cast::<c_void>()) }
+            })
+        };
+        match registrar.set_endpoint(endpoint()) {
+            Err(LibfabricError::EndpointBusy { .. }) => {}
+            done => return done.map_err(|err| Failure::from(err).prefixed(F)),
+        }
+        // Registrations made with the endpoint named before are open: the cache's go now (the
+        // invalidation callback is told), then the endpoint may change unless handles hold
+        // some.
+        domain
+            .shared
+            .cache
+            .invalidate_domain(domain.registrar.domain());
+        match registrar.set_endpoint(endpoint()) {
+            Err(LibfabricError::EndpointBusy { registrations, .. }) => Err(Failure::new(
+                Errno::BUSY,
+                format!(
+                    "{F}: {registrations} registration(s) in the domain made with the endpoint \
+                     named before are still held by pd_mr handles (or being made): \
+                     pd_mr_release() them, then call again (each must be closed before the \
+                     endpoint it is bound to; the endpoint named stays as it was)"
+                ),
+            )),
+            done => done.map_err(|err| Failure::from(err).prefixed(F)),
+        }
     })
 }
 
@@ -1319,5 +1374,24 @@ mod tests {
         assert_eq!(Failure::from(call(266)).code(), -126); // ENOKEY
         assert_eq!(Failure::from(call(270)).code(), -14); // EFAULT
         assert_eq!(Failure::from(call(11)).code(), -11); // EAGAIN
+
+        // FI_MR_ENDPOINT: no endpoint named, a bind or enable refused, the endpoint in use.
+        let provider = || "cxi".to_owned();
+        let none = LibfabricError::NoEndpoint {
+            provider: provider(),
+        };
+        assert_eq!(Failure::from(none).code(), -77); // EBADFD
+        let bind = LibfabricError::EndpointBind {
+            provider: provider(),
+            call: "fi_mr_enable",
+            errno: 258, // FI_EOPBADSTATE
+            text: "libfabric's text".into(),
+        };
+        assert_eq!(Failure::from(bind).code(), -77); // EBADFD
+        let busy = LibfabricError::EndpointBusy {
+            provider: provider(),
+            registrations: 2,
+        };
+        assert_eq!(Failure::from(busy).code(), -16); // EBUSY
     }
 }

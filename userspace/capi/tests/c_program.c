@@ -133,6 +133,9 @@ int main(int argc, char **argv)
 		dom = pd_domain_attach(cache, domain, &err);
 		if (dom) {
 			CHECK(err == 0);
+			/* No registration yet: the endpoint is only noted, never called. */
+			CHECK(pd_domain_set_endpoint(dom, (struct fid_ep *)&cstats) == 0);
+			CHECK(pd_domain_set_endpoint(dom, NULL) == 0);
 			CHECK(pd_domain_detach(dom) == 0);
 		} else {
 			CHECK(err == -ENOSYS);
@@ -168,6 +171,10 @@ int main(int argc, char **argv)
 		CHECK(pd_domain_set_keys(NULL, NULL, NULL, NULL, 8) == -EINVAL);
 		CHECK(contains(pd_last_error(), "pd_domain_set_keys: domain is NULL"));
 		CHECK(pd_domain_set_iface(NULL, PD_IFACE_SYSTEM, 0) == -EINVAL);
+		CHECK(pd_domain_set_endpoint(NULL, (struct fid_ep *)domain) == -EINVAL);
+		CHECK(strcmp(pd_last_error(),
+			     "pd_domain_set_endpoint: domain is NULL; pass a valid pointer") == 0);
+		CHECK(pd_domain_set_endpoint(NULL, NULL) == -EINVAL);
 		CHECK(pd_regcache_set_invalidate_callback(cache, NULL, NULL) == 0);
 		CHECK(pd_mr_staging(NULL, &u64) == NULL && u64 == 0);
 		CHECK(pd_mr_local(NULL, &ptr, &u64) == -EINVAL);

@@ -117,15 +117,13 @@ mod pin;
 #[cfg(test)]
 mod point;
 mod slot;
+mod stripes;
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::atomic::{
-    AtomicBool, AtomicU64,
-    Ordering::{Acquire, Relaxed, Release},
-};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
 use serde::Serialize;
@@ -141,6 +139,7 @@ use lock::{Lock, ReadGuard, WriteGuard};
 use lru::{Lru, Slot};
 use notify::{Delivery, Notifier};
 use pin::{Held, Pinned};
+use stripes::Stripes;
 
 /// Makes and releases registrations (memory regions) in one domain.
 pub trait Registrar: Send + Sync + 'static {
@@ -279,46 +278,6 @@ pub struct RegCache<R: Registrar> {
     hits: Stripes,
     /// Tells the listener, on a thread of its own ([`Listener`]).
     notifier: Notifier<Listener<R>>,
-}
-
-/// A counter in stripes, each on a cache line of its own: one for each [`slot`], and the last
-/// shared by the threads that have none.
-const STRIPES: usize = slot::SLOTS + 1;
-const SHARED_STRIPE: usize = slot::SLOTS;
-
-#[derive(Default)]
-#[repr(align(64))]
-struct Stripe(AtomicU64);
-
-struct Stripes([Stripe; STRIPES]);
-
-impl Default for Stripes {
-    fn default() -> Self {
-        Self(std::array::from_fn(|_| Stripe::default()))
-    }
-}
-
-impl Stripes {
-    /// Adds one in the stripe of `slot`, the calling thread's ([`slot::current`]). Release,
-    /// so that a `sum` that sees it sees what happened before it (see [`RegCache::stats`]).
-    #[inline]
-    fn add(&self, slot: Option<usize>) {
-        match slot {
-            Some(index) => {
-                // Only the slot's owner writes its stripe, and the next owner takes the slot
-                // after this one let go of it: not a lost update.
-                let count = &self.0[index].0;
-                count.store(count.load(Relaxed) + 1, Release);
-            }
-            None => {
-                self.0[SHARED_STRIPE].0.fetch_add(1, Release);
-            }
-        }
-    }
-
-    fn sum(&self) -> u64 {
-        self.0.iter().map(|s| s.0.load(Acquire)).sum()
-    }
 }
 
 /// What the index holds of a cached entry: where it is on the recency list, and a pointer

@@ -118,6 +118,7 @@ mod pin;
 mod point;
 mod slot;
 mod stripes;
+mod sync;
 #[cfg(test)]
 mod tests;
 

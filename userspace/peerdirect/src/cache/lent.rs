@@ -11,21 +11,28 @@
 
 #![allow(unsafe_code)]
 
+use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-/// A pointer to the value of an `Arc` that another holder keeps alive.
-pub(super) struct Lent<T>(NonNull<T>);
+use super::sync::Shared;
 
-impl<T> Lent<T> {
+/// A pointer to the value of an `Arc` (an `A`: std's, or loom's in the models, [`Shared`])
+/// that another holder keeps alive.
+pub(super) struct Lent<T, A = Arc<T>>(NonNull<T>, PhantomData<fn() -> A>);
+
+impl<T, A: Shared<T>> Lent<T, A> {
     /// `arc` back, and a pointer lent from it. The pointer is `Arc::into_raw`'s, as
     /// [`Lent::to_arc`] needs; no count changes.
-    pub(super) fn lend(arc: Arc<T>) -> (Arc<T>, Self) {
-        let raw = Arc::into_raw(arc);
-        let lent = Self(NonNull::new(raw.cast_mut()).expect("an Arc's pointer is not null"));
+    pub(super) fn lend(arc: A) -> (A, Self) {
+        let raw = A::into_raw(arc);
+        let lent = Self(
+            NonNull::new(raw.cast_mut()).expect("an Arc's pointer is not null"),
+            PhantomData,
+        );
         // SAFETY: `raw` was just returned by `Arc::into_raw` for this `T`, and is turned back
         // into an `Arc` once: the reference `into_raw` gave up is taken back.
-        let arc = unsafe { Arc::from_raw(raw) };
+        let arc = unsafe { A::from_raw(raw) };
         (arc, lent)
     }
 
@@ -36,14 +43,14 @@ impl<T> Lent<T> {
     /// The `Arc` this was lent from (or another reference to the same value) must be alive
     /// until this returns.
     #[inline]
-    pub(super) unsafe fn to_arc(&self) -> Arc<T> {
+    pub(super) unsafe fn to_arc(&self) -> A {
         let raw = self.0.as_ptr().cast_const();
         // `raw` is the pointer `Arc::into_raw` returned in `lend`; the new count is owned by the
         // `Arc` that `from_raw` makes of that same pointer.
         // SAFETY: by the caller's contract a strong reference keeps the value alive meanwhile.
         unsafe {
-            Arc::increment_strong_count(raw);
-            Arc::from_raw(raw)
+            A::increment_strong_count(raw);
+            A::from_raw(raw)
         }
     }
 
@@ -54,15 +61,15 @@ impl<T> Lent<T> {
     }
 
     /// Whether this points to `arc`'s value.
-    pub(super) fn is(&self, arc: &Arc<T>) -> bool {
-        std::ptr::eq(self.0.as_ptr().cast_const(), Arc::as_ptr(arc))
+    pub(super) fn is(&self, arc: &A) -> bool {
+        std::ptr::eq(self.0.as_ptr().cast_const(), A::as_ptr(arc))
     }
 }
 
 // SAFETY: a `Lent<T>` is only an address; what it gives its holder, under `to_arc`'s contract,
 // is an `Arc<T>`, which is `Send` when `T: Send + Sync`.
-unsafe impl<T: Send + Sync> Send for Lent<T> {}
+unsafe impl<T: Send + Sync, A> Send for Lent<T, A> {}
 
 // SAFETY: as for `Send`: sharing a `Lent<T>` shares the ability to make an `Arc<T>`, which is
 // `Sync` when `T: Send + Sync`.
-unsafe impl<T: Send + Sync> Sync for Lent<T> {}
+unsafe impl<T: Send + Sync, A> Sync for Lent<T, A> {}

@@ -30,16 +30,15 @@
 
 #![allow(unsafe_code)]
 
+use std::marker::PhantomData;
 use std::ops::Deref;
 use std::ptr::NonNull;
-use std::sync::atomic::{
-    fence, AtomicUsize,
-    Ordering::{AcqRel, Acquire, Relaxed},
-};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::Arc;
 
 use super::lent::Lent;
 use super::slot::{self, SLOTS};
+use super::sync::{fence, AtomicUsize, Shared};
 
 /// Pins per slot: one line.
 pub(super) const PINS: usize = 8;
@@ -53,22 +52,33 @@ struct Line([AtomicUsize; PINS]);
 
 /// Every slot's pins, shared by all caches: a handle may outlive its cache, and its pin must
 /// outlive the handle.
+#[cfg(not(loom))]
 static LINES: [Line; SLOTS] = [const { Line([const { AtomicUsize::new(0) }; PINS]) }; SLOTS];
 
-/// A handle to the value of an `Arc<T>`: one reference of its own, or a pin.
-pub(super) struct Held<T> {
+// Loom's atomics are made inside each run of a model, so its statics are too.
+#[cfg(loom)]
+loom::lazy_static! {
+    static ref LINES: [Line; SLOTS] =
+        std::array::from_fn(|_| Line(std::array::from_fn(|_| AtomicUsize::new(0))));
+}
+
+/// A handle to the value of an `Arc<T>` (an `A`: std's, or loom's in the models, [`Shared`]):
+/// one reference of its own, or a pin.
+pub(super) struct Held<T, A: Shared<T> = Arc<T>> {
     value: NonNull<T>,
     /// The pin that holds `value`; `None`: this handle owns a reference.
     pin: Option<&'static AtomicUsize>,
+    arc: PhantomData<fn() -> A>,
 }
 
-impl<T> Held<T> {
+impl<T, A: Shared<T>> Held<T, A> {
     /// A handle that owns `arc`'s reference.
-    pub(super) fn counted(arc: Arc<T>) -> Self {
-        let raw = Arc::into_raw(arc).cast_mut();
+    pub(super) fn counted(arc: A) -> Self {
+        let raw = A::into_raw(arc).cast_mut();
         Self {
             value: NonNull::new(raw).expect("an Arc's pointer is not null"),
             pin: None,
+            arc: PhantomData,
         }
     }
 
@@ -81,7 +91,7 @@ impl<T> Held<T> {
     /// `Arc` that `lent` was lent from, and that cache converts the pins of an entry before it
     /// lets go of it, and evicts no entry of which [`Pinned`] saw a pin (module proof).
     #[inline]
-    pub(super) unsafe fn pin(lent: &Lent<T>, slot: Option<usize>) -> Self {
+    pub(super) unsafe fn pin(lent: &Lent<T, A>, slot: Option<usize>) -> Self {
         let value = lent.as_non_null();
         if let Some(slot) = slot {
             for pin in &LINES[slot].0 {
@@ -92,6 +102,7 @@ impl<T> Held<T> {
                     return Self {
                         value,
                         pin: Some(pin),
+                        arc: PhantomData,
                     };
                 }
             }
@@ -101,7 +112,7 @@ impl<T> Held<T> {
     }
 }
 
-impl<T> Held<T> {
+impl<T, A: Shared<T>> Held<T, A> {
     /// Whether a pin holds it (else a reference of its own).
     #[cfg(test)]
     pub(super) fn is_pinned(&self) -> bool {
@@ -109,7 +120,7 @@ impl<T> Held<T> {
     }
 }
 
-impl<T> Deref for Held<T> {
+impl<T, A: Shared<T>> Deref for Held<T, A> {
     type Target = T;
 
     #[inline]
@@ -121,20 +132,21 @@ impl<T> Deref for Held<T> {
     }
 }
 
-impl<T> Clone for Held<T> {
+impl<T, A: Shared<T>> Clone for Held<T, A> {
     /// A counted handle.
     fn clone(&self) -> Self {
         // SAFETY: `value` is an `Arc`'s pointer (`into_raw`'s, or `Lent`'s, which is too),
         // whose value this handle keeps alive (see `deref`) while the count is raised.
-        unsafe { Arc::increment_strong_count(self.value.as_ptr().cast_const()) };
+        unsafe { A::increment_strong_count(self.value.as_ptr().cast_const()) };
         Self {
             value: self.value,
             pin: None,
+            arc: PhantomData,
         }
     }
 }
 
-impl<T> Drop for Held<T> {
+impl<T, A: Shared<T>> Drop for Held<T, A> {
     #[inline]
     fn drop(&mut self) {
         if let Some(pin) = self.pin {
@@ -146,16 +158,16 @@ impl<T> Drop for Held<T> {
         }
         // SAFETY: this handle owns one reference to the `Arc` whose pointer `value` is: its
         // own (counted), or the one a conversion took for its pin; it is let go of once.
-        unsafe { Arc::decrement_strong_count(self.value.as_ptr().cast_const()) };
+        unsafe { A::decrement_strong_count(self.value.as_ptr().cast_const()) };
     }
 }
 
 // SAFETY: a `Held<T>` gives access to a `T` and may let go of the last reference to it, as an
 // `Arc<T>` does, which is `Send` when `T: Send + Sync`; its pin is an atomic.
-unsafe impl<T: Send + Sync> Send for Held<T> {}
+unsafe impl<T: Send + Sync, A: Shared<T>> Send for Held<T, A> {}
 
 // SAFETY: sharing a `Held<T>` shares `&T` and the ability to clone it, as for `Arc<T>`.
-unsafe impl<T: Send + Sync> Sync for Held<T> {}
+unsafe impl<T: Send + Sync, A: Shared<T>> Sync for Held<T, A> {}
 
 /// The entries pinned when a cache's writer looked (under its write lock): for that cache's
 /// entries, a superset of those pinned until it lets go of the lock, since none can be pinned
@@ -174,7 +186,7 @@ impl Pinned {
 
     /// Whether `arc`'s value was pinned when first asked under this lock (a handle may have
     /// let go since: then it is merely treated as held).
-    pub(super) fn holds<T>(&mut self, arc: &Arc<T>) -> bool {
+    pub(super) fn holds<T, A: Shared<T>>(&mut self, arc: &A) -> bool {
         if !self.taken {
             #[cfg(test)]
             super::point::reached("pin scan");
@@ -197,7 +209,7 @@ impl Pinned {
             fence(Acquire);
             self.taken = true;
         }
-        let address = Arc::as_ptr(arc) as usize;
+        let address = A::as_ptr(arc) as usize;
         self.addresses.contains(&address)
     }
 
@@ -205,18 +217,18 @@ impl Pinned {
     /// lock: each handle pinning it gets a reference of its own. It is then forgotten as
     /// pinned, so that converting it again under the same lock (a superseded entry, converted
     /// before its count is read and again as it is taken off the list) scans nothing.
-    pub(super) fn convert<T>(&mut self, arc: &Arc<T>) {
+    pub(super) fn convert<T, A: Shared<T>>(&mut self, arc: &A) {
         if !self.holds(arc) {
             return;
         }
-        let address = Arc::as_ptr(arc) as usize;
+        let address = A::as_ptr(arc) as usize;
         for line in &LINES[..slot::handed_out()] {
             for pin in &line.0 {
                 if pin.load(Relaxed) != address {
                     continue;
                 }
                 // The reference first: the handle may let go of it as soon as it sees the mark.
-                let reference = Arc::clone(arc);
+                let reference = A::clone(arc);
                 if pin
                     .compare_exchange(address, address | CONVERTED, AcqRel, Relaxed)
                     .is_ok()

@@ -8,18 +8,34 @@
 //! Threads beyond the first [`SLOTS`] alive at once get none and take the caches' shared
 //! paths, which are correct for any number of threads, only slower.
 
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering::SeqCst;
+
+use super::sync::{AtomicUsize, Mutex};
 
 /// How many threads at a time own a slot.
+#[cfg(not(loom))]
 pub(super) const SLOTS: usize = 63;
 
+/// In the models (`cache/models.rs`), two: as many as their threads own at once, so that each
+/// slot is scanned, and a third thread takes one given back.
+#[cfg(loom)]
+pub(super) const SLOTS: usize = 2;
+
 /// The slots given back by threads that ended.
+#[cfg(not(loom))]
 static RETURNED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 /// How many slots were ever handed out: slots `0..HANDED_OUT` are or were owned, the others
 /// never were. Grows (under `RETURNED`'s lock), never shrinks.
+#[cfg(not(loom))]
 static HANDED_OUT: AtomicUsize = AtomicUsize::new(0);
+
+// Loom's mutex and atomics are made inside each run of a model, so its statics are too.
+#[cfg(loom)]
+loom::lazy_static! {
+    static ref RETURNED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+    static ref HANDED_OUT: AtomicUsize = AtomicUsize::new(0);
+}
 
 /// A thread's slot, given back when the thread ends.
 struct Owned(Option<usize>);
@@ -51,7 +67,13 @@ impl Drop for Owned {
     }
 }
 
+#[cfg(not(loom))]
 thread_local! {
+    static MINE: Owned = Owned::claim();
+}
+
+#[cfg(loom)]
+loom::thread_local! {
     static MINE: Owned = Owned::claim();
 }
 

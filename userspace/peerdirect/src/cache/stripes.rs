@@ -2,12 +2,10 @@
 //! shared by the threads that have none. A thread that owns a slot counts in its own stripe
 //! without a locked instruction, and threads counting never write a line another one writes.
 
-use std::sync::atomic::{
-    AtomicU64,
-    Ordering::{Acquire, Relaxed, Release},
-};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use super::slot;
+use super::sync::AtomicU64;
 
 const STRIPES: usize = slot::SLOTS + 1;
 const SHARED_STRIPE: usize = slot::SLOTS;

@@ -237,6 +237,10 @@ impl Pinned {
                 }
             }
         }
+        // A pin seen empty here (by the load or the failed exchange) that the scan saw holding
+        // the value was emptied since, with a release after its handle's last use: that use
+        // happens before the caller lets go of the value, maybe its last reference.
+        fence(Acquire);
         // None can be pinned again: it is out of the index, and hits are locked out.
         self.addresses.retain(|&pinned| pinned != address);
     }

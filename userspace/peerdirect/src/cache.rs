@@ -112,6 +112,8 @@ mod lent;
 mod limits;
 mod lock;
 mod lru;
+#[cfg(all(test, loom))]
+mod models;
 mod notify;
 mod pin;
 #[cfg(test)]

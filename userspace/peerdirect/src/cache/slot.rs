@@ -90,3 +90,11 @@ pub(super) fn current() -> Option<usize> {
 pub(super) fn handed_out() -> usize {
     HANDED_OUT.load(SeqCst)
 }
+
+/// How many slots were given back and not taken again. The models wait for every slot handed
+/// out to be given back before a run ends: loom's `join` returns before the joined thread's
+/// thread-locals (its slot) are dropped, and the run's statics go with the run.
+#[cfg(all(test, loom))]
+pub(super) fn given_back() -> usize {
+    RETURNED.lock().unwrap_or_else(|e| e.into_inner()).len()
+}

@@ -23,7 +23,11 @@
 //!   from the address to the address with its low bit set. The handle empties its pin with a
 //!   swap; finding the mark, it lets go of that reference. One of the two wins: a pin the
 //!   handle emptied first fails the exchange, and the writer gives the reference back (never
-//!   the last: it holds the cache's).
+//!   the last: it holds the cache's). The reference is taken before the exchange, since the
+//!   handle may let go of it as soon as the mark is set. A pin found emptied since the scan
+//!   was emptied with a release, which the writer acquires before it lets go of the entry.
+//!
+//! `cache/models.rs` model-checks this with loom (Documentation/testing.md).
 //!
 //! A thread without a slot, or with all its pins full ([`PINS`] handles of its hits alive),
 //! gets a counted handle, as does a clone of a handle.

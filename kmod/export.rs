@@ -16,6 +16,9 @@
 //!   detach allocate nothing and take no lock of ours;
 //! - mmap maps the range write-combined for the CPU, filled at fault time (2 MiB and 1 GiB
 //!   entries where aligned), so that revocation can close it without a race;
+//! - vmap gives kernel importers (the test bed's rxe) the range as write-combined I/O memory,
+//!   refused (`ENODEV`) once revoked; revocation undoes the mapping under the reservation
+//!   lock, so an importer that copies under that lock never reaches a vanished BAR;
 //! - release drops the allocation reference: the memory is reused only after the last dma-buf;
 //! - on removal of the device every export is revoked (`Hbm::remove`).
 
@@ -152,6 +155,17 @@ impl Exporter for Export {
 
     fn begin_cpu_access(&self) -> Result {
         self.hbm().info().map(|_| ())
+    }
+
+    // Under the reservation lock: nothing here takes a lock of ours, which revocation holds
+    // while it takes that one.
+    fn vmap(&self, _unrevoked: &Unrevoked<'_>) -> Result {
+        // Nothing to reach while the BAR does not decode or has moved, as for `map`.
+        let hbm = self.hbm();
+        if !pci::bar_in_place(hbm.pdev(), &hbm.recorded().place()) {
+            return Err(EIO);
+        }
+        Ok(())
     }
 }
 

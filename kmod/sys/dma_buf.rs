@@ -261,11 +261,15 @@ struct CpuWindow {
     place: pci::BarPlace,
     /// Written and read by C only, under the buffer's reservation lock.
     revoked: Opaque<bool>,
+    /// The kernel's mapping of the range (vmap), made by C at the first vmap and undone at
+    /// revocation or release; written and read by C only, under the reservation lock.
+    kmap: Opaque<*mut c_void>,
 }
 
 // The layout `struct peerdirect_cpu_window` has (helpers/dma_buf.c asserts the same numbers).
 const _: () = assert!(core::mem::offset_of!(CpuWindow, place) == 24);
 const _: () = assert!(core::mem::offset_of!(CpuWindow, revoked) == 56);
+const _: () = assert!(core::mem::offset_of!(CpuWindow, kmap) == 64);
 
 /// A dma-buf's private data: the window C reads first, then the exporter and the registry
 /// that lists the buffer until its release.
@@ -302,6 +306,10 @@ pub(crate) trait Exporter: Send + Sync + Sized {
     fn mmap(&self) -> Result;
     /// The CPU is about to access the buffer (`DMA_BUF_IOCTL_SYNC` start).
     fn begin_cpu_access(&self) -> Result;
+    /// May the kernel map the buffer now (`vmap`, under the reservation lock)? Never asked
+    /// once the buffer is revoked (`ENODEV`); the mapping itself is the floor's, undone by
+    /// [`Listed::revoke`] or at release.
+    fn vmap(&self, unrevoked: &Unrevoked<'_>) -> Result;
 }
 
 /// Proof, for the length of a `map_dma_buf` callback, that the buffer is not revoked and will
@@ -341,6 +349,7 @@ impl DmaBuf {
                     pdev: pci::raw_pci_dev(device),
                     place,
                     revoked: Opaque::new(false),
+                    kmap: Opaque::new(core::ptr::null_mut()),
                 },
                 registry: registry.clone(),
                 exporter,
@@ -418,7 +427,8 @@ impl<T: Exporter> Ops<T> {
         begin_cpu_access: Some(Self::begin_cpu_access),
         end_cpu_access: Some(Self::end_cpu_access),
         mmap: Some(Self::mmap),
-        ..pin_init::zeroed()
+        vmap: Some(Self::vmap),
+        vunmap: Some(Self::vunmap),
     };
 
     /// # Safety
@@ -544,6 +554,9 @@ impl<T: Exporter> Ops<T> {
         // SAFETY: `release` is the last callback for our dma-buf: its `priv_` is the
         // `KBox<Exported<T>>` leaked at export, and nothing uses it after this.
         let exported = unsafe { KBox::from_raw((*dmabuf).priv_.cast::<Exported<T>>()) };
+        // SAFETY: the buffer is ours (its `priv_` starts with its `CpuWindow`, still allocated
+        // in `exported`) and nothing maps it any more: its last reference is gone.
+        unsafe { raw::peerdirect_dmabuf_kmap_release(dmabuf) };
         // Out of the registry before the core frees the buffer: what the registry lists, under
         // its lock, is still allocated (`Listed`).
         exported.registry.buffers.lock().remove(&(dmabuf as usize));
@@ -594,6 +607,48 @@ impl<T: Exporter> Ops<T> {
             Ok(0)
         })
     }
+}
+
+impl<T: Exporter> Ops<T> {
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.vmap`: the core passes one of our live
+    /// dma-bufs, with its reservation lock held, and the map to fill.
+    unsafe extern "C" fn vmap(
+        dmabuf: *mut bindings::dma_buf,
+        map: *mut bindings::iosys_map,
+    ) -> c_int {
+        // SAFETY: the core calls this on our live dma-buf.
+        let exporter = unsafe { Self::exporter(dmabuf) };
+        // The core holds the reservation lock across this callback (`dma_buf_vmap`).
+        // SAFETY: the buffer is ours, so its `priv_` starts with a `CpuWindow`, whose
+        // `revoked` is written only under that lock.
+        let revoked = unsafe {
+            let exported = (*dmabuf).priv_.cast::<Exported<T>>();
+            *(*exported).window.revoked.get()
+        };
+        if revoked {
+            return ENODEV.to_errno();
+        }
+        // Revocation waits for the lock the core holds until we return, and undoes the
+        // mapping under it.
+        let unrevoked = Unrevoked(PhantomData);
+        from_result(|| {
+            exporter.vmap(&unrevoked)?;
+            // SAFETY: our live, unrevoked dma-buf under its reservation lock (above); `map` is
+            // the core's to fill.
+            kernel::error::to_result(unsafe { raw::peerdirect_dmabuf_vmap(dmabuf, map) })?;
+            Ok(0)
+        })
+    }
+
+    // The kernel mapping stays until revocation or release (`peerdirect_dmabuf_vmap`): an
+    // importer that vmaps around every copy does not remap the range each time.
+    /// # Safety
+    ///
+    /// Only called by the dma-buf core as `dma_buf_ops.vunmap`: the core passes one of our live
+    /// dma-bufs, with its reservation lock held.
+    unsafe extern "C" fn vunmap(_dmabuf: *mut bindings::dma_buf, _map: *mut bindings::iosys_map) {}
 }
 
 /// What every [`Attachment::importer_key`] is a multiple of (the alignment of a

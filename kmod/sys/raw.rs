@@ -169,6 +169,11 @@ extern "C" {
     ) -> c_int;
     pub(super) fn peerdirect_dmabuf_revoke(dmabuf: *mut bindings::dma_buf) -> bool;
     pub(super) fn peerdirect_dmabuf_revoked(dmabuf: *mut bindings::dma_buf) -> bool;
+    pub(super) fn peerdirect_dmabuf_vmap(
+        dmabuf: *mut bindings::dma_buf,
+        map: *mut bindings::iosys_map,
+    ) -> c_int;
+    pub(super) fn peerdirect_dmabuf_kmap_release(dmabuf: *mut bindings::dma_buf);
     #[cfg(CONFIG_LOCKDEP)]
     pub(super) fn peerdirect_assert_resv_held(attach: *mut bindings::dma_buf_attachment);
     pub(super) fn peerdirect_dmabuf_attachments(

@@ -10,6 +10,8 @@
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/huge_mm.h>
+#include <linux/io.h>
+#include <linux/iosys-map.h>
 #include <linux/mm.h>
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
@@ -160,6 +162,7 @@ void peerdirect_unmap_table(struct dma_buf_attachment *attach, struct sg_table *
 /* The layout sys/dma_buf.rs's CpuWindow has (it asserts the same numbers). */
 static_assert(offsetof(struct peerdirect_cpu_window, place) == 24);
 static_assert(offsetof(struct peerdirect_cpu_window, revoked) == 56);
+static_assert(offsetof(struct peerdirect_cpu_window, kmap) == 64);
 
 static struct peerdirect_cpu_window *peerdirect_vma_window(struct vm_area_struct *vma)
 {
@@ -272,6 +275,38 @@ int peerdirect_dmabuf_mmap(struct dma_buf *dmabuf, struct vm_area_struct *vma)
 	return 0;
 }
 
+/*
+ * The kernel's mapping of @dmabuf's CPU window (dma_buf_ops.vmap, under the reservation lock,
+ * the buffer not revoked: the caller checked): write-combined I/O memory, as the user
+ * mappings are, made at the first vmap and kept until revocation or release, so that an
+ * importer that vmaps around every copy (the test bed's rxe, per packet) does not map and
+ * unmap the range each time. BAR memory has no struct pages: @map is I/O memory, to be read
+ * and written with memcpy_fromio()/memcpy_toio() (iosys_map_memcpy_from/_to).
+ */
+int peerdirect_dmabuf_vmap(struct dma_buf *dmabuf, struct iosys_map *map)
+{
+	struct peerdirect_cpu_window *window = dmabuf->priv;
+
+	dma_resv_assert_held(dmabuf->resv);
+	if (!window->kmap) {
+		window->kmap = ioremap_wc(window->phys, window->len);
+		if (!window->kmap)
+			return -ENOMEM;
+	}
+	iosys_map_set_vaddr_iomem(map, window->kmap);
+	return 0;
+}
+
+/* Undoes the kernel mapping at @dmabuf's release, when nothing can use it any more. */
+void peerdirect_dmabuf_kmap_release(struct dma_buf *dmabuf)
+{
+	struct peerdirect_cpu_window *window = dmabuf->priv;
+
+	if (window->kmap)
+		iounmap(window->kmap);
+	window->kmap = NULL;
+}
+
 /* Names the dma-buf after its device, handle and range (shown in fdinfo and debugfs). */
 int peerdirect_dmabuf_set_name(struct dma_buf *dmabuf, u32 index, u32 handle, u64 offset,
 			       u64 len)
@@ -290,8 +325,8 @@ int peerdirect_dmabuf_set_name(struct dma_buf *dmabuf, u32 index, u32 handle, u6
 
 /*
  * Revokes @dmabuf after its memory is gone (the caller made later maps fail first): its CPU
- * window is closed and importers are told to drop their mappings, under the reservation lock,
- * then CPU mappings are zapped so that later accesses fault (SIGBUS) instead of reaching the
+ * window is closed, importers are told to drop their mappings and the kernel's mapping (vmap)
+ * is undone, under the reservation lock, then CPU mappings are zapped so that later accesses fault (SIGBUS) instead of reaching the
  * vanished BAR. A buffer whose last reference is already gone is skipped: its release is under
  * way, and with no file reference left no importer or VMA holds it (its inode may already be
  * freed, so its mapping must not be touched). Returns false for such a buffer.
@@ -307,6 +342,13 @@ bool peerdirect_dmabuf_revoke(struct dma_buf *dmabuf)
 	window->revoked = true;
 	dma_buf_invalidate_mappings(dmabuf);
 	dma_resv_wait_timeout(dmabuf->resv, DMA_RESV_USAGE_BOOKKEEP, false, MAX_SCHEDULE_TIMEOUT);
+	/*
+	 * No kernel mapping outlives the BAR: an importer copies under the reservation lock
+	 * (vmap, copy, vunmap), so none is copying now, and its next vmap fails with ENODEV.
+	 */
+	if (window->kmap)
+		iounmap(window->kmap);
+	window->kmap = NULL;
 	dma_resv_unlock(dmabuf->resv);
 	unmap_mapping_range(file->f_mapping, 0, 0, 1);
 	fput(file);

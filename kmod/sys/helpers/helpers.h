@@ -74,6 +74,7 @@ void peerdirect_owner_link_destroy(struct peerdirect_owner_link *link);
 
 struct dma_buf;
 struct dma_buf_attachment;
+struct iosys_map;
 struct sg_table;
 struct vm_area_struct;
 
@@ -100,7 +101,9 @@ struct pci_dev *peerdirect_to_pci_dev(struct device *dev);
 /*
  * The head of every dma-buf's private data (dmabuf->priv), mirrored by sys/dma_buf.rs's
  * `CpuWindow`: the CPU physical range a user mapping reaches, closed for good by revocation.
- * @revoked is written and read only under the buffer's reservation lock.
+ * @revoked is written and read only under the buffer's reservation lock, and so is @kmap, the
+ * kernel's write-combined mapping of the range (vmap), made at the first vmap and kept until
+ * revocation or release.
  */
 struct peerdirect_cpu_window {
 	u64 phys;
@@ -108,6 +111,7 @@ struct peerdirect_cpu_window {
 	struct pci_dev *pdev;
 	struct peerdirect_bar_place place;
 	bool revoked;
+	void __iomem *kmap;
 };
 
 extern const struct vm_operations_struct peerdirect_dmabuf_vm_ops;
@@ -116,6 +120,8 @@ int peerdirect_dmabuf_set_name(struct dma_buf *dmabuf, u32 index, u32 handle, u6
 			       u64 len);
 bool peerdirect_dmabuf_revoke(struct dma_buf *dmabuf);
 bool peerdirect_dmabuf_revoked(struct dma_buf *dmabuf);
+int peerdirect_dmabuf_vmap(struct dma_buf *dmabuf, struct iosys_map *map);
+void peerdirect_dmabuf_kmap_release(struct dma_buf *dmabuf);
 
 /*
  * What the exporter keeps of an attachment lives in its exporter-private word

@@ -1,0 +1,398 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * HBM through ibv_reg_dmabuf_mr and rxe's data path, for tests/system/rxe-dmabuf.sh; built in
+ * the guests' trixie userland (gcc, libibverbs) and run in the guest, printing TAP.
+ *
+ *   rxe_dmabuf refused DIR WHO ibv_reg_dmabuf_mr of a peerdirect dma-buf on rxe0 fails with
+ *                              EOPNOTSUPP (Debian's provider, which has no reg_dmabuf_mr;
+ *                              Debian's stock kernel, whose rxe has no reg_user_mr_dmabuf);
+ *                              WHO names the refuser in the test's description
+ *   rxe_dmabuf transfer DIR PCI
+ *                              on the test kernel's patched rxe: three 4 MiB ranges of HBM
+ *                              (A, B, C) exported and registered; an RDMA WRITE of A into B
+ *                              and an RDMA READ of A into C between two RC queue pairs of
+ *                              rxe0 (one rxe device, looped back inside it); then the HBM
+ *                              device (PCI address PCI) unbound while they are registered:
+ *                              it returns, and copies into and out of the revoked HBM fail
+ *                              with error completions
+ *
+ * DIR (the shared folder) receives `offsets`: the HBM offsets of A, B and C and the pattern's
+ * seed, for the host to check in the HBM backing file.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "peerdirect.h"
+
+#define LEN (4u << 20)
+#define SEED 0x5eed1234u
+
+static int tap_n;
+
+static void ok(int good, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void ok(int good, const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("%sok %d - ", good ? "" : "not ", ++tap_n);
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+}
+
+static void diag(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void diag(const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("# ");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+}
+
+/* The pattern, word by word: what the host recomputes (tests/system/rxe-dmabuf.sh). */
+static uint32_t pattern(uint32_t seed, uint32_t i)
+{
+	uint32_t x = seed ^ (i * 0x9e3779b1u);
+
+	x ^= x >> 16;
+	x *= 0x85ebca6bu;
+	x ^= x >> 13;
+	return x;
+}
+
+struct range {
+	uint32_t handle;
+	uint64_t hbm_offset;
+	int fd;
+	uint32_t *map;
+};
+
+static int export_range(int dev, struct range *r)
+{
+	struct peerdirect_alloc a = { .size = sizeof(a), .length = LEN };
+	struct peerdirect_export e = { .size = sizeof(e), .flags = PEERDIRECT_EXPORT_RDWR };
+
+	if (ioctl(dev, PEERDIRECT_IOC_ALLOC, &a))
+		return -errno;
+	e.handle = a.handle;
+	if (ioctl(dev, PEERDIRECT_IOC_EXPORT, &e))
+		return -errno;
+	r->handle = a.handle;
+	r->hbm_offset = a.hbm_offset;
+	r->fd = e.fd;
+	r->map = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_SHARED, e.fd, 0);
+	return r->map == MAP_FAILED ? -errno : 0;
+}
+
+static struct ibv_context *open_rxe0(void)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	struct ibv_context *ctx = NULL;
+
+	for (int i = 0; list && list[i]; i++)
+		if (!strcmp(ibv_get_device_name(list[i]), "rxe0"))
+			ctx = ibv_open_device(list[i]);
+	if (list)
+		ibv_free_device_list(list);
+	return ctx;
+}
+
+#define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE)
+/* An arbitrary I/O virtual address for each registration, as HCL picks its own. */
+#define IOVA(i) (0x7f0000000000ull + (uint64_t)(i) * 0x10000000ull)
+
+static int refused(const char *who)
+{
+	struct ibv_context *ctx = open_rxe0();
+	struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
+	struct range r;
+	struct ibv_mr *mr;
+	int dev, err = 0;
+
+	printf("1..1\n");
+	dev = open("/dev/peerdirect0", O_RDWR);
+	if (dev < 0 || !pd || (err = export_range(dev, &r))) {
+		ok(0, "a peerdirect export and rxe0's PD for ibv_reg_dmabuf_mr");
+		return 1;
+	}
+	errno = 0;
+	mr = ibv_reg_dmabuf_mr(pd, 0, LEN, IOVA(0), r.fd, ACCESS);
+	err = mr ? 0 : errno;
+	ok(!mr && err == EOPNOTSUPP,
+	   "%s: ibv_reg_dmabuf_mr of a peerdirect dma-buf on rxe0 fails with EOPNOTSUPP", who);
+	diag("ibv_reg_dmabuf_mr: %s", mr ? "success" : strerror(err));
+	return mr || err != EOPNOTSUPP;
+}
+
+struct pair {
+	struct ibv_cq *cq;
+	struct ibv_qp *qp[2];
+};
+
+static int to_state(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
+{
+	return ibv_modify_qp(qp, attr, mask);
+}
+
+/* Two RC queue pairs of @ctx connected to each other through rxe0's own GID @gid_index. */
+static int connect_pair(struct ibv_context *ctx, struct ibv_pd *pd, struct pair *p, int gid_index)
+{
+	struct ibv_qp_init_attr init = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+		.sq_sig_all = 1,
+	};
+	union ibv_gid gid;
+
+	if (ibv_query_gid(ctx, 1, gid_index, &gid))
+		return -errno;
+	p->cq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
+	if (!p->cq)
+		return -errno;
+	init.send_cq = init.recv_cq = p->cq;
+	for (int i = 0; i < 2; i++) {
+		p->qp[i] = ibv_create_qp(pd, &init);
+		if (!p->qp[i])
+			return -errno;
+	}
+	for (int i = 0; i < 2; i++) {
+		struct ibv_qp_attr a = {
+			.qp_state = IBV_QPS_INIT,
+			.port_num = 1,
+			.qp_access_flags = ACCESS,
+		};
+
+		if (to_state(p->qp[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				 IBV_QP_ACCESS_FLAGS))
+			return -errno;
+		memset(&a, 0, sizeof(a));
+		a.qp_state = IBV_QPS_RTR;
+		a.path_mtu = IBV_MTU_1024;
+		a.dest_qp_num = p->qp[!i]->qp_num;
+		a.rq_psn = 0;
+		a.max_dest_rd_atomic = 4;
+		a.min_rnr_timer = 12;
+		a.ah_attr.is_global = 1;
+		a.ah_attr.grh.dgid = gid;
+		a.ah_attr.grh.sgid_index = gid_index;
+		a.ah_attr.grh.hop_limit = 1;
+		a.ah_attr.port_num = 1;
+		if (to_state(p->qp[i], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+				 IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				 IBV_QP_MIN_RNR_TIMER))
+			return -errno;
+		memset(&a, 0, sizeof(a));
+		a.qp_state = IBV_QPS_RTS;
+		a.timeout = 14;
+		a.retry_cnt = 7;
+		a.rnr_retry = 7;
+		a.sq_psn = 0;
+		a.max_rd_atomic = 4;
+		if (to_state(p->qp[i], &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+			return -errno;
+	}
+	return 0;
+}
+
+/* Posts one RDMA @opcode on @qp and waits (up to 60 s) for its completion; its status. */
+static int rdma(struct pair *p, enum ibv_wr_opcode opcode, struct ibv_mr *local, uint64_t laddr,
+		struct ibv_mr *remote, uint64_t raddr, uint32_t len, double *secs)
+{
+	struct ibv_sge sge = { .addr = laddr, .length = len, .lkey = local->lkey };
+	struct ibv_send_wr wr = {
+		.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = opcode,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = raddr, .rkey = remote->rkey },
+	}, *bad;
+	struct timespec t0, t1;
+	struct ibv_wc wc;
+	int n;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if (ibv_post_send(p->qp[0], &wr, &bad))
+		return -errno;
+	for (;;) {
+		n = ibv_poll_cq(p->cq, 1, &wc);
+		if (n < 0)
+			return -EIO;
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		*secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+		if (n)
+			return wc.status;
+		if (*secs > 60)
+			return -ETIMEDOUT;
+		usleep(1000);
+	}
+}
+
+static const char *status_str(int s)
+{
+	return s < 0 ? strerror(-s) : ibv_wc_status_str(s);
+}
+
+/* The first word of @got that differs from the pattern, or -1. */
+static long mismatch(const uint32_t *got)
+{
+	for (uint32_t i = 0; i < LEN / 4; i++)
+		if (got[i] != pattern(SEED, i))
+			return i;
+	return -1;
+}
+
+static int transfer(const char *dir, const char *pci)
+{
+	struct ibv_context *ctx = open_rxe0();
+	struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
+	struct range r[3];
+	struct ibv_mr *mr[3] = { 0 }, *host_mr, *atomic;
+	struct pair p, q;
+	char path[512];
+	uint32_t *host;
+	double secs;
+	long bad;
+	int dev, err, s, failed = 0;
+	FILE *f;
+
+	/* Plan: set-up (1), registration (2), write (2), read (2), revocation (4). */
+	printf("1..11\n");
+	dev = open("/dev/peerdirect0", O_RDWR);
+	err = dev < 0 ? -errno : 0;
+	for (int i = 0; i < 3 && !err; i++)
+		err = export_range(dev, &r[i]);
+	if (!err && !pd)
+		err = -ENODEV;
+	if (!err) {
+		/* A: the pattern; B and C: zeros, all written through the dma-bufs' mappings. */
+		for (uint32_t i = 0; i < LEN / 4; i++)
+			r[0].map[i] = pattern(SEED, i);
+		memset(r[1].map, 0, LEN);
+		memset(r[2].map, 0, LEN);
+		snprintf(path, sizeof(path), "%s/offsets", dir);
+		f = fopen(path, "w");
+		if (!f)
+			err = -errno;
+		else {
+			fprintf(f, "%llu %llu %llu %u %u\n", (unsigned long long)r[0].hbm_offset,
+				(unsigned long long)r[1].hbm_offset,
+				(unsigned long long)r[2].hbm_offset, SEED, LEN);
+			fclose(f);
+		}
+	}
+	ok(!err, "three 4 MiB ranges of HBM exported (A with the pattern, B and C zeroed through their mappings) and rxe0 opened");
+	if (err) {
+		diag("%s", strerror(-err));
+		return 1;
+	}
+
+	err = 0;
+	for (int i = 0; i < 3 && !err; i++) {
+		mr[i] = ibv_reg_dmabuf_mr(pd, 0, LEN, IOVA(i), r[i].fd, ACCESS);
+		if (!mr[i])
+			err = errno;
+	}
+	ok(!err, "ibv_reg_dmabuf_mr of A, B and C on rxe0 (local write, remote read and write)");
+	if (err) {
+		diag("ibv_reg_dmabuf_mr: %s", strerror(err));
+		return 1;
+	}
+	errno = 0;
+	atomic = ibv_reg_dmabuf_mr(pd, 0, LEN, IOVA(3), r[1].fd, ACCESS | IBV_ACCESS_REMOTE_ATOMIC);
+	err = atomic ? 0 : errno;
+	ok(!atomic && err == EOPNOTSUPP,
+	   "ibv_reg_dmabuf_mr with remote atomic access fails with EOPNOTSUPP (rxe's atomics work on pages)");
+	diag("ibv_reg_dmabuf_mr with IBV_ACCESS_REMOTE_ATOMIC: %s", atomic ? "success" : strerror(err));
+	failed |= !atomic && err == EOPNOTSUPP ? 0 : 1;
+
+	err = connect_pair(ctx, pd, &p, 1);
+	if (err) {
+		ok(0, "two RC queue pairs of rxe0 connected to each other");
+		diag("%s", strerror(-err));
+		return 1;
+	}
+	s = rdma(&p, IBV_WR_RDMA_WRITE, mr[0], IOVA(0), mr[1], IOVA(1), LEN, &secs);
+	ok(s == IBV_WC_SUCCESS, "RDMA WRITE of 4 MiB from A into B completes");
+	diag("RDMA WRITE A -> B: %s", status_str(s));
+	diag("timing: RDMA WRITE 4 MiB HBM to HBM on rxe: %.3f s", secs);
+	bad = mismatch(r[1].map);
+	ok(bad < 0, "B holds A's pattern, read back through B's mapping%s", bad < 0 ? "" : " (it does not)");
+	if (bad >= 0)
+		diag("word %ld: 0x%08x, expected 0x%08x", bad, r[1].map[bad], pattern(SEED, bad));
+	failed |= s != IBV_WC_SUCCESS || bad >= 0;
+
+	s = rdma(&p, IBV_WR_RDMA_READ, mr[2], IOVA(2), mr[0], IOVA(0), LEN, &secs);
+	ok(s == IBV_WC_SUCCESS, "RDMA READ of 4 MiB of A into C completes");
+	diag("RDMA READ A -> C: %s", status_str(s));
+	diag("timing: RDMA READ 4 MiB HBM to HBM on rxe: %.3f s", secs);
+	bad = mismatch(r[2].map);
+	ok(bad < 0, "C holds A's pattern, read back through C's mapping%s", bad < 0 ? "" : " (it does not)");
+	if (bad >= 0)
+		diag("word %ld: 0x%08x, expected 0x%08x", bad, r[2].map[bad], pattern(SEED, bad));
+	failed |= s != IBV_WC_SUCCESS || bad >= 0;
+
+	/*
+	 * Revocation: the HBM device is unbound while A, B and C are registered. rxe imports
+	 * them revocable (as irdma does), so the unbind revokes them and returns without waiting
+	 * for the registrations; rxe's copies out of A and into B must then fail with error
+	 * completions, each on a pair of its own (an error moves a pair to the error state).
+	 */
+	{
+		struct pollfd pfd = { .fd = dev, .events = POLLPRI };
+		int fd, unbound, polled;
+
+		host = aligned_alloc(4096, LEN);
+		host_mr = host ? ibv_reg_mr(pd, host, LEN, ACCESS) : NULL;
+		err = connect_pair(ctx, pd, &q, 1);
+		fd = open("/sys/bus/pci/drivers/peerdirect/unbind", O_WRONLY);
+		unbound = fd >= 0 && write(fd, pci, strlen(pci)) == (ssize_t)strlen(pci);
+		polled = poll(&pfd, 1, 10000);
+		ok(host_mr && !err && unbound && polled == 1 && (pfd.revents & POLLHUP),
+		   "unbinding the HBM device while A, B and C are registered returns, and its file polls POLLHUP (revoked)");
+		diag("unbind %s: %s; poll: %d, revents %#x", pci, unbound ? "done" : "failed", polled,
+		     pfd.revents);
+		s = rdma(&p, IBV_WR_RDMA_WRITE, mr[0], IOVA(0), host_mr, (uintptr_t)host, LEN, &secs);
+		ok(s > 0, "then an RDMA WRITE out of revoked A ends in an error completion");
+		diag("RDMA WRITE A -> host memory: %s", status_str(s));
+		failed |= s <= 0;
+		s = rdma(&q, IBV_WR_RDMA_WRITE, host_mr, (uintptr_t)host, mr[1], IOVA(1), LEN, &secs);
+		ok(s > 0, "and an RDMA WRITE into revoked B ends in an error completion");
+		diag("RDMA WRITE host memory -> B: %s", status_str(s));
+		failed |= s <= 0;
+		err = 0;
+		for (int i = 0; i < 3; i++)
+			err |= ibv_dereg_mr(mr[i]);
+		ok(!err, "the revoked registrations deregister");
+		failed |= !!err;
+	}
+	return failed;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc == 4 && !strcmp(argv[1], "refused"))
+		return refused(argv[3]);
+	if (argc == 4 && !strcmp(argv[1], "transfer"))
+		return transfer(argv[2], argv[3]);
+	fprintf(stderr, "usage: rxe_dmabuf refused DIR WHO | transfer DIR PCI-ADDRESS\n");
+	return 2;
+}

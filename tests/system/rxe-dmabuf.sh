@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# HBM through HCL's own path, end to end: ibv_reg_dmabuf_mr of peerdirect dma-bufs, ib_uverbs,
+# ib_core's umem_dmabuf and an RDMA device's data path. The RDMA device is soft-RoCE with the
+# test kernel's qemu/patches/0002-rxe-dmabuf-mr.patch (rxe registers dma-bufs and copies
+# through the exporter's kernel mapping, vmap, where a NIC's DMA engine would read and write
+# the BAR) and rdma-core's rxe provider with qemu/rdma-core's patch (scripts/build-rxe-provider),
+# bound over the userland's own in the guest. tests/rxe_dmabuf.c, built with the userland's gcc,
+# does the verbs work.
+#
+# On the test kernel, one boot: first with Debian's provider, whose missing reg_dmabuf_mr
+# refuses (EOPNOTSUPP, the control: it is the patched provider that registers); then with the
+# patched one, three 4 MiB ranges of HBM (A with a pattern, B and C zeroed) registered, an RDMA
+# WRITE of A into B and an RDMA READ of A into C between two RC queue pairs of rxe0 (one rxe
+# device; the two pairs loop back inside it: what moves the bytes is rxe's requester and
+# responder, each copying to or from HBM), both checked in the guest and, on the host, in the
+# HBM backing file with an independent implementation of the pattern; then the HBM device is
+# unbound while they are registered, and copies out of and into the revoked HBM must fail with
+# error completions (kmemleak scans afterwards). On Debian's stock kernel (no patch), the same
+# registration with the patched provider fails with EOPNOTSUPP: the kernel's rxe has no
+# reg_user_mr_dmabuf.
+. "$(dirname "$0")/../lib.sh"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# Plan: the builds (1), the backing file (2); the guest programs print their own plans.
+plan 3
+failed=0
+fail() { failed=1; not_ok "$@"; }
+
+cp "$ROOT/tests/rxe_dmabuf.c" "$ROOT/include/uapi/peerdirect.h" "$work/"
+desc="rdma-core's rxe provider with qemu/rdma-core's patch (scripts/build-rxe-provider) and tests/rxe_dmabuf.c (trixie's gcc, libibverbs) build"
+if provider=$("$ROOT/scripts/build-rxe-provider" 2>"$work/provider.err") &&
+	cp "$provider" "$work/" &&
+	out=$(in_trixie "$work" "gcc -O2 -Wall -Wextra -Werror -o rxe_dmabuf rxe_dmabuf.c -libverbs" 2>&1); then
+	ok "$desc"
+else
+	fail "$desc" "$(cat "$work/provider.err")" "${out:-}"
+	exit 1
+fi
+lib=${provider##*/}
+
+# The guest binds the patched provider over the userland's (read-only, shared) one.
+cat >"$work/transfer.sh" <<EOF
+set -e
+mount --bind /mnt/host/$lib /usr/lib/x86_64-linux-gnu/libibverbs/$lib
+pci=\$(basename "\$(ls -d /sys/bus/pci/drivers/peerdirect/0000:*)")
+exec /mnt/host/rxe_dmabuf transfer /mnt/host "\$pci"
+EOF
+cat >"$work/refused.sh" <<EOF
+set -e
+mount --bind /mnt/host/$lib /usr/lib/x86_64-linux-gnu/libibverbs/$lib
+exec /mnt/host/rxe_dmabuf refused /mnt/host "patched provider"
+EOF
+
+truncate -s 64M "$work/hbm"
+tap_prefix="test kernel: " guest_tap "" 2 --rxe --hbm 64M --hbm-backing "$work/hbm" \
+	--share "$work" --kmemleak --timeout 240 -- "${guest_each[@]}" \
+	"/mnt/host/rxe_dmabuf refused /mnt/host \"Debian's provider\"" "sh /mnt/host/transfer.sh" 2>"$work/err" ||
+	failed=1
+
+# The backing file, read on the host: B and C hold A's pattern (the same function as
+# rxe_dmabuf.c's, written again here).
+check_range() {
+	python3 - "$work/hbm" "$work/offsets" "$1" <<'EOF'
+import struct, sys
+hbm, offsets, which = sys.argv[1], sys.argv[2], int(sys.argv[3])
+a, b, c, seed, length = (int(x) for x in open(offsets).read().split())
+off = (a, b, c)[which]
+M = 0xffffffff
+def pattern(i):
+    x = seed ^ ((i * 0x9e3779b1) & M)
+    x ^= x >> 16
+    x = (x * 0x85ebca6b) & M
+    x ^= x >> 13
+    return x
+with open(hbm, "rb") as f:
+    f.seek(off)
+    data = f.read(length)
+words = struct.unpack("<%dI" % (length // 4), data)
+for i, w in enumerate(words):
+    if w != pattern(i):
+        sys.exit("word %d at hbm_offset %#x: %#010x, expected %#010x" % (i, off, w, pattern(i)))
+EOF
+}
+for which in 1 2; do
+	name=$([ $which = 1 ] && echo "B (the RDMA WRITE's target)" || echo "C (the RDMA READ's target)")
+	desc="on the host, the HBM backing file holds A's pattern at $name's hbm_offset"
+	if [ -s "$work/offsets" ] && diag=$(check_range $which 2>&1); then
+		ok "$desc"
+	else
+		fail "$desc" "${diag:-no offsets from the guest}" "$(tail -20 "$work/err")"
+	fi
+done
+
+# Debian's stock kernel: its rxe has no reg_user_mr_dmabuf.
+tap_prefix="Debian's kernel: " guest_tap "" 1 --kernel debian --rxe \
+	--share "$work" --timeout 240 -- sh /mnt/host/refused.sh || failed=1
+exit $failed

@@ -32,7 +32,7 @@ export CARGO_TARGET_DIR ?= $(PEERDIRECT_CACHE)/cargo-target
 BIN := $(CARGO_TARGET_DIR)/release
 
 .PHONY: all setup kernel module module-kunit test-modules peermem peermem-test userspace userland \
-	guest guest-default guest-debian \
+	rxe-provider guest guest-default guest-debian \
 	kernel-kasan module-kasan module-kunit-kasan test-modules-kasan guest-kasan demo test check-quick stress bench install deb clean
 
 all: module userspace
@@ -79,7 +79,11 @@ userspace:
 userland: setup
 	@scripts/build-userland trixie >/dev/null
 
-guest: guest-default guest-kasan guest-debian
+# rdma-core's rxe provider with reg_dmabuf_mr (qemu/rdma-core/), for tests/system/rxe-dmabuf.sh.
+rxe-provider: userland
+	@scripts/build-rxe-provider >/dev/null
+
+guest: guest-default guest-kasan guest-debian rxe-provider
 
 guest-default: kernel module module-kunit test-modules peermem-test userspace userland
 	@scripts/mkinitramfs $(BUILD)/initramfs.cpio "$$(scripts/build-kernel)" $(BUILD) $(BIN)

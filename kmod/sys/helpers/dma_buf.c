@@ -326,8 +326,8 @@ int peerdirect_dmabuf_set_name(struct dma_buf *dmabuf, u32 index, u32 handle, u6
 /*
  * Revokes @dmabuf after its memory is gone (the caller made later maps fail first): its CPU
  * window is closed, importers are told to drop their mappings and the kernel's mapping (vmap)
- * is undone, under the reservation lock, then CPU mappings are zapped so that later accesses fault (SIGBUS) instead of reaching the
- * vanished BAR. A buffer whose last reference is already gone is skipped: its release is under
+ * is undone, under the reservation lock, then CPU mappings are zapped so that later accesses
+ * fault (SIGBUS) instead of reaching the vanished BAR. A buffer whose last reference is already gone is skipped: its release is under
  * way, and with no file reference left no importer or VMA holds it (its inode may already be
  * freed, so its mapping must not be touched). Returns false for such a buffer.
  */

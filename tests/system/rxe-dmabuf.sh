@@ -15,7 +15,10 @@
 # responder, each copying to or from HBM), both checked in the guest and, on the host, in the
 # HBM backing file with an independent implementation of the pattern; then the HBM device is
 # unbound while they are registered, and copies out of and into the revoked HBM must fail with
-# error completions (kmemleak scans afterwards). On Debian's stock kernel (no patch), the same
+# error completions (kmemleak scans afterwards). The same transfers and revocation again on the
+# KASAN flavour of the test kernel (patched alike), so that KASAN and kmemleak watch rxe's
+# copies through the exporter's kernel mapping and its teardown at revocation. On Debian's
+# stock kernel (no patch), the same
 # registration with the patched provider fails with EOPNOTSUPP: the kernel's rxe has no
 # reg_user_mr_dmabuf.
 . "$(dirname "$0")/../lib.sh"
@@ -90,6 +93,10 @@ for which in 1 2; do
 		fail "$desc" "${diag:-no offsets from the guest}" "$(tail -20 "$work/err")"
 	fi
 done
+
+# The KASAN kernel: the same transfers and revocation (the backing file is read above).
+tap_prefix="KASAN kernel: " guest_tap "" 1 --kernel kasan --rxe --hbm 64M \
+	--share "$work" --kmemleak --timeout 600 -- sh /mnt/host/transfer.sh 2>>"$work/err" || failed=1
 
 # Debian's stock kernel: its rxe has no reg_user_mr_dmabuf.
 tap_prefix="Debian's kernel: " guest_tap "" 1 --kernel debian --rxe \

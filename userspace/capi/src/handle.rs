@@ -87,19 +87,27 @@ pub(crate) struct Source {
 /// A [`Source`] made once, on first use, and read without a lock after that: every
 /// `pd_register` of an allocation reads its export, from any number of threads at once, and a
 /// hit must not write a line the others read (no lock, no reference count).
-#[derive(Default)]
-pub(crate) struct OnceSource {
-    source: OnceLock<Source>,
+pub(crate) struct OnceSource<T = Source> {
+    source: OnceLock<T>,
     /// Held while the source is made, so that two first calls make one export.
     making: Mutex<()>,
 }
 
-impl OnceSource {
+impl<T> Default for OnceSource<T> {
+    fn default() -> Self {
+        Self {
+            source: OnceLock::new(),
+            making: Mutex::new(()),
+        }
+    }
+}
+
+impl<T> OnceSource<T> {
     /// The source, made by `make` if this is the first call (or the first calls failed).
     pub(crate) fn get_or_make(
         &self,
-        make: impl FnOnce() -> Result<Source, Failure>,
-    ) -> Result<&Source, Failure> {
+        make: impl FnOnce() -> Result<T, Failure>,
+    ) -> Result<&T, Failure> {
         if let Some(source) = self.source.get() {
             return Ok(source);
         }
@@ -172,4 +180,53 @@ pub(crate) unsafe fn put<T>(
     // does not drop the old contents, which may be uninitialized.
     unsafe { ptr.write(value) };
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Barrier;
+    use std::time::Duration;
+
+    use pd::Errno;
+
+    use super::*;
+
+    /// Eight first `pd_register`s of one allocation at once make one export, and every one
+    /// gets it; a failed first make leaves the next call to make it.
+    #[test]
+    fn first_calls_racing_make_the_source_once_and_a_failure_is_retried() {
+        const THREADS: usize = 8;
+        let once = OnceSource::<usize>::default();
+        let made = AtomicUsize::new(0);
+        let barrier = Barrier::new(THREADS);
+        let got: Vec<*const usize> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    scope.spawn(|| {
+                        barrier.wait();
+                        let source = once
+                            .get_or_make(|| {
+                                // Long enough for every thread to find it not made yet.
+                                std::thread::sleep(Duration::from_millis(20));
+                                Ok(made.fetch_add(1, SeqCst))
+                            })
+                            .expect("made");
+                        source as *const usize as usize
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().expect("thread") as *const usize)
+                .collect()
+        });
+        assert_eq!(made.load(SeqCst), 1, "the export was made more than once");
+        assert!(got.iter().all(|&p| p == got[0]));
+
+        let failing = OnceSource::<usize>::default();
+        let err = failing.get_or_make(|| Err(Failure::new(Errno::NODEV, "gone".to_owned())));
+        assert!(err.is_err());
+        assert_eq!(*failing.get_or_make(|| Ok(7)).expect("made on retry"), 7);
+    }
 }

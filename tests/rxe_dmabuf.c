@@ -11,7 +11,10 @@
  *                              on the test kernel's patched rxe: three 4 MiB ranges of HBM
  *                              (A, B, C) exported and registered; an RDMA WRITE of A into B
  *                              and an RDMA READ of A into C between two RC queue pairs of
- *                              rxe0 (one rxe device, looped back inside it); then the HBM
+ *                              rxe0 (one rxe device, looped back inside it); B registered
+ *                              again with remote atomic access, and an atomic into it ends
+ *                              in a remote access error (one into host memory completes);
+ *                              then the HBM
  *                              device (PCI address PCI) unbound while they are registered:
  *                              it returns, and copies into and out of the revoked HBM fail
  *                              with error completions
@@ -152,8 +155,12 @@ static int to_state(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 	return ibv_modify_qp(qp, attr, mask);
 }
 
-/* Two RC queue pairs of @ctx connected to each other through rxe0's own GID @gid_index. */
-static int connect_pair(struct ibv_context *ctx, struct ibv_pd *pd, struct pair *p, int gid_index)
+/*
+ * Two RC queue pairs of @ctx connected to each other through rxe0's own GID @gid_index,
+ * allowing remote @access.
+ */
+static int connect_pair(struct ibv_context *ctx, struct ibv_pd *pd, struct pair *p, int gid_index,
+			int access)
 {
 	struct ibv_qp_init_attr init = {
 		.qp_type = IBV_QPT_RC,
@@ -178,7 +185,7 @@ static int connect_pair(struct ibv_context *ctx, struct ibv_pd *pd, struct pair 
 		struct ibv_qp_attr a = {
 			.qp_state = IBV_QPS_INIT,
 			.port_num = 1,
-			.qp_access_flags = ACCESS,
+			.qp_access_flags = access,
 		};
 
 		if (to_state(p->qp[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
@@ -245,6 +252,35 @@ static int rdma(struct pair *p, enum ibv_wr_opcode opcode, struct ibv_mr *local,
 	}
 }
 
+/*
+ * Posts an 8-byte atomic fetch-and-add of @add at @raddr of @remote on @qp, the old value
+ * landing at @laddr of @local, and waits (up to 60 s) for its completion; its status.
+ */
+static int atomic_add(struct pair *p, struct ibv_mr *local, uint64_t laddr, struct ibv_mr *remote,
+		      uint64_t raddr, uint64_t add)
+{
+	struct ibv_sge sge = { .addr = laddr, .length = 8, .lkey = local->lkey };
+	struct ibv_send_wr wr = {
+		.wr_id = 2, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_ATOMIC_FETCH_AND_ADD,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.atomic = { .remote_addr = raddr, .compare_add = add, .rkey = remote->rkey },
+	}, *bad;
+	struct ibv_wc wc;
+	int n;
+
+	if (ibv_post_send(p->qp[0], &wr, &bad))
+		return -errno;
+	for (int ms = 0; ms < 60000; ms++) {
+		n = ibv_poll_cq(p->cq, 1, &wc);
+		if (n < 0)
+			return -EIO;
+		if (n)
+			return wc.status;
+		usleep(1000);
+	}
+	return -ETIMEDOUT;
+}
+
 static const char *status_str(int s)
 {
 	return s < 0 ? strerror(-s) : ibv_wc_status_str(s);
@@ -264,8 +300,9 @@ static int transfer(const char *dir, const char *pci)
 	struct ibv_context *ctx = open_rxe0();
 	struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
 	struct range r[3];
-	struct ibv_mr *mr[3] = { 0 }, *host_mr, *atomic;
-	struct pair p, q;
+	struct ibv_mr *mr[3] = { 0 }, *host_mr, *atomic, *words_mr;
+	struct pair p, q, a;
+	uint64_t *words;
 	char path[512];
 	uint32_t *host;
 	double secs;
@@ -273,8 +310,8 @@ static int transfer(const char *dir, const char *pci)
 	int dev, err, s, failed = 0;
 	FILE *f;
 
-	/* Plan: set-up (1), registration (2), write (2), read (2), revocation (4). */
-	printf("1..11\n");
+	/* Plan: set-up (1), registration (2), write (2), read (2), atomics (1), revocation (4). */
+	printf("1..12\n");
 	dev = open("/dev/peerdirect0", O_RDWR);
 	err = dev < 0 ? -errno : 0;
 	for (int i = 0; i < 3 && !err; i++)
@@ -315,15 +352,19 @@ static int transfer(const char *dir, const char *pci)
 		diag("ibv_reg_dmabuf_mr: %s", strerror(err));
 		return 1;
 	}
+	/*
+	 * Remote atomic access is granted (verbs users such as libfabric's verbs provider ask it
+	 * with every remote write), on B's dma-buf again.
+	 */
 	errno = 0;
 	atomic = ibv_reg_dmabuf_mr(pd, 0, LEN, IOVA(3), r[1].fd, ACCESS | IBV_ACCESS_REMOTE_ATOMIC);
 	err = atomic ? 0 : errno;
-	ok(!atomic && err == EOPNOTSUPP,
-	   "ibv_reg_dmabuf_mr with remote atomic access fails with EOPNOTSUPP (rxe's atomics work on pages)");
-	diag("ibv_reg_dmabuf_mr with IBV_ACCESS_REMOTE_ATOMIC: %s", atomic ? "success" : strerror(err));
-	failed |= !atomic && err == EOPNOTSUPP ? 0 : 1;
+	ok(atomic != NULL, "ibv_reg_dmabuf_mr of B again with remote atomic access succeeds (as libfabric's verbs provider asks it)");
+	if (!atomic)
+		diag("ibv_reg_dmabuf_mr with IBV_ACCESS_REMOTE_ATOMIC: %s", strerror(err));
+	failed |= !atomic;
 
-	err = connect_pair(ctx, pd, &p, 1);
+	err = connect_pair(ctx, pd, &p, 1, ACCESS);
 	if (err) {
 		ok(0, "two RC queue pairs of rxe0 connected to each other");
 		diag("%s", strerror(-err));
@@ -350,6 +391,36 @@ static int transfer(const char *dir, const char *pci)
 	failed |= s != IBV_WC_SUCCESS || bad >= 0;
 
 	/*
+	 * Atomics: rxe's work on pages, which HBM has not. On a pair allowing remote atomics, a
+	 * fetch-and-add into host memory registered for it completes (the control); the same
+	 * into the dma-buf MR registered for it ends in a remote access error, and B is unchanged.
+	 */
+	if (atomic) {
+		int host_s = -EINVAL, hbm_s = -EINVAL;
+
+		words = aligned_alloc(4096, 4096);
+		words_mr = words ? ibv_reg_mr(pd, words, 4096, ACCESS | IBV_ACCESS_REMOTE_ATOMIC) : NULL;
+		if (words_mr && !connect_pair(ctx, pd, &a, 1, ACCESS | IBV_ACCESS_REMOTE_ATOMIC)) {
+			words[0] = 0;
+			words[1] = 40;
+			host_s = atomic_add(&a, words_mr, (uintptr_t)&words[0], words_mr,
+					    (uintptr_t)&words[1], 2);
+			if (host_s == IBV_WC_SUCCESS && (words[0] != 40 || words[1] != 42))
+				host_s = -EBADMSG;
+			if (host_s == IBV_WC_SUCCESS)
+				hbm_s = atomic_add(&a, words_mr, (uintptr_t)&words[0], atomic, IOVA(3), 1);
+		}
+		bad = mismatch(r[1].map);
+		ok(host_s == IBV_WC_SUCCESS && hbm_s == IBV_WC_REM_ACCESS_ERR && bad < 0,
+		   "an atomic fetch-and-add into host memory completes; into the dma-buf MR it ends in a remote access error, and B is unchanged");
+		diag("fetch-and-add into host memory: %s; into the dma-buf MR: %s; B %s", status_str(host_s),
+		     status_str(hbm_s), bad < 0 ? "unchanged" : "changed");
+		failed |= host_s != IBV_WC_SUCCESS || hbm_s != IBV_WC_REM_ACCESS_ERR || bad >= 0;
+	} else {
+		ok(0, "an atomic into the dma-buf MR (not registered)");
+	}
+
+	/*
 	 * Revocation: the HBM device is unbound while A, B and C are registered. rxe imports
 	 * them revocable (as irdma does), so the unbind revokes them and returns without waiting
 	 * for the registrations; rxe's copies out of A and into B must then fail with error
@@ -361,7 +432,7 @@ static int transfer(const char *dir, const char *pci)
 
 		host = aligned_alloc(4096, LEN);
 		host_mr = host ? ibv_reg_mr(pd, host, LEN, ACCESS) : NULL;
-		err = connect_pair(ctx, pd, &q, 1);
+		err = connect_pair(ctx, pd, &q, 1, ACCESS);
 		fd = open("/sys/bus/pci/drivers/peerdirect/unbind", O_WRONLY);
 		unbound = fd >= 0 && write(fd, pci, strlen(pci)) == (ssize_t)strlen(pci);
 		polled = poll(&pfd, 1, 10000);
@@ -380,6 +451,8 @@ static int transfer(const char *dir, const char *pci)
 		err = 0;
 		for (int i = 0; i < 3; i++)
 			err |= ibv_dereg_mr(mr[i]);
+		if (atomic)
+			err |= ibv_dereg_mr(atomic);
 		ok(!err, "the revoked registrations deregister");
 		failed |= !!err;
 	}

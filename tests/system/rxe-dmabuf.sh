@@ -13,7 +13,9 @@
 # WRITE of A into B and an RDMA READ of A into C between two RC queue pairs of rxe0 (one rxe
 # device; the two pairs loop back inside it: what moves the bytes is rxe's requester and
 # responder, each copying to or from HBM), both checked in the guest and, on the host, in the
-# HBM backing file with an independent implementation of the pattern; then the HBM device is
+# HBM backing file with an independent implementation of the pattern; remote atomic access is
+# granted on a dma-buf MR (libfabric's verbs provider asks it with every remote write) but an
+# atomic into it ends in a remote access error (rxe's atomics work on pages); then the HBM device is
 # unbound while they are registered, and copies out of and into the revoked HBM must fail with
 # error completions (kmemleak scans afterwards). The same transfers and revocation again on the
 # KASAN flavour of the test kernel (patched alike), so that KASAN and kmemleak watch rxe's

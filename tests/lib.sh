@@ -117,6 +117,29 @@ for c in "$@"; do
 done
 exit $w' sh)
 
+# relay [PREFIX] <FILE: a guest program's TAP, read from a file the guest left, renumbered into
+# this script's, with its plan line as it came (a plan of its own, which tests/run adds to
+# this script's); other lines as comments. PREFIX goes before each description. Returns 1 if
+# any test failed.
+relay() {
+	local line r=0
+	while IFS= read -r line; do
+		case $line in
+		"ok "*) ok "${1-}${line#ok [0-9]* - }" ;;
+		"not ok "*) r=1; tap_n=$((tap_n + 1)); echo "not ok $tap_n - ${1-}${line#not ok [0-9]* - }" ;;
+		"#"*) echo "$line" ;;
+		*) if [[ $line =~ ^1\.\.[0-9]+$ ]]; then echo "$line"; else echo "# $line"; fi ;;
+		esac
+	done
+	return $r
+}
+
+# hbm_reported FILE MARKER: the "# MARKER offset=O length=L seed=S" lines of FILE (a guest
+# program's report of HBM it filled with tests/hbm-pattern's pattern), as "O L S" lines.
+hbm_reported() {
+	sed -n "s/^# $2 offset=\(0x[0-9a-f]*\) length=\(0x[0-9a-f]*\) seed=\(0x[0-9a-f]*\)\$/\1 \2 \3/p" "$1" 2>/dev/null
+}
+
 # worst STATUS...: the status a run of several commands ends with: the first that is neither 0
 # nor 1 (a failure no test reported), else 1 if any is 1 (failed tests), else 0.
 worst() {

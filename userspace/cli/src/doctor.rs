@@ -38,6 +38,11 @@
 //!   `FI_MR_DMABUF` off.
 //! - `verbs_odp`: `FI_VERBS_USE_ODP` true makes the verbs provider ask for on-demand paging
 //!   on `FI_HMEM_SYSTEM` registrations, dma-buf ones included, which the kernel refuses.
+//! - `verbs_dmabuf_mr`: whether each verbs device takes dma-buf MRs at all, found by trying
+//!   one rather than from a driver or version list: a page of a fresh allocation of the first
+//!   HBM device, exported and registered with `ibv_reg_dmabuf_mr` (as libfabric's verbs
+//!   provider registers `FI_MR_DMABUF`), then released. A refusal is a warning: transfers
+//!   still work, through host staging.
 //!
 //! libfabric also reads its variables from `libfabric.conf` in its sysconfdir; these checks
 //! read the environment only.
@@ -149,7 +154,14 @@ pub struct Host {
     /// Whether /proc/kallsyms lists `ib_umem_dmabuf_get`: `None` when it could not be read
     /// or without a verbs NIC (only the verbs checks need it).
     pub kallsyms_dmabuf: Option<bool>,
+    /// Per verbs RDMA device, whether `ibv_reg_dmabuf_mr` of a peerdirect dma-buf worked (or
+    /// its error); `Err` when no registration could be tried (why); `None` without a verbs
+    /// NIC.
+    pub verbs_probe: Option<Result<Vec<Tried>, String>>,
 }
+
+/// A verbs device's name, and whether `ibv_reg_dmabuf_mr` of HBM worked there (or its error).
+pub type Tried = (String, Result<(), String>);
 
 /// The peerdirect.ko installed for a kernel release.
 #[derive(Debug, Default)]
@@ -232,17 +244,60 @@ impl Host {
                 .and_then(|text| memlock_of(&text)),
             ..Host::default()
         };
+        let verbs: Vec<&str> = peers
+            .iter()
+            .filter(|p| is_verbs(p))
+            .flat_map(|p| p.rdma.iter().map(String::as_str))
+            .collect();
         match peerdirect::devices() {
             Ok(devices) => {
                 for device in &devices {
                     host.devices.push(view(device, &peers));
                 }
+                if !verbs.is_empty() {
+                    host.verbs_probe = Some(match devices.first() {
+                        Some(device) => probe_verbs(device, &verbs),
+                        None => Err(NO_DEVICE.to_owned()),
+                    });
+                }
             }
-            Err(e) => host.devices_error = Some(e.to_string()),
+            Err(e) => {
+                if !verbs.is_empty() {
+                    host.verbs_probe = Some(Err(e.to_string()));
+                }
+                host.devices_error = Some(e.to_string());
+            }
         }
         host.peers = peers;
         host
     }
+}
+
+/// Registers a page of a fresh allocation of `device` with `ibv_reg_dmabuf_mr` on each of
+/// `nics`, with the access libfabric's verbs provider asks for an RMA target, and releases
+/// it: each device's outcome, or why nothing could be tried.
+fn probe_verbs(device: &Device, nics: &[&str]) -> Result<Vec<Tried>, String> {
+    use peerdirect::cache::{Access, ByteRange};
+    use peerdirect::registrar::ibverbs::IbverbsRegistrar;
+    use peerdirect::ExportFlags;
+    const PAGE: u64 = 4096;
+    let allocation = device
+        .alloc(PAGE, None)
+        .map_err(|e| format!("allocating a page of HBM to try with: {e}"))?;
+    let dma_buf = allocation
+        .export(0, PAGE, ExportFlags::CLOEXEC | ExportFlags::RDWR)
+        .map_err(|e| format!("exporting it: {e}"))?;
+    let range = ByteRange::new(0, PAGE).map_err(|e| e.to_string())?;
+    let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    Ok(nics
+        .iter()
+        .map(|&nic| {
+            let outcome = IbverbsRegistrar::open(nic)
+                .and_then(|verbs| verbs.register_range(&dma_buf, range, access).map(drop))
+                .map_err(|e| e.to_string());
+            (nic.to_owned(), outcome)
+        })
+        .collect())
 }
 
 /// The peerdirect.ko modprobe loads for `release`: the entry of `modules`/RELEASE/modules.dep.
@@ -679,7 +734,12 @@ pub fn checks(host: &Host) -> Vec<Check> {
         .flat_map(|p| p.rdma.iter().cloned())
         .collect();
     if verbs.is_empty() {
-        for name in ["verbs_kernel", "verbs_use_dmabuf", "verbs_odp"] {
+        for name in [
+            "verbs_kernel",
+            "verbs_use_dmabuf",
+            "verbs_odp",
+            "verbs_dmabuf_mr",
+        ] {
             out.push(Check::new(
                 name,
                 Status::Skip,
@@ -688,8 +748,45 @@ pub fn checks(host: &Host) -> Vec<Check> {
         }
     } else {
         out.extend(verbs_checks(host, &verbs.join(", ")));
+        out.push(verbs_dmabuf_mr(host));
     }
     out
+}
+
+/// `ibv_reg_dmabuf_mr` of a peerdirect dma-buf tried on each verbs device.
+fn verbs_dmabuf_mr(host: &Host) -> Check {
+    const NAME: &str = "verbs_dmabuf_mr";
+    match &host.verbs_probe {
+        None => Check::new(NAME, Status::Skip, "no verbs RDMA device (one that is not EFA)"),
+        Some(Err(why)) => Check::new(
+            NAME,
+            Status::Warn,
+            format!("could not try ibv_reg_dmabuf_mr of HBM: {why}"),
+        )
+        .fix("load peerdirect.ko and bind an HBM device (see the devices check), then run doctor again"),
+        Some(Ok(tried)) => {
+            let (took, refused): (Vec<_>, Vec<_>) = tried.iter().partition(|(_, r)| r.is_ok());
+            let took: Vec<&str> = took.iter().map(|(nic, _)| nic.as_str()).collect();
+            if refused.is_empty() {
+                Check::new(
+                    NAME,
+                    Status::Ok,
+                    format!("ibv_reg_dmabuf_mr of a page of HBM works on {}: libfabric's verbs provider registers FI_MR_DMABUF there and the NIC reaches HBM directly", took.join(", ")),
+                )
+            } else {
+                let why: Vec<String> = refused
+                    .iter()
+                    .map(|(nic, r)| format!("{nic}: {}", r.as_ref().err().map_or("", String::as_str)))
+                    .collect();
+                Check::new(
+                    NAME,
+                    Status::Warn,
+                    format!("ibv_reg_dmabuf_mr of a page of HBM refused ({}){}: libfabric's verbs provider falls back to host staging on those devices", why.join("; "), if took.is_empty() { String::new() } else { format!("; it works on {}", took.join(", ")) }),
+                )
+                .fix("use an RDMA device whose driver imports dma-bufs (mlx5, irdma, bnxt_re, efa); soft-RoCE and siw do not (Documentation/rdma.md)")
+            }
+        }
+    }
 }
 
 /// The installed peerdirect.ko against the kernel: built for its release, by its rustc, and
@@ -998,7 +1095,7 @@ fn verbs_checks(host: &Host, nics: &str) -> [Check; 3] {
         Some(true) => Check::new(
             "verbs_kernel",
             Status::Ok,
-            format!("{UMEM_DMABUF} is in /proc/kallsyms (the test libfabric's verbs provider makes): the kernel's ib_core can import dma-bufs as MRs; the driver of {nics} must implement them too (mlx5, irdma, bnxt_re, efa do; rxe and siw do not, and take the host-bounce path)"),
+            format!("{UMEM_DMABUF} is in /proc/kallsyms (the test libfabric's verbs provider makes): the kernel's ib_core can import dma-bufs as MRs; the driver of {nics} must implement them too (verbs_dmabuf_mr tries one)"),
         ),
         Some(false) => Check::new(
             "verbs_kernel",
@@ -1140,6 +1237,7 @@ mod tests {
             fi_info_release: Some("2.1.0".into()),
             libfabric_file: Some("/usr/lib/x86_64-linux-gnu/libfabric.so.1.27.0".into()),
             kallsyms_dmabuf: None,
+            verbs_probe: None,
         }
     }
 
@@ -1177,16 +1275,22 @@ mod tests {
             .collect();
         host.fi_info_release = None;
         host.kallsyms_dmabuf = Some(true);
+        host.verbs_probe = Some(Ok(vec![("rxe0".into(), Ok(()))]));
         host
     }
 
     const EFA_CHECKS: [&str; 3] = ["efa_libfabric", "efa_shm", "efa_fabric"];
-    const VERBS_CHECKS: [&str; 3] = ["verbs_kernel", "verbs_use_dmabuf", "verbs_odp"];
+    const VERBS_CHECKS: [&str; 4] = [
+        "verbs_kernel",
+        "verbs_use_dmabuf",
+        "verbs_odp",
+        "verbs_dmabuf_mr",
+    ];
 
     #[test]
     fn a_healthy_efa_host_passes_everything() {
         let checks = checks(&healthy());
-        assert_eq!(checks.len(), 14);
+        assert_eq!(checks.len(), 15);
         for c in &checks {
             let expected = if VERBS_CHECKS.contains(&c.name) {
                 Status::Skip
@@ -1398,6 +1502,39 @@ mod tests {
     }
 
     #[test]
+    fn verbs_dmabuf_mr_says_which_devices_took_the_registration() {
+        let mut host = rxe_guest();
+        let c = check(&host, "verbs_dmabuf_mr");
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(c.detail.contains("works on rxe0"), "{}", c.detail);
+        assert!(c.fix.is_none());
+
+        let refusal = "ibv_reg_dmabuf_mr on rxe0 (provider rxe): Operation not supported";
+        host.verbs_probe = Some(Ok(vec![
+            ("rxe0".into(), Err(refusal.into())),
+            ("mlx5_0".into(), Ok(())),
+        ]));
+        let c = check(&host, "verbs_dmabuf_mr");
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(
+            c.detail.contains(&format!("rxe0: {refusal}")),
+            "{}",
+            c.detail
+        );
+        assert!(c.detail.contains("it works on mlx5_0"), "{}", c.detail);
+        assert!(c.fix.as_deref().unwrap().contains("mlx5"), "{c:?}");
+
+        host.verbs_probe = Some(Err("no HBM device".into()));
+        let c = check(&host, "verbs_dmabuf_mr");
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(c.detail.contains("no HBM device"), "{}", c.detail);
+
+        host.peers.clear();
+        host.verbs_probe = None;
+        assert_eq!(check(&host, "verbs_dmabuf_mr").status, Status::Skip);
+    }
+
+    #[test]
     fn verbs_kernel_needs_ib_umem_dmabuf_get() {
         let mut host = rxe_guest();
         assert_eq!(check(&host, "verbs_kernel").status, Status::Ok);
@@ -1458,6 +1595,7 @@ mod tests {
             assert_eq!(check(&host, name).status, Status::Skip, "{name}");
         }
         host.peers.push(rxe_guest().peers.remove(0));
+        host.verbs_probe = rxe_guest().verbs_probe;
         for name in VERBS_CHECKS {
             assert_ne!(check(&host, name).status, Status::Skip, "{name}");
         }

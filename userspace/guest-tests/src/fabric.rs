@@ -1,8 +1,10 @@
 //! `--fabric PROVIDER`: the libfabric registrar against real libfabric in the guest
-//! (`qemu/run --userland trixie`, `--rxe` for verbs). TAP.
+//! (`qemu/run --userland trixie`, `--rxe` for verbs, `--rxe-dmabuf` for verbs on a dma-buf
+//! capable rxe, with `--direct`). TAP.
 //!
-//! - every provider: the registration path, asserted per provider (`tcp`: `dma_buf`;
-//!   `verbs;ofi_rxm` on rxe: `host_bounce` with the provider's reason);
+//! - every provider: the registration path, asserted per provider (`tcp`, and `verbs;ofi_rxm`
+//!   with `--direct`: `dma_buf` with nothing staged; `verbs;ofi_rxm` on Debian's rxe:
+//!   `host_bounce` with the provider's reason);
 //! - every provider: two endpoints exchange an 8 MiB HBM pattern with tagged messages, source
 //!   and destination in HBM, each registration's path asserted as above (for host bounce:
 //!   every 1 MiB chunk through a 2 MiB staging buffer); the receiver's allocation is reported
@@ -11,6 +13,10 @@
 //!   another, and each destination gets its own source's bytes; a receive that asks for less
 //!   than is sent fails with a truncation error, and the next exchange gets its own bytes
 //!   (destinations reported for the host as for the exchange);
+//! - every direct provider: `fi_read` of a peer's host memory into HBM and `fi_write` of it
+//!   back out of HBM (the destination reported for the host);
+//! - a direct provider other than tcp (which cannot be the target of RMA on a dma-buf
+//!   registration): `fi_read` and `fi_write` HBM to HBM (destinations reported for the host);
 //! - every provider: a receive that gets a shorter message than it asked for fails and says so;
 //! - every provider: a udmabuf, standing in for a dma-buf exported elsewhere, registers
 //!   through the cache under its foreign identity, hits, takes a message, and is invalidated
@@ -173,8 +179,35 @@ fn mapped<'h>(hbm: &'h Hbm<'_>, len: u64) -> Result<(Region<'h>, MappedDmaBuf, E
     Ok((region, mapped, export))
 }
 
-fn registrar(provider: &str, node: Option<&str>) -> Result<Arc<LibfabricRegistrar>, String> {
-    Fabric::open(provider, node)
+/// The provider under test, and what is expected of it.
+struct Provider<'a> {
+    /// libfabric's name for it, e.g. `tcp`, `verbs;ofi_rxm`.
+    name: &'a str,
+    /// The node its endpoints bind to (tcp: 127.0.0.1).
+    node: Option<&'a str>,
+    /// Whether it registers HBM directly (`dma_buf`): tcp always; verbs where the RDMA device
+    /// imports dma-bufs (`--direct`: the patched rxe of `qemu/run --rxe-dmabuf`). Otherwise
+    /// host bounce with the provider's reason.
+    direct: bool,
+}
+
+impl Provider<'_> {
+    /// tcp on the loopback, for the tcp-only cases.
+    const TCP: Provider<'static> = Provider {
+        name: "tcp",
+        node: Some("127.0.0.1"),
+        direct: true,
+    };
+}
+
+impl std::fmt::Display for Provider<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+fn registrar(provider: &Provider<'_>) -> Result<Arc<LibfabricRegistrar>, String> {
+    Fabric::open(provider.name, provider.node)
         .map(|f| Arc::new(LibfabricRegistrar::new(f)))
         .map_err(|e| format!("opening {provider}: {e}"))
 }
@@ -193,8 +226,8 @@ fn endpoint_pair(fabric: &Fabric) -> Result<(Endpoint, Endpoint, Peer), String> 
     Ok((first, second, peer))
 }
 
-fn path_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
-    let registrar = registrar(provider, node)?;
+fn path_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
+    let registrar = registrar(provider)?;
     let (allocation, hbm, export) = mapped(hbm, 4 << 20)?;
     let cache = RegCache::new(CacheLimits::default());
     let range = ByteRange::new(0, allocation.length()).map_err(|e| e.to_string())?;
@@ -204,20 +237,28 @@ fn path_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     let path = mr.mr().path().clone();
     let stats = registrar.path_stats();
     let caps = registrar.fabric().caps().clone();
-    match (provider, &path) {
-        ("tcp", RegPath::DmaBuf) if stats.dma_buf == 1 && stats.host_bounce == 0 => Ok(format!(
-            "tcp registers HBM through FI_MR_DMABUF: path dma_buf, key {:#x}, FI_HMEM advertised: {}",
-            mr.mr().key(),
-            caps.hmem
-        )),
-        (p, RegPath::HostBounce { reason })
-            if p.starts_with("verbs")
+    match &path {
+        RegPath::DmaBuf
+            if provider.direct
+                && stats.dma_buf == 1
+                && stats.host_bounce == 0
+                && mr.mr().staging_bytes() == 0 =>
+        {
+            Ok(format!(
+                "{provider} on {} registers HBM through FI_MR_DMABUF: path dma_buf, key {:#x}, no staging, FI_HMEM advertised: {}",
+                caps.domain,
+                mr.mr().key(),
+                caps.hmem
+            ))
+        }
+        RegPath::HostBounce { reason }
+            if !provider.direct
                 && reason.contains("fi_mr_regattr(FI_MR_DMABUF)")
                 && stats.host_bounce == 1
                 && mr.mr().staging_bytes() > 0 =>
         {
             Ok(format!(
-                "{p} on {} takes host_bounce with the provider's reason: {reason} ({} bytes staged)",
+                "{provider} on {} takes host_bounce with the provider's reason: {reason} ({} bytes staged)",
                 caps.domain,
                 mr.mr().staging_bytes()
             ))
@@ -226,15 +267,17 @@ fn path_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     }
 }
 
-/// Whether `mr` took the path expected of `provider` for the exchange: `dma_buf` for tcp; for
-/// verbs, host bounce with the provider's reason, its staging buffer smaller than the transfer
-/// and every chunk of it copied through that buffer (so the buffer was reused, chunk after
-/// chunk).
-fn exchange_path(provider: &str, side: &str, mr: &FabricMr) -> Result<String, String> {
+/// Whether `mr` took the path expected of `provider` for the exchange: `dma_buf` with nothing
+/// staged for a direct provider; otherwise host bounce with the provider's reason, its staging
+/// buffer smaller than the transfer and every chunk of it copied through that buffer (so the
+/// buffer was reused, chunk after chunk).
+fn exchange_path(provider: &Provider<'_>, side: &str, mr: &FabricMr) -> Result<String, String> {
     match mr.path() {
-        RegPath::DmaBuf if provider == "tcp" => Ok(format!("{side} dma_buf")),
+        RegPath::DmaBuf if provider.direct && mr.staging_bytes() == 0 && mr.staged_chunks() == 0 => {
+            Ok(format!("{side} dma_buf"))
+        }
         RegPath::HostBounce { reason }
-            if provider.starts_with("verbs")
+            if !provider.direct
                 && reason.contains("fi_mr_regattr(FI_MR_DMABUF)")
                 && mr.staging_bytes() > 0
                 && (mr.staging_bytes() as u64) < EXCHANGE
@@ -255,8 +298,8 @@ fn exchange_path(provider: &str, side: &str, mr: &FabricMr) -> Result<String, St
     }
 }
 
-fn exchange_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
-    let registrar = registrar(provider, node)?;
+fn exchange_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
+    let registrar = registrar(provider)?;
     let (src_alloc, mut src, src_export) = mapped(hbm, EXCHANGE)?;
     let (dst_alloc, mut dst, dst_export) = mapped(hbm, EXCHANGE)?;
     let mut data = vec![0u8; EXCHANGE as usize];
@@ -319,12 +362,13 @@ fn exchange_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
 
 /// One-sided: an endpoint reads 4 MiB of another endpoint's registered memory with `fi_read`
 /// straight into its HBM, through the HBM registration's descriptor, at the address and key
-/// the owner's registration gives. The owner's memory is host memory: libfabric 2.1's tcp
+/// the owner's registration gives, then writes them back with `fi_write` out of its HBM into
+/// the owner's memory, cleared meanwhile. The owner's memory is host memory: libfabric 2.1's tcp
 /// cannot be the target of RMA on `FI_MR_DMABUF` registrations (Documentation/rdma.md). A
 /// host-bounce HBM registration must offer no RMA address (a peer would reach staging).
-fn rma_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
+fn rma_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
     const LEN: u64 = 4 << 20;
-    let registrar = registrar(provider, node)?;
+    let registrar = registrar(provider)?;
     let caps = registrar.fabric().caps().clone();
     let (dst_alloc, mut dst, dst_export) = mapped(hbm, LEN)?;
     dst.write(0, &vec![0u8; LEN as usize]);
@@ -350,7 +394,7 @@ fn rma_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
         return Err(format!("{provider} does not advertise FI_RMA with FI_READ"));
     }
     let mut src = registrar
-        .register_host(LEN as usize, Access::REMOTE_READ)
+        .register_host(LEN as usize, Access::REMOTE_READ | Access::REMOTE_WRITE)
         .map_err(|e| e.to_string())?;
     let mut data = vec![0u8; LEN as usize];
     pattern::fill(SEED ^ 1, 0, &mut data);
@@ -381,6 +425,27 @@ fn rma_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
             m.offset, m.expected, m.found
         ));
     }
+    // And back: the peer's memory cleared, then written with fi_write out of the HBM.
+    src.write(0, &vec![0u8; LEN as usize]);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Acquire) {
+                let _ = owner.progress();
+                std::thread::yield_now();
+            }
+        });
+        let write = reader.write(dst_mr.mr(), 0, LEN, to_owner, remote);
+        done.store(true, Ordering::Release);
+        write.map_err(|e| format!("fi_write: {e}"))
+    })?;
+    src.read(0, &mut got);
+    if let Some(m) = pattern::first_mismatch(SEED ^ 1, 0, &got) {
+        return Err(format!(
+            "the peer's memory after fi_write out of HBM differs at byte {:#x}: expected {:#04x}, found {:#04x}",
+            m.offset, m.expected, m.found
+        ));
+    }
     println!(
         "# rma-hbm offset={:#x} length={LEN:#x} seed={:#x}",
         dst_alloc.hbm_offset(),
@@ -388,11 +453,109 @@ fn rma_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
     );
     dst_alloc.keep();
     Ok(format!(
-        "{provider}: fi_read of {} MiB from a peer's registration (key {:#x}, FI_MR_VIRT_ADDR {}) straight into HBM through its FI_MR_DMABUF registration's descriptor, in {:.3} s: the bytes are the peer's",
+        "{provider}: fi_read of {} MiB from a peer's registration (key {:#x}, FI_MR_VIRT_ADDR {}) straight into HBM through its FI_MR_DMABUF registration's descriptor, in {:.3} s: the bytes are the peer's; fi_write of them back out of HBM into the cleared peer memory: it holds them again",
         LEN >> 20,
         remote.key,
         caps.mr_virt_addr,
         elapsed.as_secs_f64()
+    ))
+}
+
+/// One-sided, HBM to HBM, for a provider that can be the target of RMA on a dma-buf
+/// registration (verbs on a dma-buf capable RDMA device): an owner's HBM registered for
+/// remote reads and writes; a reader's `fi_read` of it straight into its own HBM, then a
+/// writer's `fi_write` of other HBM into it, each through the registrations' descriptors at
+/// the address and key the owner's registration gives. Both destinations are checked here
+/// and reported for the host (`# rma-hbm`, `# rma-write-hbm`).
+fn rma_hbm_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
+    const LEN: u64 = 4 << 20;
+    let (owner_seed, writer_seed) = (SEED ^ 2, SEED ^ 3);
+    let registrar = registrar(provider)?;
+    let caps = registrar.fabric().caps().clone();
+    if !caps.rma {
+        return Err(format!(
+            "{provider} does not advertise FI_RMA with reads and writes"
+        ));
+    }
+    let owned = Buffer::new(hbm, LEN, Some(owner_seed))?;
+    let reader = Buffer::new(hbm, LEN, None)?;
+    let writer = Buffer::new(hbm, LEN, Some(writer_seed))?;
+    let cache = RegCache::new(CacheLimits::default());
+    let owned_mr = owned.register(
+        &cache,
+        &registrar,
+        LEN,
+        Access::REMOTE_READ | Access::REMOTE_WRITE,
+    )?;
+    let reader_mr = reader.register(&cache, &registrar, LEN, Access::LOCAL_WRITE)?;
+    let writer_mr = writer.register(&cache, &registrar, LEN, Access::LOCAL_READ)?;
+    for (side, mr) in [
+        ("owner", &owned_mr),
+        ("reader", &reader_mr),
+        ("writer", &writer_mr),
+    ] {
+        exchange_path(provider, side, mr.mr())?;
+    }
+    let remote = owned_mr
+        .mr()
+        .remote(0, caps.mr_virt_addr)
+        .ok_or("the owner's dma_buf registration offers no RMA address")?;
+    let (initiator, owner, to_owner) = endpoint_pair(registrar.fabric())?;
+    // The owner posts nothing, but a provider with manual progress needs its CQ read.
+    let done = AtomicBool::new(false);
+    let start = Instant::now();
+    let (read_secs, write_secs) = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Acquire) {
+                let _ = owner.progress();
+                std::thread::yield_now();
+            }
+        });
+        let read = initiator
+            .read(reader_mr.mr(), 0, LEN, to_owner, remote)
+            .map_err(|e| format!("fi_read: {e}"));
+        let read_secs = start.elapsed().as_secs_f64();
+        let write = read.and_then(|()| {
+            initiator
+                .write(writer_mr.mr(), 0, LEN, to_owner, remote)
+                .map_err(|e| format!("fi_write: {e}"))
+        });
+        done.store(true, Ordering::Release);
+        write.map(|()| (read_secs, start.elapsed().as_secs_f64() - read_secs))
+    })?;
+    let check = |what: &str, buffer: &Buffer<'_>, seed: u64| {
+        let mut got = vec![0u8; LEN as usize];
+        buffer.hbm.read(0, &mut got);
+        match pattern::first_mismatch(seed, 0, &got) {
+            Some(m) => Err(format!(
+                "{what} differs at byte {:#x}: expected {:#04x}, found {:#04x}",
+                m.offset, m.expected, m.found
+            )),
+            None => Ok(()),
+        }
+    };
+    check("the reader's HBM after fi_read", &reader, owner_seed)?;
+    check("the owner's HBM after fi_write", &owned, writer_seed)?;
+    println!(
+        "# rma-hbm offset={:#x} length={LEN:#x} seed={owner_seed:#x}",
+        reader.alloc.hbm_offset()
+    );
+    println!(
+        "# rma-write-hbm offset={:#x} length={LEN:#x} seed={writer_seed:#x}",
+        owned.alloc.hbm_offset()
+    );
+    println!(
+        "# timing: {provider} fi_read of {} MiB HBM to HBM in {read_secs:.3} s, fi_write in {write_secs:.3} s",
+        LEN >> 20
+    );
+    drop((owned_mr, reader_mr, writer_mr));
+    reader.keep();
+    owned.keep();
+    Ok(format!(
+        "{provider}: fi_read of {} MiB of a peer's HBM registration (key {:#x}) straight into HBM, then fi_write of {} MiB of other HBM into it, all three registered through FI_MR_DMABUF with nothing staged: both destinations hold their sources' bytes",
+        LEN >> 20,
+        remote.key,
+        LEN >> 20
     ))
 }
 
@@ -407,7 +570,7 @@ fn exports() -> Result<u64, String> {
 }
 
 fn leak_case(hbm: &Hbm<'_>, max_count: usize) -> Outcome {
-    let registrar = registrar("tcp", Some("127.0.0.1"))?;
+    let registrar = registrar(&Provider::TCP)?;
     let before = (fd_count()?, exports()?);
     let limits = CacheLimits {
         max_count,
@@ -453,7 +616,7 @@ fn large_case(hbm: &Hbm<'_>) -> Outcome {
             "# SKIP HBM is {hbm_bytes} bytes, need > 4 GiB (--hbm 8G)"
         ));
     }
-    let registrar = registrar("tcp", Some("127.0.0.1"))?;
+    let registrar = registrar(&Provider::TCP)?;
     let (allocation, mut hbm, export) = mapped(hbm, len)?;
     let tail = len - 4096;
     hbm.write(tail as usize, b"past 4 GiB");
@@ -569,9 +732,9 @@ impl<'h> Buffer<'h> {
 /// Two threads send on one endpoint at once, and two threads receive on another: each
 /// transfer must see its own completions only, so that each destination ends up with its
 /// source's bytes.
-fn concurrent_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
+fn concurrent_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
     const LEN: u64 = 4 << 20;
-    let registrar = registrar(provider, node)?;
+    let registrar = registrar(provider)?;
     let seeds = [SEED + 1, SEED + 2];
     let tags = [0x7b00_0000u64, 0x7c00_0000];
     let sources = seeds
@@ -626,10 +789,10 @@ fn concurrent_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome
 
 /// A receive that asks for less than the peer sends fails with a truncation error, and a
 /// good exchange after it on the same endpoints gets its own bytes.
-fn truncated_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
+fn truncated_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
     const SENT: u64 = 3 << 20;
     const ASKED: u64 = SENT - (CHUNK as u64) / 2;
-    let registrar = registrar(provider, node)?;
+    let registrar = registrar(provider)?;
     let (first_seed, second_seed) = (SEED + 3, SEED + 4);
     let first = Buffer::new(hbm, SENT, Some(first_seed))?;
     let second = Buffer::new(hbm, SENT, Some(second_seed))?;
@@ -684,7 +847,7 @@ fn truncated_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome 
 /// caller's fd later).
 fn closed_fd_case(hbm: &Hbm<'_>) -> Outcome {
     const LEN: u64 = 2 << 20;
-    let registrar = registrar("tcp", Some("127.0.0.1"))?;
+    let registrar = registrar(&Provider::TCP)?;
     let cache = RegCache::new(CacheLimits::default());
     let whole = ByteRange::new(0, LEN).map_err(|e| e.to_string())?;
     let seed = SEED + 5;
@@ -766,10 +929,10 @@ fn closed_fd_case(hbm: &Hbm<'_>) -> Outcome {
 /// export): it registers through the cache under its foreign identity, a second request
 /// inside it is a hit, and invalidating it on request deregisters it; a transfer into it
 /// arrives.
-fn foreign_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
+fn foreign_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
     const LEN: u64 = 4 << 20;
     let udmabuf = crate::bench_exporters::open_udmabuf()?;
-    let registrar = registrar(provider, node)?;
+    let registrar = registrar(provider)?;
     let dma_buf = crate::bench_exporters::udmabuf_of(&udmabuf, LEN)?;
     let export = ExportId::foreign(&dma_buf).map_err(|e| format!("fstat: {e}"))?;
     let foreign = MappedDmaBuf::new(dma_buf).map_err(|e| e.to_string())?;
@@ -845,14 +1008,13 @@ fn foreign_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
 /// of fresh endpoints with tag `tag`: what the receive returned (the send must succeed).
 fn mismatched(
     hbm: &Hbm<'_>,
-    provider: &str,
-    node: Option<&str>,
+    provider: &Provider<'_>,
     sent: u64,
     asked: u64,
     seed: u64,
     tag: u64,
 ) -> Result<Mismatch, String> {
-    let registrar = registrar(provider, node)?;
+    let registrar = registrar(provider)?;
     let source = Buffer::new(hbm, sent, Some(seed))?;
     let destination = Buffer::new(hbm, asked, None)?;
     let cache = RegCache::new(CacheLimits::default());
@@ -872,8 +1034,9 @@ fn mismatched(
     // The endpoints go here: one whose operations could not be cancelled is left open.
 }
 
-/// How long [`mismatched`]'s sender waits for a completion.
-const SENDER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long [`mismatched`]'s sender waits for a completion: long enough for a chunk's
+/// rendezvous read on soft-RoCE under TCG (about 1 MiB/s, slower on a loaded host).
+const SENDER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the receive and the send of [`mismatched`] returned.
 struct Mismatch {
@@ -884,11 +1047,11 @@ struct Mismatch {
 /// A receive whose chunk gets a shorter message than it asked for fails and says so, instead
 /// of reporting success (on host bounce it would have copied a whole staging slot, stale bytes
 /// included, into HBM).
-fn short_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
+fn short_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
     const ASKED: u64 = 1 << 20;
     const SENT: u64 = ASKED / 2;
     let Mismatch { received, sent } =
-        mismatched(hbm, provider, node, SENT, ASKED, SEED + 7, 0x7f20_0000)?;
+        mismatched(hbm, provider, SENT, ASKED, SEED + 7, 0x7f20_0000)?;
     sent.map_err(|e| format!("send: {e}"))?;
     match received {
         Ok(()) => Err(format!(
@@ -903,11 +1066,11 @@ fn short_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
 
 /// A receive that asks for fewer chunks than the sender sends fails and says so, instead of
 /// reporting success and leaving the sender's other chunks for a later receive.
-fn long_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
+fn long_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
     const SENT: u64 = 3 * CHUNK as u64;
     const ASKED: u64 = CHUNK as u64;
     let Mismatch { received, sent } =
-        mismatched(hbm, provider, node, SENT, ASKED, SEED + 8, 0x7f30_0000)?;
+        mismatched(hbm, provider, SENT, ASKED, SEED + 8, 0x7f30_0000)?;
     // tcp completes its sends once written (eager); ofi_rxm over verbs sends 1 MiB chunks by
     // rendezvous, which completes only when the receiver takes the chunk: the chunks nobody
     // takes stall the send, its transfer cannot cancel them, and its endpoint, which still
@@ -941,7 +1104,7 @@ fn long_case(hbm: &Hbm<'_>, provider: &str, node: Option<&str>) -> Outcome {
 
 /// The cases on `/dev/peerdirect0`: its allocations, or with `companion` ranges of its BAR
 /// (a companion device, named by the caller).
-pub fn run(provider: &str, companion: bool) -> ExitCode {
+pub fn run(provider: &str, companion: bool, direct: bool) -> ExitCode {
     let device = match Device::open_index(0) {
         Ok(d) => d,
         Err(e) => {
@@ -965,9 +1128,13 @@ pub fn run(provider: &str, companion: bool) -> ExitCode {
         Hbm::Owned(&device)
     };
     let tcp = provider == "tcp";
-    let node = tcp.then_some("127.0.0.1");
-    // Every provider: each case takes the HBM, the provider and the node.
-    type ProviderCase = fn(&Hbm<'_>, &str, Option<&str>) -> Outcome;
+    let provider = &Provider {
+        name: provider,
+        node: tcp.then_some("127.0.0.1"),
+        direct: tcp || direct,
+    };
+    // Every provider: each case takes the HBM and the provider.
+    type ProviderCase = fn(&Hbm<'_>, &Provider<'_>) -> Outcome;
     let every: [(&'static str, ProviderCase); 7] = [
         ("registration path", path_case),
         ("tagged exchange HBM to HBM", exchange_case),
@@ -980,8 +1147,14 @@ pub fn run(provider: &str, companion: bool) -> ExitCode {
     let hbm = &hbm;
     let mut cases: Vec<Case<'_>> = every
         .into_iter()
-        .map(|(name, case)| -> Case<'_> { (name, Box::new(move || case(hbm, provider, node))) })
+        .map(|(name, case)| -> Case<'_> { (name, Box::new(move || case(hbm, provider))) })
         .collect();
+    if provider.direct && !tcp {
+        cases.push((
+            "RMA read and write HBM to HBM",
+            Box::new(move || rma_hbm_case(hbm, provider)),
+        ));
+    }
     if tcp {
         cases.push(("no leaks, cache enabled", Box::new(|| leak_case(hbm, 4096))));
         cases.push(("no leaks, cache disabled", Box::new(|| leak_case(hbm, 0))));
@@ -995,7 +1168,7 @@ pub fn run(provider: &str, companion: bool) -> ExitCode {
         // after rendezvous chunks nobody took), though the endpoint holding them is left open.
         cases.push((
             "a send of more chunks than the receive asks for",
-            Box::new(move || long_case(hbm, provider, node)),
+            Box::new(move || long_case(hbm, provider)),
         ));
     }
     println!("1..{}", cases.len());

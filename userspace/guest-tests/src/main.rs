@@ -91,6 +91,12 @@ struct Args {
     /// BAR this program hands out, exported with EXPORT_RANGE) instead of its allocations.
     #[arg(long, requires = "fabric")]
     companion: bool,
+    /// With --fabric: the provider is expected to register HBM directly (path dma_buf, nothing
+    /// staged), as verbs does on the dma-buf capable rxe of `qemu/run --rxe-dmabuf`; without
+    /// it verbs is expected to bounce through host memory with the provider's reason (tcp is
+    /// always direct).
+    #[arg(long, requires = "fabric")]
+    direct: bool,
     /// Import dma-bufs with ib_core's own functions through the test module
     /// peerdirect_ibimport.ko, ibv_reg_dmabuf_mr on rxe0, and imports held across unbind
     /// instead (`qemu/run --rxe --hbm 8G`, switch topology; see [`ibimport`]).
@@ -448,7 +454,7 @@ fn main() -> ExitCode {
         return ibimport::run_tests();
     }
     if let Some(provider) = &args.fabric {
-        return fabric::run(provider, args.companion);
+        return fabric::run(provider, args.companion, args.direct);
     }
     if args.bench_exporters {
         return bench_exporters::run();

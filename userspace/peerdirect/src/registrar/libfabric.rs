@@ -377,7 +377,8 @@ pub struct ProviderCaps {
     pub mr_endpoint: bool,
     /// Largest message.
     pub max_msg_size: u64,
-    /// `FI_RMA` with `FI_READ` and `FI_REMOTE_READ`: [`Endpoint::read`] works.
+    /// `FI_RMA` with `FI_READ`, `FI_WRITE` and their remote counterparts: [`Endpoint::read`]
+    /// and [`Endpoint::write`] work.
     pub rma: bool,
 }
 
@@ -470,7 +471,9 @@ impl Fabric {
         };
         use bindings as b;
         let tagged = u64::from(b::FI_TAGGED | b::FI_MSG);
-        let rma = u64::from(b::FI_RMA | b::FI_READ | b::FI_REMOTE_READ);
+        let rma = u64::from(
+            b::FI_RMA | b::FI_READ | b::FI_REMOTE_READ | b::FI_WRITE | b::FI_REMOTE_WRITE,
+        );
         let hints = |caps| sys::Hints {
             provider: &name,
             ep_type: b::FI_EP_RDM,
@@ -489,7 +492,8 @@ impl Fabric {
             node: node.as_deref(),
         };
         let err = |call, e| call_error(lib, provider, call, e);
-        // With RMA reads if the provider has them; tagged messages are what it must have.
+        // With RMA reads and writes if the provider has them; tagged messages are what it
+        // must have.
         let info = match sys::Info::get(lib, API_VERSION, &hints(tagged | rma)) {
             Ok(info) => info,
             Err(e) if e.0 == b::FI_ENODATA as i32 => {
@@ -1588,6 +1592,34 @@ impl Endpoint {
         )
     }
 
+    /// Writes bytes `offset..offset + length` of `mr` into `peer`'s registered memory at
+    /// `remote` with RMA (`fi_write`, in [`CHUNK`]s), returning once all completed. The peer
+    /// posts nothing. Host bounce copies each chunk out of HBM into the staging buffer first.
+    /// Needs [`ProviderCaps::rma`].
+    pub fn write(
+        &self,
+        mr: &FabricMr,
+        offset: u64,
+        length: u64,
+        peer: Peer,
+        remote: RemoteMr,
+    ) -> Result<(), LibfabricError> {
+        let kind = sys::Kind::Write {
+            addr: remote.addr,
+            key: remote.key,
+        };
+        self.transfer(
+            mr,
+            Plan {
+                kind,
+                offset,
+                length,
+                peer: peer.0,
+                tag: 0,
+            },
+        )
+    }
+
     fn transfer(&self, mr: &FabricMr, plan: Plan) -> Result<(), LibfabricError> {
         let Plan { offset, length, .. } = plan;
         let size = mr.range.length();
@@ -1601,7 +1633,7 @@ impl Endpoint {
         // Host bounce: one transfer per direction at a time per registration, each direction
         // with staging slots of its own. Direct transfers share nothing of the registration.
         let _staging = (!mr.path.is_direct()).then(|| {
-            let direction = usize::from(plan.kind != sys::Kind::Send);
+            let direction = usize::from(!plan.kind.outbound());
             mr.staging[direction]
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -1651,11 +1683,14 @@ impl Endpoint {
             tag,
         } = plan;
         let bounce = !mr.path.is_direct();
-        let send = kind == sys::Kind::Send;
+        // Sends and writes copy into staging before posting; receives and reads out of it on
+        // completion.
+        let send = kind.outbound();
         let call = match kind {
             sys::Kind::Send => "fi_tsend",
             sys::Kind::Recv => "fi_trecv",
             sys::Kind::Read { .. } => "fi_read",
+            sys::Kind::Write { .. } => "fi_write",
         };
         // Inside the mapping (checked by the caller), so it fits.
         let hbm_base = (mr.range.offset() + offset) as usize;
@@ -1697,6 +1732,10 @@ impl Endpoint {
                 let op = sys::Op {
                     kind: match kind {
                         sys::Kind::Read { addr, key } => sys::Kind::Read {
+                            addr: addr + chunk_offset,
+                            key,
+                        },
+                        sys::Kind::Write { addr, key } => sys::Kind::Write {
                             addr: addr + chunk_offset,
                             key,
                         },

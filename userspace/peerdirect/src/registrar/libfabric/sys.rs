@@ -788,6 +788,16 @@ pub(super) enum Kind {
     /// An RMA read (`fi_read`) of the peer's memory at `addr` (an address or an offset, as
     /// the peer's domain's `FI_MR_VIRT_ADDR` says) in its MR `key`.
     Read { addr: u64, key: u64 },
+    /// An RMA write (`fi_write`) into the peer's memory at `addr` in its MR `key`, as for
+    /// [`Kind::Read`].
+    Write { addr: u64, key: u64 },
+}
+
+impl Kind {
+    /// Whether the bytes leave this side's memory (a send or an RMA write).
+    pub(super) fn outbound(self) -> bool {
+        matches!(self, Self::Send | Self::Write { .. })
+    }
 }
 
 /// A tagged send or receive, or an RMA read, to post.
@@ -984,8 +994,9 @@ impl Endpoint {
     }
 
     /// Posts a tagged send (`fi_tsend`) or receive (`fi_trecv`) of `len` bytes of `mr`'s
-    /// memory at `offset`, or an RMA read (`fi_read`) into them, identified by `id` in its
-    /// completion. `Err(FI_EAGAIN)` means: read completions, then retry.
+    /// memory at `offset`, an RMA read (`fi_read`) into them or an RMA write (`fi_write`) out
+    /// of them, identified by `id` in its completion. `Err(FI_EAGAIN)` means: read
+    /// completions, then retry.
     pub(super) fn post(&self, transfer: &Transfer<'_>, mr: &Mr, op: &Op) -> Result<()> {
         let Op {
             kind,
@@ -1001,10 +1012,10 @@ impl Endpoint {
         let ctx = context.as_ptr();
         // Held across the post, so that no completion of it is read before it is booked.
         let mut book = self.book();
-        // fi_tsend/fi_trecv: ep->tagged->send/recv; fi_read: ep->rma->read. The memory and the
-        // context box stay in `inflight` until the completion naming `ctx` is read or the
-        // endpoint is closed. A read only writes our buffer; remote address and key are the
-        // peer's to check.
+        // fi_tsend/fi_trecv: ep->tagged->send/recv; fi_read/fi_write: ep->rma->read/write. The
+        // memory and the context box stay in `inflight` until the completion naming `ctx` is
+        // read or the endpoint is closed. A read only writes our buffer and a write only reads
+        // it; remote address and key are the peer's to check.
         // SAFETY: the buffer is inside `mr`'s memory (checked), `desc` is `mr`'s, both outlive it.
         let ret = unsafe {
             let tagged = (*self.ep.as_ptr()).tagged;
@@ -1012,12 +1023,23 @@ impl Endpoint {
             // this process, so only the provider may make anything of them.
             let buf = mr.memory.ptr.as_ptr().wrapping_add(offset).cast::<c_void>();
             let desc = (*mr.mr.as_ptr()).mem_desc;
+            let rma = (*self.ep.as_ptr()).rma;
+            if matches!(kind, Kind::Read { .. } | Kind::Write { .. }) && rma.is_null() {
+                return Err(FiErrno(b::FI_ENOSYS as i32));
+            }
             if let Kind::Read { addr, key } = kind {
-                let rma = (*self.ep.as_ptr()).rma;
-                if rma.is_null() {
-                    return Err(FiErrno(b::FI_ENOSYS as i32));
-                }
                 (*rma).read.ok_or(FiErrno(b::FI_ENOSYS as i32))?(
+                    self.ep.as_ptr(),
+                    buf,
+                    len,
+                    desc,
+                    peer,
+                    addr,
+                    key,
+                    ctx,
+                )
+            } else if let Kind::Write { addr, key } = kind {
+                (*rma).write.ok_or(FiErrno(b::FI_ENOSYS as i32))?(
                     self.ep.as_ptr(),
                     buf,
                     len,

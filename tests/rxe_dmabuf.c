@@ -18,6 +18,13 @@
  *                              device (PCI address PCI) unbound while they are registered:
  *                              it returns, and copies into and out of the revoked HBM fail
  *                              with error completions
+ *   rxe_dmabuf race PCI ROUNDS
+ *                              revocation during transfers: per round, the HBM device (PCI
+ *                              address PCI) bound, two 4 MiB ranges exported and registered,
+ *                              a thread streaming 64 KiB RDMA WRITEs (odd rounds: READs)
+ *                              between them, and the device unbound a few milliseconds in:
+ *                              the unbind returns, the stream ends in an error completion,
+ *                              every posted request completes, the MRs deregister
  *
  * DIR (the shared folder) receives `offsets`: the HBM offsets of A, B and C and the pattern's
  * seed, for the host to check in the HBM backing file.
@@ -27,6 +34,8 @@
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -459,6 +468,207 @@ static int transfer(const char *dir, const char *pci)
 	return failed;
 }
 
+static double since(const struct timespec *t0)
+{
+	struct timespec t1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	return (t1.tv_sec - t0->tv_sec) + (t1.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/* Writes @what to the sysfs file @path; 0 or -errno. */
+static int sysfs_write(const char *path, const char *what)
+{
+	int fd = open(path, O_WRONLY), err = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (write(fd, what, strlen(what)) != (ssize_t)strlen(what))
+		err = -errno;
+	close(fd);
+	return err;
+}
+
+/* Binds the HBM device @pci to peerdirect if it is not, and opens /dev/peerdirect0 (10 s). */
+static int open_bound(const char *pci)
+{
+	char path[256];
+	int dev, err;
+
+	snprintf(path, sizeof(path), "/sys/bus/pci/drivers/peerdirect/%s", pci);
+	if (access(path, F_OK)) {
+		err = sysfs_write("/sys/bus/pci/drivers/peerdirect/bind", pci);
+		if (err)
+			return err;
+	}
+	for (int i = 0; i < 1000; i++) {
+		dev = open("/dev/peerdirect0", O_RDWR);
+		if (dev >= 0 || errno != ENOENT)
+			return dev >= 0 ? dev : -errno;
+		usleep(10000);
+	}
+	return -ETIMEDOUT;
+}
+
+#define RACE_CHUNK (64u << 10)
+#define RACE_DEPTH 8
+
+/* The stream of one round: what it posted and how that ended. */
+struct stream {
+	struct pair *p;
+	struct ibv_mr *a, *b;
+	int read; /* RDMA READs of A into B; else WRITEs of A into B */
+	long posted, done, good, errors, post_failed;
+	int first_error; /* the first error completion's status */
+	atomic_int running;
+};
+
+/*
+ * Keeps RACE_DEPTH requests in flight until one completes in error (or 60 s pass), then
+ * reads completions until every posted one came (or 10 s more pass).
+ */
+static void *stream_run(void *arg)
+{
+	struct stream *st = arg;
+	struct ibv_wc wc[16];
+	struct timespec t0;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	atomic_store(&st->running, 1);
+	while (!st->errors && !st->post_failed && since(&t0) < 60) {
+		while (st->posted - st->done < RACE_DEPTH) {
+			uint64_t off = (uint64_t)(st->posted % (LEN / RACE_CHUNK)) * RACE_CHUNK;
+			struct ibv_mr *local = st->read ? st->b : st->a;
+			struct ibv_mr *remote = st->read ? st->a : st->b;
+			struct ibv_sge sge = { .addr = IOVA(st->read ? 1 : 0) + off,
+					       .length = RACE_CHUNK, .lkey = local->lkey };
+			struct ibv_send_wr wr = {
+				.wr_id = (uint64_t)st->posted, .sg_list = &sge, .num_sge = 1,
+				.opcode = st->read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE,
+				.send_flags = IBV_SEND_SIGNALED,
+				.wr.rdma = { .remote_addr = IOVA(st->read ? 0 : 1) + off,
+					     .rkey = remote->rkey },
+			}, *bad;
+
+			if (ibv_post_send(st->p->qp[0], &wr, &bad)) {
+				st->post_failed = errno;
+				break;
+			}
+			st->posted++;
+		}
+		int n = ibv_poll_cq(st->p->cq, 16, wc);
+
+		for (int i = 0; i < n; i++) {
+			st->done++;
+			if (wc[i].status == IBV_WC_SUCCESS) {
+				st->good++;
+			} else if (!st->errors++) {
+				st->first_error = wc[i].status;
+			}
+		}
+		if (n == 0)
+			usleep(200);
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (st->done < st->posted && since(&t0) < 10) {
+		int n = ibv_poll_cq(st->p->cq, 16, wc);
+
+		for (int i = 0; i < n; i++) {
+			st->done++;
+			if (wc[i].status != IBV_WC_SUCCESS && !st->errors++)
+				st->first_error = wc[i].status;
+		}
+		if (!n)
+			usleep(1000);
+	}
+	return NULL;
+}
+
+/*
+ * One round of revocation during transfers; 0 iff it went as it must. The ranges, MRs and
+ * queue pairs of a round are released before the next.
+ */
+static int race_round(const char *pci, int round)
+{
+	struct ibv_context *ctx = open_rxe0();
+	struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
+	struct stream st = { .read = round % 2 };
+	struct range r[2] = { { .fd = -1, .map = MAP_FAILED }, { .fd = -1, .map = MAP_FAILED } };
+	struct timespec t0;
+	struct pair p;
+	pthread_t thread;
+	int dev, err = 0, unbind_err, dereg = 0, delay_ms = 5 + (round * 37) % 120;
+	double unbind_secs;
+
+	dev = open_bound(pci);
+	if (dev < 0 || !pd) {
+		ok(0, "round %d: the HBM device bound and opened, rxe0 opened", round);
+		diag("%s", dev < 0 ? strerror(-dev) : "no rxe0");
+		return 1;
+	}
+	/*
+	 * Past the first three ranges, which hold what `transfer` left for the host to check
+	 * (the allocator starts again at the bottom after a rebind).
+	 */
+	{
+		struct peerdirect_alloc pad = { .size = sizeof(pad), .length = 3 * LEN };
+
+		err = ioctl(dev, PEERDIRECT_IOC_ALLOC, &pad) ? -errno : 0;
+	}
+	for (int i = 0; i < 2 && !err; i++)
+		err = export_range(dev, &r[i]);
+	st.a = err ? NULL : ibv_reg_dmabuf_mr(pd, 0, LEN, IOVA(0), r[0].fd, ACCESS);
+	st.b = st.a ? ibv_reg_dmabuf_mr(pd, 0, LEN, IOVA(1), r[1].fd, ACCESS) : NULL;
+	if (err || !st.a || !st.b || connect_pair(ctx, pd, &p, 1, ACCESS)) {
+		ok(0, "round %d: two ranges of HBM exported and registered, a pair connected", round);
+		diag("%s", strerror(err ? -err : errno));
+		return 1;
+	}
+	st.p = &p;
+	if (pthread_create(&thread, NULL, stream_run, &st)) {
+		ok(0, "round %d: the stream's thread starts", round);
+		return 1;
+	}
+	while (!atomic_load(&st.running))
+		usleep(100);
+	usleep(delay_ms * 1000);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	unbind_err = sysfs_write("/sys/bus/pci/drivers/peerdirect/unbind", pci);
+	unbind_secs = since(&t0);
+	pthread_join(thread, NULL);
+	dereg |= ibv_dereg_mr(st.a);
+	dereg |= ibv_dereg_mr(st.b);
+	for (int i = 0; i < 2; i++)
+		dereg |= ibv_destroy_qp(p.qp[i]);
+	dereg |= ibv_destroy_cq(p.cq);
+	dereg |= ibv_dealloc_pd(pd);
+	ibv_close_device(ctx);
+	for (int i = 0; i < 2; i++) {
+		munmap(r[i].map, LEN);
+		close(r[i].fd);
+	}
+	close(dev);
+	err = unbind_err || unbind_secs > 20 || !st.errors || st.done != st.posted || dereg;
+	ok(!err,
+	   "round %d: unbinding the HBM device %d ms into a stream of 64 KiB RDMA %ss between two of its dma-buf MRs returns; the stream ends in an error completion; every posted request completes; the MRs, queue pairs and domain are released",
+	   round, delay_ms, st.read ? "READ" : "WRITE");
+	diag("round %d: unbind %s in %.3f s; %ld of %ld posted completed, %ld good before the first error (%s)%s%s",
+	     round, unbind_err ? strerror(-unbind_err) : "done", unbind_secs, st.done, st.posted,
+	     st.good, st.errors ? ibv_wc_status_str(st.first_error) : "none",
+	     st.post_failed ? "; a post failed: " : "", st.post_failed ? strerror(st.post_failed) : "");
+	return err;
+}
+
+static int race(const char *pci, int rounds)
+{
+	int failed = 0;
+
+	printf("1..%d\n", rounds);
+	for (int i = 0; i < rounds; i++)
+		failed |= race_round(pci, i);
+	return failed;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -466,6 +676,8 @@ int main(int argc, char **argv)
 		return refused(argv[3]);
 	if (argc == 4 && !strcmp(argv[1], "transfer"))
 		return transfer(argv[2], argv[3]);
-	fprintf(stderr, "usage: rxe_dmabuf refused DIR WHO | transfer DIR PCI-ADDRESS\n");
+	if (argc == 4 && !strcmp(argv[1], "race") && atoi(argv[3]) > 0)
+		return race(argv[2], atoi(argv[3]));
+	fprintf(stderr, "usage: rxe_dmabuf refused DIR WHO | transfer DIR PCI-ADDRESS | race PCI-ADDRESS ROUNDS\n");
 	return 2;
 }

@@ -17,9 +17,14 @@
 # granted on a dma-buf MR (libfabric's verbs provider asks it with every remote write) but an
 # atomic into it ends in a remote access error (rxe's atomics work on pages); then the HBM device is
 # unbound while they are registered, and copies out of and into the revoked HBM must fail with
-# error completions (kmemleak scans afterwards). The same transfers and revocation again on the
+# error completions. Then revocation during transfers: rounds (6; 4 on KASAN) in which the
+# device is bound, two ranges registered, a thread streams 64 KiB RDMA WRITEs (READs in odd
+# rounds) between them and the device is unbound a few milliseconds in: the unbind returns,
+# the stream ends in an error completion, every posted request completes and everything is
+# released (kmemleak scans afterwards). The same transfers, revocation and rounds again on the
 # KASAN flavour of the test kernel (patched alike), so that KASAN and kmemleak watch rxe's
-# copies through the exporter's kernel mapping and its teardown at revocation. On Debian's
+# copies through the exporter's kernel mapping and its teardown at revocation, also while
+# copies are in flight. On Debian's
 # stock kernel (no patch), the same
 # registration with the patched provider fails with EOPNOTSUPP: the kernel's rxe has no
 # reg_user_mr_dmabuf.
@@ -35,7 +40,7 @@ cp "$ROOT/tests/rxe_dmabuf.c" "$ROOT/include/uapi/peerdirect.h" "$work/"
 desc="rdma-core's rxe provider with qemu/rdma-core's patch (scripts/build-rxe-provider) and tests/rxe_dmabuf.c (trixie's gcc, libibverbs) build"
 if provider=$("$ROOT/scripts/build-rxe-provider" 2>"$work/provider.err") &&
 	cp "$provider" "$work/" &&
-	out=$(in_trixie "$work" "gcc -O2 -Wall -Wextra -Werror -o rxe_dmabuf rxe_dmabuf.c -libverbs" 2>&1); then
+	out=$(in_trixie "$work" "gcc -O2 -Wall -Wextra -Werror -o rxe_dmabuf rxe_dmabuf.c -libverbs -pthread" 2>&1); then
 	ok "$desc"
 else
 	fail "$desc" "$(cat "$work/provider.err")" "${out:-}"
@@ -48,7 +53,15 @@ cat >"$work/transfer.sh" <<EOF
 set -e
 mount --bind /mnt/host/$lib /usr/lib/x86_64-linux-gnu/libibverbs/$lib
 pci=\$(basename "\$(ls -d /sys/bus/pci/drivers/peerdirect/0000:*)")
+echo "\$pci" >/mnt/host/pci
 exec /mnt/host/rxe_dmabuf transfer /mnt/host "\$pci"
+EOF
+# race.sh ROUNDS: revocation during transfers (transfer.sh leaves the device unbound: each
+# round binds it first).
+cat >"$work/race.sh" <<EOF
+set -e
+mount --bind /mnt/host/$lib /usr/lib/x86_64-linux-gnu/libibverbs/$lib
+exec /mnt/host/rxe_dmabuf race "\$(cat /mnt/host/pci)" "\$1"
 EOF
 cat >"$work/refused.sh" <<EOF
 set -e
@@ -57,9 +70,10 @@ exec /mnt/host/rxe_dmabuf refused /mnt/host "patched provider"
 EOF
 
 truncate -s 64M "$work/hbm"
-tap_prefix="test kernel: " guest_tap "" 2 --rxe --hbm 64M --hbm-backing "$work/hbm" \
-	--share "$work" --kmemleak --timeout 240 -- "${guest_each[@]}" \
-	"/mnt/host/rxe_dmabuf refused /mnt/host \"Debian's provider\"" "sh /mnt/host/transfer.sh" 2>"$work/err" ||
+tap_prefix="test kernel: " guest_tap "" 3 --rxe --hbm 64M --hbm-backing "$work/hbm" \
+	--share "$work" --kmemleak --timeout 300 -- "${guest_each[@]}" \
+	"/mnt/host/rxe_dmabuf refused /mnt/host \"Debian's provider\"" "sh /mnt/host/transfer.sh" \
+	"sh /mnt/host/race.sh 6" 2>"$work/err" ||
 	failed=1
 
 # The backing file, read on the host: B and C hold A's pattern (the same function as
@@ -97,8 +111,9 @@ for which in 1 2; do
 done
 
 # The KASAN kernel: the same transfers and revocation (the backing file is read above).
-tap_prefix="KASAN kernel: " guest_tap "" 1 --kernel kasan --rxe --hbm 64M \
-	--share "$work" --kmemleak --timeout 600 -- sh /mnt/host/transfer.sh 2>>"$work/err" || failed=1
+tap_prefix="KASAN kernel: " guest_tap "" 2 --kernel kasan --rxe --hbm 64M \
+	--share "$work" --kmemleak --timeout 900 -- "${guest_each[@]}" "sh /mnt/host/transfer.sh" \
+	"sh /mnt/host/race.sh 4" 2>>"$work/err" || failed=1
 
 # Debian's stock kernel: its rxe has no reg_user_mr_dmabuf.
 tap_prefix="Debian's kernel: " guest_tap "" 1 --kernel debian --rxe \

@@ -6,24 +6,34 @@
  * peer reads with RDMA to order its writes.
  *
  * Here the pool is 4 GiB of /dev/peerdirect0 (pd_alloc, pd_export), registered with
- * pd_register_dmabuf_at at the address of a CPU mapping of it (the tcp provider copies with the
- * CPU, so the runtime's address must be one it can read; a NIC provider takes the device
- * address). The program then:
+ * pd_register_dmabuf_at at the runtime's address for it. On tcp that is the address of a CPU
+ * mapping of the pool (tcp copies with the CPU, so the address must be one it can read). On
+ * a NIC provider (verbs;ofi_rxm on a dma-buf capable RDMA device) it is a device virtual
+ * address, as HCL's, mapped nowhere in the process: the NIC reaches the pool through the
+ * dma-buf alone. The program then:
  *  - looks up 1,000 buffers at random addresses of the pool (pd_register_addr): each is a
  *    cache hit on the one registration, with pd_mr_local() = the address and pd_mr_offset() =
  *    its offset in the pool;
  *  - refuses addresses outside the pool (-ENOENT);
- *  - sends 1 MiB over tcp from a buffer 3 GiB into the pool to one 1 GiB into it, both found by
- *    address, and checks every byte;
+ *  - sends 1 MiB from a buffer 3 GiB into the pool to one 1 GiB into it, both found by
+ *    address, and checks every byte. On a NIC provider the pool's CPU mapping (which only
+ *    fills and checks the buffers) is unmapped first: while the bytes move, no address of
+ *    the pool is mapped in the process (checked in /proc/self/maps), so nothing in it can
+ *    have copied them; the exporter's debugfs shows the NIC attached to the pool, pinned;
  *  - finds the one-word flush buffer by address with remote-read access and checks what a
  *    peer's fi_read would name it by (pd_mr_remote: the pool's key, at its virtual address
- *    or at its offset). The read itself needs a provider that can be the target of RMA on a
- *    dma-buf registration: libfabric 2.1's tcp cannot (Documentation/rdma.md, "RMA"), so it
- *    is not made here.
+ *    or at its offset). On a NIC provider one endpoint then reads the word with fi_read into
+ *    another word of the pool, as HCL's flush does; libfabric 2.1's tcp cannot be the target
+ *    of RMA on a dma-buf registration (Documentation/rdma.md, "RMA"), so there the read is
+ *    not made.
+ * The moved bytes are the pattern of tests/hbm-pattern (SplitMix64 words from SEED); a line
+ * "# hbm-dst offset=... length=... seed=..." gives the destination's place in HBM for a check
+ * of the HBM backing file on the host.
  * Each step prints "ok - ..." or "FAIL - ... : <why>"; exit status 0 iff all were ok.
  *
  *   cc -o hcl_pool hcl_pool.c $(pkg-config --cflags --libs peerdirect libfabric)
- *   ./hcl_pool    (peerdirect.ko loaded, /dev/peerdirect0 with at least 4 GiB of HBM)
+ *   ./hcl_pool [PROVIDER]   (default tcp; peerdirect.ko loaded, /dev/peerdirect0 with at
+ *                            least 4 GiB of HBM)
  */
 #define _GNU_SOURCE /* strdup */
 #include <errno.h>
@@ -41,6 +51,7 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 
 #define POOL (UINT64_C(4) << 30)
@@ -49,6 +60,11 @@
 #define SRC_OFFSET ((UINT64_C(3) << 30) + 12345)
 #define DST_OFFSET ((UINT64_C(1) << 30) + 777)
 #define FLUSH_OFFSET ((UINT64_C(2) << 30) + 64)
+#define READBACK_OFFSET ((UINT64_C(2) << 30) + 4096)
+#define FLUSH_WORD UINT64_C(0x68736c662d4c4348) /* "HCL-flsh" */
+#define SEED UINT64_C(0x4843c1)
+/* The pool's device virtual address on a NIC provider: HCL's kind, mapped nowhere here. */
+#define DEVICE_VA UINT64_C(0x100000000000)
 #define ALL (PD_ACCESS_LOCAL_READ | PD_ACCESS_LOCAL_WRITE | PD_ACCESS_REMOTE_READ | \
 	     PD_ACCESS_REMOTE_WRITE)
 
@@ -75,9 +91,79 @@ static uint64_t next(uint64_t *state)
 	return *state;
 }
 
+/* Byte i of tests/hbm-pattern's pattern: byte i % 8 of SplitMix64's output i / 8 from SEED. */
 static uint8_t pattern(uint64_t i)
 {
-	return (uint8_t)((i * 0x9e3779b97f4a7c15ull) >> 56);
+	uint64_t z = SEED + (i / 8 + 1) * UINT64_C(0x9e3779b97f4a7c15);
+
+	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+	z ^= z >> 31;
+	return (uint8_t)(z >> (8 * (i % 8)));
+}
+
+/* Whether any mapping of the process overlaps [start, start + len) (/proc/self/maps). */
+static int mapped_in_process(uint64_t start, uint64_t len)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	unsigned long lo, hi;
+	char line[512];
+	int found = 0;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo < start + len && hi > start)
+			found = 1;
+	fclose(f);
+	return found;
+}
+
+/* Whether a line of /proc/self/maps names a dma-buf (the pool's mapping). */
+static int dmabuf_mapped(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	int found = 0;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, "dmabuf"))
+			found = 1;
+	fclose(f);
+	return found;
+}
+
+/*
+ * The importer lines peerdirect's debugfs lists under the export of @length bytes: 1 iff one
+ * of them is pinned with mapped entries; the line in @importer.
+ */
+static int pool_importer(uint64_t length, char *importer, size_t size)
+{
+	FILE *f = fopen("/sys/kernel/debug/peerdirect/peerdirect0/exports", "r");
+	char line[512], want[64];
+	unsigned long entries;
+	int under = 0, found = 0;
+
+	if (!f)
+		return -1;
+	snprintf(want, sizeof(want), "length=%#" PRIx64 "\n", length);
+	while (fgets(line, sizeof(line), f)) {
+		if (line[0] != ' ') {
+			under = strstr(line, want) != NULL;
+			continue;
+		}
+		if (under && strstr(line, "pinned=1") &&
+		    sscanf(strstr(line, "mapped_entries="), "mapped_entries=%lu", &entries) == 1 &&
+		    entries > 0 && !found) {
+			found = 1;
+			snprintf(importer, size, "%s", line + 2);
+			importer[strcspn(importer, "\n")] = 0;
+		}
+	}
+	fclose(f);
+	return found;
 }
 
 /* Two RDM endpoints of one domain, each with its CQ and AV; ep[0] addresses ep[1]. */
@@ -174,21 +260,42 @@ static int complete(struct ends *e, long want, long peer)
 	return 1;
 }
 
-/* pd_register_addr, checked against the pool's registration; the handle, or NULL. */
-static pd_mr *lookup(pd_domain *dom, uint8_t *pool, uint64_t key, uint64_t offset, uint64_t len,
+/*
+ * After a post answered -FI_EAGAIN: reads both CQs once (progress for both sides); 0 on an
+ * error entry, or when the post has been retried for too long.
+ */
+static int again(struct ends *e)
+{
+	static long tries;
+
+	if (reap(e->cq[0]) < 0 || reap(e->cq[1]) < 0)
+		return 0;
+	if (++tries > 50000000) {
+		printf("FAIL - posting : -FI_EAGAIN for ever\n");
+		failed = 1;
+		return 0;
+	}
+	return 1;
+}
+
+/*
+ * pd_register_addr of the pool's bytes at @offset, by the address the pool was registered at
+ * (@base), checked against the pool's registration; the handle, or NULL.
+ */
+static pd_mr *lookup(pd_domain *dom, uint64_t base, uint64_t key, uint64_t offset, uint64_t len,
 		     uint32_t access)
 {
 	void *local;
 	uint64_t local_len;
 	pd_mr *mr = NULL;
-	int err = pd_register_addr(dom, pool + offset, len, access, &mr);
+	int err = pd_register_addr(dom, (void *)(uintptr_t)(base + offset), len, access, &mr);
 
 	if (err) {
 		fail_pd("pd_register_addr", err);
 		return NULL;
 	}
 	if (pd_mr_key(mr) != key || pd_mr_offset(mr) != offset || pd_mr_local(mr, &local, &local_len) ||
-	    local != pool + offset || local_len != len) {
+	    (uint64_t)(uintptr_t)local != base + offset || local_len != len) {
 		printf("FAIL - pd_register_addr(pool + %#" PRIx64 ", %" PRIu64 ") : key %#" PRIx64
 		       ", offset %#" PRIx64 ", local %p + %" PRIu64 "; expected the pool's key %#" PRIx64
 		       " at that offset and address\n",
@@ -200,8 +307,24 @@ static pd_mr *lookup(pd_domain *dom, uint8_t *pool, uint64_t key, uint64_t offse
 	return mr;
 }
 
-int main(void)
+/* The pool's CPU mapping, to fill and check buffers; MAP_FAILED on failure (said). */
+static uint8_t *map_pool(int fd)
 {
+	uint8_t *pool = mmap(NULL, POOL, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+	if (pool == MAP_FAILED) {
+		printf("FAIL - mmap of the pool : %s\n", strerror(errno));
+		failed = 1;
+	}
+	return pool;
+}
+
+int main(int argc, char **argv)
+{
+	const char *provider = argc > 1 ? argv[1] : "tcp";
+	/* A NIC provider: the pool at a device address; otherwise at its CPU mapping's. */
+	int nic = strncmp(provider, "verbs", 5) == 0;
+	const char *node = nic ? NULL : "127.0.0.1";
 	struct fi_info *hints, *info = NULL;
 	struct fid_fabric *fabric = NULL;
 	struct fid_domain *domain = NULL;
@@ -211,39 +334,40 @@ int main(void)
 	pd_allocation *alloc = NULL;
 	pd_regcache *cache = NULL;
 	pd_domain *dom = NULL;
-	pd_mr *pool_mr = NULL, *src = NULL, *dst = NULL, *flush = NULL, *none = NULL;
+	pd_mr *pool_mr = NULL, *src = NULL, *dst = NULL, *flush = NULL, *readback = NULL;
+	pd_mr *none = NULL;
 	uint8_t *pool = MAP_FAILED;
-	uint64_t state = 0x5eed, key, raddr, rkey, roffset, rkey0;
+	uint64_t state = 0x5eed, key, raddr, rkey, roffset, rkey0, base, word;
+	char importer[256];
 	int fd = -1, err, i;
 	long ret;
 
+	setvbuf(stdout, NULL, _IOLBF, 0);
 	dev = pd_device_open(0, &err);
 	if (!dev || (err = pd_alloc(dev, POOL, 0, &alloc)) ||
 	    (err = pd_export(alloc, 0, 0, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR, &fd))) {
 		fail_pd("a 4 GiB pool of /dev/peerdirect0", err);
 		goto out;
 	}
-	pool = mmap(NULL, POOL, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (pool == MAP_FAILED) {
-		printf("FAIL - mmap of the pool : %s\n", strerror(errno));
-		failed = 1;
+	pool = map_pool(fd);
+	if (pool == MAP_FAILED)
 		goto out;
-	}
+	base = nic ? DEVICE_VA : (uint64_t)(uintptr_t)pool;
 
 	hints = fi_allocinfo();
 	if (!hints)
 		return 1;
-	hints->fabric_attr->prov_name = strdup("tcp");
+	hints->fabric_attr->prov_name = strdup(provider);
 	hints->ep_attr->type = FI_EP_RDM;
-	hints->caps = FI_MSG | FI_TAGGED;
+	hints->caps = FI_MSG | FI_TAGGED | (nic ? FI_RMA | FI_READ | FI_REMOTE_READ : 0);
 	hints->domain_attr->threading = FI_THREAD_SAFE;
 	hints->domain_attr->mr_mode =
 		FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
-	ret = fi_getinfo(FI_VERSION(1, 20), "127.0.0.1", NULL, FI_SOURCE, hints, &info);
+	ret = fi_getinfo(FI_VERSION(1, 20), node, NULL, node ? FI_SOURCE : 0, hints, &info);
 	fi_freeinfo(hints);
 	if (ret || (ret = fi_fabric(info->fabric_attr, &fabric, NULL)) ||
 	    (ret = fi_domain(fabric, info, &domain, NULL))) {
-		fail_fi("opening tcp", ret);
+		fail_fi("opening the provider", ret);
 		goto out;
 	}
 	cache = pd_regcache_new(&err);
@@ -253,13 +377,20 @@ int main(void)
 	}
 
 	/* One registration for the whole pool, at the runtime's address for it. */
-	if ((err = pd_register_dmabuf_at(dom, fd, 0, 0, pool, ALL, &pool_mr))) {
+	if ((err = pd_register_dmabuf_at(dom, fd, 0, 0, (void *)(uintptr_t)base, ALL, &pool_mr))) {
 		fail_pd("pd_register_dmabuf_at of the pool", err);
 		goto out;
 	}
 	key = pd_mr_key(pool_mr);
-	printf("ok - the 4 GiB pool registered once at %p: path %s, key %#" PRIx64 "\n",
-	       (void *)pool, pd_mr_path(pool_mr) == PD_PATH_DMABUF ? "dma_buf" : "other", key);
+	printf("ok - the 4 GiB pool registered once at %#" PRIx64 " (%s) on %s: path %s, key %#" PRIx64
+	       "\n",
+	       base, nic ? "a device address, mapped nowhere in the process" : "its CPU mapping",
+	       provider, pd_mr_path(pool_mr) == PD_PATH_DMABUF ? "dma_buf" : "other", key);
+	if (pd_mr_path(pool_mr) != PD_PATH_DMABUF) {
+		printf("FAIL - the pool's registration : not on the dma_buf path\n");
+		failed = 1;
+		goto out;
+	}
 
 	/* Buffers found by address, as HCL's sends find theirs. */
 	if ((err = pd_regcache_stats(cache, &before))) {
@@ -269,7 +400,7 @@ int main(void)
 	for (i = 0; i < LOOKUPS; i++) {
 		uint64_t len = 1 + next(&state) % (256u << 10);
 		uint64_t offset = next(&state) % (POOL - len);
-		pd_mr *mr = lookup(dom, pool, key, offset, len, PD_ACCESS_LOCAL_READ);
+		pd_mr *mr = lookup(dom, base, key, offset, len, PD_ACCESS_LOCAL_READ);
 
 		if (!mr)
 			goto out;
@@ -291,7 +422,8 @@ int main(void)
 	printf("ok - %d buffers looked up by address (1 B to 256 KiB anywhere in the pool): %d "
 	       "cache hits on the one registration, each at its address and offset\n",
 	       LOOKUPS, LOOKUPS);
-	err = pd_register_addr(dom, pool + POOL - 8, 16, PD_ACCESS_LOCAL_READ, &none);
+	err = pd_register_addr(dom, (void *)(uintptr_t)(base + POOL - 8), 16, PD_ACCESS_LOCAL_READ,
+			       &none);
 	ret = pd_register_addr(dom, &state, sizeof(state), PD_ACCESS_LOCAL_READ, &none);
 	if (err != -ENOENT || ret != -ENOENT) {
 		printf("FAIL - addresses outside the pool : %s and %s, expected ENOENT\n",
@@ -302,25 +434,40 @@ int main(void)
 	printf("ok - bytes past the pool's end, and an address outside it: ENOENT (%s)\n",
 	       pd_last_error());
 
-	/* A tagged send between two buffers of the pool, each found by its address. */
+	/*
+	 * A tagged send between two buffers of the pool, each found by its address; the flush
+	 * word set. On a NIC provider the CPU mapping goes before the bytes move.
+	 */
 	if (!open_ends(info, domain, &ends))
 		goto out;
 	for (i = 0; i < (int)MOVED; i++) {
 		pool[SRC_OFFSET + i] = pattern(i);
 		pool[DST_OFFSET + i] = 0;
 	}
-	src = lookup(dom, pool, key, SRC_OFFSET, MOVED, PD_ACCESS_LOCAL_READ);
-	dst = lookup(dom, pool, key, DST_OFFSET, MOVED, PD_ACCESS_LOCAL_WRITE);
+	memcpy(pool + FLUSH_OFFSET, &(uint64_t){ FLUSH_WORD }, sizeof(uint64_t));
+	memset(pool + READBACK_OFFSET, 0, sizeof(uint64_t));
+	src = lookup(dom, base, key, SRC_OFFSET, MOVED, PD_ACCESS_LOCAL_READ);
+	dst = lookup(dom, base, key, DST_OFFSET, MOVED, PD_ACCESS_LOCAL_WRITE);
 	if (!src || !dst)
 		goto out;
-	if ((ret = fi_trecv(ends.ep[1], pool + DST_OFFSET, MOVED, pd_mr_desc(dst), FI_ADDR_UNSPEC,
-			    0x4c43, 0, NULL))) {
+	if (nic) {
+		munmap(pool, POOL);
+		pool = MAP_FAILED;
+		if (mapped_in_process(base, POOL) != 0 || dmabuf_mapped() != 0) {
+			printf("FAIL - the pool is still mapped in the process\n");
+			failed = 1;
+			goto out;
+		}
+	}
+	if ((ret = fi_trecv(ends.ep[1], (void *)(uintptr_t)(base + DST_OFFSET), MOVED,
+			    pd_mr_desc(dst), FI_ADDR_UNSPEC, 0x4c43, 0, NULL))) {
 		fail_fi("fi_trecv", ret);
 		goto out;
 	}
-	while ((ret = fi_tsend(ends.ep[0], pool + SRC_OFFSET, MOVED, pd_mr_desc(src), ends.peer,
-			       0x4c43, NULL)) == -FI_EAGAIN)
-		if (reap(ends.cq[0]) < 0)
+	/* Both sides progress while the send waits: the peer accepts the connection (verbs). */
+	while ((ret = fi_tsend(ends.ep[0], (void *)(uintptr_t)(base + SRC_OFFSET), MOVED,
+			       pd_mr_desc(src), ends.peer, 0x4c43, NULL)) == -FI_EAGAIN)
+		if (!again(&ends))
 			goto out;
 	if (ret) {
 		fail_fi("fi_tsend", ret);
@@ -328,6 +475,17 @@ int main(void)
 	}
 	if (!complete(&ends, 1, 1))
 		goto out;
+	if (nic) {
+		/* Still registered and never mapped since: what the exporter sees. */
+		if (pool_importer(POOL, importer, sizeof(importer)) != 1) {
+			printf("FAIL - peerdirect's debugfs lists no pinned importer of the pool\n");
+			failed = 1;
+			goto out;
+		}
+		pool = map_pool(fd);
+		if (pool == MAP_FAILED)
+			goto out;
+	}
 	for (i = 0; i < (int)MOVED; i++) {
 		if (pool[DST_OFFSET + i] != pattern(i)) {
 			printf("FAIL - the receiving buffer : byte %d is %#x, expected %#x\n", i,
@@ -336,12 +494,21 @@ int main(void)
 			goto out;
 		}
 	}
-	printf("ok - tcp sent %u bytes from pool + 3 GiB + 12345 to pool + 1 GiB + 777, both found "
-	       "by address; every byte checked\n",
-	       MOVED);
+	printf("# hbm-dst offset=%#" PRIx64 " length=%#x seed=%#" PRIx64 "\n",
+	       pd_allocation_hbm_offset(alloc) + DST_OFFSET, MOVED, SEED);
+	if (nic)
+		printf("ok - %s sent %u bytes from pool + 3 GiB + 12345 to pool + 1 GiB + 777, both "
+		       "found by device address, with no address of the pool mapped in the process "
+		       "(the NIC moved them: peerdirect's debugfs lists the pool's %s); every "
+		       "byte checked\n",
+		       provider, MOVED, importer);
+	else
+		printf("ok - %s sent %u bytes from pool + 3 GiB + 12345 to pool + 1 GiB + 777, both "
+		       "found by address; every byte checked\n",
+		       provider, MOVED);
 
 	/* The flush buffer: one word a peer reads with RDMA, found by address like the rest. */
-	flush = lookup(dom, pool, key, FLUSH_OFFSET, sizeof(uint64_t), PD_ACCESS_REMOTE_READ);
+	flush = lookup(dom, base, key, FLUSH_OFFSET, sizeof(uint64_t), PD_ACCESS_REMOTE_READ);
 	if (!flush)
 		goto out;
 	if ((err = pd_mr_remote(flush, 1, &raddr, &rkey)) ||
@@ -349,22 +516,51 @@ int main(void)
 		fail_pd("pd_mr_remote of the flush word", err);
 		goto out;
 	}
-	if (raddr != (uint64_t)(uintptr_t)(pool + FLUSH_OFFSET) || roffset != FLUSH_OFFSET ||
-	    rkey != key || rkey0 != key) {
+	if (raddr != base + FLUSH_OFFSET || roffset != FLUSH_OFFSET || rkey != key || rkey0 != key) {
 		printf("FAIL - the flush word's remote address : %#" PRIx64 " or offset %#" PRIx64
-		       ", keys %#" PRIx64 " %#" PRIx64 "; expected %p, %#" PRIx64 ", key %#" PRIx64
-		       "\n",
-		       raddr, roffset, rkey, rkey0, (void *)(pool + FLUSH_OFFSET), FLUSH_OFFSET, key);
+		       ", keys %#" PRIx64 " %#" PRIx64 "; expected %#" PRIx64 ", %#" PRIx64
+		       ", key %#" PRIx64 "\n",
+		       raddr, roffset, rkey, rkey0, base + FLUSH_OFFSET, FLUSH_OFFSET, key);
+		failed = 1;
+		goto out;
+	}
+	if (!nic) {
+		printf("ok - the one-word flush buffer (pool + 2 GiB + 64) found by address for "
+		       "remote reads: a peer's fi_read names it %#" PRIx64 " (virtual) or %#" PRIx64
+		       " (offset) with the pool's key\n",
+		       raddr, roffset);
+		goto out;
+	}
+	/* HCL's flush: one endpoint reads the word with RDMA, into another word of the pool. */
+	readback = lookup(dom, base, key, READBACK_OFFSET, sizeof(uint64_t), PD_ACCESS_LOCAL_WRITE);
+	if (!readback)
+		goto out;
+	while ((ret = fi_read(ends.ep[0], (void *)(uintptr_t)(base + READBACK_OFFSET),
+			      sizeof(uint64_t), pd_mr_desc(readback), ends.peer, raddr, rkey,
+			      NULL)) == -FI_EAGAIN)
+		if (!again(&ends))
+			goto out;
+	if (ret) {
+		fail_fi("fi_read of the flush word", ret);
+		goto out;
+	}
+	if (!complete(&ends, 1, 0))
+		goto out;
+	memcpy(&word, pool + READBACK_OFFSET, sizeof(word));
+	if (word != FLUSH_WORD) {
+		printf("FAIL - the flush word read with fi_read : %#" PRIx64 ", expected %#" PRIx64 "\n",
+		       word, FLUSH_WORD);
 		failed = 1;
 		goto out;
 	}
 	printf("ok - the one-word flush buffer (pool + 2 GiB + 64) found by address for remote "
-	       "reads: a peer's fi_read names it %#" PRIx64 " (virtual) or %#" PRIx64
-	       " (offset) with the pool's key\n",
-	       raddr, roffset);
+	       "reads, named %#" PRIx64 " with the pool's key, read with fi_read into "
+	       "pool + 2 GiB + 4096: %#" PRIx64 "\n",
+	       raddr, word);
 
 out:
 	close_ends(&ends);
+	pd_mr_release(readback);
 	pd_mr_release(flush);
 	pd_mr_release(dst);
 	pd_mr_release(src);

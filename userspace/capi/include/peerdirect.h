@@ -284,10 +284,14 @@ pd_domain *pd_domain_attach(pd_regcache *cache, struct fid_domain *domain, int *
 /*
  * As pd_domain_attach(), for an ibverbs protection domain the caller allocated (ibv_alloc_pd),
  * whose queue pairs will use the registrations: pd_register() makes them with
- * ibv_reg_dmabuf_mr (rdma-core >= 34), the IOVA of a registration being its offset in the
- * dma-buf; they are always direct (no host bounce). Read them with pd_mr_key() (the rkey),
- * pd_mr_lkey(), pd_mr_local() (the IOVA for ibv_sge.addr) and pd_mr_remote() (a peer's
- * remote_addr and rkey). -ENOSYS: libibverbs.so.1 cannot be loaded or has no
+ * ibv_reg_dmabuf_mr (rdma-core >= 34); they are always direct (no host bounce). The IOVA
+ * (ibv_reg_dmabuf_mr's iova: the address work requests name the bytes by) of bytes
+ * [offset, ...) of a dma-buf is base_addr + offset for a dma-buf registered at the caller's
+ * base_addr (pd_register_dmabuf_at(), pd_register_addr(): a runtime's device virtual
+ * addresses, which its peers' remote_addr then use), else the offset in the dma-buf
+ * (pd_register(), pd_register_dmabuf(), pd_register_export()). Read them with pd_mr_key()
+ * (the rkey), pd_mr_lkey(), pd_mr_local() (the IOVA for ibv_sge.addr) and pd_mr_remote() (a
+ * peer's remote_addr and rkey), both in that IOVA space. -ENOSYS: libibverbs.so.1 cannot be loaded or has no
  * ibv_reg_dmabuf_mr. A device whose driver cannot import dma-bufs (rxe, siw) makes
  * pd_register() fail with -EOPNOTSUPP, naming the device, its driver and what to use instead.
  * Keep the protection domain allocated until the handle is detached and every pd_mr of it
@@ -333,9 +337,10 @@ int pd_register_dmabuf(pd_domain *domain, int fd, uint64_t offset, uint64_t leng
  * As pd_register_dmabuf, by the fd alone: the dma-buf is never mapped, so one whose exporter
  * has no mmap (habanalabs' device memory) or a read-only export (registered for
  * PD_ACCESS_LOCAL_READ / PD_ACCESS_REMOTE_READ) registers too. Its first byte is named
- * base_addr in the registration (fi_mr_dmabuf.base_addr): the address the caller names it by,
- * which local operations use (pd_mr_local() gives base_addr + offset) and peers' RMA with
- * FI_MR_VIRT_ADDR. A runtime passes its device virtual address, as HCL does; a provider that
+ * base_addr in the registration (fi_mr_dmabuf.base_addr; on an ibverbs domain, bytes
+ * [offset, ...) get IOVA base_addr + offset): the address the caller names it by, which local
+ * operations use (pd_mr_local() gives base_addr + offset) and peers' RMA with FI_MR_VIRT_ADDR
+ * (ibverbs: always). A runtime passes its device virtual address, as HCL does; a provider that
  * moves bytes with the CPU (tcp, shm) reads and writes there, so it must then be a CPU address
  * of the same bytes (a mapping the runtime made through its own driver). The library never
  * touches base_addr. Host bounce is not possible (it copies through a mapping): a provider
@@ -486,7 +491,8 @@ uint64_t pd_mr_offset(const pd_mr *mr);
 /*
  * The local address of the requested range's first byte in *addr, and its length in *length:
  * the buf to pass with pd_mr_desc() to the caller's own operations (fi_tsend, fi_trecv,
- * fi_read's destination); for ibverbs the IOVA, for ibv_sge.addr with pd_mr_lkey().
+ * fi_read's destination); for ibverbs the IOVA, for ibv_sge.addr with pd_mr_lkey() (base_addr
+ * + offset for pd_register_dmabuf_at(), see pd_domain_attach_verbs()).
  * -EOPNOTSUPP for a PD_PATH_HOST_BOUNCE registration: its descriptor names the staging buffer
  * (pd_mr_staging()).
  */
@@ -497,8 +503,9 @@ uint32_t pd_mr_path(const pd_mr *mr);
  * What a peer needs to reach the requested range with RMA (fi_read, fi_write): *addr is the
  * address of its first byte, a virtual address when the caller's domain uses FI_MR_VIRT_ADDR
  * (virt_addr != 0; see fi_info->domain_attr->mr_mode) else the offset from the registration's
- * start (ibverbs: always the IOVA, virt_addr is ignored), and *key its key. -EOPNOTSUPP for
- * a PD_PATH_HOST_BOUNCE registration: RMA would reach the staging buffer, not HBM.
+ * start (ibverbs: always the IOVA, as pd_mr_local() gives it; virt_addr is ignored), and *key
+ * its key. -EOPNOTSUPP for a PD_PATH_HOST_BOUNCE registration: RMA would reach the staging
+ * buffer, not HBM.
  */
 int pd_mr_remote(const pd_mr *mr, int virt_addr, uint64_t *addr, uint64_t *key);
 /* Why the registration is PD_PATH_HOST_BOUNCE (the provider's refusal); NULL when direct.

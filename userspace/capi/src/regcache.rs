@@ -697,7 +697,8 @@ unsafe fn register_fd(
 
 /// `int pd_register_dmabuf_at(pd_domain *domain, int fd, uint64_t offset, uint64_t length,
 /// void *base_addr, uint32_t access, pd_mr **out)`: as `pd_register_dmabuf`, by the fd alone:
-/// the dma-buf is not mapped, and its first byte is named `base_addr` in the registration.
+/// the dma-buf is not mapped, and its first byte is named `base_addr` in the registration
+/// (ibverbs: bytes `offset..` at IOVA `base_addr + offset`).
 ///
 /// # Safety
 ///
@@ -1257,8 +1258,9 @@ pub unsafe extern "C" fn pd_mr_staging(mr: *const PdMr, length: *mut u64) -> *mu
 /// `int pd_mr_remote(const pd_mr *mr, int virt_addr, uint64_t *addr, uint64_t *key)`: what a
 /// peer needs to reach the requested range with RMA (`fi_read`, `fi_write`): the address of
 /// its first byte, virtual when the caller's domain uses `FI_MR_VIRT_ADDR` (`virt_addr`) else
-/// the offset from the registration's start, and the key. `-EOPNOTSUPP` for host bounce (RMA
-/// would reach the staging buffer, not HBM).
+/// the offset from the registration's start (ibverbs: the IOVA, `base_addr` + offset for
+/// `pd_register_dmabuf_at`), and the key. `-EOPNOTSUPP` for host bounce (RMA would reach the
+/// staging buffer, not HBM).
 ///
 /// # Safety
 ///

@@ -65,8 +65,9 @@ impl Registrar for AnyRegistrar {
                 .register(source, key)
                 .map(AnyMr::Fabric)
                 .map_err(Failure::from),
+            // At IOVA base_addr + offset for pd_register_dmabuf_at, else the offset.
             Self::Verbs(registrar) => registrar
-                .register(source.dma_buf(), key)
+                .register(source, key)
                 .map(AnyMr::Verbs)
                 .map_err(Failure::from),
         }
@@ -121,8 +122,8 @@ impl AnyMr {
     }
 
     /// The address local operations name the registration's first byte by, and its length:
-    /// the mapping of the dma-buf for libfabric, the IOVA (`ibv_sge.addr`) for ibverbs. `None`
-    /// for host bounce.
+    /// the mapping of the dma-buf for libfabric, the IOVA (`ibv_sge.addr`) for ibverbs (the
+    /// caller's base address plus the offset, or the offset). `None` for host bounce.
     pub(crate) fn local(&self) -> Option<(u64, u64)> {
         match self {
             Self::Fabric(mr) => mr

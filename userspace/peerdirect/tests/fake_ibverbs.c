@@ -4,7 +4,8 @@
  * breaks them: the host test ibverbs_lifetime.rs loads it through IbverbsRegistrar::open_with.
  * One device, "fake0". A protection domain with memory regions cannot be deallocated (EBUSY,
  * as rdma-core answers), and a memory region used after its context was closed is a
- * use-after-free in real libibverbs: here a counted violation. Only the head of each struct
+ * use-after-free in real libibverbs: here a counted violation. The dma-buf offset and IOVA of
+ * the last ibv_reg_dmabuf_mr are kept for the test to read. Only the head of each struct
  * that callers read is laid out as rdma-core's stable ABI has it.
  */
 #include <errno.h>
@@ -40,6 +41,7 @@ struct fake_mr {
 
 static struct fake_device device = { "fake0" };
 static int live_contexts, live_pds, live_mrs, violations;
+static uint64_t last_offset, last_iova;
 static char last_violation[256];
 
 static void violation(const char *what)
@@ -132,7 +134,8 @@ struct fake_mr *ibv_reg_dmabuf_mr(void *p, uint64_t offset, size_t length, uint6
 	struct fake_mr *mr;
 	static uint32_t next_key = 1;
 
-	(void)offset;
+	last_offset = offset;
+	last_iova = iova;
 	(void)fd;
 	(void)access;
 	if (!pd->live || !pd->context->open) {
@@ -175,3 +178,5 @@ int fake_ibv_live_pds(void) { return live_pds; }
 int fake_ibv_live_mrs(void) { return live_mrs; }
 int fake_ibv_violations(void) { return violations; }
 const char *fake_ibv_last_violation(void) { return last_violation; }
+uint64_t fake_ibv_last_offset(void) { return last_offset; }
+uint64_t fake_ibv_last_iova(void) { return last_iova; }

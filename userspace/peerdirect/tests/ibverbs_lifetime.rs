@@ -1,7 +1,8 @@
 //! Lifetimes of ibverbs memory regions against their registrar, on a stand-in for libibverbs
 //! (`tests/fake_ibverbs.c`, built here with the host's C compiler) that keeps verbs' rules and
 //! counts what breaks them: a memory region must be deregistered in its own, still open,
-//! context, and a protection domain with regions cannot be deallocated.
+//! context, and a protection domain with regions cannot be deallocated. Also the IOVA each
+//! kind of source is registered at, as the stand-in received it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,8 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use peerdirect::cache::{Access, ByteRange, ExportId, RegKey, Registrar};
-use peerdirect::registrar::ibverbs::IbverbsRegistrar;
+use peerdirect::registrar::ibverbs::{IbverbsError, IbverbsRegistrar};
+use peerdirect::registrar::libfabric::{DmaBufSource, MappedDmaBuf};
 use peerdirect::DmaBuf;
 
 /// The stand-in library, built once per test process.
@@ -67,6 +69,22 @@ impl Fake {
         .expect("a counter of the stand-in");
         // SAFETY: it only reads a static.
         unsafe { f() }
+    }
+
+    /// What the stand-in's last `ibv_reg_dmabuf_mr` was given: `(offset, iova)`.
+    fn last_registration(&self) -> (u64, u64) {
+        let read = |name: &str| {
+            let symbol = format!("fake_ibv_last_{name}\0");
+            // SAFETY: `uint64_t fake_ibv_last_offset(void)` and `..._iova(void)` read a static.
+            unsafe {
+                let f = self
+                    .lib
+                    .get::<unsafe extern "C" fn() -> u64>(symbol.as_bytes())
+                    .expect("a register of the stand-in");
+                f()
+            }
+        };
+        (read("offset"), read("iova"))
     }
 
     fn last_violation(&self) -> String {
@@ -151,10 +169,10 @@ impl Fake {
     }
 }
 
-/// A file that `DmaBuf::from_fd` takes (the stand-in ignores the fd).
+/// A file that `DmaBuf::from_fd` takes (the stand-in ignores the fd), of 64 KiB.
 fn source() -> DmaBuf {
     let mut file = tempfile();
-    file.write_all(&[0; 4096]).expect("writing the file");
+    file.write_all(&[0; 64 << 10]).expect("writing the file");
     DmaBuf::from_fd(file.into()).expect("a dma-buf stand-in")
 }
 
@@ -257,6 +275,96 @@ fn a_borrowed_protection_domain_stays_its_owners() {
         "the registrar released the caller's pd"
     );
     assert_eq!(fake.release_pd(context, pd.as_ptr()), 0);
+    fake.assert_clean();
+}
+
+/// `registrar`'s key for `offset..offset + length`.
+fn key_at(registrar: &IbverbsRegistrar, offset: u64, length: u64) -> RegKey {
+    RegKey {
+        range: ByteRange::new(offset, length).expect("a range"),
+        ..key(registrar)
+    }
+}
+
+#[test]
+fn a_dma_buf_alone_is_registered_at_iova_equal_to_its_offset() {
+    let fake = Fake::new("iova_offset");
+    let registrar = IbverbsRegistrar::open_with(fake.path(), "fake0").expect("opening fake0");
+    let mr = registrar
+        .register(&source(), &key_at(&registrar, 0x3000, 0x2000))
+        .expect("registering");
+    assert_eq!(fake.last_registration(), (0x3000, 0x3000));
+    assert_eq!((mr.iova, mr.length), (0x3000, 0x2000));
+    drop((mr, registrar));
+    fake.assert_clean();
+}
+
+#[test]
+fn a_source_at_the_callers_address_is_registered_at_that_address_plus_the_offset() {
+    let fake = Fake::new("iova_base");
+    let registrar = IbverbsRegistrar::open_with(fake.path(), "fake0").expect("opening fake0");
+    // A runtime's device virtual address, as HCL names HBM.
+    let base = 0x1000_0000_0000;
+    let source = DmaBufSource::at(source(), base).expect("a source at the device address");
+    let mr = registrar
+        .register(&source, &key_at(&registrar, 0x3000, 0x2000))
+        .expect("registering");
+    // The dma-buf offset stays the offset; only the IOVA moves.
+    assert_eq!(fake.last_registration(), (0x3000, base + 0x3000));
+    assert_eq!((mr.iova, mr.length), (base + 0x3000, 0x2000));
+    drop((mr, registrar));
+    fake.assert_clean();
+}
+
+#[test]
+fn a_mapped_source_is_registered_at_iova_equal_to_its_offset() {
+    let fake = Fake::new("iova_mapped");
+    let registrar = IbverbsRegistrar::open_with(fake.path(), "fake0").expect("opening fake0");
+    let mapped = MappedDmaBuf::new(source()).expect("mapping the file");
+    assert!(mapped.is_mapped());
+    let mr = registrar
+        .register(&*mapped, &key_at(&registrar, 0x1000, 0x1000))
+        .expect("registering");
+    assert_eq!(fake.last_registration(), (0x1000, 0x1000));
+    assert_eq!(mr.iova, 0x1000);
+    drop((mr, registrar));
+    fake.assert_clean();
+}
+
+/// A source whose base leaves no room for the range below 2^64: refused before the call.
+struct AtTheTop(DmaBuf);
+
+impl peerdirect::registrar::ibverbs::IbvSource for AtTheTop {
+    fn dma_buf(&self) -> &DmaBuf {
+        &self.0
+    }
+
+    fn iova_base(&self) -> Option<u64> {
+        Some(u64::MAX - 0x2fff)
+    }
+}
+
+#[test]
+fn iovas_past_the_top_of_the_address_space_are_refused() {
+    let fake = Fake::new("iova_overflow");
+    let registrar = IbverbsRegistrar::open_with(fake.path(), "fake0").expect("opening fake0");
+    let source = AtTheTop(source());
+    // A range whose end (IOVA + length) is 2^64 - 1 fits, as for `DmaBufSource::at`; one
+    // byte more does not.
+    let mr = registrar
+        .register(&source, &key_at(&registrar, 0x1000, 0x1fff))
+        .expect("the top of the address space");
+    assert_eq!(mr.iova, u64::MAX - 0x1fff);
+    drop(mr);
+    let err = registrar
+        .register(&source, &key_at(&registrar, 0x1000, 0x2000))
+        .expect_err("past the top");
+    assert!(
+        matches!(err, IbverbsError::Register { errno, .. } if errno == rustix::io::Errno::OVERFLOW),
+        "{err:?}"
+    );
+    assert_eq!(fake.count("live_mrs"), 0, "registered anyway");
+    drop(registrar);
     fake.assert_clean();
 }
 

@@ -8,6 +8,14 @@
 //! Linux 7.3 `rdma_rxe` has no `reg_user_mr_dmabuf`) fail with [`IbverbsError::DmaBufUnsupported`],
 //! which names the device, the provider, the errno and what to use instead.
 //!
+//! **The IOVA.** Work requests name registered bytes by I/O virtual address (`ibv_sge.addr`, a
+//! peer's `remote_addr`), so the registrar picks it from what it registers ([`IbvSource`]): a
+//! dma-buf the caller names by an address of its own (a runtime's device virtual address:
+//! [`DmaBufSource::at`], C `pd_register_dmabuf_at`) is registered at that address, bytes
+//! `offset..` at IOVA `base_addr + offset`, so that a peer addressing HBM by device VAs, as
+//! HCL does, reaches them; any other (a [`DmaBuf`] alone, or one mapped in this process, whose
+//! CPU address no NIC or peer uses) at IOVA `offset`.
+//!
 //! Every `unsafe` block of this registrar is in the private module `ffi` below;
 //! [`IbverbsRegistrar::from_raw_pd`] only passes its contract on to it.
 
@@ -18,6 +26,7 @@ use std::sync::Arc;
 
 use rustix::io::Errno;
 
+use super::libfabric::DmaBufSource;
 use crate::cache::{Access, ByteRange, DomainId, RegKey, Registrar};
 use crate::DmaBuf;
 
@@ -139,6 +148,7 @@ impl fmt::Display for ErrnoText {
             Errno::BADF => "EBADF",
             Errno::NODEV => "ENODEV",
             Errno::NOENT => "ENOENT",
+            Errno::OVERFLOW => "EOVERFLOW",
             _ => return write!(f, "errno {} ({})", self.0.raw_os_error(), self.0),
         };
         write!(f, "{name} ({})", self.0)
@@ -225,6 +235,41 @@ pub fn provider_of(root: &Path, name: &str) -> String {
     }
 }
 
+/// What [`IbverbsRegistrar`] registers: a dma-buf, and the address its first byte is named by
+/// in registrations, if the caller names it by one. Implemented by [`DmaBuf`] (none) and by
+/// [`DmaBufSource`] (the caller's address of [`DmaBufSource::at`]; none for a mapped one).
+pub trait IbvSource {
+    /// The dma-buf.
+    fn dma_buf(&self) -> &DmaBuf;
+
+    /// The IOVA of the dma-buf's first byte: a registration of bytes `offset..` is made at
+    /// IOVA `iova_base + offset`. `None`: at IOVA `offset`.
+    fn iova_base(&self) -> Option<u64>;
+}
+
+impl IbvSource for DmaBuf {
+    fn dma_buf(&self) -> &DmaBuf {
+        self
+    }
+
+    fn iova_base(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl IbvSource for DmaBufSource {
+    fn dma_buf(&self) -> &DmaBuf {
+        DmaBufSource::dma_buf(self)
+    }
+
+    /// The caller's address ([`DmaBufSource::at`]). A mapped source has none: its address is
+    /// this process's CPU mapping, which neither the NIC nor a peer uses, and the offset keeps
+    /// the NIC's page size independent of where the mapping landed.
+    fn iova_base(&self) -> Option<u64> {
+        (!self.is_mapped()).then(|| self.base_addr())
+    }
+}
+
 /// A memory region made by `ibv_reg_dmabuf_mr`, deregistered when dropped. It holds the device
 /// context and protection domain it lives in, so those stay open until the last of their
 /// memory regions is gone, whatever becomes of the registrar that made it.
@@ -235,7 +280,8 @@ pub struct IbvMr {
     /// The remote key.
     pub rkey: u32,
     /// The I/O virtual address of its first byte: what work requests (`ibv_sge.addr`, a
-    /// peer's `remote_addr`) name it by. This registrar makes it the dma-buf offset.
+    /// peer's `remote_addr`) name it by: the source's [`IbvSource::iova_base`] plus the
+    /// range's offset in the dma-buf, or the offset alone.
     pub iova: u64,
     /// Its length in bytes.
     pub length: u64,
@@ -330,29 +376,40 @@ impl IbverbsRegistrar {
         &self.provider
     }
 
-    /// `ibv_reg_dmabuf_mr` of `range` of `dma_buf`, with the IOVA equal to the offset;
-    /// deregistered when the returned region is dropped.
+    /// `ibv_reg_dmabuf_mr` of `range` of `source`'s dma-buf at IOVA
+    /// [`IbvSource::iova_base`] + the range's offset (the offset alone without a base;
+    /// `EOVERFLOW` if the range's IOVAs would pass 2^64); deregistered when the returned
+    /// region is dropped.
     pub fn register_range(
         &self,
-        dma_buf: &DmaBuf,
+        source: &(impl IbvSource + ?Sized),
         range: ByteRange,
         access: Access,
     ) -> Result<IbvMr, IbverbsError> {
-        let fd = dma_buf.as_fd().as_raw_fd();
+        let fd = source.dma_buf().as_fd().as_raw_fd();
+        let error = |errno| reg_error(&self.device, &self.provider, fd, range, errno);
+        let iova = match source.iova_base() {
+            None => range.offset(),
+            Some(base) => base
+                .checked_add(range.end())
+                .map(|_| base + range.offset())
+                .ok_or_else(|| error(Errno::OVERFLOW))?,
+        };
         ffi::Verbs::reg_dmabuf_mr(
             &self.verbs,
             range.offset(),
             range.length(),
-            range.offset(),
+            iova,
             fd,
             ibv_access(access),
         )
-        .map_err(|errno| reg_error(&self.device, &self.provider, fd, range, errno))
+        .map_err(error)
     }
 }
 
 impl Registrar for IbverbsRegistrar {
-    type Source = DmaBuf;
+    /// A [`DmaBuf`] or a [`DmaBufSource`], whichever the caller has (`&dma_buf` coerces).
+    type Source = dyn IbvSource;
     type Mr = IbvMr;
     type Error = IbverbsError;
 
@@ -360,7 +417,7 @@ impl Registrar for IbverbsRegistrar {
         self.id
     }
 
-    fn register(&self, source: &DmaBuf, key: &RegKey) -> Result<IbvMr, IbverbsError> {
+    fn register(&self, source: &dyn IbvSource, key: &RegKey) -> Result<IbvMr, IbverbsError> {
         self.register_range(source, key.range, key.access)
     }
 

@@ -19,9 +19,8 @@
 # soft-RoCE's verbs;ofi_rxm, which refuses dma-bufs: pd_register fails with -EOPNOTSUPP until
 # the program turns host bounce on, and the registration then says host_bounce, with its
 # reason, a staging buffer and no RMA address. Then userspace/capi/examples/verbs_register.c,
-# built against libibverbs: the ibverbs registrar in C on rxe0, whose refusal of dma-buf
-# memory regions it must report (no device here imports dma-bufs: mlx5, EFA and irdma would
-# take the other branch of the program, which is not run). And userspace/capi/examples/hcl_style.cpp, built with
+# built against libibverbs: the ibverbs registrar in C on rxe0 with Debian's provider, whose
+# refusal of dma-buf memory regions it must report. And userspace/capi/examples/hcl_style.cpp, built with
 # g++: it registers two peerdirect exports as Habana's HCL registers device memory
 # (fi_mr_dmabuf: fd, offset 0, base_addr = the buffer, iov_count 1) and moves 4 MiB over tcp.
 # And userspace/capi/examples/nommap_register.c: a dma-buf whose exporter has no mmap
@@ -31,6 +30,16 @@
 # And userspace/capi/examples/hcl_pool.c: HCL's pattern, a 4 GiB pool registered once
 # (the first boot has 8 GiB of HBM), 1,000 buffers found in it by address (pd_register_addr),
 # a transfer between two of them, the one-word flush buffer found for remote reads.
+# Then a boot with qemu/run --rxe-dmabuf (the test kernel's patched rxe and the patched rxe
+# provider: rxe0 registers dma-bufs, as EFA, mlx5 and irdma do): verbs_register.c takes its
+# other branch, a registration at IOVA = its offset in the allocation; and
+# userspace/capi/examples/verbs_rdma.c, HCL's ibverbs path: the program's own protection domain
+# and RC queue pairs (two, looped back inside rxe0), 8 MiB of HBM registered once with
+# pd_register_dmabuf_at at a device VA of the runtime's, buffers found by device VA, whose
+# pd_mr_remote and pd_mr_local must be those device VAs; an RDMA WRITE of host memory into HBM
+# at a device VA, an RDMA READ out of it and an RDMA WRITE from HBM (the local side named by
+# device VA) into HBM, with the bytes checked through a second export's mapping in the guest
+# and in the HBM backing file on the host.
 # Last, userspace/capi/examples/companion_export.c on a companion device (the HBM device bound
 # to vfio-pci): pd_export_range refused without CAP_SYS_ADMIN (-EPERM), then a BAR range
 # exported, the pattern written through its mapping (checked on the host), and registered
@@ -45,8 +54,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Plan: make install and pkg-config (2); the first boot: hbm_export (4), fabric_register (3),
 # verbs_register (2), hcl_style (2), nommap_register (3), hcl_pool (2), key_pool (2),
-# callback_race (2); the companion boot (7).
-plan 29
+# callback_race (2); the --rxe-dmabuf boot: verbs_register (1), verbs_rdma (6); the companion
+# boot (7).
+plan 36
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -80,7 +90,7 @@ cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/f
 	"$ROOT/userspace/capi/examples/hcl_style.cpp" "$ROOT/userspace/capi/examples/verbs_register.c" \
 	"$ROOT/userspace/capi/examples/nommap_register.c" "$ROOT/userspace/capi/examples/hcl_pool.c" \
 	"$ROOT/userspace/capi/examples/key_pool.c" "$ROOT/userspace/capi/tests/callback_race.c" \
-	"$work/share/"
+	"$ROOT/userspace/capi/examples/verbs_rdma.c" "$work/share/"
 # The programs are built on the host, chrooted in the guest's trixie userland (in_trixie: its
 # gcc, g++, pkg-config, headers and libraries, the files the guest runs them with): a second
 # each, where TCG takes half a minute for the C++ one. They run in the guest.
@@ -99,6 +109,7 @@ trixie_build pbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hcl_po
 trixie_build abuild 'gcc -std=c99 -Wall -Wextra -Werror -fsanitize=address -g -o /tmp/callback_race callback_race.c $(pkg-config --cflags --libs peerdirect libfabric) -pthread && cp /tmp/callback_race .'
 trixie_build kbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/key_pool key_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/key_pool .'
 trixie_build vbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_register verbs_register.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_register .'
+trixie_build rbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_rdma verbs_rdma.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_rdma .'
 cat >"$work/share/probe.sh" <<'EOF'
 cd /mnt/host
 run() { name=$1; shift; "$@" >"$name.out" 2>&1; echo $? >"$name.rc"; }
@@ -344,6 +355,82 @@ PY
 	sed "s/^/# /" hcl.out
 else
 	fail "$desc" "$(show hcl)"
+fi
+
+# The patched rxe (qemu/run --rxe-dmabuf): the ibverbs registrar's registrations succeed, and
+# HCL's path moves bytes with the program's own queue pairs, HBM named by device VA.
+cd /
+cat >"$work/share/rxe.sh" <<'EOS'
+cd /mnt/host
+run() { name=$1; shift; "$@" >"$name.out" 2>&1; echo $? >"$name.rc"; }
+export LD_LIBRARY_PATH=/mnt/host/stage/usr/local/lib
+run verbs_direct ./verbs_register rxe0 direct
+run rdma ./verbs_rdma rxe0
+EOS
+hbm_rxe=$work/hbm-rxe
+out=$(guest --rxe-dmabuf --hbm-backing "$hbm_rxe" --share "$work/share" -- sh /mnt/host/rxe.sh 2>&1)
+rc=$?
+cd "$work/share"
+desc="trixie's gcc builds verbs_rdma.c (C99, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libibverbs"
+if [ "$(cat rbuild.rc 2>/dev/null)" = 0 ]; then
+	ok "$desc"
+else
+	fail "$desc" "$(show rbuild)"
+fi
+desc="verbs_register on rxe0 with the patched rxe and provider (qemu/run --rxe-dmabuf): pd_register (ibv_reg_dmabuf_mr) of 4096 bytes at 1 MiB of an allocation succeeds, path dmabuf, at IOVA = its offset (0x100000), which pd_mr_local and pd_mr_remote give; the registration is cached and dropped at detach; ibv_dealloc_pd of the program's domain succeeds"
+if [ $rc = 0 ] && [ "$(cat verbs_direct.rc 2>/dev/null)" = 0 ] &&
+	grep -q '^attached protection domain of rxe0$' verbs_direct.out &&
+	grep -q '^registered 4096 bytes at 1 MiB: lkey 0x[0-9a-f]*, rkey 0x[0-9a-f]*, iova 0x100000$' verbs_direct.out &&
+	grep -q '^cache: misses 1, registrations 1, failed 0, entries 1$' verbs_direct.out &&
+	grep -q '^detached: 1 cached registration(s) dropped$' verbs_direct.out &&
+	grep -q '^released: the protection domain is the program.s to deallocate, and was$' verbs_direct.out; then
+	ok "$desc"
+	sed "s/^/# /" verbs_direct.out
+else
+	fail "$desc" "qemu/run exited $rc (99: kernel splat, 98: guest died, 124: timeout)" "$out" "$(show verbs_direct)"
+fi
+desc="verbs_rdma (HCL's ibverbs path, the program's own PD and RC queue pairs on rxe0): 8 MiB of HBM registered once with pd_register_dmabuf_at at device VA 0x100040000000; two buffers in it found by device VA (pd_register_addr: cache hits); pd_mr_remote and pd_mr_local give their device VAs (pool + offset) and the pool's rkey"
+if grep -q '^ok - rxe0: the program.s protection domain and two RC queue pairs connected to each other$' rdma.out &&
+	grep -q '^ok - the pool registered once with pd_register_dmabuf_at at device VA 0x100040000000: rkey 0x[0-9a-f]*, path dma_buf$' rdma.out &&
+	grep -q '^ok - buffers at pool + 0x105000 and + 0x503000 found by device VA (pd_register_addr): cache hits' rdma.out &&
+	grep -q '^ok - pd_mr_remote and pd_mr_local give the buffers. device VAs 0x100040105000 and 0x100040503000 (the pool.s + 0x105000, + 0x503000) and the pool.s rkey$' rdma.out; then
+	ok "$desc"
+else
+	fail "$desc" "$(show rdma)"
+fi
+desc="verbs_rdma: an RDMA WRITE of 1 MiB of host memory into HBM at device VA pool + 0x105000 completes and HBM holds the pattern there (read through a second export's mapping)"
+if grep -q '^ok - RDMA WRITE of 1 MiB of host memory into HBM at device VA pool + OFF_A completes' rdma.out &&
+	grep -q '^ok - HBM at pool + OFF_A holds the pattern' rdma.out; then
+	ok "$desc"
+else
+	fail "$desc" "$(show rdma)"
+fi
+desc="verbs_rdma: an RDMA READ of 1 MiB of HBM at device VA pool + 0x105000 into host memory completes with the pattern"
+if grep -q '^ok - RDMA READ of 1 MiB of HBM at device VA pool + OFF_A into host memory completes' rdma.out &&
+	grep -q '^ok - the host memory read into holds the pattern$' rdma.out; then
+	ok "$desc"
+else
+	fail "$desc" "$(show rdma)"
+fi
+desc="verbs_rdma: an RDMA WRITE of 1 MiB from HBM named by device VA (pd_mr_local, pd_mr_lkey) into HBM at device VA pool + 0x503000 completes and HBM holds the pattern there; the rest of the 8 MiB is still zero; every step ok, and ibv_dealloc_pd of the program's domain succeeds"
+if [ "$(cat rdma.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' rdma.out &&
+	grep -q '^ok - RDMA WRITE of 1 MiB from HBM at device VA pool + OFF_A (pd_mr_lkey) into HBM at pool + OFF_B completes' rdma.out &&
+	grep -q '^ok - HBM at pool + OFF_B holds the pattern$' rdma.out &&
+	grep -q '^ok - the rest of the pool is still zero$' rdma.out &&
+	grep -q '^ok - released: ibv_dealloc_pd of the program.s domain succeeds$' rdma.out; then
+	ok "$desc"
+	sed "s/^/# /" rdma.out
+else
+	fail "$desc" "$(show rdma)"
+fi
+desc="on the host, the HBM backing file holds verbs_rdma's pattern at both buffers' hbm_offsets (the RDMA WRITE's targets)"
+read -r seed length at_a at_b < <(sed -n 's/^hbm: pattern \(0x[0-9a-f]*\) of \([0-9]*\) bytes at hbm_offset \(0x[0-9a-f]*\) and \(0x[0-9a-f]*\)$/\1 \2 \3 \4/p' rdma.out 2>/dev/null)
+if [ -n "${at_b:-}" ] &&
+	"$ROOT/tests/hbm-pattern" check "$hbm_rxe" $((at_a)) "$length" "$seed" >check.out 2>&1 &&
+	"$ROOT/tests/hbm-pattern" check "$hbm_rxe" $((at_b)) "$length" "$seed" >>check.out 2>&1; then
+	ok "$desc"
+else
+	fail "$desc" "$(cat check.out 2>/dev/null)" "$(show rdma)"
 fi
 
 # The companion export (Documentation/companion.md): the HBM device bound to vfio-pci as its

@@ -4,11 +4,13 @@
  * named on the command line (default rxe0), allocates a protection domain, allocates 4 MiB
  * of HBM on /dev/peerdirect0 and asks pd_register for it: ibv_reg_dmabuf_mr in that domain.
  *
- * On a device whose kernel driver imports dma-bufs (mlx5, EFA, irdma) the registration
- * succeeds: the program prints its keys and the IOVA a work request would use, and checks
- * them. On soft-RoCE (rxe), which has no dma-buf memory regions, it must fail with
- * -EOPNOTSUPP and a message naming the device, its driver and what to use instead; the
- * program checks that (a second argument "refused" says which outcome to expect).
+ * On a device whose kernel driver imports dma-bufs (mlx5, EFA, irdma; in the test guests rxe0
+ * with the patched rxe and provider, qemu/run --rxe-dmabuf) the registration succeeds: the
+ * program prints its keys and the IOVA a work request would use (pd_register's: the offset in
+ * the allocation, 1 MiB), and checks them. On soft-RoCE (rxe) as Debian ships it, which has no
+ * dma-buf memory regions, it must fail with -EOPNOTSUPP and a message naming the device, its
+ * driver and what to use instead; the program checks that (a second argument "refused" says
+ * which outcome to expect). verbs_rdma.c registers at the runtime's device VA and moves bytes.
  *
  * Either way it then detaches the domain handle and deallocates the protection domain itself:
  * ibv_dealloc_pd must succeed (the library left no memory region in it and never freed it).

@@ -3,10 +3,24 @@
 # EFA's pinned path (ib_umem_dmabuf_get_pinned_with_dma_device, rxe's ib_device, the NIC's PCI
 # device), irdma's revocable pinned path and mlx5's dynamic path, for 64 MiB (2 MiB- and 64 MiB-
 # aligned), 1, 3 and 5 GiB exports of an 8 GiB HBM in the switch topology, with the page size
-# ib_umem_find_best_pgsz picks and the DMA blocks; ibv_reg_dmabuf_mr on rxe through the crate
-# (EOPNOTSUPP, documented error); imports held across an unbind of the HBM device.
+# ib_umem_find_best_pgsz picks and the DMA blocks; imports held across an unbind of the HBM
+# device. Then ibv_reg_dmabuf_mr on rxe0 through the crate's ibverbs registrar and cache
+# (peerdirect-guest-tests --ibverbs), in each boot with what its rxe provider must do: in the
+# same boot (qemu/run --rxe, Debian's provider) refused with EOPNOTSUPP, the documented error;
+# in a second boot with the test kernel's patched rxe and provider (qemu/run --rxe-dmabuf,
+# flag --rxe-dmabuf) registered, a cache hit on the second request, and the NIC under rxe0
+# attached to the export and pinned in peerdirect's debugfs while registered, gone after.
+# Only the test kernels carry the patched rxe (qemu/patches/0002): on Debian's kernel
+# (tests/system/debian-kernel.sh runs this suite with PEERDIRECT_KERNEL=debian) its rxe refuses
+# dma-bufs whatever the provider (tests/system/rxe-dmabuf.sh checks that), so the second boot
+# is the test kernels' only.
 . "$(dirname "$0")/../lib.sh"
 
-# Plan: the checks are peerdirect-guest-tests', with its own plan; none of this script's own.
-guest_tap "" 1 --topology switch --hbm 8G --mem 2G --rxe --kmemleak -- \
-	peerdirect-guest-tests --ibimport
+# Plan: the checks are peerdirect-guest-tests', with their own plans; none of this script's own.
+failed=0
+guest_tap "" 2 --topology switch --hbm 8G --mem 2G --rxe --kmemleak -- "${guest_each[@]}" \
+	"peerdirect-guest-tests --ibimport" "peerdirect-guest-tests --ibverbs" || failed=1
+if [ "${PEERDIRECT_KERNEL:-default}" != debian ]; then
+	guest_tap "" 1 --rxe-dmabuf --kmemleak -- peerdirect-guest-tests --ibverbs --rxe-dmabuf || failed=1
+fi
+exit $failed

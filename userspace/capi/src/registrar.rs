@@ -117,7 +117,7 @@ impl AnyMr {
     pub(crate) fn path(&self) -> &RegPath {
         match self {
             Self::Fabric(mr) => mr.path(),
-            Self::Verbs(_) => &RegPath::DmaBuf,
+            Self::Verbs(mr) => mr.path(),
         }
     }
 

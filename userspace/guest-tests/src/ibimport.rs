@@ -3,9 +3,8 @@
 //! (EFA's pinned path, with rxe's ib_device and the NIC's PCI device doing the DMA),
 //! `ib_umem_dmabuf_get_pinned_revocable_and_lock` (irdma) and `ib_umem_dmabuf_get` (mlx5,
 //! dynamic), each followed by `ib_umem_find_best_pgsz` with an EFA-like page-size bitmap and a
-//! walk of the DMA blocks. Then `ibv_reg_dmabuf_mr` on rxe through the crate's ibverbs
-//! registrar (the documented EOPNOTSUPP), and last a revocable, a pinned and a dynamic import
-//! held while the HBM device is unbound from peerdirect.
+//! walk of the DMA blocks. Last, a revocable, a pinned and a dynamic import held while the HBM
+//! device is unbound from peerdirect.
 //!
 //! Needs the switch topology, `--hbm 8G` and `--rxe` (`tests/system/ibimport.sh`).
 
@@ -13,12 +12,9 @@ use std::fs;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
-use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId, RegCache};
-use peerdirect::registrar::ibverbs::{IbverbsError, IbverbsRegistrar};
-use peerdirect::{Device, DeviceInfo, DmaBuf, Errno, ExportFlags};
+use peerdirect::{Device, DeviceInfo, DmaBuf, ExportFlags};
 
 use crate::removal::{expect_going, expect_waiting, expect_waits_log, waits_reports, Unbinding};
 use crate::support::{expect_eq, find_nic, run_command as run, size_name, Outcome, Tap};
@@ -243,38 +239,6 @@ fn import(ctx: &mut Ctx, layout: &Layout, mode: Mode) -> Outcome {
     Ok(())
 }
 
-fn ibverbs_on_rxe(ctx: &Ctx) -> Outcome {
-    let layout = &LAYOUTS[1];
-    let (dmabuf, _) = export(&ctx.device, layout)?;
-    let registrar = Arc::new(IbverbsRegistrar::open(RXE).map_err(|e| e.to_string())?);
-    expect_eq("provider", "rxe", registrar.provider())?;
-    let cache = RegCache::new(CacheLimits::default());
-    let export = ExportId::of_dma_buf(INDEX, &dmabuf).map_err(|e| e.to_string())?;
-    let range = ByteRange::new(0, layout.len).map_err(|e| e.to_string())?;
-    let err = match cache.get(&registrar, &dmabuf, export, range, Access::all()) {
-        Ok(_) => return Err("ibv_reg_dmabuf_mr on rxe0 succeeded; expected EOPNOTSUPP".into()),
-        Err(err) => err,
-    };
-    println!("# ibverbs: {err}");
-    expect_eq("errno", Some(Errno::OPNOTSUPP), err.errno())?;
-    if !matches!(err, IbverbsError::DmaBufUnsupported { .. }) {
-        return Err(format!("expected DmaBufUnsupported, got {err:?}"));
-    }
-    let text = err.to_string();
-    for part in [
-        "ibv_reg_dmabuf_mr on rxe0",
-        "provider rxe",
-        "EOPNOTSUPP",
-        "EFA, mlx5, irdma",
-        "host-bounce",
-    ] {
-        if !text.contains(part) {
-            return Err(format!("{part:?} missing from: {text}"));
-        }
-    }
-    Ok(())
-}
-
 struct Held {
     revocable: u32,
     pinned: u32,
@@ -366,10 +330,6 @@ fn steps() -> Vec<Step> {
             ));
         }
     }
-    steps.push(with_ctx(
-        format!("ibv_reg_dmabuf_mr on {RXE} through the crate (IbverbsRegistrar via RegCache) fails with EOPNOTSUPP, naming device, provider and alternatives"),
-        |ctx, _| ibverbs_on_rxe(ctx),
-    ));
     steps.push(with_ctx(
         "a pinned (rxe), a revocable and a dynamic import of 64 MiB exports are held",
         |ctx, held| {

@@ -13,6 +13,7 @@ mod cpu_mapping;
 mod fabric;
 mod fuzz;
 mod ibimport;
+mod ibverbs;
 mod importer;
 mod lifecycle;
 mod peermem;
@@ -98,10 +99,19 @@ struct Args {
     #[arg(long, requires = "fabric")]
     direct: bool,
     /// Import dma-bufs with ib_core's own functions through the test module
-    /// peerdirect_ibimport.ko, ibv_reg_dmabuf_mr on rxe0, and imports held across unbind
-    /// instead (`qemu/run --rxe --hbm 8G`, switch topology; see [`ibimport`]).
+    /// peerdirect_ibimport.ko, and imports held across unbind instead (`qemu/run --rxe --hbm
+    /// 8G`, switch topology; see [`ibimport`]).
     #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke"])]
     ibimport: bool,
+    /// Register HBM on rxe0 through the crate's ibverbs registrar and cache instead: refused
+    /// by Debian's rxe provider (`qemu/run --rxe`), or, with `--rxe-dmabuf`, registered and
+    /// seen attached in debugfs (see [`ibverbs`]).
+    #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke", "ibimport"])]
+    ibverbs: bool,
+    /// With --ibverbs: the guest was booted with `qemu/run --rxe-dmabuf` (the test kernel's
+    /// patched rxe and the patched rxe provider), so registrations must succeed.
+    #[arg(long, requires = "ibverbs")]
+    rxe_dmabuf: bool,
     /// Contract test of the PeerDirect peer-memory client against the test module
     /// peerdirect_peermem_core.ko instead, in the guest topology given (`qemu/run --no-bind
     /// --topology T`; loads and unloads the modules itself, see [`peermem`]).
@@ -452,6 +462,13 @@ fn main() -> ExitCode {
     }
     if args.ibimport {
         return ibimport::run_tests();
+    }
+    if args.ibverbs {
+        return ibverbs::run(if args.rxe_dmabuf {
+            ibverbs::Provider::Patched
+        } else {
+            ibverbs::Provider::Debian
+        });
     }
     if let Some(provider) = &args.fabric {
         return fabric::run(provider, args.companion, args.direct);

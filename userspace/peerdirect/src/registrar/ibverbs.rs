@@ -27,6 +27,7 @@ use std::sync::Arc;
 use rustix::io::Errno;
 
 use super::libfabric::DmaBufSource;
+use super::RegPath;
 use crate::cache::{Access, ByteRange, DomainId, RegKey, Registrar};
 use crate::DmaBuf;
 
@@ -286,6 +287,14 @@ pub struct IbvMr {
     /// Its length in bytes.
     pub length: u64,
     verbs: Arc<ffi::Verbs>,
+}
+
+impl IbvMr {
+    /// How it reaches the memory: always the dma-buf itself ([`RegPath::DmaBuf`]), since a
+    /// provider that refuses dma-bufs fails the registration rather than bounce.
+    pub fn path(&self) -> &'static RegPath {
+        &RegPath::DmaBuf
+    }
 }
 
 impl fmt::Debug for IbvMr {

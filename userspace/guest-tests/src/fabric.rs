@@ -402,19 +402,11 @@ fn rma_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
     let remote = src.remote(0, caps.mr_virt_addr);
     let fabric = registrar.fabric();
     let (reader, owner, to_owner) = endpoint_pair(fabric)?;
-    // The owner posts nothing, but a provider with manual progress needs its CQ read.
-    let done = AtomicBool::new(false);
     let start = Instant::now();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            while !done.load(Ordering::Acquire) {
-                let _ = owner.progress();
-                std::thread::yield_now();
-            }
-        });
-        let read = reader.read(dst_mr.mr(), 0, LEN, to_owner, remote);
-        done.store(true, Ordering::Release);
-        read.map_err(|e| format!("fi_read: {e}"))
+    progressing(&owner, || {
+        reader
+            .read(dst_mr.mr(), 0, LEN, to_owner, remote)
+            .map_err(|e| format!("fi_read: {e}"))
     })?;
     let elapsed = start.elapsed();
     let mut got = vec![0u8; LEN as usize];
@@ -427,17 +419,10 @@ fn rma_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
     }
     // And back: the peer's memory cleared, then written with fi_write out of the HBM.
     src.write(0, &vec![0u8; LEN as usize]);
-    let done = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            while !done.load(Ordering::Acquire) {
-                let _ = owner.progress();
-                std::thread::yield_now();
-            }
-        });
-        let write = reader.write(dst_mr.mr(), 0, LEN, to_owner, remote);
-        done.store(true, Ordering::Release);
-        write.map_err(|e| format!("fi_write: {e}"))
+    progressing(&owner, || {
+        reader
+            .write(dst_mr.mr(), 0, LEN, to_owner, remote)
+            .map_err(|e| format!("fi_write: {e}"))
     })?;
     src.read(0, &mut got);
     if let Some(m) = pattern::first_mismatch(SEED ^ 1, 0, &got) {
@@ -501,27 +486,16 @@ fn rma_hbm_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
         .remote(0, caps.mr_virt_addr)
         .ok_or("the owner's dma_buf registration offers no RMA address")?;
     let (initiator, owner, to_owner) = endpoint_pair(registrar.fabric())?;
-    // The owner posts nothing, but a provider with manual progress needs its CQ read.
-    let done = AtomicBool::new(false);
     let start = Instant::now();
-    let (read_secs, write_secs) = std::thread::scope(|s| {
-        s.spawn(|| {
-            while !done.load(Ordering::Acquire) {
-                let _ = owner.progress();
-                std::thread::yield_now();
-            }
-        });
-        let read = initiator
+    let (read_secs, write_secs) = progressing(&owner, || {
+        initiator
             .read(reader_mr.mr(), 0, LEN, to_owner, remote)
-            .map_err(|e| format!("fi_read: {e}"));
+            .map_err(|e| format!("fi_read: {e}"))?;
         let read_secs = start.elapsed().as_secs_f64();
-        let write = read.and_then(|()| {
-            initiator
-                .write(writer_mr.mr(), 0, LEN, to_owner, remote)
-                .map_err(|e| format!("fi_write: {e}"))
-        });
-        done.store(true, Ordering::Release);
-        write.map(|()| (read_secs, start.elapsed().as_secs_f64() - read_secs))
+        initiator
+            .write(writer_mr.mr(), 0, LEN, to_owner, remote)
+            .map_err(|e| format!("fi_write: {e}"))?;
+        Ok((read_secs, start.elapsed().as_secs_f64() - read_secs))
     })?;
     let check = |what: &str, buffer: &Buffer<'_>, seed: u64| {
         let mut got = vec![0u8; LEN as usize];
@@ -557,6 +531,23 @@ fn rma_hbm_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
         remote.key,
         LEN >> 20
     ))
+}
+
+/// Runs `f` while another thread reads `owner`'s completions: the target of RMA posts
+/// nothing, but a provider with manual progress needs its CQ read.
+fn progressing<T>(owner: &Endpoint, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Acquire) {
+                let _ = owner.progress();
+                std::thread::yield_now();
+            }
+        });
+        let result = f();
+        done.store(true, Ordering::Release);
+        result
+    })
 }
 
 fn fd_count() -> Result<usize, String> {

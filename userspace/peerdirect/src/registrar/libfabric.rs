@@ -1580,16 +1580,7 @@ impl Endpoint {
             addr: remote.addr,
             key: remote.key,
         };
-        self.transfer(
-            mr,
-            Plan {
-                kind,
-                offset,
-                length,
-                peer: peer.0,
-                tag: 0,
-            },
-        )
+        self.rma(kind, mr, offset, length, peer)
     }
 
     /// Writes bytes `offset..offset + length` of `mr` into `peer`'s registered memory at
@@ -1608,16 +1599,26 @@ impl Endpoint {
             addr: remote.addr,
             key: remote.key,
         };
-        self.transfer(
-            mr,
-            Plan {
-                kind,
-                offset,
-                length,
-                peer: peer.0,
-                tag: 0,
-            },
-        )
+        self.rma(kind, mr, offset, length, peer)
+    }
+
+    /// An RMA read or write of `length` bytes of `mr` at `offset`, untagged.
+    fn rma(
+        &self,
+        kind: sys::Kind,
+        mr: &FabricMr,
+        offset: u64,
+        length: u64,
+        peer: Peer,
+    ) -> Result<(), LibfabricError> {
+        let plan = Plan {
+            kind,
+            offset,
+            length,
+            peer: peer.0,
+            tag: 0,
+        };
+        self.transfer(mr, plan)
     }
 
     fn transfer(&self, mr: &FabricMr, plan: Plan) -> Result<(), LibfabricError> {

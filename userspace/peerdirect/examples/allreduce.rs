@@ -11,9 +11,11 @@
 //!
 //! Rank 0 listens on `--root` (the bootstrap: addresses, barriers and results travel over
 //! plain TCP there, as runtimes bootstrap over a side channel); the others connect to it. With
-//! a provider that takes dma-buf memory (`tcp`) every registration is direct and the library
-//! copies nothing with the CPU; with one that refuses it (`verbs;ofi_rxm` on soft-RoCE) the
-//! registrations fall back to host bounce, say why, and count the bytes they copy.
+//! a provider that takes dma-buf memory (`tcp`; `verbs;ofi_rxm` on an RDMA device whose kernel
+//! driver and provider register dma-bufs) every registration is direct and the library copies
+//! nothing with the CPU; with one that refuses it (`verbs;ofi_rxm` on Debian's soft-RoCE) the
+//! registrations fall back to host bounce, say why, and count the bytes they copy. Each
+//! record names the path of both of a rank's registrations (data and scratch).
 //!
 //! Every rank fills its buffer with [`value`] of its rank, the element and the iteration
 //! before each iteration, and checks every element of the result after it; the last
@@ -464,7 +466,7 @@ impl Ring<'_> {
         }
         Ok(Registrations {
             staged_bytes: data.staged_bytes() + scratch.staged_bytes(),
-            path: data.path().clone(),
+            paths: [data.path().clone(), scratch.path().clone()],
         })
     }
 }
@@ -474,15 +476,16 @@ struct Registrations {
     /// Bytes the library copied with the CPU through them (host bounce), since they were
     /// made.
     staged_bytes: u64,
-    /// The data buffer's path.
-    path: RegPath,
+    /// The data buffer's path and the scratch buffer's.
+    paths: [RegPath; 2],
 }
 
+/// A path's name in the JSON, and the provider's reason for host bounce.
 fn path_name(path: &RegPath) -> (&'static str, Option<String>) {
     match path {
+        RegPath::DmaBuf => ("dma_buf", None),
+        RegPath::PeerMemVa => ("peermem_va", None),
         RegPath::HostBounce { reason } => ("host_bounce", Some(reason.clone())),
-        p if p.is_direct() => ("dma_buf", None),
-        _ => ("other", None),
     }
 }
 
@@ -547,7 +550,14 @@ fn run(o: &Options, ring: &mut Ring<'_>, bootstrap: &mut Bootstrap) -> Result<Ve
         // their count of copied bytes only grows.
         let staged = last.staged_bytes.saturating_sub(staged_so_far);
         staged_so_far = last.staged_bytes;
-        let (path, reason) = path_name(&last.path);
+        let [(data_path, data_reason), (scratch_path, scratch_reason)] =
+            last.paths.each_ref().map(path_name);
+        // Both buffers' registrations: one path when they agree, else each named.
+        let path = if data_path == scratch_path {
+            data_path.to_string()
+        } else {
+            format!("data={data_path} scratch={scratch_path}")
+        };
         let seconds = median(times.clone());
         let n = o.ranks as f64;
         let algbw = size as f64 / seconds;
@@ -563,7 +573,8 @@ fn run(o: &Options, ring: &mut Ring<'_>, bootstrap: &mut Bootstrap) -> Result<Ve
             "registrations": after.registrations - before.registrations,
             "hits": after.hits - before.hits,
             "path": path,
-            "reason": reason,
+            "paths": { "data": data_path, "scratch": scratch_path },
+            "reason": data_reason.or(scratch_reason),
             "correct": true,
         }));
     }
@@ -628,6 +639,7 @@ fn table(o: &Options, all: &[Vec<Value>]) -> Vec<Value> {
         let mut paths: Vec<String> = of("path")
             .filter_map(|v| v.as_str().map(str::to_string))
             .collect();
+        paths.sort();
         paths.dedup();
         let reason = of("reason").find_map(|v| v.as_str().map(str::to_string));
         rows.push(json!({

@@ -114,8 +114,9 @@ guest-debian: userspace userland
 	@scripts/debian-modules $(BUILD)
 	@scripts/mkinitramfs $(BUILD)/initramfs-debian.cpio "$$(scripts/debian-kernel)" $(BUILD) $(BIN) -debian
 
-# The demo boots only the default test kernel: it needs neither the KASAN flavour nor Debian's.
-demo: guest-default
+# The demo boots the default test kernel (the tour, the all-reduce's tcp and verbs direct paths,
+# with the patched rxe provider) and Debian's (its host-bounce path), not the KASAN flavour.
+demo: guest-default guest-debian rxe-provider
 	@PEERDIRECT_PREBUILT=1 scripts/demo
 
 test: guest

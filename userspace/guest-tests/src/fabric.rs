@@ -423,15 +423,23 @@ fn rma_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
     progressing(&owner, || {
         reader
             .write(dst_mr.mr(), 0, LEN, to_owner, remote)
-            .map_err(|e| format!("fi_write: {e}"))
+            .map_err(|e| format!("fi_write: {e}"))?;
+        // The write's completion says the provider sent it (libfabric's default, transmit
+        // complete), not that the peer's memory holds it: the owner's progress places it
+        // (tcp). Wait for the bytes there, as a peer would wait for a message sent after.
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            src.read(0, &mut got);
+            match pattern::first_mismatch(SEED ^ 1, 0, &got) {
+                None => return Ok(()),
+                Some(m) if Instant::now() > deadline => return Err(format!(
+                    "the peer's memory 10 s after fi_write out of HBM differs at byte {:#x}: expected {:#04x}, found {:#04x}",
+                    m.offset, m.expected, m.found
+                )),
+                Some(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
     })?;
-    src.read(0, &mut got);
-    if let Some(m) = pattern::first_mismatch(SEED ^ 1, 0, &got) {
-        return Err(format!(
-            "the peer's memory after fi_write out of HBM differs at byte {:#x}: expected {:#04x}, found {:#04x}",
-            m.offset, m.expected, m.found
-        ));
-    }
     println!(
         "# rma-hbm offset={:#x} length={LEN:#x} seed={:#x}",
         dst_alloc.hbm_offset(),

@@ -1586,7 +1586,11 @@ impl Endpoint {
     /// Writes bytes `offset..offset + length` of `mr` into `peer`'s registered memory at
     /// `remote` with RMA (`fi_write`, in [`CHUNK`]s), returning once all completed. The peer
     /// posts nothing. Host bounce copies each chunk out of HBM into the staging buffer first.
-    /// Needs [`ProviderCaps::rma`].
+    /// Needs [`ProviderCaps::rma`]. A completion is libfabric's default, transmit complete:
+    /// the bytes need not be in the peer's memory yet (tcp places them as the peer
+    /// progresses); tell the peer with a message sent after them, or read after them where
+    /// the provider orders reads after writes (`FI_ORDER_RAW`, what HCL's flush relies on),
+    /// before it reads them.
     pub fn write(
         &self,
         mr: &FabricMr,

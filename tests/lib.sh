@@ -55,6 +55,19 @@ in_trixie() {
 			sh -c "cd /mnt/host && $3"' sh "$1" "$userland" "$2"
 }
 
+# capi_install DIR: `make install` of the C ABI into DIR/stage (PREFIX=/usr/local), as a user
+# installs it; its output on failure. DIR is what in_capi shares with the userland.
+capi_install() {
+	make -s -C "$ROOT" install KDIR="$("$ROOT/scripts/build-kernel")" DESTDIR="$1/stage" PREFIX=/usr/local 2>&1
+}
+
+# in_capi DIR CMD: in_trixie DIR CMD with pkg-config pointed at capi_install's DIR/stage, so
+# that `pkg-config --cflags --libs peerdirect` gives the installed header and library.
+in_capi() {
+	PKG_CONFIG_PATH=/mnt/host/stage/usr/local/lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=/mnt/host/stage \
+		in_trixie "$1" "$2"
+}
+
 # prebuild [KERNEL]: builds what guests of KERNEL (default: PEERDIRECT_KERNEL, else default)
 # need once, unless PEERDIRECT_PREBUILT=1, and has the guests that follow take it as built:
 # for suites that start guests side by side, whose builds would otherwise run at once.

@@ -67,7 +67,7 @@ stage=$work/share/stage
 lib=$stage/usr/local/lib
 mkdir -p "$work/share"
 desc="make install DESTDIR=... PREFIX=/usr/local installs libpeerdirect.so.0 (its soname), libpeerdirect.so, peerdirect.h and peerdirect.pc"
-if out=$(make -s -C "$ROOT" install KDIR="$("$ROOT/scripts/build-kernel")" DESTDIR="$stage" PREFIX=/usr/local 2>&1) &&
+if out=$(capi_install "$work/share") &&
 	[ -f "$lib/libpeerdirect.so.0" ] && [ "$(readlink "$lib/libpeerdirect.so")" = libpeerdirect.so.0 ] &&
 	readelf -d "$lib/libpeerdirect.so.0" | grep -q 'SONAME.*\[libpeerdirect\.so\.0\]' &&
 	cmp -s "$stage/usr/local/include/peerdirect.h" "$ROOT/userspace/capi/include/peerdirect.h" &&
@@ -97,8 +97,7 @@ cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/f
 # trixie_build NAME CMD: CMD's output and status in NAME.out and NAME.rc of the share, as the
 # guest scripts' run() leaves them.
 trixie_build() {
-	PKG_CONFIG_PATH=/mnt/host/stage/usr/local/lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=/mnt/host/stage \
-		in_trixie "$work/share" "$2" >"$work/share/$1.out" 2>&1
+	in_capi "$work/share" "$2" >"$work/share/$1.out" 2>&1
 	echo $? >"$work/share/$1.rc"
 }
 trixie_build build 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hbm_export hbm_export.c $(pkg-config --cflags --libs peerdirect) && cp /tmp/hbm_export .'

@@ -35,13 +35,12 @@ failed=0
 fail() { failed=1; not_ok "$@"; }
 
 # The C ABI as a user installs it, and hcl_pool built against it (in the guests' userland).
-share=$work/share stage=$work/share/stage
+share=$work/share
 mkdir -p "$share"
 cp "$ROOT/userspace/capi/examples/hcl_pool.c" "$share/"
 desc="make install into a staging tree, and trixie's gcc builds hcl_pool.c (C99, -Werror) with pkg-config --cflags --libs peerdirect libfabric"
-if out=$(make -s -C "$ROOT" install KDIR="$("$ROOT/scripts/build-kernel")" DESTDIR="$stage" PREFIX=/usr/local 2>&1) &&
-	out=$(PKG_CONFIG_PATH=/mnt/host/stage/usr/local/lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=/mnt/host/stage \
-		in_trixie "$share" 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hcl_pool hcl_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/hcl_pool .' 2>&1); then
+if out=$(capi_install "$share") &&
+	out=$(in_capi "$share" 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hcl_pool hcl_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/hcl_pool .' 2>&1); then
 	ok "$desc"
 else
 	fail "$desc" "$out"

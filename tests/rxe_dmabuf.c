@@ -25,11 +25,26 @@
  *                              between them, and the device unbound a few milliseconds in:
  *                              the unbind returns, the stream ends in an error completion,
  *                              every posted request completes, the MRs deregister
+ *   rxe_dmabuf peer PCI NODE PEER-IP
+ *                              two hosts: this guest (node NODE, 0 or 1) and the peer guest
+ *                              at PEER-IP, their NICs linked, rxe0 on each; node 0 listens
+ *                              on TCP port 18515 for node 1, and they exchange their QP
+ *                              numbers, GIDs and where their ranges are. Each exports three
+ *                              4 MiB ranges of its HBM (A: its pattern, seed 0x5eed0000 +
+ *                              NODE; B, C zeroed), registers them with ibv_reg_dmabuf_mr,
+ *                              RDMA WRITEs its A into the peer's B and RDMA READs the peer's
+ *                              A into its C; each checks B and C hold the peer's pattern,
+ *                              and prints "# hbm-a|b|c offset=O length=L seed=S" lines for
+ *                              the host to check its HBM backing file (tests/hbm-pattern).
+ *                              Then node 1 streams RDMA READs out of node 0's A and node 0
+ *                              unbinds its HBM device (PCI address PCI) in the middle: the
+ *                              unbind returns, the stream ends in an error completion
  *
  * DIR (the shared folder) receives `offsets`: the HBM offsets of A, B and C and the pattern's
  * seed, for the host to check in the HBM backing file.
  */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
@@ -43,6 +58,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -232,13 +248,13 @@ static int connect_pair(struct ibv_context *ctx, struct ibv_pd *pd, struct pair 
 
 /* Posts one RDMA @opcode on @qp and waits (up to 60 s) for its completion; its status. */
 static int rdma(struct pair *p, enum ibv_wr_opcode opcode, struct ibv_mr *local, uint64_t laddr,
-		struct ibv_mr *remote, uint64_t raddr, uint32_t len, double *secs)
+		uint32_t rkey, uint64_t raddr, uint32_t len, double *secs)
 {
 	struct ibv_sge sge = { .addr = laddr, .length = len, .lkey = local->lkey };
 	struct ibv_send_wr wr = {
 		.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = opcode,
 		.send_flags = IBV_SEND_SIGNALED,
-		.wr.rdma = { .remote_addr = raddr, .rkey = remote->rkey },
+		.wr.rdma = { .remote_addr = raddr, .rkey = rkey },
 	}, *bad;
 	struct timespec t0, t1;
 	struct ibv_wc wc;
@@ -379,7 +395,7 @@ static int transfer(const char *dir, const char *pci)
 		diag("%s", strerror(-err));
 		return 1;
 	}
-	s = rdma(&p, IBV_WR_RDMA_WRITE, mr[0], IOVA(0), mr[1], IOVA(1), LEN, &secs);
+	s = rdma(&p, IBV_WR_RDMA_WRITE, mr[0], IOVA(0), mr[1]->rkey, IOVA(1), LEN, &secs);
 	ok(s == IBV_WC_SUCCESS, "RDMA WRITE of 4 MiB from A into B completes");
 	diag("RDMA WRITE A -> B: %s", status_str(s));
 	diag("timing: RDMA WRITE 4 MiB HBM to HBM on rxe: %.3f s", secs);
@@ -389,7 +405,7 @@ static int transfer(const char *dir, const char *pci)
 		diag("word %ld: 0x%08x, expected 0x%08x", bad, r[1].map[bad], pattern(SEED, bad));
 	failed |= s != IBV_WC_SUCCESS || bad >= 0;
 
-	s = rdma(&p, IBV_WR_RDMA_READ, mr[2], IOVA(2), mr[0], IOVA(0), LEN, &secs);
+	s = rdma(&p, IBV_WR_RDMA_READ, mr[2], IOVA(2), mr[0]->rkey, IOVA(0), LEN, &secs);
 	ok(s == IBV_WC_SUCCESS, "RDMA READ of 4 MiB of A into C completes");
 	diag("RDMA READ A -> C: %s", status_str(s));
 	diag("timing: RDMA READ 4 MiB HBM to HBM on rxe: %.3f s", secs);
@@ -449,11 +465,11 @@ static int transfer(const char *dir, const char *pci)
 		   "unbinding the HBM device while A, B and C are registered returns, and its file polls POLLHUP (revoked)");
 		diag("unbind %s: %s; poll: %d, revents %#x", pci, unbound ? "done" : "failed", polled,
 		     pfd.revents);
-		s = rdma(&p, IBV_WR_RDMA_WRITE, mr[0], IOVA(0), host_mr, (uintptr_t)host, LEN, &secs);
+		s = rdma(&p, IBV_WR_RDMA_WRITE, mr[0], IOVA(0), host_mr ? host_mr->rkey : 0, (uintptr_t)host, LEN, &secs);
 		ok(s > 0, "then an RDMA WRITE out of revoked A ends in an error completion");
 		diag("RDMA WRITE A -> host memory: %s", status_str(s));
 		failed |= s <= 0;
-		s = rdma(&q, IBV_WR_RDMA_WRITE, host_mr, (uintptr_t)host, mr[1], IOVA(1), LEN, &secs);
+		s = rdma(&q, IBV_WR_RDMA_WRITE, host_mr, (uintptr_t)host, mr[1]->rkey, IOVA(1), LEN, &secs);
 		ok(s > 0, "and an RDMA WRITE into revoked B ends in an error completion");
 		diag("RDMA WRITE host memory -> B: %s", status_str(s));
 		failed |= s <= 0;
@@ -516,8 +532,10 @@ static int open_bound(const char *pci)
 /* The stream of one round: what it posted and how that ended. */
 struct stream {
 	struct pair *p;
-	struct ibv_mr *a, *b;
-	int read; /* RDMA READs of A into B; else WRITEs of A into B */
+	struct ibv_mr *local; /* what RDMA READs land in, or RDMA WRITEs come from */
+	uint64_t laddr, raddr; /* the IOVAs of the local and the remote range */
+	uint32_t rkey;
+	int read; /* RDMA READs of the remote range into the local one; else WRITEs */
 	long posted, done, good, errors, post_failed;
 	int first_error; /* the first error completion's status */
 	atomic_int running;
@@ -538,16 +556,13 @@ static void *stream_run(void *arg)
 	while (!st->errors && !st->post_failed && since(&t0) < 60) {
 		while (st->posted - st->done < RACE_DEPTH) {
 			uint64_t off = (uint64_t)(st->posted % (LEN / RACE_CHUNK)) * RACE_CHUNK;
-			struct ibv_mr *local = st->read ? st->b : st->a;
-			struct ibv_mr *remote = st->read ? st->a : st->b;
-			struct ibv_sge sge = { .addr = IOVA(st->read ? 1 : 0) + off,
-					       .length = RACE_CHUNK, .lkey = local->lkey };
+			struct ibv_sge sge = { .addr = st->laddr + off, .length = RACE_CHUNK,
+					       .lkey = st->local->lkey };
 			struct ibv_send_wr wr = {
 				.wr_id = (uint64_t)st->posted, .sg_list = &sge, .num_sge = 1,
 				.opcode = st->read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE,
 				.send_flags = IBV_SEND_SIGNALED,
-				.wr.rdma = { .remote_addr = IOVA(st->read ? 0 : 1) + off,
-					     .rkey = remote->rkey },
+				.wr.rdma = { .remote_addr = st->raddr + off, .rkey = st->rkey },
 			}, *bad;
 
 			if (ibv_post_send(st->p->qp[0], &wr, &bad)) {
@@ -593,6 +608,7 @@ static int race_round(const char *pci, int round)
 	struct ibv_context *ctx = open_rxe0();
 	struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
 	struct stream st = { .read = round % 2 };
+	struct ibv_mr *a = NULL, *b = NULL;
 	struct range r[2] = { { .fd = -1, .map = MAP_FAILED }, { .fd = -1, .map = MAP_FAILED } };
 	struct timespec t0;
 	struct pair p;
@@ -617,14 +633,19 @@ static int race_round(const char *pci, int round)
 	}
 	for (int i = 0; i < 2 && !err; i++)
 		err = export_range(dev, &r[i]);
-	st.a = err ? NULL : ibv_reg_dmabuf_mr(pd, 0, LEN, IOVA(0), r[0].fd, ACCESS);
-	st.b = st.a ? ibv_reg_dmabuf_mr(pd, 0, LEN, IOVA(1), r[1].fd, ACCESS) : NULL;
-	if (err || !st.a || !st.b || connect_pair(ctx, pd, &p, 1, ACCESS)) {
+	a = err ? NULL : ibv_reg_dmabuf_mr(pd, 0, LEN, IOVA(0), r[0].fd, ACCESS);
+	b = a ? ibv_reg_dmabuf_mr(pd, 0, LEN, IOVA(1), r[1].fd, ACCESS) : NULL;
+	if (err || !a || !b || connect_pair(ctx, pd, &p, 1, ACCESS)) {
 		ok(0, "round %d: two ranges of HBM exported and registered, a pair connected", round);
 		diag("%s", strerror(err ? -err : errno));
 		return 1;
 	}
 	st.p = &p;
+	/* READs of A into B, or WRITEs of A into B. */
+	st.local = st.read ? b : a;
+	st.laddr = IOVA(st.read ? 1 : 0);
+	st.raddr = IOVA(st.read ? 0 : 1);
+	st.rkey = st.read ? a->rkey : b->rkey;
 	if (pthread_create(&thread, NULL, stream_run, &st)) {
 		ok(0, "round %d: the stream's thread starts", round);
 		return 1;
@@ -636,8 +657,8 @@ static int race_round(const char *pci, int round)
 	unbind_err = sysfs_write("/sys/bus/pci/drivers/peerdirect/unbind", pci);
 	unbind_secs = since(&t0);
 	pthread_join(thread, NULL);
-	dereg |= ibv_dereg_mr(st.a);
-	dereg |= ibv_dereg_mr(st.b);
+	dereg |= ibv_dereg_mr(a);
+	dereg |= ibv_dereg_mr(b);
 	for (int i = 0; i < 2; i++)
 		dereg |= ibv_destroy_qp(p.qp[i]);
 	dereg |= ibv_destroy_cq(p.cq);
@@ -669,6 +690,359 @@ static int race(const char *pci, int rounds)
 	return failed;
 }
 
+/*
+ * Two hosts: this guest's rxe0 and the peer guest's, on their linked NICs. What each side
+ * tells the other over TCP (both sides are x86-64 builds of this program: the struct goes as
+ * it is).
+ */
+struct peer_info {
+	uint32_t qpn;
+	uint32_t a_rkey, b_rkey;
+	uint32_t pad;
+	uint64_t a_addr, b_addr;
+	uint8_t gid[16];
+};
+
+#define PEER_PORT 18515
+#define PEER_SECS 120
+
+/* Word i of tests/hbm-pattern's pattern: SplitMix64's output i from @seed. */
+static uint64_t splitmix(uint64_t seed, uint64_t i)
+{
+	uint64_t z = seed + (i + 1) * UINT64_C(0x9e3779b97f4a7c15);
+
+	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+	return z ^ (z >> 31);
+}
+
+/* The first word of @got that differs from tests/hbm-pattern's pattern of @seed, or -1. */
+static long splitmix_mismatch(const uint32_t *got, uint64_t seed)
+{
+	const uint64_t *w = (const uint64_t *)got;
+
+	for (uint64_t i = 0; i < LEN / 8; i++)
+		if (w[i] != splitmix(seed, i))
+			return (long)i;
+	return -1;
+}
+
+/* The index of rxe0's GID that is this host's IPv4 address (RoCE v2), or -1. */
+static int ipv4_gid(struct ibv_context *ctx, union ibv_gid *gid)
+{
+	static const uint8_t mapped[12] = { [10] = 0xff, [11] = 0xff };
+	struct ibv_port_attr port;
+
+	if (ibv_query_port(ctx, 1, &port))
+		return -1;
+	for (int i = 0; i < port.gid_tbl_len; i++)
+		if (!ibv_query_gid(ctx, 1, i, gid) && !memcmp(gid->raw, mapped, sizeof(mapped)))
+			return i;
+	return -1;
+}
+
+/*
+ * The TCP connection to the peer: node 0 listens, node 1 connects to @peer_ip, trying until
+ * node 0 listens (the guests boot side by side, not in step); both give up after PEER_SECS.
+ */
+static int peer_connect(int node, const char *peer_ip)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(PEER_PORT) };
+	struct timeval tv = { .tv_sec = PEER_SECS };
+	int one = 1, s, c = -1;
+	struct timespec t0;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if (node == 0) {
+		struct pollfd pfd;
+
+		s = socket(AF_INET, SOCK_STREAM, 0);
+		if (s < 0 || setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
+		    bind(s, (struct sockaddr *)&sa, sizeof(sa)) || listen(s, 1))
+			return -errno;
+		pfd = (struct pollfd){ .fd = s, .events = POLLIN };
+		if (poll(&pfd, 1, PEER_SECS * 1000) == 1)
+			c = accept(s, NULL, NULL);
+		else
+			errno = ETIMEDOUT;
+		close(s);
+	} else {
+		if (inet_pton(AF_INET, peer_ip, &sa.sin_addr) != 1)
+			return -EINVAL;
+		while (c < 0 && since(&t0) < PEER_SECS) {
+			c = socket(AF_INET, SOCK_STREAM, 0);
+			if (c < 0)
+				return -errno;
+			if (connect(c, (struct sockaddr *)&sa, sizeof(sa))) {
+				close(c);
+				c = -1;
+				sleep(1);
+			}
+		}
+		if (c < 0)
+			errno = ETIMEDOUT;
+	}
+	if (c < 0)
+		return -errno;
+	/* No exchange below waits longer than the peer may take. */
+	setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	return c;
+}
+
+/* Sends @len bytes of @buf and receives as many of the peer's into @got; 0 or -errno. */
+static int swap(int c, const void *buf, void *got, size_t len)
+{
+	size_t n = 0;
+
+	if (send(c, buf, len, MSG_NOSIGNAL) != (ssize_t)len)
+		return -errno;
+	while (n < len) {
+		ssize_t r = recv(c, (char *)got + n, len - n, 0);
+
+		if (r <= 0)
+			return r ? -errno : -ECONNRESET;
+		n += r;
+	}
+	return 0;
+}
+
+/* Both sides reached the same step @what (one byte each way, checked). */
+static int barrier(int c, char what)
+{
+	char got = 0;
+	int err = swap(c, &what, &got, 1);
+
+	return err ? err : got == what ? 0 : -EPROTO;
+}
+
+/* This host's RC queue pair of @ctx (in @p->qp[0], with its CQ), in INIT. */
+static int create_remote_qp(struct ibv_context *ctx, struct ibv_pd *pd, struct pair *p)
+{
+	struct ibv_qp_init_attr init = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+		.sq_sig_all = 1,
+	};
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_INIT,
+		.port_num = 1,
+		.qp_access_flags = ACCESS,
+	};
+
+	p->qp[0] = p->qp[1] = NULL;
+	p->cq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
+	if (!p->cq)
+		return -errno;
+	init.send_cq = init.recv_cq = p->cq;
+	p->qp[0] = ibv_create_qp(pd, &init);
+	if (!p->qp[0] || to_state(p->qp[0], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				  IBV_QP_ACCESS_FLAGS))
+		return -errno;
+	return 0;
+}
+
+/* @p's queue pair connected to the peer's, as @peer says, through this host's @gid_index. */
+static int connect_remote(struct pair *p, int gid_index, const struct peer_info *peer)
+{
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_RTR,
+		.path_mtu = IBV_MTU_1024,
+		.dest_qp_num = peer->qpn,
+		.max_dest_rd_atomic = 4,
+		.min_rnr_timer = 12,
+		.ah_attr = { .is_global = 1, .port_num = 1,
+			     .grh = { .sgid_index = gid_index, .hop_limit = 64 } },
+	};
+
+	memcpy(a.ah_attr.grh.dgid.raw, peer->gid, 16);
+	if (to_state(p->qp[0], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+			 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		return -errno;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 4;
+	if (to_state(p->qp[0], &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+			 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+		return -errno;
+	return 0;
+}
+
+/*
+ * `peer`: see the top of the file. A: this host's pattern (seed 0x5eed0000 + node); B: the
+ * peer's RDMA WRITE lands there; C: this host's RDMA READ of the peer's A lands there.
+ */
+static int peer(const char *pci, int node, const char *peer_ip)
+{
+	struct ibv_context *ctx = open_rxe0();
+	struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
+	uint64_t seed = 0x5eed0000u + node, peer_seed = 0x5eed0000u + !node;
+	struct peer_info me = { 0 }, them = { 0 };
+	struct ibv_mr *mr[3] = { 0 };
+	union ibv_gid gid;
+	struct range r[3];
+	struct pair p;
+	double secs;
+	long bad;
+	int dev, err, s, c, gid_index, failed = 0;
+
+	/*
+	 * Plan: set-up and registration (1), connection (1), write (1), read (1), the peer's
+	 * write (1), revocation across the link (1), release (1).
+	 */
+	printf("1..7\n");
+	dev = open("/dev/peerdirect0", O_RDWR);
+	err = dev < 0 ? -errno : pd ? 0 : -ENODEV;
+	for (int i = 0; i < 3 && !err; i++)
+		err = export_range(dev, &r[i]);
+	if (!err) {
+		uint64_t *a = (uint64_t *)r[0].map;
+
+		for (uint64_t i = 0; i < LEN / 8; i++)
+			a[i] = splitmix(seed, i);
+		memset(r[1].map, 0, LEN);
+		memset(r[2].map, 0, LEN);
+	}
+	for (int i = 0; i < 3 && !err; i++) {
+		mr[i] = ibv_reg_dmabuf_mr(pd, 0, LEN, IOVA(i), r[i].fd, ACCESS);
+		if (!mr[i])
+			err = -errno;
+	}
+	gid_index = err ? -1 : ipv4_gid(ctx, &gid);
+	ok(!err && gid_index >= 0,
+	   "three 4 MiB ranges of this host's HBM exported (A with this host's pattern, B and C zeroed) and registered with ibv_reg_dmabuf_mr on rxe0, which has a GID for this host's IPv4 address");
+	if (err || gid_index < 0) {
+		diag("%s", err ? strerror(-err) : "no IPv4 GID on rxe0");
+		return 1;
+	}
+	/* The host's checks: what each range must hold once both sides are done. */
+	for (int i = 0; i < 3; i++)
+		diag("hbm-%c offset=0x%llx length=0x%x seed=0x%llx", 'a' + i,
+		     (unsigned long long)r[i].hbm_offset, LEN,
+		     (unsigned long long)(i ? peer_seed : seed));
+
+	/*
+	 * The connection: this host's QP number, GID and where A and B are (IOVA and rkey) for
+	 * the peer's; then both queue pairs connected before either side posts anything.
+	 */
+	c = peer_connect(node, peer_ip);
+	err = c < 0 ? c : create_remote_qp(ctx, pd, &p);
+	if (!err) {
+		me.qpn = p.qp[0]->qp_num;
+		memcpy(me.gid, gid.raw, 16);
+		me.a_addr = IOVA(0);
+		me.a_rkey = mr[0]->rkey;
+		me.b_addr = IOVA(1);
+		me.b_rkey = mr[1]->rkey;
+		err = swap(c, &me, &them, sizeof(me));
+	}
+	if (!err)
+		err = connect_remote(&p, gid_index, &them);
+	if (!err)
+		err = barrier(c, 'c');
+	ok(!err, "an RC queue pair of rxe0 connected to the peer's across the link (QP number, GID and the IOVAs and rkeys of A and B exchanged over TCP)");
+	if (err) {
+		diag("connection to node %d (%s): %s", !node, peer_ip, strerror(-err));
+		return 1;
+	}
+	diag("this host: QP %u, GID index %d; the peer's QP %u", me.qpn, gid_index, them.qpn);
+
+	s = rdma(&p, IBV_WR_RDMA_WRITE, mr[0], IOVA(0), them.b_rkey, them.b_addr, LEN, &secs);
+	ok(s == IBV_WC_SUCCESS, "RDMA WRITE of 4 MiB from this host's A into the peer's B completes");
+	diag("RDMA WRITE A -> the peer's B: %s; timing: %.3f s for 4 MiB HBM to HBM across the link",
+	     status_str(s), secs);
+	failed |= s != IBV_WC_SUCCESS;
+
+	s = rdma(&p, IBV_WR_RDMA_READ, mr[2], IOVA(2), them.a_rkey, them.a_addr, LEN, &secs);
+	bad = s == IBV_WC_SUCCESS ? splitmix_mismatch(r[2].map, peer_seed) : 0;
+	ok(s == IBV_WC_SUCCESS && bad < 0,
+	   "RDMA READ of 4 MiB of the peer's A into this host's C completes, and C holds the peer's pattern");
+	diag("RDMA READ the peer's A -> C: %s; timing: %.3f s for 4 MiB HBM to HBM across the link",
+	     status_str(s), secs);
+	if (bad > 0)
+		diag("C, word %ld: %#llx, expected %#llx", bad,
+		     (unsigned long long)((uint64_t *)r[2].map)[bad],
+		     (unsigned long long)splitmix(peer_seed, bad));
+	failed |= s != IBV_WC_SUCCESS || bad >= 0;
+
+	/* Both sides' transfers completed: the peer's WRITE is in B. */
+	err = barrier(c, 't');
+	bad = err ? 0 : splitmix_mismatch(r[1].map, peer_seed);
+	ok(!err && bad < 0, "once the peer's RDMA WRITE completed, this host's B holds the peer's pattern");
+	if (err)
+		diag("waiting for the peer: %s", strerror(-err));
+	else if (bad >= 0)
+		diag("B, word %ld: %#llx, expected %#llx", bad,
+		     (unsigned long long)((uint64_t *)r[1].map)[bad],
+		     (unsigned long long)splitmix(peer_seed, bad));
+	failed |= err || bad >= 0;
+
+	/*
+	 * Revocation across the link: node 1 streams 64 KiB RDMA READs out of node 0's A; node 0
+	 * unbinds its HBM device in the middle of the stream. Node 0's unbind must return; node
+	 * 1's stream must end in an error completion (node 0's rxe refuses to read revoked HBM)
+	 * with every posted request completed.
+	 */
+	if (!err && node == 1) {
+		struct stream st = { .p = &p, .local = mr[2], .laddr = IOVA(2), .raddr = them.a_addr,
+				     .rkey = them.a_rkey, .read = 1 };
+		pthread_t thread;
+
+		err = pthread_create(&thread, NULL, stream_run, &st) ? -EAGAIN : 0;
+		while (!err && !atomic_load(&st.running))
+			usleep(100);
+		if (!err) {
+			err = barrier(c, 's');
+			pthread_join(thread, NULL);
+		}
+		if (!err)
+			err = barrier(c, 'u');
+		ok(!err && st.errors && st.done == st.posted,
+		   "node 0 unbinding its HBM device while this host streams 64 KiB RDMA READs out of it: the stream ends in an error completion, every posted request completes");
+		diag("stream: %ld of %ld posted completed, %ld good before the first error (%s)%s%s",
+		     st.done, st.posted, st.good, st.errors ? ibv_wc_status_str(st.first_error) : "none",
+		     err ? "; " : "", err ? strerror(-err) : "");
+		failed |= err || !st.errors || st.done != st.posted;
+	} else if (!err) {
+		struct timespec t0;
+		double unbind_secs = 0;
+		int unbind_err = 0;
+
+		err = barrier(c, 's');
+		if (!err) {
+			usleep(50000);
+			clock_gettime(CLOCK_MONOTONIC, &t0);
+			unbind_err = sysfs_write("/sys/bus/pci/drivers/peerdirect/unbind", pci);
+			unbind_secs = since(&t0);
+			err = barrier(c, 'u');
+		}
+		ok(!err && !unbind_err && unbind_secs < 20,
+		   "unbinding this host's HBM device while node 1 streams RDMA READs out of A returns");
+		diag("unbind %s: %s in %.3f s%s%s", pci, unbind_err ? strerror(-unbind_err) : "done",
+		     unbind_secs, err ? "; " : "", err ? strerror(-err) : "");
+		failed |= err || unbind_err || unbind_secs >= 20;
+	} else {
+		ok(0, "revocation across the link (the peer is gone)");
+	}
+
+	err = ibv_destroy_qp(p.qp[0]) | ibv_destroy_cq(p.cq);
+	for (int i = 0; i < 3; i++)
+		err |= ibv_dereg_mr(mr[i]);
+	err |= ibv_dealloc_pd(pd) | ibv_close_device(ctx);
+	ok(!err, "the queue pair and the MRs of A, B and C are released");
+	failed |= !!err;
+	for (int i = 0; i < 3; i++) {
+		munmap(r[i].map, LEN);
+		close(r[i].fd);
+	}
+	close(c);
+	close(dev);
+	return failed;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -678,6 +1052,8 @@ int main(int argc, char **argv)
 		return transfer(argv[2], argv[3]);
 	if (argc == 4 && !strcmp(argv[1], "race") && atoi(argv[3]) > 0)
 		return race(argv[2], atoi(argv[3]));
-	fprintf(stderr, "usage: rxe_dmabuf refused DIR WHO | transfer DIR PCI-ADDRESS | race PCI-ADDRESS ROUNDS\n");
+	if (argc == 5 && !strcmp(argv[1], "peer") && (!strcmp(argv[3], "0") || !strcmp(argv[3], "1")))
+		return peer(argv[2], atoi(argv[3]), argv[4]);
+	fprintf(stderr, "usage: rxe_dmabuf refused DIR WHO | transfer DIR PCI-ADDRESS | race PCI-ADDRESS ROUNDS | peer PCI-ADDRESS NODE PEER-IP\n");
 	return 2;
 }

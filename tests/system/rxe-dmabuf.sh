@@ -24,15 +24,25 @@
 # released (kmemleak scans afterwards). The same transfers, revocation and rounds again on the
 # KASAN flavour of the test kernel (patched alike), so that KASAN and kmemleak watch rxe's
 # copies through the exporter's kernel mapping and its teardown at revocation, also while
-# copies are in flight. On Debian's
-# stock kernel (no patch), the same
-# registration with the patched provider fails with EOPNOTSUPP: the kernel's rxe has no
-# reg_user_mr_dmabuf.
+# copies are in flight.
+#
+# Two hosts, on the test kernel and again on KASAN: two guests whose NICs are linked (qemu/run
+# --link), rxe0 on each with the patched provider. Each registers three 4 MiB ranges of its own
+# HBM, RDMA WRITEs its pattern into the other's and RDMA READs the other's (two rxe devices,
+# each one's requester and the other's responder moving the bytes between the two HBMs across
+# the link); both check in the guest, and the host checks both HBM backing files. Then node 1
+# streams RDMA READs out of node 0's HBM and node 0 unbinds its HBM device in the middle: the
+# unbind returns and node 1's stream ends in an error completion (node 0's rxe answers with a
+# remote access error), every request completed.
+#
+# On Debian's stock kernel (no patch), the same registration with the patched provider fails
+# with EOPNOTSUPP: the kernel's rxe has no reg_user_mr_dmabuf.
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# Plan: the builds (1), the backing file (2); the guest programs print their own plans.
-plan 3
+# Plan: the builds (1), the backing file (2), the two hosts' backing files (4 on each kernel);
+# the guest programs print their own plans.
+plan 11
 failed=0
 fail() { failed=1; not_ok "$@"; }
 
@@ -110,10 +120,72 @@ for which in 1 2; do
 	fi
 done
 
+# two_hosts LABEL KERNEL TIMEOUT: two guests on KERNEL, their NICs linked (qemu/run --link),
+# rxe0 on each with the patched provider (--rxe-dmabuf); `rxe_dmabuf peer` in both, side by
+# side: each RDMA WRITEs its pattern into the other's HBM and RDMA READs the other's, then node
+# 1 streams READs out of node 0's HBM while node 0 unbinds its device. Each guest's TAP goes to
+# its share; the host then checks both backing files (4 checks).
+two_hosts() {
+	local label=$1 kernel=$2 timeout=$3 dir=$work/$2 port0 port1 pid0 pid1 rc0=0 rc1=0 rc node range
+	local what desc offset length seed diag
+	# Both guests boot side by side: what they need is built once, first.
+	[ "${PEERDIRECT_PREBUILT:-0}" = 1 ] || make -s -C "$ROOT" "guest-$kernel" >&2
+	read -r port0 port1 < <("$ROOT/scripts/free-udp-ports" 2)
+	for node in 0 1; do
+		mkdir -p "$dir/node$node"
+		cp "$work/rxe_dmabuf" "$dir/node$node/"
+		truncate -s 64M "$dir/hbm$node"
+		cat >"$dir/node$node/run.sh" <<EOF
+pci=\$(basename "\$(ls -d /sys/bus/pci/drivers/peerdirect/0000:*)")
+/mnt/host/rxe_dmabuf peer "\$pci" $node 10.0.9.$((2 - node)) >/mnt/host/tap 2>&1
+EOF
+	done
+	PEERDIRECT_PREBUILT=1 guest --kernel "$kernel" --rxe-dmabuf --link "$port0:$port1" --addr 10.0.9.1/24 --name node0 \
+		--hbm 64M --hbm-backing "$dir/hbm0" --share "$dir/node0" --kmemleak --timeout "$timeout" -- \
+		sh /mnt/host/run.sh >"$dir/node0.log" 2>&1 &
+	pid0=$!
+	PEERDIRECT_PREBUILT=1 guest --kernel "$kernel" --rxe-dmabuf --link "$port1:$port0" --addr 10.0.9.2/24 --name node1 \
+		--hbm 64M --hbm-backing "$dir/hbm1" --share "$dir/node1" --kmemleak --timeout "$timeout" -- \
+		sh /mnt/host/run.sh >"$dir/node1.log" 2>&1 &
+	pid1=$!
+	wait $pid0 || rc0=$?
+	wait $pid1 || rc1=$?
+	for node in 0 1; do
+		rc=$([ $node = 0 ] && echo $rc0 || echo $rc1)
+		grep -qE '^1\.\.[0-9]+$' "$dir/node$node/tap" 2>/dev/null ||
+			fail "$label node$node: rxe_dmabuf peer reports its tests" "no TAP plan in its output" \
+				"$(tail -20 "$dir/node$node.log")"
+		relay "$label node$node: " <"$dir/node$node/tap" 2>/dev/null || failed=1
+		case $rc in
+		0) ;;
+		1) failed=1 ;;
+		*) fail "$label node$node: the guest run ends cleanly" \
+			"qemu/run exited $rc (99: kernel splat, 98: guest died, 124: timeout)" "$(tail -20 "$dir/node$node.log")" ;;
+		esac
+	done
+	# Each host's B (the peer's RDMA WRITE) and C (its RDMA READ of the peer's A) hold the
+	# peer's pattern, read out of its backing file.
+	for node in 0 1; do
+		for range in b c; do
+			what=$([ $range = b ] && echo "B (the peer's RDMA WRITE's target)" || echo "C (its RDMA READ of the peer's A)")
+			desc="$label on the host: node$node's HBM backing file holds node$((1 - node))'s pattern at $what"
+			offset= length= seed= diag=
+			read -r offset length seed < <(hbm_reported "$dir/node$node/tap" "hbm-$range") || true
+			if [ -n "$seed" ] && diag=$("$ROOT/tests/hbm-pattern" check "$dir/hbm$node" "$offset" "$length" "$seed" 2>&1); then
+				ok "$desc"
+			else
+				fail "$desc" "reported: '$offset $length $seed'" "$diag"
+			fi
+		done
+	done
+}
+two_hosts "two hosts (test kernel)," default 300
+
 # The KASAN kernel: the same transfers and revocation (the backing file is read above).
 tap_prefix="KASAN kernel: " guest_tap "" 2 --kernel kasan --rxe --hbm 64M \
 	--share "$work" --kmemleak --timeout 900 -- "${guest_each[@]}" "sh /mnt/host/transfer.sh" \
 	"sh /mnt/host/race.sh 4" 2>>"$work/err" || failed=1
+two_hosts "two hosts (KASAN kernel)," kasan 900
 
 # Debian's stock kernel: its rxe has no reg_user_mr_dmabuf.
 tap_prefix="Debian's kernel: " guest_tap "" 1 --kernel debian --rxe \

@@ -37,7 +37,8 @@ use std::time::Instant;
 
 use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId, RegCache};
 use peerdirect::registrar::libfabric::{
-    Endpoint, Fabric, FabricMr, LibfabricError, LibfabricRegistrar, MappedDmaBuf, Peer, CHUNK,
+    DmaBufSource, Endpoint, Fabric, FabricMr, LibfabricError, LibfabricRegistrar, MappedDmaBuf,
+    Peer, CHUNK,
 };
 use peerdirect::{pattern, Device, DmaBuf, ExportFlags, RegPath, Registration, Stats};
 
@@ -537,6 +538,77 @@ fn rma_hbm_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
         "{provider}: fi_read of {} MiB of a peer's HBM registration straight into HBM, then fi_write of {} MiB of other HBM into it, all three registered through FI_MR_DMABUF with nothing staged: both destinations hold their sources' bytes",
         LEN >> 20,
         LEN >> 20
+    ))
+}
+
+/// HBM registered as a runtime registers it, by fd at device addresses nothing in the process
+/// maps (`DmaBufSource::at`, HCL's pool at 16 TiB), on ofi_rxm over a NIC: a small message,
+/// which ofi_rxm would copy with the CPU at those addresses, is refused before anything is
+/// posted (libfabric would fault), in both directions; a 1 MiB one, which ofi_rxm hands to
+/// the NIC (rendezvous), arrives. The bytes are seeded and checked through mappings of other
+/// exports of the same ranges.
+fn device_va_case(hbm: &Hbm<'_>, provider: &Provider<'_>) -> Outcome {
+    const LEN: u64 = 1 << 20;
+    const DEVICE_VA: u64 = 0x1000_0000_0000;
+    let seed = SEED ^ 4;
+    let registrar = registrar(provider)?;
+    let source = Buffer::new(hbm, LEN, Some(seed))?;
+    let destination = Buffer::new(hbm, LEN, None)?;
+    let cache = RegCache::new(CacheLimits::default());
+    let whole = ByteRange::new(0, LEN).map_err(|e| e.to_string())?;
+    let mut registrations = Vec::new();
+    for (n, buffer) in [&source, &destination].into_iter().enumerate() {
+        let dma_buf = buffer
+            .alloc
+            .export(ExportFlags::CLOEXEC | ExportFlags::RDWR)?;
+        let export = ExportId::foreign(&dma_buf).map_err(|e| format!("fstat: {e}"))?;
+        let at =
+            DmaBufSource::at(dma_buf, DEVICE_VA + n as u64 * LEN).map_err(|e| e.to_string())?;
+        let mr = cache
+            .get(&registrar, &at, export, whole, Access::all())
+            .map_err(|e| format!("register by fd at a device address: {e}"))?;
+        exchange_path(
+            provider,
+            if n == 0 { "source" } else { "destination" },
+            mr.mr(),
+        )?;
+        registrations.push(mr);
+    }
+    let (src_mr, dst_mr) = (registrations[0].mr(), registrations[1].mr());
+    let (sender, receiver, to_receiver) = endpoint_pair(registrar.fabric())?;
+    let refused = |what: &str, result: Result<(), LibfabricError>| match result {
+        Err(e @ LibfabricError::CpuCopyUnmapped { .. }) => Ok(e.to_string()),
+        other => Err(format!("{what}: expected CpuCopyUnmapped, got {other:?}")),
+    };
+    let why = refused(
+        "a 4 KiB send",
+        sender.send(src_mr, 0, 4096, to_receiver, 0x7f20_0000),
+    )?;
+    refused(
+        "a 4 KiB receive",
+        receiver.recv(dst_mr, 0, 4096, 0x7f20_0000),
+    )?;
+    println!("# {why}");
+    std::thread::scope(|s| {
+        let recv = s.spawn(|| receiver.recv(dst_mr, 0, LEN, 0x7f30_0000));
+        let sent = sender.send(src_mr, 0, LEN, to_receiver, 0x7f30_0000);
+        let received = recv
+            .join()
+            .map_err(|_| "the receiving thread panicked".to_owned())?;
+        sent.map_err(|e| format!("1 MiB send: {e}"))?;
+        received.map_err(|e| format!("1 MiB receive: {e}"))
+    })?;
+    let mut got = vec![0u8; LEN as usize];
+    destination.hbm.read(0, &mut got);
+    if let Some(m) = pattern::first_mismatch(seed, 0, &got) {
+        return Err(format!(
+            "the destination after 1 MiB from device addresses differs at byte {:#x}",
+            m.offset
+        ));
+    }
+    drop(registrations);
+    Ok(format!(
+        "{provider}: HBM registered by fd at device addresses (DmaBufSource::at, nothing mapped there): a 4 KiB send and a 4 KiB receive, which ofi_rxm would copy with the CPU at those addresses, are refused (CpuCopyUnmapped) before anything is posted; 1 MiB (rendezvous, the NIC) arrives"
     ))
 }
 
@@ -1151,6 +1223,10 @@ pub fn run(provider: &str, companion: bool, direct: bool) -> ExitCode {
         cases.push((
             "RMA read and write HBM to HBM",
             Box::new(move || rma_hbm_case(hbm, provider)),
+        ));
+        cases.push((
+            "registrations at device addresses",
+            Box::new(move || device_va_case(hbm, provider)),
         ));
     }
     if tcp {

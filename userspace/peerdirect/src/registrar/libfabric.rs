@@ -301,6 +301,26 @@ pub enum LibfabricError {
         /// The provider.
         provider: String,
     },
+    /// The provider would copy bytes of this transfer with the CPU at the registration's own
+    /// addresses, and they are not mapped in this process (a [`DmaBufSource::at`]
+    /// registration at device addresses): libfabric would fault. Nothing was posted.
+    #[error(
+        "{provider} copies {what} with the CPU at the registered addresses, and bytes \
+         {start:#x}..+{len} are not mapped in this process (a registration by fd at device \
+         addresses, DmaBufSource::at / pd_register_dmabuf_at): libfabric would fault. {fix}"
+    )]
+    CpuCopyUnmapped {
+        /// The provider.
+        provider: String,
+        /// What it copies: every byte, or messages up to a size.
+        what: String,
+        /// The first address the CPU would touch.
+        start: u64,
+        /// How many bytes from there.
+        len: u64,
+        /// What to do instead.
+        fix: &'static str,
+    },
     /// The domain has `FI_MR_ENDPOINT` and no endpoint is named for its registrations
     /// ([`LibfabricRegistrar::set_endpoint`]): nothing was registered.
     #[error(
@@ -1471,6 +1491,95 @@ pub fn chunks(length: u64) -> impl Iterator<Item = (u64, usize)> {
     })
 }
 
+/// For a registration known only by the caller's addresses (`hbm`, the registered range at
+/// `range_offset` in it): refuses a transfer some of whose bytes `provider` would copy with
+/// the CPU at those addresses ([`cpu_copied_up_to`]) when they are not mapped in this
+/// process, rather than let libfabric fault on them. `env` reads the provider's settings.
+fn check_cpu_copies(
+    provider: &str,
+    hbm: &sys::Memory,
+    range_offset: u64,
+    plan: Plan,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<(), LibfabricError> {
+    let Some(limit) = cpu_copied_up_to(provider, plan.kind, env) else {
+        return Ok(());
+    };
+    // The chunks the provider copies: all of them, or (chunks being CHUNK but the last) the
+    // last alone; either way one run of bytes.
+    let Some((start, len)) = chunks(plan.length)
+        .filter(|&(_, len)| len as u64 <= limit)
+        .fold(None, |run: Option<(u64, u64)>, (at, len)| {
+            let first = run.map_or(at, |(first, _)| first);
+            Some((first, at + len as u64 - first))
+        })
+    else {
+        return Ok(());
+    };
+    // Inside the registration (checked by the caller).
+    let offset = range_offset + plan.offset + start;
+    if hbm.is_mapped_here(offset as usize, len as usize) {
+        return Ok(());
+    }
+    let (what, fix) = if limit == u64::MAX {
+        (
+            "every byte it moves".to_owned(),
+            "Register a mapped source (MappedDmaBuf; C: pd_register_dmabuf), or name the bytes \
+             by a CPU address that maps them.",
+        )
+    } else {
+        (
+            format!("messages of up to {limit} bytes (ofi_rxm's eager and segmented protocols)"),
+            "Send larger messages (ofi_rxm hands those to the NIC), or register a mapped source \
+             for small ones.",
+        )
+    };
+    Err(LibfabricError::CpuCopyUnmapped {
+        provider: provider.to_owned(),
+        what,
+        start: hbm.base() + offset,
+        len,
+        fix,
+    })
+}
+
+/// The longest message `provider` (as `fi_getinfo` names it: `tcp`, `verbs;ofi_rxm`, ...)
+/// copies with the CPU at the registered addresses themselves, in a transfer of `kind`, rather
+/// than handing the addresses to a NIC; `u64::MAX` for every byte, `None` for none. Providers
+/// that move bytes through sockets or shared memory copy everything; ofi_rxm over a NIC copies
+/// messages up to its segmentation limit through its own buffers (`FI_HMEM_SYSTEM`
+/// registrations: libfabric 2.1's `rxm_ep_init_proto`) and lets the NIC do RMA and larger
+/// messages. `env` reads its settings (`FI_OFI_RXM_BUFFER_SIZE`, `FI_OFI_RXM_SAR_LIMIT`).
+fn cpu_copied_up_to(
+    provider: &str,
+    kind: sys::Kind,
+    env: impl Fn(&str) -> Option<String>,
+) -> Option<u64> {
+    let core = provider.split(';').next().unwrap_or(provider);
+    if matches!(core, "tcp" | "udp" | "sockets" | "shm" | "sm2") {
+        return Some(u64::MAX);
+    }
+    if !provider.split(';').any(|p| p == "ofi_rxm")
+        || !matches!(kind, sys::Kind::Send | sys::Kind::Recv)
+    {
+        return None;
+    }
+    let setting = |name| env(name).and_then(|v| v.trim().parse::<u64>().ok());
+    // rxm's rules: the eager limit is the buffer size (16 KiB); segmentation goes up to
+    // FI_OFI_RXM_SAR_LIMIT if above it, else eight times it, and not past it when it is
+    // over 64 KiB.
+    let eager = setting("FI_OFI_RXM_BUFFER_SIZE").unwrap_or(16384);
+    Some(if eager > u64::from(u16::MAX) {
+        eager
+    } else {
+        match setting("FI_OFI_RXM_SAR_LIMIT") {
+            Some(sar) if sar > eager => sar,
+            Some(_) => eager,
+            None => eager * 8,
+        }
+    })
+}
+
 /// What a transfer does: its kind, the bytes of the registration, the peer and the first tag.
 #[derive(Clone, Copy)]
 struct Plan {
@@ -1647,6 +1756,11 @@ impl Endpoint {
             return Err(LibfabricError::Stranded {
                 provider: self.provider.clone(),
             });
+        }
+        if !mr.hbm.is_cpu() {
+            check_cpu_copies(&self.provider, &mr.hbm, mr.range.offset(), plan, |name| {
+                std::env::var(name).ok()
+            })?;
         }
         let transfer = self.ep.begin();
         let result = self.run(&transfer, mr, plan);
@@ -2017,6 +2131,141 @@ mod tests {
              (soft-RoCE: 32767, so FI_UNIVERSE_SIZE <= 127); set FI_UNIVERSE_SIZE lower, \
              before libfabric initializes"
         );
+    }
+
+    /// A provider setting from a list, as `env` reads them.
+    fn settings(list: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            list.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn which_bytes_providers_copy_with_the_cpu() {
+        let none = settings(&[]);
+        let read = sys::Kind::Read { addr: 0, key: 0 };
+        for kind in [sys::Kind::Send, sys::Kind::Recv, read] {
+            assert_eq!(cpu_copied_up_to("tcp", kind, &none), Some(u64::MAX));
+            assert_eq!(cpu_copied_up_to("tcp;ofi_rxm", kind, &none), Some(u64::MAX));
+            assert_eq!(cpu_copied_up_to("shm", kind, &none), Some(u64::MAX));
+            assert_eq!(cpu_copied_up_to("efa", kind, &none), None);
+            assert_eq!(cpu_copied_up_to("verbs", kind, &none), None);
+        }
+        // ofi_rxm over verbs: messages up to 8 x 16 KiB by default; RMA goes to the NIC.
+        assert_eq!(
+            cpu_copied_up_to("verbs;ofi_rxm", sys::Kind::Send, &none),
+            Some(128 << 10)
+        );
+        assert_eq!(
+            cpu_copied_up_to("verbs;ofi_rxm", sys::Kind::Recv, &none),
+            Some(128 << 10)
+        );
+        assert_eq!(cpu_copied_up_to("verbs;ofi_rxm", read, &none), None);
+        let write = sys::Kind::Write { addr: 0, key: 0 };
+        assert_eq!(cpu_copied_up_to("verbs;ofi_rxm", write, &none), None);
+        // Its settings, by its own rules.
+        let send = |list| cpu_copied_up_to("verbs;ofi_rxm", sys::Kind::Send, settings(list));
+        assert_eq!(
+            send(&[("FI_OFI_RXM_BUFFER_SIZE", "32768")]),
+            Some(256 << 10)
+        );
+        // Over 64 KiB of eager buffer, no segmentation.
+        assert_eq!(send(&[("FI_OFI_RXM_BUFFER_SIZE", "65536")]), Some(64 << 10));
+        assert_eq!(send(&[("FI_OFI_RXM_BUFFER_SIZE", "100000")]), Some(100000));
+        assert_eq!(send(&[("FI_OFI_RXM_SAR_LIMIT", "262144")]), Some(256 << 10));
+        assert_eq!(send(&[("FI_OFI_RXM_SAR_LIMIT", "1000")]), Some(16 << 10));
+        assert_eq!(send(&[("FI_OFI_RXM_SAR_LIMIT", "lots")]), Some(128 << 10));
+    }
+
+    #[test]
+    fn transfers_the_cpu_would_copy_at_unmapped_addresses_are_refused() {
+        const MIB: u64 = 1 << 20;
+        let len = 4 * MIB as usize;
+        // A CPU address of the bytes (the caller's, for tcp): host memory here.
+        let host = sys::Memory::host(len);
+        let base = NonNull::new(host.base() as *mut u8).expect("host memory is not null");
+        let mapped = sys::Memory::foreign(base, len);
+        let plan = |kind, offset, length| Plan {
+            kind,
+            offset,
+            length,
+            peer: 0,
+            tag: 0,
+        };
+        let none = settings(&[]);
+        let check =
+            |provider, hbm: &sys::Memory, plan| check_cpu_copies(provider, hbm, 0, plan, &none);
+        // Addresses this process maps: every transfer goes.
+        for length in [1, 4096, 3 * MIB + 5] {
+            assert!(check("tcp", &mapped, plan(sys::Kind::Send, 0, length)).is_ok());
+            assert!(check("verbs;ofi_rxm", &mapped, plan(sys::Kind::Send, 0, length)).is_ok());
+        }
+        // A device's addresses (HCL's pool sits at 16 TiB), which nothing in a process maps.
+        let device = NonNull::new(0x1000_0000_0000 as *mut u8).expect("not null");
+        let unmapped = sys::Memory::foreign(device, len);
+        assert!(!unmapped.is_mapped_here(0, len), "nothing maps 16 TiB here");
+        let base = unmapped.base();
+        // ofi_rxm: small messages, and the small last chunk of a larger transfer, are refused,
+        // naming the bytes; whole chunks and RMA go to the NIC.
+        match check(
+            "verbs;ofi_rxm",
+            &unmapped,
+            plan(sys::Kind::Send, 4096, 4096),
+        ) {
+            Err(LibfabricError::CpuCopyUnmapped {
+                start,
+                len,
+                ref what,
+                ..
+            }) => {
+                assert_eq!((start, len), (base + 4096, 4096));
+                assert!(what.contains("up to 131072 bytes"), "{what}");
+            }
+            other => panic!("a 4 KiB send at unmapped addresses: {other:?}"),
+        }
+        match check(
+            "verbs;ofi_rxm",
+            &unmapped,
+            plan(sys::Kind::Recv, 0, MIB + 100),
+        ) {
+            Err(LibfabricError::CpuCopyUnmapped { start, len, .. }) => {
+                assert_eq!((start, len), (base + MIB, 100))
+            }
+            other => panic!("a receive whose last chunk is 100 bytes: {other:?}"),
+        }
+        assert!(check(
+            "verbs;ofi_rxm",
+            &unmapped,
+            plan(sys::Kind::Send, 0, 2 * MIB)
+        )
+        .is_ok());
+        let read = sys::Kind::Read { addr: 0, key: 0 };
+        assert!(check("verbs;ofi_rxm", &unmapped, plan(read, 0, 4096)).is_ok());
+        assert!(check("efa", &unmapped, plan(sys::Kind::Send, 0, 4096)).is_ok());
+        // tcp copies every byte: any transfer is refused.
+        let err = check("tcp", &unmapped, plan(sys::Kind::Send, 0, 2 * MIB)).unwrap_err();
+        assert!(
+            matches!(err, LibfabricError::CpuCopyUnmapped { len, .. } if len == 2 * MIB),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("tcp copies every byte it moves with the CPU"),
+            "{text}"
+        );
+        assert!(text.contains("not mapped in this process"), "{text}");
+        // With rxm's segmentation limit raised past the chunk, whole chunks are copied too.
+        let big = settings(&[("FI_OFI_RXM_SAR_LIMIT", "2097152")]);
+        assert!(check_cpu_copies(
+            "verbs;ofi_rxm",
+            &unmapped,
+            0,
+            plan(sys::Kind::Send, 0, 2 * MIB),
+            &big
+        )
+        .is_err());
     }
 
     #[test]

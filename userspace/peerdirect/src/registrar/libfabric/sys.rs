@@ -541,6 +541,29 @@ impl Memory {
         self.len
     }
 
+    /// The address of its first byte.
+    pub(super) fn base(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Whether every page of bytes `offset..offset + len` is mapped in this process now: for
+    /// a foreign region, which may name a CPU mapping of the same bytes or addresses nothing
+    /// here maps (a device's). Asked with `msync(MS_ASYNC)` over the pages, which fails with
+    /// `ENOMEM` when a page is not mapped and otherwise, since Linux 2.6.19, does nothing.
+    pub(super) fn is_mapped_here(&self, offset: usize, len: usize) -> bool {
+        self.check(offset, len);
+        if len == 0 {
+            return true;
+        }
+        let page = rustix::param::page_size();
+        let start = self.ptr.as_ptr() as usize + offset;
+        let first = start & !(page - 1);
+        let end = start + len;
+        // SAFETY: MS_ASYNC writes nothing back and touches no byte of the range; the kernel
+        // validates the range itself (unmapped: ENOMEM), so any address is fine to pass.
+        unsafe { mm::msync(first as *mut _, end - first, mm::MsyncFlags::ASYNC) }.is_ok()
+    }
+
     /// Panics unless `offset..offset + len` is inside the region and the CPU may copy there.
     fn check_copy(&self, offset: usize, len: usize) {
         assert!(

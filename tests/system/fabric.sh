@@ -3,11 +3,13 @@
 # --fabric tcp` (path dma_buf through FI_MR_DMABUF, a tagged HBM-to-HBM exchange between two
 # endpoints, 10,000 register/deregister cycles without fd or dma-buf leaks with the cache on
 # and off, a registration over 4 GiB with --hbm 8G), `peerdirect register --provider tcp
-# --json`; then under --rxe, `--fabric 'verbs;ofi_rxm'`: both registrations take host_bounce
+# --json` and `FI_PROVIDER=tcp peerdirect doctor` (its fi_mr_dmabuf: dma_buf through tcp, which
+# uses the CPU mapping, no NIC); then under --rxe, `--fabric 'verbs;ofi_rxm'`: both registrations take host_bounce
 # with the provider's reason and the same exchange runs through the staging buffers. After
 # each exchange the receiver's HBM is checked on the host in the --hbm-backing file. Last,
-# `peerdirect doctor` on the rxe host: passing, warning (no RDMAV_FORK_SAFE) and failing
-# (device unbound). Then the tcp cases again on a companion device (--companion: ranges of
+# `peerdirect doctor` on the rxe host: passing (its fi_mr_dmabuf a warning: verbs;ofi_rxm
+# bounces, with the provider's reason), warning (no RDMAV_FORK_SAFE) and failing (device
+# unbound). Then the tcp cases again on a companion device (--companion: ranges of
 # its BAR exported with EXPORT_RANGE, the device bound to vfio-pci), checked the same way.
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
@@ -17,18 +19,20 @@ hbm_companion=/dev/shm/peerdirect-fabric-companion-$$
 trap 'rm -rf "$work" "$hbm" "$hbm_rxe" "$hbm_companion"' EXIT
 failed=0
 fail() { failed=1; not_ok "$@"; }
-# Plan: this script's own checks, declared first: after the tcp boot, register (1), each of the
-# 4 receivers' HBM on the host (4) and fi_read's (1); after the rxe boot, each receiver's HBM
-# (4), register (1) and doctor (4); after the companion boot, each receiver's HBM (4) and
-# fi_read's (1). The three runs of peerdirect-guest-tests --fabric declare their own, passed
-# through by relay.
+# Plan: this script's own checks, declared first: after the tcp boot, register (1), doctor's
+# fi_mr_dmabuf through tcp (1), each of the 4 receivers' HBM on the host (4) and fi_read's (1);
+# after the rxe boot, each receiver's HBM (4), register (1) and doctor (5); after the companion
+# boot, each receiver's HBM (4) and fi_read's (1). The three runs of peerdirect-guest-tests
+# --fabric declare their own, passed through by relay.
 receivers=4
-plan $(((1 + receivers + 1) + (receivers + 1 + 4) + (receivers + 1)))
+plan $(((1 + 1 + receivers + 1) + (receivers + 1 + 5) + (receivers + 1)))
 
 cat >"$work/tcp.sh" <<'EOS'
 cd /mnt/host
 peerdirect register --provider tcp --node 127.0.0.1 --json >register.json 2>register.err
 echo $? >register.rc
+FI_PROVIDER=tcp RDMAV_FORK_SAFE=1 peerdirect doctor --json >doctor-tcp.json 2>doctor-tcp.err
+echo $? >doctor-tcp.rc
 peerdirect-guest-tests --fabric tcp >tap.out 2>&1
 echo $? >tap.rc
 EOS
@@ -45,6 +49,20 @@ if [ "$(cat "$work/register.rc" 2>/dev/null)" = 0 ] &&
 	ok "peerdirect register --provider tcp --json: path $(jq -c .registration.path "$work/register.json"), key $(jq .registration.key "$work/register.json"), libfabric $(jq -r .libfabric "$work/register.json")"
 else
 	fail "peerdirect register --provider tcp --json reports path dma_buf" "$(cat "$work/register.json" "$work/register.err" 2>/dev/null)"
+fi
+# tcp takes FI_MR_DMABUF and ignores the fd: it reaches the page through the CPU mapping
+# (base_addr). doctor must call that direct in libfabric's terms only, never a NIC's import.
+desc="FI_PROVIDER=tcp peerdirect doctor: fi_mr_dmabuf tries tcp (FI_PROVIDER's), path dma_buf, ok, and says tcp takes FI_MR_DMABUF without using the fd, through this process's CPU mapping of the dma-buf: no NIC imported it"
+if jq -e 'map(select(.name == "fi_mr_dmabuf"))[0] | .status == "ok" and .fix == null
+		and (.detail | test("^tcp \\(domain [^;]+; FI_PROVIDER\\): fi_mr_regattr\\(FI_MR_DMABUF\\) of a page of HBM took path dma_buf, nothing staged")
+			and test("direct in libfabric.s terms only: tcp is a software provider, which takes FI_MR_DMABUF without using the fd")
+			and test("CPU mapping of the dma-buf") and test("no NIC imported it")
+			and (test("imported the dma-buf|reaches HBM itself") | not))' "$work/doctor-tcp.json" >/dev/null 2>&1; then
+	ok "$desc"
+	jq -r 'map(select(.name == "fi_mr_dmabuf"))[0].detail | "# " + .' "$work/doctor-tcp.json"
+else
+	fail "$desc" "exit status $(cat "$work/doctor-tcp.rc" 2>/dev/null || echo none)" \
+		"$(jq -c 'map(select(.name == "fi_mr_dmabuf"))[0]' "$work/doctor-tcp.json" 2>/dev/null)" "$(cat "$work/doctor-tcp.err" 2>/dev/null)"
 fi
 
 # receiver_hbm PROVIDER BACKING: each receiver's HBM of the guest's transfers (their "#
@@ -126,6 +144,16 @@ if [ "$(cat "$work/doctor-ok.rc" 2>/dev/null)" = 0 ] &&
 	ok "$desc: $(jq -r 'map(select(.name == "p2p"))[0].detail' "$work/doctor-ok.json")"
 else
 	fail "$desc" "$(cat "$work/doctor-ok.json" "$work/doctor-ok.err" 2>/dev/null)"
+fi
+desc="peerdirect doctor on rxe picks verbs;ofi_rxm for rxe0: fi_mr_dmabuf warns that the registration falls back to host bounce, with the provider's reason (fi_mr_regattr(FI_MR_DMABUF): Operation not supported) and the verbs checks' fix"
+if [ "$(cat "$work/doctor-ok.rc" 2>/dev/null)" = 0 ] &&
+	jq -e 'map(select(.name == "fi_mr_dmabuf"))[0] | .status == "warn"
+		and (.detail | test("^verbs;ofi_rxm \\(domain rxe0; the provider of the verbs NIC rxe0\\) refuses a page of HBM: verbs;ofi_rxm: fi_mr_regattr\\(FI_MR_DMABUF\\): Operation not supported")
+			and test("fall back to host bounce"))
+		and (.fix | test("verbs_dmabuf_mr"))' "$work/doctor-ok.json" >/dev/null 2>&1; then
+	ok "$desc"
+else
+	fail "$desc" "$(jq -c 'map(select(.name == "fi_mr_dmabuf"))[0]' "$work/doctor-ok.json" 2>/dev/null)" "$(cat "$work/doctor-ok.err" 2>/dev/null)"
 fi
 desc="peerdirect doctor without RDMAV_FORK_SAFE: fork_safe is a warning with its fix, and doctor still exits 0"
 if [ "$(cat "$work/doctor-warn.rc" 2>/dev/null)" = 0 ] &&

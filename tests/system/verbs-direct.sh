@@ -16,21 +16,25 @@
 # - `peerdirect-guest-tests --fabric 'verbs;ofi_rxm' --direct`: every registration dma_buf with
 #   nothing staged; tagged exchanges, two transfers at once, a truncated receive, a udmabuf,
 #   fi_read from host memory into HBM, and fi_read and fi_write HBM to HBM;
-# - `peerdirect doctor`: its verbs_dmabuf_mr probe finds rxe0 takes dma-buf MRs.
+# - `peerdirect doctor`: its verbs_dmabuf_mr probe finds rxe0 takes dma-buf MRs, and its
+#   fi_mr_dmabuf probe (the provider it picks for rxe0: verbs;ofi_rxm) that a page of HBM
+#   registers through libfabric with FI_MR_DMABUF on path dma_buf.
 # On the host, every destination the guest reports (the receivers, both RMA destinations,
 # hcl_pool's) is checked in the backing file with tests/hbm-pattern.
 # Then Debian's stock kernel with the same patched provider: its rxe has no
-# reg_user_mr_dmabuf, so the registration falls back to host bounce with the provider's reason.
+# reg_user_mr_dmabuf, so the registration falls back to host bounce with the provider's reason,
+# and `peerdirect doctor --provider 'verbs;ofi_rxm'` warns of it with that reason.
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 hbm=/dev/shm/peerdirect-verbs-direct-$$
 trap 'rm -rf "$work" "$hbm"' EXIT
-# Plan: the builds (1); after the test kernel's boot: register (1), hcl_pool (1), doctor (1), on the host
-# each of the 4 receivers' HBM (4), the three RMA destinations (fi_read from host memory and
-# from HBM, fi_write into HBM: 3) and hcl_pool's (1); the Debian kernel's register (1).
+# Plan: the builds (1); after the test kernel's boot: register (1), hcl_pool (1), doctor's
+# verbs checks (1) and its fi_mr_dmabuf (1), on the host each of the 4 receivers' HBM (4), the
+# three RMA destinations (fi_read from host memory and from HBM, fi_write into HBM: 3) and
+# hcl_pool's (1); the Debian kernel's register (1) and doctor (1).
 # peerdirect-guest-tests declares its own, relayed.
 receivers=4
-plan $((1 + 1 + 1 + 1 + receivers + 3 + 1 + 1))
+plan $((1 + 1 + 1 + 2 + receivers + 3 + 1 + 2))
 failed=0
 fail() { failed=1; not_ok "$@"; }
 
@@ -100,6 +104,16 @@ if [ "$(cat "$share/doctor.rc" 2>/dev/null)" = 0 ] &&
 else
 	fail "$desc" "$(cat "$share/doctor.json" "$share/doctor.err" 2>/dev/null)"
 fi
+desc="peerdirect doctor on the dma-buf capable rxe picks verbs;ofi_rxm for rxe0: fi_mr_dmabuf ok, a page of HBM registered through libfabric with FI_MR_DMABUF on path dma_buf, rxe0 importing the dma-buf"
+if [ "$(cat "$share/doctor.rc" 2>/dev/null)" = 0 ] &&
+	jq -e 'map(select(.name == "fi_mr_dmabuf"))[0] | .status == "ok" and .fix == null
+		and (.detail | test("^verbs;ofi_rxm \\(domain rxe0; the provider of the verbs NIC rxe0\\): fi_mr_regattr\\(FI_MR_DMABUF\\) of a page of HBM took path dma_buf, nothing staged")
+			and test("so rxe0 imported the dma-buf"))' "$share/doctor.json" >/dev/null 2>&1; then
+	ok "$desc"
+	jq -r 'map(select(.name == "fi_mr_dmabuf"))[0].detail | "# " + .' "$share/doctor.json"
+else
+	fail "$desc" "$(jq -c 'map(select(.name == "fi_mr_dmabuf"))[0]' "$share/doctor.json" 2>/dev/null)" "$(cat "$share/doctor.err" 2>/dev/null)"
+fi
 
 relay <"$share/tap.out" || failed=1
 [ "$(cat "$share/tap.rc" 2>/dev/null)" = 0 ] || failed=1
@@ -128,11 +142,13 @@ host_check "the peer's HBM fi_write filled" "$(hbm_reported "$share/tap.out" rma
 host_check "hcl_pool's destination buffer (pool + 1 GiB + 777)" "$(hbm_reported "$share/pool.out" hbm-dst)"
 
 # Debian's stock kernel, the patched provider bound alike: the kernel's rxe refuses.
-rm -f "$share"/register.*
+rm -f "$share"/register.* "$share"/doctor.*
 cat >"$share/debian.sh" <<'EOS'
 cd /mnt/host
 peerdirect register --provider 'verbs;ofi_rxm' --json >register.json 2>register.err
 echo $? >register.rc
+RDMAV_FORK_SAFE=1 peerdirect doctor --provider 'verbs;ofi_rxm' --json >doctor.json 2>doctor.err
+echo $? >doctor.rc
 EOS
 out=$(guest --kernel debian --rxe-dmabuf --share "$share" -- sh /mnt/host/debian.sh 2>&1)
 rc=$?
@@ -143,5 +159,17 @@ if [ $rc = 0 ] && [ "$(cat "$share/register.rc" 2>/dev/null)" = 0 ] &&
 	ok "$desc: $(jq -r .registration.path.reason "$share/register.json")"
 else
 	fail "$desc" "qemu/run exited $rc" "$(cat "$share/register.json" "$share/register.err" 2>/dev/null)" "$out"
+fi
+desc="Debian's kernel: peerdirect doctor --provider 'verbs;ofi_rxm' warns that fi_mr_dmabuf will bounce, with the provider's reason (fi_mr_regattr(FI_MR_DMABUF): Operation not supported) and the verbs checks' fix; doctor exits 0"
+if [ "$(cat "$share/doctor.rc" 2>/dev/null)" = 0 ] &&
+	jq -e 'map(select(.name == "fi_mr_dmabuf"))[0] | .status == "warn"
+		and (.detail | test("^verbs;ofi_rxm \\(domain rxe0; --provider\\) refuses a page of HBM: verbs;ofi_rxm: fi_mr_regattr\\(FI_MR_DMABUF\\): Operation not supported")
+			and test("fall back to host bounce"))
+		and (.fix | test("verbs_dmabuf_mr"))' "$share/doctor.json" >/dev/null 2>&1; then
+	ok "$desc"
+	jq -r 'map(select(.name == "fi_mr_dmabuf"))[0] | "# " + .detail, "# fix: " + .fix' "$share/doctor.json"
+else
+	fail "$desc" "exit status $(cat "$share/doctor.rc" 2>/dev/null || echo none)" \
+		"$(jq -c 'map(select(.status == "fail" or .name == "fi_mr_dmabuf"))' "$share/doctor.json" 2>/dev/null)" "$(cat "$share/doctor.err" 2>/dev/null)"
 fi
 exit $failed

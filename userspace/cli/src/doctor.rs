@@ -44,6 +44,20 @@
 //!   provider registers `FI_MR_DMABUF`), then released. A refusal is a warning: transfers
 //!   still work, through host staging.
 //!
+//! `fi_mr_dmabuf`: what `peerdirect register --provider P` does with HBM, tried through
+//! libfabric and the provider a job will use, with the crate's registrar: P's fabric and
+//! domain opened as `register` opens them (`FI_EP_RDM`, tagged), one page of a fresh
+//! allocation of the first HBM device exported, mapped and registered with
+//! `fi_mr_regattr(FI_MR_DMABUF)`, then released. P is `doctor --provider`, else `FI_PROVIDER`
+//! when it names one provider, else the provider of the host's RDMA NIC (`efa` for an EFA
+//! device, `verbs;ofi_rxm` for a verbs NIC); with none of these it is skipped. The path the
+//! registration took is the answer: `dma_buf` is ok, host bounce (the provider refused, with
+//! its reason) a warning, any other error a failure (`register` fails the same way); no such
+//! provider (`fi_getinfo`: no data), no HBM device or no usable libfabric skips it. A
+//! software provider (tcp, udp, shm) takes `FI_MR_DMABUF` without using the fd: it reaches
+//! the memory through this process's CPU mapping (`base_addr`), so its `dma_buf` says nothing
+//! of a NIC, and the check says so.
+//!
 //! libfabric also reads its variables from `libfabric.conf` in its sysconfdir; these checks
 //! read the environment only.
 
@@ -56,7 +70,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use peerdirect::registrar::libfabric;
-use peerdirect::Device;
+use peerdirect::{Device, RegPath};
 use serde::Serialize;
 
 use crate::devices::NO_DEVICE;
@@ -74,6 +88,11 @@ pub struct Args {
     /// kernel's (e.g. one about to be booted).
     #[arg(long, value_name = "RELEASE")]
     pub kernel: Option<String>,
+    /// The libfabric provider whose FI_MR_DMABUF registration of HBM to try, as `register
+    /// --provider` names it ("verbs;ofi_rxm", efa, tcp); default: FI_PROVIDER when it names
+    /// one provider, else the provider of this host's RDMA NIC.
+    #[arg(long, value_name = "NAME")]
+    pub provider: Option<String>,
 }
 
 /// How a check came out.
@@ -158,6 +177,39 @@ pub struct Host {
     /// its error); `Err` when no registration could be tried (why); `None` without a verbs
     /// NIC.
     pub verbs_probe: Option<Result<Vec<Tried>, String>>,
+    /// The libfabric provider `fi_mr_dmabuf` tries, and what chose it; `None` when nothing
+    /// names one (no `--provider`, no `FI_PROVIDER` of one provider, no RDMA NIC).
+    pub provider: Option<Chosen>,
+    /// What `fi_mr_regattr(FI_MR_DMABUF)` of a page of HBM through `provider` did; `None` when
+    /// it was not tried (no provider, libfabric unusable, no HBM device).
+    pub fabric_probe: Option<Probed>,
+}
+
+/// The provider `fi_mr_dmabuf` tries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chosen {
+    /// As `fi_getinfo`'s `prov_name` (and `register --provider`) takes it.
+    pub name: String,
+    /// What chose it: "--provider", "FI_PROVIDER", or the NIC it is the provider of.
+    pub by: String,
+}
+
+/// What a `FI_MR_DMABUF` registration of HBM through a provider did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probed {
+    /// `fi_getinfo` found no such provider (its error): none of that name, or none with the
+    /// endpoints `register` opens, or hidden by `FI_PROVIDER`.
+    NoProvider(String),
+    /// Registered: the provider and domain `fi_getinfo` named, and the path the registration
+    /// took (`HostBounce` with the provider's refusal).
+    Registered {
+        provider: String,
+        domain: String,
+        path: RegPath,
+    },
+    /// Anything else failed (opening the domain, an endpoint, the registration itself with an
+    /// error that is not a refusal): the error, as `register` reports it.
+    Failed(String),
 }
 
 /// A verbs device's name, and whether `ibv_reg_dmabuf_mr` of HBM worked there (or its error).
@@ -207,8 +259,9 @@ const FI_INFO_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Host {
     /// Reads this host; the installed module is checked against `kernel`, by default the
-    /// running kernel.
-    pub fn gather(kernel: Option<&str>) -> Self {
+    /// running kernel, and `FI_MR_DMABUF` tried through `provider` (by default the one
+    /// [`choose_provider`] picks).
+    pub fn gather(kernel: Option<&str>, provider: Option<&str>) -> Self {
         let sysfs = Path::new("/sys");
         let running = std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .map(|r| r.trim().to_owned())
@@ -244,6 +297,8 @@ impl Host {
                 .and_then(|text| memlock_of(&text)),
             ..Host::default()
         };
+        host.provider = choose_provider(provider, &host.env, &peers);
+        let libfabric_usable = matches!(host.libfabric, Some(Ok(_)));
         let verbs: Vec<&str> = peers
             .iter()
             .filter(|p| is_verbs(p))
@@ -259,6 +314,11 @@ impl Host {
                         Some(device) => probe_verbs(device, &verbs),
                         None => Err(NO_DEVICE.to_owned()),
                     });
+                }
+                if let (Some(chosen), Some(device), true) =
+                    (&host.provider, devices.first(), libfabric_usable)
+                {
+                    host.fabric_probe = Some(probe_fabric(device, &chosen.name));
                 }
             }
             Err(e) => {
@@ -298,6 +358,123 @@ fn probe_verbs(device: &Device, nics: &[&str]) -> Result<Vec<Tried>, String> {
             (nic.to_owned(), outcome)
         })
         .collect())
+}
+
+/// The provider `fi_mr_dmabuf` tries, as a user expects it: the one named (`--provider`),
+/// else `FI_PROVIDER` when it names one provider (a list or an exclusion names none, but
+/// libfabric still applies it to what the probe asks for), else the provider of the host's
+/// RDMA NIC: `efa` for an EFA device, `verbs;ofi_rxm` for a verbs NIC (libfabric's verbs
+/// provider has reliable-datagram endpoints, which `register` opens, only under ofi_rxm).
+pub fn choose_provider(
+    named: Option<&str>,
+    env: &HashMap<String, String>,
+    peers: &[PciPeer],
+) -> Option<Chosen> {
+    let chosen = |name: &str, by: String| {
+        Some(Chosen {
+            name: name.to_owned(),
+            by,
+        })
+    };
+    if let Some(name) = named {
+        return chosen(name, "--provider".to_owned());
+    }
+    if let Some(filter) = env.get("FI_PROVIDER") {
+        let one = filter.trim();
+        if !one.is_empty() && !one.starts_with('^') && !one.contains(',') {
+            return chosen(one, "FI_PROVIDER".to_owned());
+        }
+    }
+    let rdma = |p: &PciPeer| {
+        p.rdma
+            .first()
+            .cloned()
+            .unwrap_or_else(|| p.pci_address.to_string())
+    };
+    if let Some(efa) = peers.iter().find(|p| is_efa(p)) {
+        return chosen(
+            "efa",
+            format!("the provider of the EFA device {}", rdma(efa)),
+        );
+    }
+    let nic = peers.iter().find(|p| is_verbs(p))?;
+    chosen(
+        "verbs;ofi_rxm",
+        format!("the provider of the verbs NIC {}", rdma(nic)),
+    )
+}
+
+/// Registers a page of a fresh allocation of `device` through `provider` as `peerdirect
+/// register --provider` does (its fabric and domain, the crate's libfabric registrar with its
+/// host-bounce fallback, an endpoint bound where the domain has `FI_MR_ENDPOINT`), and
+/// releases it: the path it took, or what failed.
+fn probe_fabric(device: &Device, provider: &str) -> Probed {
+    use peerdirect::registrar::libfabric::{Fabric, LibfabricError, LibfabricRegistrar};
+    use peerdirect::Errno;
+    let fabric = match Fabric::open(provider, None) {
+        Ok(fabric) => fabric,
+        Err(
+            e @ LibfabricError::Call {
+                call: "fi_getinfo", ..
+            },
+        ) if e.errno() == Some(Errno::NODATA) => return Probed::NoProvider(e.to_string()),
+        Err(e) => return Probed::Failed(e.to_string()),
+    };
+    let caps = fabric.caps().clone();
+    match register_page(&LibfabricRegistrar::new(fabric), device) {
+        Ok(path) => Probed::Registered {
+            provider: caps.provider,
+            domain: caps.domain,
+            path,
+        },
+        Err(e) => Probed::Failed(e),
+    }
+}
+
+/// A page of a fresh allocation of `device`, exported, mapped and registered through
+/// `registrar` with the access `register` asks for, then released: the path it took.
+fn register_page(
+    registrar: &peerdirect::registrar::libfabric::LibfabricRegistrar,
+    device: &Device,
+) -> Result<RegPath, String> {
+    use peerdirect::cache::{Access, ByteRange, RegKey};
+    use peerdirect::registrar::libfabric::{MappedDmaBuf, MrEndpoint};
+    use peerdirect::{ExportFlags, Registrar};
+    const PAGE: u64 = 4096;
+    let fail = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
+    // A domain with FI_MR_ENDPOINT binds registrations to an endpoint, as `register` does;
+    // the registrar keeps it open until the registration is closed.
+    if registrar.fabric().caps().mr_endpoint {
+        let endpoint = registrar
+            .fabric()
+            .endpoint()
+            .map_err(|e| fail("an endpoint to bind the registration to", &e))?;
+        registrar
+            .set_endpoint(Some(MrEndpoint::of(&endpoint)))
+            .map_err(|e| e.to_string())?;
+    }
+    let allocation = device
+        .alloc(PAGE, None)
+        .map_err(|e| fail("allocating a page of HBM to try with", &e))?;
+    let dma_buf = allocation
+        .export(0, PAGE, ExportFlags::CLOEXEC | ExportFlags::RDWR)
+        .map_err(|e| fail("exporting it", &e))?;
+    let export = device
+        .export_id(&dma_buf)
+        .map_err(|e| fail("fstat of its dma-buf", &e))?;
+    // Mapped, as `register` maps it: software providers use the mapping, host bounce copies
+    // through it.
+    let hbm = MappedDmaBuf::new(dma_buf).map_err(|e| e.to_string())?;
+    let key = RegKey {
+        domain: registrar.domain(),
+        export,
+        range: ByteRange::new(0, PAGE).map_err(|e| e.to_string())?,
+        access: Access::all(),
+    };
+    let mr = registrar.register(&hbm, &key).map_err(|e| e.to_string())?;
+    let path = mr.path().clone();
+    registrar.deregister(mr);
+    Ok(path)
 }
 
 /// The peerdirect.ko modprobe loads for `release`: the entry of `modules`/RELEASE/modules.dep.
@@ -750,7 +927,119 @@ pub fn checks(host: &Host) -> Vec<Check> {
         out.extend(verbs_checks(host, &verbs.join(", ")));
         out.push(verbs_dmabuf_mr(host));
     }
+    out.push(fi_mr_dmabuf(host));
     out
+}
+
+/// Core providers that move bytes with the CPU: they take `FI_MR_DMABUF` without using the fd.
+const SOFTWARE_PROVIDERS: [&str; 6] = ["tcp", "udp", "shm", "sm2", "sockets", "net"];
+
+/// `fi_mr_regattr(FI_MR_DMABUF)` of a page of HBM through the provider a job will use.
+fn fi_mr_dmabuf(host: &Host) -> Check {
+    const NAME: &str = "fi_mr_dmabuf";
+    let Some(chosen) = &host.provider else {
+        return Check::new(
+            NAME,
+            Status::Skip,
+            "no libfabric provider to try: none named (doctor --provider NAME, or FI_PROVIDER naming one) and no RDMA NIC to take its provider (efa, verbs;ofi_rxm)",
+        );
+    };
+    let asked = format!("{} ({})", chosen.name, chosen.by);
+    let register = format!("peerdirect register --provider '{}'", chosen.name);
+    let probed = match &host.fabric_probe {
+        Some(probed) => probed,
+        None if !matches!(host.libfabric, Some(Ok(_))) => {
+            return Check::new(
+                NAME,
+                Status::Skip,
+                format!("{asked}: libfabric is not usable (see the libfabric check)"),
+            )
+        }
+        None => {
+            return Check::new(
+                NAME,
+                Status::Skip,
+                format!("{asked}: no HBM device to register a page of (see the devices check)"),
+            )
+        }
+    };
+    match probed {
+        Probed::NoProvider(e) => Check::new(
+            NAME,
+            Status::Skip,
+            format!(
+                "{asked}: libfabric offers no such provider with the reliable-datagram tagged endpoints (FI_EP_RDM) {register} opens: {e}{}; `fi_info -l` lists the providers (verbs has such endpoints only under ofi_rxm: 'verbs;ofi_rxm')",
+                match host.env.get("FI_PROVIDER") {
+                    Some(filter) if chosen.by != "FI_PROVIDER" =>
+                        format!(" (FI_PROVIDER={filter:?} hides the providers it does not let in)"),
+                    _ => String::new(),
+                }
+            ),
+        ),
+        Probed::Failed(e) => {
+            let efa = core_provider(&chosen.name) == "efa";
+            Check::new(
+                NAME,
+                Status::Fail,
+                format!("{asked}: {e}: {register} fails the same way; this is not a refusal of dma-bufs, which host bounce would answer, so HBM cannot be registered through this provider"),
+            )
+            .fix(if efa {
+                "libfabric 2.5.0's efa provider answers FI_MR_DMABUF of FI_HMEM_SYSTEM memory with EINVAL (see efa_libfabric): upgrade to libfabric >= 2.5.1; otherwise the error names the call that failed".to_owned()
+            } else {
+                format!("the error names the libfabric call that failed; `fi_info -p '{}' -v` shows what the provider offers (RDMA devices: permissions of /dev/infiniband/uverbs*; the memlock check)", chosen.name)
+            })
+        }
+        Probed::Registered {
+            provider,
+            domain,
+            path: RegPath::HostBounce { reason },
+        } => {
+            let fix = match core_provider(provider).as_str() {
+                "verbs" => "the verbs checks above say why (verbs_kernel, verbs_use_dmabuf, verbs_dmabuf_mr): the NIC's driver must import dma-bufs (mlx5, irdma, bnxt_re, efa; soft-RoCE and siw do not, Documentation/rdma.md)".to_owned(),
+                "efa" => "see the efa checks above; the efa driver and rdma-core must import dma-bufs (ibv_reg_dmabuf_mr)".to_owned(),
+                _ => "name the provider of a NIC whose driver imports dma-bufs (--provider or FI_PROVIDER: 'verbs;ofi_rxm' over mlx5, irdma or bnxt_re; efa)".to_owned(),
+            };
+            Check::new(
+                NAME,
+                Status::Warn,
+                format!("{provider} (domain {domain}; {}) refuses a page of HBM: {reason}. {register} and the C ABI fall back to host bounce: every transfer is staged through a registered host buffer and copied by the CPU, and the NIC never reaches HBM", chosen.by),
+            )
+            .fix(fix)
+        }
+        Probed::Registered {
+            provider,
+            domain,
+            path,
+        } => {
+            let core = core_provider(provider);
+            let what = if SOFTWARE_PROVIDERS.contains(&core.as_str()) {
+                format!("direct in libfabric's terms only: {core} is a software provider, which takes FI_MR_DMABUF without using the fd; it reads and writes the page at base_addr, this process's CPU mapping of the dma-buf, and moves it with the CPU, so no NIC imported it (to try a NIC, name its provider: --provider 'verbs;ofi_rxm' or efa)")
+            } else if core == "verbs" || core == "efa" {
+                format!("the {core} provider hands the fd to ibv_reg_dmabuf_mr, so {domain} imported the dma-buf and reaches HBM itself")
+            } else {
+                "the provider was handed the dma-buf's fd; whether its device imports it is the provider's own business".to_owned()
+            };
+            Check::new(
+                NAME,
+                Status::Ok,
+                format!(
+                    "{provider} (domain {domain}; {}): fi_mr_regattr(FI_MR_DMABUF) of a page of HBM took path {}, nothing staged, as {register} registers it: {what}",
+                    chosen.by,
+                    if *path == RegPath::DmaBuf { "dma_buf" } else { "peer_mem_va" },
+                ),
+            )
+        }
+    }
+}
+
+/// The core provider of a provider name: "verbs" of "verbs;ofi_rxm" (libfabric names layered
+/// providers core first), in lower case.
+fn core_provider(name: &str) -> String {
+    name.split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
 }
 
 /// `ibv_reg_dmabuf_mr` of a peerdirect dma-buf tried on each verbs device.
@@ -1145,7 +1434,10 @@ fn verbs_checks(host: &Host, nics: &str) -> [Check; 3] {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let checks = checks(&Host::gather(args.kernel.as_deref()));
+    let checks = checks(&Host::gather(
+        args.kernel.as_deref(),
+        args.provider.as_deref(),
+    ));
     let mut out = io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &checks).context("writing JSON to stdout")?;
@@ -1238,6 +1530,15 @@ mod tests {
             libfabric_file: Some("/usr/lib/x86_64-linux-gnu/libfabric.so.1.27.0".into()),
             kallsyms_dmabuf: None,
             verbs_probe: None,
+            provider: Some(Chosen {
+                name: "efa".into(),
+                by: "the provider of the EFA device efa_0".into(),
+            }),
+            fabric_probe: Some(Probed::Registered {
+                provider: "efa".into(),
+                domain: "efa_0-rdm".into(),
+                path: RegPath::DmaBuf,
+            }),
         }
     }
 
@@ -1276,6 +1577,12 @@ mod tests {
         host.fi_info_release = None;
         host.kallsyms_dmabuf = Some(true);
         host.verbs_probe = Some(Ok(vec![("rxe0".into(), Ok(()))]));
+        host.provider = choose_provider(None, &host.env, &host.peers);
+        host.fabric_probe = Some(Probed::Registered {
+            provider: "verbs;ofi_rxm".into(),
+            domain: "rxe0".into(),
+            path: RegPath::DmaBuf,
+        });
         host
     }
 
@@ -1290,7 +1597,7 @@ mod tests {
     #[test]
     fn a_healthy_efa_host_passes_everything() {
         let checks = checks(&healthy());
-        assert_eq!(checks.len(), 15);
+        assert_eq!(checks.len(), 16);
         for c in &checks {
             let expected = if VERBS_CHECKS.contains(&c.name) {
                 Status::Skip
@@ -1319,7 +1626,7 @@ mod tests {
         for name in ["efa_device_rdma"].into_iter().chain(EFA_CHECKS) {
             assert_eq!(status(&checks, name), Status::Skip, "{name}");
         }
-        for name in VERBS_CHECKS {
+        for name in VERBS_CHECKS.into_iter().chain(["fi_mr_dmabuf"]) {
             assert_eq!(status(&checks, name), Status::Ok, "{name}");
         }
         assert!(checks.iter().all(|c| c.status != Status::Fail));
@@ -1532,6 +1839,197 @@ mod tests {
         host.peers.clear();
         host.verbs_probe = None;
         assert_eq!(check(&host, "verbs_dmabuf_mr").status, Status::Skip);
+    }
+
+    #[test]
+    fn fi_mr_dmabuf_direct_says_the_nic_imported_the_dma_buf() {
+        let host = rxe_guest();
+        let c = check(&host, "fi_mr_dmabuf");
+        assert_eq!((c.status, c.fix.as_deref()), (Status::Ok, None), "{c:?}");
+        assert_eq!(
+            c.detail,
+            "verbs;ofi_rxm (domain rxe0; the provider of the verbs NIC rxe0): fi_mr_regattr(FI_MR_DMABUF) of a page of HBM took path dma_buf, nothing staged, as peerdirect register --provider 'verbs;ofi_rxm' registers it: the verbs provider hands the fd to ibv_reg_dmabuf_mr, so rxe0 imported the dma-buf and reaches HBM itself"
+        );
+        let c = check(&healthy(), "fi_mr_dmabuf");
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(
+            c.detail.contains("so efa_0-rdm imported the dma-buf"),
+            "{}",
+            c.detail
+        );
+    }
+
+    #[test]
+    fn fi_mr_dmabuf_of_tcp_is_direct_in_libfabric_terms_only() {
+        let mut host = rxe_guest();
+        set(&mut host, "FI_PROVIDER", "tcp");
+        host.provider = choose_provider(None, &host.env, &host.peers);
+        host.fabric_probe = Some(Probed::Registered {
+            provider: "tcp".into(),
+            domain: "lo".into(),
+            path: RegPath::DmaBuf,
+        });
+        let c = check(&host, "fi_mr_dmabuf");
+        assert_eq!((c.status, c.fix.as_deref()), (Status::Ok, None), "{c:?}");
+        assert!(
+            c.detail.starts_with("tcp (domain lo; FI_PROVIDER): fi_mr_regattr(FI_MR_DMABUF) of a page of HBM took path dma_buf"),
+            "{}",
+            c.detail
+        );
+        for said in [
+            "direct in libfabric's terms only",
+            "takes FI_MR_DMABUF without using the fd",
+            "this process's CPU mapping of the dma-buf",
+            "no NIC imported it",
+        ] {
+            assert!(c.detail.contains(said), "{said}: {}", c.detail);
+        }
+        assert!(!c.detail.contains("reaches HBM itself"), "{}", c.detail);
+    }
+
+    #[test]
+    fn fi_mr_dmabuf_bounce_warns_with_the_providers_reason() {
+        let mut host = rxe_guest();
+        let reason = "verbs;ofi_rxm: fi_mr_regattr(FI_MR_DMABUF): Operation not supported (-95)";
+        host.fabric_probe = Some(Probed::Registered {
+            provider: "verbs;ofi_rxm".into(),
+            domain: "rxe0".into(),
+            path: RegPath::HostBounce {
+                reason: reason.into(),
+            },
+        });
+        let c = check(&host, "fi_mr_dmabuf");
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(
+            c.detail.starts_with(&format!(
+                "verbs;ofi_rxm (domain rxe0; the provider of the verbs NIC rxe0) refuses a page of HBM: {reason}. peerdirect register --provider 'verbs;ofi_rxm' and the C ABI fall back to host bounce"
+            )),
+            "{}",
+            c.detail
+        );
+        let fix = c.fix.unwrap();
+        assert!(
+            fix.contains("verbs_dmabuf_mr") && fix.contains("mlx5"),
+            "{fix}"
+        );
+        // Another provider's fix names the NIC providers instead.
+        host.provider = choose_provider(Some("tcp"), &host.env, &host.peers);
+        host.fabric_probe = Some(Probed::Registered {
+            provider: "tcp".into(),
+            domain: "lo".into(),
+            path: RegPath::HostBounce {
+                reason: reason.into(),
+            },
+        });
+        let c = check(&host, "fi_mr_dmabuf");
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(c.detail.contains("(domain lo; --provider)"), "{}", c.detail);
+        assert!(c.fix.unwrap().contains("'verbs;ofi_rxm' over mlx5"));
+        assert!(checks(&host).iter().all(|c| c.status != Status::Fail));
+    }
+
+    #[test]
+    fn fi_mr_dmabuf_skips_a_missing_provider_and_fails_other_errors() {
+        let mut host = rxe_guest();
+        host.provider = choose_provider(Some("verbs"), &host.env, &host.peers);
+        host.fabric_probe = Some(Probed::NoProvider(
+            "verbs: fi_getinfo: No data available (-61)".into(),
+        ));
+        let c = check(&host, "fi_mr_dmabuf");
+        assert_eq!((c.status, c.fix.as_deref()), (Status::Skip, None), "{c:?}");
+        assert!(
+            c.detail.starts_with("verbs (--provider): libfabric offers no such provider with the reliable-datagram tagged endpoints (FI_EP_RDM) peerdirect register --provider 'verbs' opens: verbs: fi_getinfo: No data available (-61); `fi_info -l`"),
+            "{}",
+            c.detail
+        );
+        assert!(c.detail.contains("'verbs;ofi_rxm'"), "{}", c.detail);
+        // A filter that hides it is named.
+        set(&mut host, "FI_PROVIDER", "^verbs");
+        assert!(check(&host, "fi_mr_dmabuf")
+            .detail
+            .contains("(FI_PROVIDER=\"^verbs\" hides the providers it does not let in)"));
+        // Any other error: register fails alike, no fallback.
+        let mut host = healthy();
+        host.fabric_probe = Some(Probed::Failed(
+            "efa: fi_mr_regattr(FI_MR_DMABUF): Invalid argument (-22)".into(),
+        ));
+        let c = check(&host, "fi_mr_dmabuf");
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.detail.starts_with("efa (the provider of the EFA device efa_0): efa: fi_mr_regattr(FI_MR_DMABUF): Invalid argument (-22): peerdirect register --provider 'efa' fails the same way"),
+            "{}",
+            c.detail
+        );
+        assert!(c.fix.unwrap().contains("efa_libfabric"));
+    }
+
+    #[test]
+    fn fi_mr_dmabuf_skips_without_a_device_a_provider_or_libfabric() {
+        let mut host = rxe_guest();
+        host.devices.clear();
+        host.fabric_probe = None;
+        let c = check(&host, "fi_mr_dmabuf");
+        assert_eq!(
+            (c.status, c.detail.as_str()),
+            (
+                Status::Skip,
+                "verbs;ofi_rxm (the provider of the verbs NIC rxe0): no HBM device to register a page of (see the devices check)"
+            )
+        );
+        host.libfabric = Some(Err("libfabric.so.1 not found".into()));
+        let c = check(&host, "fi_mr_dmabuf");
+        assert_eq!(c.status, Status::Skip, "{c:?}");
+        assert!(c
+            .detail
+            .ends_with("libfabric is not usable (see the libfabric check)"));
+        host.provider = None;
+        let c = check(&host, "fi_mr_dmabuf");
+        assert_eq!(c.status, Status::Skip, "{c:?}");
+        assert!(
+            c.detail.starts_with("no libfabric provider to try"),
+            "{}",
+            c.detail
+        );
+        assert_eq!(
+            status(&checks(&Host::default()), "fi_mr_dmabuf"),
+            Status::Skip
+        );
+    }
+
+    #[test]
+    fn the_provider_tried_is_the_one_a_job_would_use() {
+        let env = |filter: Option<&str>| -> HashMap<String, String> {
+            filter
+                .map(|f| ("FI_PROVIDER".to_owned(), f.to_owned()))
+                .into_iter()
+                .collect()
+        };
+        let name = |c: Option<Chosen>| c.map(|c| (c.name, c.by));
+        let rxe = rxe_guest().peers;
+        let efa = healthy().peers;
+        let both: Vec<PciPeer> = rxe.iter().chain(&efa).cloned().collect();
+        let pair = |n: &str, by: &str| Some((n.to_owned(), by.to_owned()));
+        assert_eq!(
+            name(choose_provider(Some("tcp"), &env(Some("efa")), &both)),
+            pair("tcp", "--provider")
+        );
+        assert_eq!(
+            name(choose_provider(None, &env(Some("verbs;ofi_rxm")), &efa)),
+            pair("verbs;ofi_rxm", "FI_PROVIDER")
+        );
+        // A list or an exclusion names no provider: the NIC's.
+        for filter in [None, Some("tcp,verbs"), Some("^tcp"), Some("")] {
+            assert_eq!(
+                name(choose_provider(None, &env(filter), &rxe)),
+                pair("verbs;ofi_rxm", "the provider of the verbs NIC rxe0"),
+                "{filter:?}"
+            );
+        }
+        assert_eq!(
+            name(choose_provider(None, &env(None), &both)),
+            pair("efa", "the provider of the EFA device efa_0")
+        );
+        assert_eq!(choose_provider(None, &env(None), &[]), None);
     }
 
     #[test]

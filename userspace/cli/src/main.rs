@@ -53,7 +53,8 @@ enum Command {
     Topo(topo::Args),
     /// Check what this host needs for HBM-to-NIC transfers (the module and its build against
     /// the running kernel, devices, a NIC that reaches the HBM peer-to-peer, libfabric, locked
-    /// memory, RDMAV_FORK_SAFE, EFA settings), each with what to do. Exits 1 if a check fails.
+    /// memory, RDMAV_FORK_SAFE, EFA and verbs settings, FI_MR_DMABUF of HBM tried through the
+    /// libfabric provider a job will use), each with what to do. Exits 1 if a check fails.
     Doctor(doctor::Args),
     /// Serve, stop serving or list companion devices (HBM of a PCI device that another driver
     /// owns, habanalabs, exported beside it), or announce their owners' resets. For
@@ -329,5 +330,20 @@ mod tests {
         assert!(!parse(&["doctor"])
             .map(|c| matches!(c.command, Command::Doctor(ref a) if a.json))
             .unwrap());
+    }
+
+    #[test]
+    fn doctor_takes_a_provider() {
+        let Command::Doctor(args) = parse(&["doctor"]).unwrap().command else {
+            panic!("not doctor");
+        };
+        assert_eq!(args.provider, None);
+        let Command::Doctor(args) = parse(&["doctor", "--provider", "verbs;ofi_rxm"])
+            .unwrap()
+            .command
+        else {
+            panic!("not doctor");
+        };
+        assert_eq!(args.provider.as_deref(), Some("verbs;ofi_rxm"));
     }
 }

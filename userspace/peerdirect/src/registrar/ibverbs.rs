@@ -28,7 +28,7 @@ use rustix::io::Errno;
 
 use super::libfabric::DmaBufSource;
 use super::RegPath;
-use crate::cache::{Access, ByteRange, DomainId, RegKey, Registrar};
+use crate::cache::{Access, ByteRange, DomainId, ExportId, RegKey, Registrar};
 use crate::DmaBuf;
 
 /// The library loaded at run time.
@@ -110,6 +110,25 @@ pub enum IbverbsError {
         /// errno after the call.
         errno: Errno,
     },
+    /// `ibv_reg_dmabuf_mr` of a peerdirect export failed with `ENODEV`: the exporter refuses
+    /// to attach a revoked dma-buf, and the export is revoked once its device is unbound,
+    /// removed or reset. Only registrations through the [`Registrar`] trait know the export's
+    /// device (from the key's [`crate::cache::ExportId`]); others say [`IbverbsError::Register`].
+    #[error("ibv_reg_dmabuf_mr on {device} (provider {provider}) of dma-buf fd {fd} bytes {offset:#x}+{length:#x}: {}: the export of /dev/peerdirect{hbm_device} is revoked: that HBM device is gone (unbound or removed), or was reset (export again after a reset)", ErrnoText(Errno::NODEV))]
+    Revoked {
+        /// The RDMA device.
+        device: String,
+        /// Its provider.
+        provider: String,
+        /// The dma-buf.
+        fd: i32,
+        /// Offset in the dma-buf.
+        offset: u64,
+        /// Length.
+        length: u64,
+        /// The index of the peerdirect device the dma-buf was exported from.
+        hbm_device: u32,
+    },
 }
 
 impl IbverbsError {
@@ -119,6 +138,7 @@ impl IbverbsError {
             Self::Setup { errno, .. }
             | Self::DmaBufUnsupported { errno, .. }
             | Self::Register { errno, .. } => Some(*errno),
+            Self::Revoked { .. } => Some(Errno::NODEV),
             Self::LibraryNotLoaded { .. }
             | Self::MissingSymbol { .. }
             | Self::NoSuchDevice { .. } => None,
@@ -198,6 +218,29 @@ pub fn reg_error(
             length: range.length(),
             errno,
         },
+    }
+}
+
+/// `err`, or for an `ENODEV` of an export of a peerdirect device (not [`ExportId::FOREIGN`]),
+/// [`IbverbsError::Revoked`] naming the device.
+fn revoked(err: IbverbsError, export: ExportId) -> IbverbsError {
+    match err {
+        IbverbsError::Register {
+            device,
+            provider,
+            fd,
+            offset,
+            length,
+            errno: Errno::NODEV,
+        } if export.device() != ExportId::FOREIGN => IbverbsError::Revoked {
+            device,
+            provider,
+            fd,
+            offset,
+            length,
+            hbm_device: export.device(),
+        },
+        err => err,
     }
 }
 
@@ -426,8 +469,11 @@ impl Registrar for IbverbsRegistrar {
         self.id
     }
 
+    /// [`IbverbsRegistrar::register_range`]; an `ENODEV` of a peerdirect export says which
+    /// device's export is revoked ([`IbverbsError::Revoked`]).
     fn register(&self, source: &dyn IbvSource, key: &RegKey) -> Result<IbvMr, IbverbsError> {
         self.register_range(source, key.range, key.access)
+            .map_err(|err| revoked(err, key.export))
     }
 
     /// Drops `mr`, which deregisters it in its own protection domain.
@@ -767,6 +813,51 @@ mod tests {
         assert!(text.contains("EINVAL"), "{text}");
         assert!(text.contains("peer-to-peer"), "{text}");
         assert!(!text.contains("host-bounce"), "{text}");
+    }
+
+    #[test]
+    fn enodev_of_a_peerdirect_export_names_its_revoked_device() {
+        let err = revoked(
+            reg_error("rxe0", "rxe", 9, range(), Errno::NODEV),
+            ExportId::new(2, 77),
+        );
+        assert!(
+            matches!(err, IbverbsError::Revoked { hbm_device: 2, .. }),
+            "{err:?}"
+        );
+        assert_eq!(err.errno(), Some(Errno::NODEV));
+        assert!(!err.is_dma_buf_unsupported());
+        assert_eq!(
+            err.to_string(),
+            "ibv_reg_dmabuf_mr on rxe0 (provider rxe) of dma-buf fd 9 bytes 0x0+0x4000000: ENODEV (No such device (os error 19)): the export of /dev/peerdirect2 is revoked: that HBM device is gone (unbound or removed), or was reset (export again after a reset)"
+        );
+        // Another exporter's dma-buf: no peerdirect device to name.
+        let foreign = revoked(
+            reg_error("rxe0", "rxe", 9, range(), Errno::NODEV),
+            ExportId::new(ExportId::FOREIGN, 77),
+        );
+        assert!(matches!(
+            foreign,
+            IbverbsError::Register {
+                errno: Errno::NODEV,
+                ..
+            }
+        ));
+        assert!(foreign
+            .to_string()
+            .ends_with("; the HBM device is gone (unbound or removed)"));
+        // Other errors stay what they are.
+        let inval = revoked(
+            reg_error("rxe0", "rxe", 9, range(), Errno::INVAL),
+            ExportId::new(2, 77),
+        );
+        assert!(matches!(
+            inval,
+            IbverbsError::Register {
+                errno: Errno::INVAL,
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -9,11 +9,19 @@
 # same boot (qemu/run --rxe, Debian's provider) refused with EOPNOTSUPP, the documented error;
 # in a second boot with the test kernel's patched rxe and provider (qemu/run --rxe-dmabuf,
 # flag --rxe-dmabuf) registered, a cache hit on the second request, and the NIC under rxe0
-# attached to the export and pinned in peerdirect's debugfs while registered, gone after.
+# attached to the export and pinned in peerdirect's debugfs while registered, gone after; then
+# in that boot the HBM device goes while a RegCache holds verbs registrations of it
+# (peerdirect-guest-tests --ibverbs-revoke): unbound, the unbind returns without waiting (rxe
+# imports revocably) and the cache lets go by itself (its watcher: listener told, entry gone,
+# ibv_dereg_mr witnessed in the dma-buf core's bufinfo), a new request fails with ENODEV
+# naming the device; rounds of unbinds while two threads request and drop registrations
+# (race); last a PCIe hot-unplug (--hotplug), the same as the unbind. The unbind and the race
+# again on the KASAN kernel (fewer rounds), so that KASAN and kmemleak watch ib_core's and rxe's
+# teardown of the revoked imports as the cache deregisters them.
 # Only the test kernels carry the patched rxe (qemu/patches/0002): on Debian's kernel
 # (tests/system/debian-kernel.sh runs this suite with PEERDIRECT_KERNEL=debian) its rxe refuses
-# dma-bufs whatever the provider (tests/system/rxe-dmabuf.sh checks that), so the second boot
-# is the test kernels' only.
+# dma-bufs whatever the provider (tests/system/rxe-dmabuf.sh checks that), so the second and
+# third boots are the test kernels' only.
 . "$(dirname "$0")/../lib.sh"
 
 # Plan: the checks are peerdirect-guest-tests', with their own plans; none of this script's own.
@@ -21,6 +29,12 @@ failed=0
 guest_tap "" 2 --topology switch --hbm 8G --mem 2G --rxe --kmemleak -- "${guest_each[@]}" \
 	"peerdirect-guest-tests --ibimport" "peerdirect-guest-tests --ibverbs" || failed=1
 if [ "${PEERDIRECT_KERNEL:-default}" != debian ]; then
-	guest_tap "" 1 --rxe-dmabuf --kmemleak -- peerdirect-guest-tests --ibverbs --rxe-dmabuf || failed=1
+	guest_tap "" 4 --rxe-dmabuf --hotplug --kmemleak -- "${guest_each[@]}" \
+		"peerdirect-guest-tests --ibverbs --rxe-dmabuf" "peerdirect-guest-tests --ibverbs-revoke unbind" \
+		"peerdirect-guest-tests --ibverbs-revoke race" "peerdirect-guest-tests --ibverbs-revoke unplug" ||
+		failed=1
+	tap_prefix="KASAN kernel: " guest_tap "" 2 --kernel kasan --rxe-dmabuf --kmemleak --timeout 900 -- \
+		"${guest_each[@]}" "peerdirect-guest-tests --ibverbs-revoke unbind" \
+		"peerdirect-guest-tests --ibverbs-revoke race --rounds 3" || failed=1
 fi
 exit $failed

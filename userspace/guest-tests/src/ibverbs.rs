@@ -21,11 +21,11 @@ use peerdirect::{Device, DmaBuf, Errno, ExportFlags, RegPath};
 use crate::support::{expect_eq, wait_for, Outcome, Tap, SYSFS_PCI_DEVICES};
 use crate::INDEX;
 
-const RXE: &str = "rxe0";
-const MIB: u64 = 1 << 20;
-const EXPORT_LEN: u64 = 4 * MIB;
+pub(crate) const RXE: &str = "rxe0";
+pub(crate) const MIB: u64 = 1 << 20;
+pub(crate) const EXPORT_LEN: u64 = 4 * MIB;
 /// The first request: 2 MiB at 1 MiB into the export; the second: 64 KiB inside it.
-const FIRST: (u64, u64) = (MIB, 2 * MIB);
+pub(crate) const FIRST: (u64, u64) = (MIB, 2 * MIB);
 const SECOND: (u64, u64) = (MIB + MIB / 2, 64 << 10);
 
 /// The rxe provider of the boot, as the suite booted it.
@@ -50,13 +50,13 @@ fn export(device: &Device) -> Result<(DmaBuf, u64), String> {
     Ok((dmabuf, allocation.hbm_offset()))
 }
 
-fn registrar() -> Result<Arc<IbverbsRegistrar>, String> {
+pub(crate) fn registrar() -> Result<Arc<IbverbsRegistrar>, String> {
     let registrar = IbverbsRegistrar::open(RXE).map_err(|e| e.to_string())?;
     expect_eq("provider", "rxe", registrar.provider())?;
     Ok(Arc::new(registrar))
 }
 
-fn range((offset, length): (u64, u64)) -> Result<ByteRange, String> {
+pub(crate) fn range((offset, length): (u64, u64)) -> Result<ByteRange, String> {
     ByteRange::new(offset, length).map_err(|e| e.to_string())
 }
 
@@ -94,7 +94,7 @@ pub(crate) const REFUSED: &str = "ibv_reg_dmabuf_mr on rxe0 with Debian's rxe pr
 
 /// The PCI device under rxe0: the PCI device that rxe0's netdev (sysfs `parent`) sits on
 /// (its `device` is the virtio device, a child of the PCI function).
-fn nic_under_rxe() -> Result<String, String> {
+pub(crate) fn nic_under_rxe() -> Result<String, String> {
     let parent = format!("/sys/class/infiniband/{RXE}/parent");
     let netdev = fs::read_to_string(&parent).map_err(|e| format!("{parent}: {e}"))?;
     let link = format!("/sys/class/net/{}/device", netdev.trim());

@@ -14,6 +14,7 @@ mod fabric;
 mod fuzz;
 mod ibimport;
 mod ibverbs;
+mod ibverbs_revoke;
 mod importer;
 mod lifecycle;
 mod peermem;
@@ -112,6 +113,14 @@ struct Args {
     /// patched rxe and the patched rxe provider), so registrations must succeed.
     #[arg(long, requires = "ibverbs")]
     rxe_dmabuf: bool,
+    /// Remove the HBM device while a RegCache holds verbs registrations of it instead
+    /// (`qemu/run --rxe-dmabuf`; `unplug` needs `--hotplug` and leaves the device gone; see
+    /// [`ibverbs_revoke`]).
+    #[arg(long, value_enum, value_name = "WAY", conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke", "ibimport", "ibverbs"])]
+    ibverbs_revoke: Option<ibverbs_revoke::Way>,
+    /// With --ibverbs-revoke race: how many rounds.
+    #[arg(long, default_value_t = 6, requires = "ibverbs_revoke")]
+    rounds: u32,
     /// Contract test of the PeerDirect peer-memory client against the test module
     /// peerdirect_peermem_core.ko instead, in the guest topology given (`qemu/run --no-bind
     /// --topology T`; loads and unloads the modules itself, see [`peermem`]).
@@ -469,6 +478,9 @@ fn main() -> ExitCode {
         } else {
             ibverbs::Provider::Debian
         });
+    }
+    if let Some(way) = args.ibverbs_revoke {
+        return ibverbs_revoke::run(way, args.rounds);
     }
     if let Some(provider) = &args.fabric {
         return fabric::run(provider, args.companion, args.direct);

@@ -20,9 +20,8 @@
 //!   attached cache and dropping the handles (one also invalidates the export now and then
 //!   until the removal starts, deregistering on its own thread) while the device is unbound:
 //!   the unbind returns, the threads end (every request made after the unbind returned fails
-//!   with `ENODEV`: none is served by a cached registration of the revoked device; while it
-//!   runs, ib_core answers `EINVAL` to a registration whose import it finds revoked between
-//!   its attach and its pin), and the cache lets go of every registration.
+//!   with `ENODEV`: none is served by a cached registration of the revoked device), and the
+//!   cache lets go of every registration.
 
 use std::fs;
 use std::path::Path;
@@ -436,9 +435,6 @@ struct Counts {
     got: u64,
     /// Requests refused with `ENODEV` before the unbind returned (it was under way).
     enodev_during: u64,
-    /// Requests refused with `EINVAL` before the unbind returned: ib_core's answer when the
-    /// revocation comes between its attach and its pin (it then finds its import revoked).
-    einval_during: u64,
     /// Requests refused with `ENODEV` after it returned.
     enodev_after: u64,
     /// Explicit invalidations of the export.
@@ -517,7 +513,6 @@ fn racer(shared: &Shared, which: u64, invalidate: bool) -> Result<Counts, String
                     counts.enodev_during += 1;
                 }
             }
-            Err(err) if !after && err.errno() == Some(Errno::INVAL) => counts.einval_during += 1,
             Err(err) => return Err(format!("thread {which}: request {n}: {err}")),
         }
         // Only until the removal starts: from then on nothing of the caller's drops the revoked
@@ -532,7 +527,7 @@ fn racer(shared: &Shared, which: u64, invalidate: bool) -> Result<Counts, String
 }
 
 const RACE_UNBIND: &str = "in each round, while two threads keep requesting ranges of an export through one attached RegCache with verbs registrations and dropping the handles (one also invalidating the export), the unbind returns within 10 s, without waiting for a registration (no 'removal waits')";
-const RACE_THREADS: &str = "in each round, both threads end within 30 s of the unbind: once it returned, every request fails with ENODEV (none gets a registration); no other error (but EINVAL during it), no hang";
+const RACE_THREADS: &str = "in each round, both threads end within 30 s of the unbind: once it returned, every request fails with ENODEV (none gets a registration); no other error, no hang";
 const RACE_LET_GO: &str = "in each round, with the threads' handles dropped, within 10 s the cache has let go of every registration of the revoked device (its watcher, or the requests that found the device revoked): as many deregistrations as registrations, no entry, and the dma-buf core lists no device attached to the export's dma-buf and no reference of an import";
 const RACE_MET: &str =
     "the race ran: in every round registrations before the unbind and ENODEV after it";
@@ -694,7 +689,6 @@ fn race_round(
     for c in &counts {
         totals.got += c.got;
         totals.enodev_during += c.enodev_during;
-        totals.einval_during += c.einval_during;
         totals.enodev_after += c.enodev_after;
         totals.invalidations += c.invalidations;
     }

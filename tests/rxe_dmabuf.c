@@ -180,6 +180,51 @@ static int to_state(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 	return ibv_modify_qp(qp, attr, mask);
 }
 
+/* @qp from RESET to INIT on port 1, allowing remote @access. */
+static int to_init(struct ibv_qp *qp, int access)
+{
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_INIT,
+		.port_num = 1,
+		.qp_access_flags = access,
+	};
+
+	return to_state(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+			IBV_QP_ACCESS_FLAGS);
+}
+
+/*
+ * @qp from INIT to RTS, connected to queue pair @dest_qpn at @dgid through this port's GID
+ * @gid_index (both packet sequences from 0).
+ */
+static int to_rts(struct ibv_qp *qp, uint32_t dest_qpn, const uint8_t dgid[16], int gid_index)
+{
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_RTR,
+		.path_mtu = IBV_MTU_1024,
+		.dest_qp_num = dest_qpn,
+		.max_dest_rd_atomic = 4,
+		.min_rnr_timer = 12,
+		.ah_attr = { .is_global = 1, .port_num = 1,
+			     .grh = { .sgid_index = gid_index, .hop_limit = 64 } },
+	};
+
+	memcpy(a.ah_attr.grh.dgid.raw, dgid, 16);
+	if (to_state(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+			 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		return -errno;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 4;
+	if (to_state(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+			 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+		return -errno;
+	return 0;
+}
+
 /*
  * Two RC queue pairs of @ctx connected to each other through rxe0's own GID @gid_index,
  * allowing remote @access.
@@ -194,6 +239,7 @@ static int connect_pair(struct ibv_context *ctx, struct ibv_pd *pd, struct pair 
 		.sq_sig_all = 1,
 	};
 	union ibv_gid gid;
+	int err;
 
 	if (ibv_query_gid(ctx, 1, gid_index, &gid))
 		return -errno;
@@ -203,45 +249,13 @@ static int connect_pair(struct ibv_context *ctx, struct ibv_pd *pd, struct pair 
 	init.send_cq = init.recv_cq = p->cq;
 	for (int i = 0; i < 2; i++) {
 		p->qp[i] = ibv_create_qp(pd, &init);
-		if (!p->qp[i])
+		if (!p->qp[i] || to_init(p->qp[i], access))
 			return -errno;
 	}
 	for (int i = 0; i < 2; i++) {
-		struct ibv_qp_attr a = {
-			.qp_state = IBV_QPS_INIT,
-			.port_num = 1,
-			.qp_access_flags = access,
-		};
-
-		if (to_state(p->qp[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-				 IBV_QP_ACCESS_FLAGS))
-			return -errno;
-		memset(&a, 0, sizeof(a));
-		a.qp_state = IBV_QPS_RTR;
-		a.path_mtu = IBV_MTU_1024;
-		a.dest_qp_num = p->qp[!i]->qp_num;
-		a.rq_psn = 0;
-		a.max_dest_rd_atomic = 4;
-		a.min_rnr_timer = 12;
-		a.ah_attr.is_global = 1;
-		a.ah_attr.grh.dgid = gid;
-		a.ah_attr.grh.sgid_index = gid_index;
-		a.ah_attr.grh.hop_limit = 1;
-		a.ah_attr.port_num = 1;
-		if (to_state(p->qp[i], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-				 IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-				 IBV_QP_MIN_RNR_TIMER))
-			return -errno;
-		memset(&a, 0, sizeof(a));
-		a.qp_state = IBV_QPS_RTS;
-		a.timeout = 14;
-		a.retry_cnt = 7;
-		a.rnr_retry = 7;
-		a.sq_psn = 0;
-		a.max_rd_atomic = 4;
-		if (to_state(p->qp[i], &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-				 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-			return -errno;
+		err = to_rts(p->qp[i], p->qp[!i]->qp_num, gid.raw, gid_index);
+		if (err)
+			return err;
 	}
 	return 0;
 }
@@ -824,11 +838,6 @@ static int create_remote_qp(struct ibv_context *ctx, struct ibv_pd *pd, struct p
 			 .max_recv_sge = 1 },
 		.sq_sig_all = 1,
 	};
-	struct ibv_qp_attr a = {
-		.qp_state = IBV_QPS_INIT,
-		.port_num = 1,
-		.qp_access_flags = ACCESS,
-	};
 
 	p->qp[0] = p->qp[1] = NULL;
 	p->cq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
@@ -836,37 +845,7 @@ static int create_remote_qp(struct ibv_context *ctx, struct ibv_pd *pd, struct p
 		return -errno;
 	init.send_cq = init.recv_cq = p->cq;
 	p->qp[0] = ibv_create_qp(pd, &init);
-	if (!p->qp[0] || to_state(p->qp[0], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-				  IBV_QP_ACCESS_FLAGS))
-		return -errno;
-	return 0;
-}
-
-/* @p's queue pair connected to the peer's, as @peer says, through this host's @gid_index. */
-static int connect_remote(struct pair *p, int gid_index, const struct peer_info *peer)
-{
-	struct ibv_qp_attr a = {
-		.qp_state = IBV_QPS_RTR,
-		.path_mtu = IBV_MTU_1024,
-		.dest_qp_num = peer->qpn,
-		.max_dest_rd_atomic = 4,
-		.min_rnr_timer = 12,
-		.ah_attr = { .is_global = 1, .port_num = 1,
-			     .grh = { .sgid_index = gid_index, .hop_limit = 64 } },
-	};
-
-	memcpy(a.ah_attr.grh.dgid.raw, peer->gid, 16);
-	if (to_state(p->qp[0], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-			 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		return -errno;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 4;
-	if (to_state(p->qp[0], &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-			 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+	if (!p->qp[0] || to_init(p->qp[0], ACCESS))
 		return -errno;
 	return 0;
 }
@@ -940,7 +919,7 @@ static int peer(const char *pci, int node, const char *peer_ip)
 		err = swap(c, &me, &them, sizeof(me));
 	}
 	if (!err)
-		err = connect_remote(&p, gid_index, &them);
+		err = to_rts(p.qp[0], them.qpn, them.gid, gid_index);
 	if (!err)
 		err = barrier(c, 'c');
 	ok(!err, "an RC queue pair of rxe0 connected to the peer's across the link (QP number, GID and the IOVAs and rkeys of A and B exchanged over TCP)");

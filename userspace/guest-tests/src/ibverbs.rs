@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId, RegCache};
 use peerdirect::registrar::ibverbs::{IbverbsError, IbverbsRegistrar};
-use peerdirect::{Device, DmaBuf, Errno, ExportFlags, RegPath};
+use peerdirect::{Allocation, Device, DmaBuf, Errno, ExportFlags, RegPath};
 
 use crate::support::{expect_eq, wait_for, Outcome, Tap, SYSFS_PCI_DEVICES};
 use crate::INDEX;
@@ -38,14 +38,20 @@ pub(crate) enum Provider {
     Patched,
 }
 
-/// One exported allocation of `EXPORT_LEN` bytes: the dma-buf and where it is in the BAR.
-fn export(device: &Device) -> Result<(DmaBuf, u64), String> {
+/// An allocation of `EXPORT_LEN` bytes of `device`, and a dma-buf of all of it (RDWR).
+pub(crate) fn alloc_export(device: &Device) -> Result<(Allocation<'_>, DmaBuf), String> {
     let allocation = device
         .alloc(EXPORT_LEN, None)
         .map_err(|e| format!("alloc: {e}"))?;
     let dmabuf = allocation
         .export(0, EXPORT_LEN, ExportFlags::CLOEXEC | ExportFlags::RDWR)
         .map_err(|e| format!("export: {e}"))?;
+    Ok((allocation, dmabuf))
+}
+
+/// One exported allocation of `EXPORT_LEN` bytes: the dma-buf and where it is in the BAR.
+fn export(device: &Device) -> Result<(DmaBuf, u64), String> {
+    let (allocation, dmabuf) = alloc_export(device)?;
     // The dma-buf keeps the memory; the handle is freed when `allocation` drops.
     Ok((dmabuf, allocation.hbm_offset()))
 }

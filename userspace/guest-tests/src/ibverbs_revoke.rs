@@ -35,9 +35,9 @@ use std::time::{Duration, Instant};
 use clap::ValueEnum;
 use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId};
 use peerdirect::registrar::ibverbs::{IbverbsError, IbverbsRegistrar};
-use peerdirect::{Allocation, Cause, Device, DeviceStatus, DmaBuf, Errno, ExportFlags, RegCache};
+use peerdirect::{Allocation, Cause, Device, DeviceStatus, DmaBuf, Errno, RegCache};
 
-use crate::ibverbs::{nic_under_rxe, range, registrar, EXPORT_LEN, FIRST};
+use crate::ibverbs::{alloc_export, nic_under_rxe, range, registrar, EXPORT_LEN, FIRST};
 use crate::race::{bound_device, expect_idle, expect_raced, rebind};
 use crate::removal::{expect_going, waits_reports, Unbinding};
 use crate::support::{expect_eq, request_unplug, wait_for, Outcome, Tap, SYSFS_PCI_DEVICES};
@@ -155,12 +155,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// freeing it through the crate would invalidate the export's entries, which the test must see
 /// go by themselves.
 fn export(device: &Device) -> Result<(Allocation<'_>, DmaBuf, ExportId), String> {
-    let allocation = device
-        .alloc(EXPORT_LEN, None)
-        .map_err(|e| format!("alloc: {e}"))?;
-    let dmabuf = allocation
-        .export(0, EXPORT_LEN, ExportFlags::CLOEXEC | ExportFlags::RDWR)
-        .map_err(|e| format!("export: {e}"))?;
+    let (allocation, dmabuf) = alloc_export(device)?;
     let export = device
         .export_id(&dmabuf)
         .map_err(|e| format!("fstat of the dma-buf: {e}"))?;

@@ -15,8 +15,14 @@
 # imports revocably) and the cache lets go by itself (its watcher: listener told, entry gone,
 # ibv_dereg_mr witnessed in the dma-buf core's bufinfo), a new request fails with ENODEV
 # naming the device; rounds of unbinds while two threads request and drop registrations
-# (race); last a PCIe hot-unplug (--hotplug), the same as the unbind. The unbind and the race
-# again on the KASAN kernel (fewer rounds), so that KASAN and kmemleak watch ib_core's and rxe's
+# (race); then unbound while libfabric's verbs;ofi_rxm streams fi_reads and tagged rendezvous
+# messages between HBM buffers registered through the cache (peerdirect-guest-tests
+# --fabric-revoke): the unbind returns, both streams end with an error within 15 s of it (the
+# crate's TransferRevoked where ofi_rxm reports nothing), later transfers are refused at once,
+# the cache lets go, a new registration fails with ENODEV naming the device, and what the
+# stranded rendezvous keeps goes with the process (--idle after it); last a PCIe hot-unplug
+# (--hotplug), the same as the unbind. The unbind, the race and the libfabric streams again on
+# the KASAN kernel (fewer rounds), so that KASAN and kmemleak watch ib_core's and rxe's
 # teardown of the revoked imports as the cache deregisters them.
 # Only the test kernels carry the patched rxe (qemu/patches/0002): on Debian's kernel
 # (tests/system/debian-kernel.sh runs this suite with PEERDIRECT_KERNEL=debian) its rxe refuses
@@ -29,12 +35,14 @@ failed=0
 guest_tap "" 2 --topology switch --hbm 8G --mem 2G --rxe --kmemleak -- "${guest_each[@]}" \
 	"peerdirect-guest-tests --ibimport" "peerdirect-guest-tests --ibverbs" || failed=1
 if [ "${PEERDIRECT_KERNEL:-default}" != debian ]; then
-	guest_tap "" 4 --rxe-dmabuf --hotplug --kmemleak -- "${guest_each[@]}" \
+	guest_tap "" 6 --rxe-dmabuf --hotplug --kmemleak -- "${guest_each[@]}" \
 		"peerdirect-guest-tests --ibverbs --rxe-dmabuf" "peerdirect-guest-tests --ibverbs-revoke unbind" \
-		"peerdirect-guest-tests --ibverbs-revoke race" "peerdirect-guest-tests --ibverbs-revoke unplug" ||
+		"peerdirect-guest-tests --ibverbs-revoke race" "peerdirect-guest-tests --fabric-revoke" \
+		"peerdirect-guest-tests --idle" "peerdirect-guest-tests --ibverbs-revoke unplug" ||
 		failed=1
-	tap_prefix="KASAN kernel: " guest_tap "" 2 --kernel kasan --rxe-dmabuf --kmemleak --timeout 900 -- \
+	tap_prefix="KASAN kernel: " guest_tap "" 4 --kernel kasan --rxe-dmabuf --kmemleak --timeout 900 -- \
 		"${guest_each[@]}" "peerdirect-guest-tests --ibverbs-revoke unbind" \
-		"peerdirect-guest-tests --ibverbs-revoke race --rounds 3" || failed=1
+		"peerdirect-guest-tests --ibverbs-revoke race --rounds 3" \
+		"peerdirect-guest-tests --fabric-revoke" "peerdirect-guest-tests --idle" || failed=1
 fi
 exit $failed

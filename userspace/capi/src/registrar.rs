@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 use pd::cache::{DomainId, RegKey};
 use pd::registrar::ibverbs::{IbvMr, IbverbsError, IbverbsRegistrar};
 use pd::registrar::libfabric::{DmaBufSource, FabricMr, LibfabricRegistrar};
-use pd::{Errno, RegPath, Registrar};
+use pd::{Cause, Errno, RegPath, Registrar};
 
 use crate::error::Failure;
 
@@ -79,6 +79,14 @@ impl Registrar for AnyRegistrar {
             (Self::Verbs(registrar), AnyMr::Verbs(mr)) => registrar.deregister(mr),
             // A registrar only ever gets back its own kind; either way, dropping releases it.
             (_, mr) => drop(mr),
+        }
+    }
+
+    fn invalidated(&self, key: &RegKey, mr: &AnyMr, cause: Cause) {
+        match (self, mr) {
+            (Self::Fabric(registrar), AnyMr::Fabric(mr)) => registrar.invalidated(key, mr, cause),
+            (Self::Verbs(registrar), AnyMr::Verbs(mr)) => registrar.invalidated(key, mr, cause),
+            _ => {}
         }
     }
 }

@@ -81,16 +81,16 @@ pub(crate) fn run(way: Way, rounds: u32) -> ExitCode {
 
 /// What the dma-buf core's debugfs `bufinfo` says of one dma-buf.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct BufInfo {
+pub(crate) struct BufInfo {
     /// The references to its file: the descriptors open on it and the importers' (ib_core's
     /// umem takes one for as long as the import lives).
-    count: u64,
+    pub(crate) count: u64,
     /// The devices attached to it.
-    attached: Vec<String>,
+    pub(crate) attached: Vec<String>,
 }
 
 /// The dma-buf core's debugfs `bufinfo` of the dma-buf whose inode is `ino`, if it lists it.
-fn bufinfo(ino: u64) -> Result<Option<BufInfo>, String> {
+pub(crate) fn bufinfo(ino: u64) -> Result<Option<BufInfo>, String> {
     let path = "/sys/kernel/debug/dma_buf/bufinfo";
     let text = fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
     Ok(parse_bufinfo(&text, ino))

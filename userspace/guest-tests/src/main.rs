@@ -11,6 +11,7 @@ mod bench_exporters;
 mod bench_hits;
 mod cpu_mapping;
 mod fabric;
+mod fabric_revoke;
 mod fuzz;
 mod ibimport;
 mod ibverbs;
@@ -118,6 +119,14 @@ struct Args {
     /// [`ibverbs_revoke`]).
     #[arg(long, value_enum, value_name = "WAY", conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke", "ibimport", "ibverbs"])]
     ibverbs_revoke: Option<ibverbs_revoke::Way>,
+    /// Unbind the HBM device while libfabric's verbs;ofi_rxm moves its memory (fi_read and
+    /// tagged streams) instead (`qemu/run --rxe-dmabuf`; see [`fabric_revoke`]).
+    #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke", "ibimport", "ibverbs", "ibverbs_revoke"])]
+    fabric_revoke: bool,
+    /// Check that /dev/peerdirect0's device is idle (nothing allocated or exported, no
+    /// peerdirect dma-buf left) instead: after programs that leave memory to their exit.
+    #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke", "ibimport", "ibverbs", "ibverbs_revoke", "fabric_revoke"])]
+    idle: bool,
     /// With --ibverbs-revoke race: how many rounds.
     #[arg(long, default_value_t = 6, requires = "ibverbs_revoke")]
     rounds: u32,
@@ -481,6 +490,17 @@ fn main() -> ExitCode {
     }
     if let Some(way) = args.ibverbs_revoke {
         return ibverbs_revoke::run(way, args.rounds);
+    }
+    if args.idle {
+        let mut tap = Tap::plan(1);
+        tap.report(
+            "the device is idle: nothing allocated or exported, all HBM free, and the dma-buf core lists no peerdirect buffer",
+            &race::expect_idle(),
+        );
+        return tap.finish();
+    }
+    if args.fabric_revoke {
+        return fabric_revoke::run();
     }
     if let Some(provider) = &args.fabric {
         return fabric::run(provider, args.companion, args.direct);

@@ -163,6 +163,16 @@ pub trait Registrar: Send + Sync + 'static {
     /// Releases `mr`. Called exactly once for each registration, when neither the cache nor
     /// any [`Registration`] handle holds it any more.
     fn deregister(&self, mr: Self::Mr);
+
+    /// Told that `mr`, registered for `key`, is invalidated for `cause`, as soon as the cache
+    /// knows (on the thread that invalidates it, before the listener is told, outside the
+    /// cache's lock), while [`Registration`] handles may still hold it: a registrar whose
+    /// transfers wait on the registration's memory can stop waiting for memory that is gone
+    /// ([`Cause::Device`]: revoked by the kernel). May be told more than once; must not call
+    /// into the cache. Does nothing unless implemented.
+    fn invalidated(&self, key: &RegKey, mr: &Self::Mr, cause: Cause) {
+        let _ = (key, mr, cause);
+    }
 }
 
 /// Why a registration was handed out without being cached. It is deregistered when its last
@@ -867,6 +877,11 @@ impl<R: Registrar> RegCache<R> {
     fn tell(&self, doomed: Vec<Arc<Entry<R>>>, cause: Cause, delivery: Delivery) {
         if doomed.is_empty() {
             return;
+        }
+        for entry in &doomed {
+            if let Some(mr) = entry.mr.as_ref() {
+                entry.binding.registrar.invalidated(&entry.key, mr, cause);
+            }
         }
         self.notifier.tell(
             move |listener: Option<&Listener<R>>| {

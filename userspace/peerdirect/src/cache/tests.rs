@@ -21,6 +21,8 @@ struct FakeRegistrar {
     refuse: AtomicBool,
     /// Runs inside the next `register`, to stage races.
     during_register: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// What `invalidated` was told: the MR and the cause.
+    invalidated: Mutex<Vec<(u64, Cause)>>,
 }
 
 #[derive(Debug)]
@@ -37,6 +39,7 @@ impl FakeRegistrar {
             live: Mutex::default(),
             refuse: AtomicBool::new(false),
             during_register: Mutex::default(),
+            invalidated: Mutex::default(),
         })
     }
 
@@ -93,6 +96,21 @@ impl Registrar for FakeRegistrar {
         );
         let key = self.live.lock().unwrap().remove(&mr.id);
         assert_eq!(key, Some(mr.key), "MR {} deregistered twice", mr.id);
+    }
+
+    fn invalidated(&self, key: &RegKey, mr: &FakeMr, cause: Cause) {
+        assert!(
+            !super::lock::write_held_here(),
+            "MR {} told under the cache's write lock",
+            mr.id
+        );
+        assert_eq!(*key, mr.key);
+        assert!(
+            self.is_live(mr.id),
+            "MR {} told after deregistration",
+            mr.id
+        );
+        self.invalidated.lock().unwrap().push((mr.id, cause));
     }
 }
 
@@ -394,6 +412,27 @@ fn invalidating_a_device_or_a_domain() {
     assert_eq!(cache.invalidate_domain(DomainId(2)), 0);
     assert_eq!(cache.invalidate_device(1), 0);
     assert_eq!(cache.stats().invalidations, 5);
+}
+
+/// The registrar is told of each registration a device's removal invalidates, with the
+/// cause, right away (on the invalidating thread, outside the lock) and while a handle still
+/// holds it, so that transfers on it can stop; registrations of other devices are not told.
+#[test]
+fn the_registrar_is_told_of_a_held_registration_whose_device_goes() {
+    let cache = cache(16, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let held = get(&cache, &nic, ExportId::new(1, 10), 0, 1, RW);
+    let other = get(&cache, &nic, ExportId::new(2, 10), 0, 1, RW);
+    assert_eq!(cache.invalidate_device(1), 1);
+    assert_eq!(
+        *nic.invalidated.lock().unwrap(),
+        [(held.mr().id, Cause::Device)]
+    );
+    assert!(nic.is_live(held.mr().id));
+    let id = held.mr().id;
+    drop(held);
+    assert!(!nic.is_live(id));
+    assert!(nic.is_live(other.mr().id));
 }
 
 #[test]

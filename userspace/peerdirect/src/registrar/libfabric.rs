@@ -84,7 +84,7 @@ use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::os::fd::AsFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -94,7 +94,7 @@ use serde::Serialize;
 pub use sys::LIBRARY;
 
 use super::RegPath;
-use crate::cache::{Access, ByteRange, DomainId, RegKey, Registrar};
+use crate::cache::{Access, ByteRange, Cause, DomainId, ExportId, RegKey, Registrar};
 use crate::DmaBuf;
 
 /// The piece size of transfers: every transfer is one tagged message per chunk (tag + chunk
@@ -112,6 +112,28 @@ fn refuses_dma_buf(errno: i32) -> bool {
     const EPROTONOSUPPORT: i32 = 93;
     const EOPNOTSUPP: i32 = 95;
     matches!(errno, ENOSYS | EPROTONOSUPPORT | EOPNOTSUPP)
+}
+
+/// `err`, or for an `ENODEV` of an export of a peerdirect device (not [`ExportId::FOREIGN`]),
+/// [`LibfabricError::Revoked`] naming the device. libfabric passes the kernel's errno through
+/// (`ibv_reg_dmabuf_mr`: ib_core refuses a revoked export with `ENODEV`).
+fn revoked(err: LibfabricError, export: ExportId) -> LibfabricError {
+    const ENODEV: i32 = 19;
+    match err {
+        LibfabricError::Call {
+            provider,
+            call,
+            errno: ENODEV,
+            text,
+        } if export.device() != ExportId::FOREIGN => LibfabricError::Revoked {
+            provider,
+            call,
+            errno: ENODEV,
+            text,
+            hbm_device: export.device(),
+        },
+        err => err,
+    }
 }
 
 /// Chunks a host-bounce registration stages at once in each direction (its staging buffer
@@ -361,6 +383,40 @@ pub enum LibfabricError {
         provider: String,
         /// Registrations open (or being made) with the endpoint named before.
         registrations: usize,
+    },
+    /// The provider refused a registration with `ENODEV` because the dma-buf's export is
+    /// revoked: the peerdirect device it came from was removed (unbound, unplugged) or reset.
+    /// Only registrations through the [`Registrar`] trait know the export's device (from the
+    /// key's [`ExportId`]); others say [`LibfabricError::Call`].
+    #[error(
+        "{provider}: {call}: {text} (-{errno}): the export of /dev/peerdirect{hbm_device} is \
+         revoked: that HBM device is gone (unbound or removed), or was reset (export again \
+         after a reset)"
+    )]
+    Revoked {
+        /// The provider.
+        provider: String,
+        /// The call.
+        call: &'static str,
+        /// The positive libfabric error number (`ENODEV`).
+        errno: i32,
+        /// `fi_strerror(errno)`.
+        text: String,
+        /// The index of the peerdirect device the dma-buf was exported from.
+        hbm_device: u32,
+    },
+    /// A transfer's registration is of HBM its device's removal or reset revoked (the cache
+    /// invalidated it): the transfer failed (cancelling what it had posted) or was refused.
+    #[error(
+        "{provider}: the HBM under this registration is revoked (/dev/peerdirect{hbm_device} \
+         was unbound, removed or reset): the transfer cannot complete; drop the registration, \
+         and register again once the device is back"
+    )]
+    TransferRevoked {
+        /// The provider.
+        provider: String,
+        /// The index of the peerdirect device the registration's dma-buf came from.
+        hbm_device: u32,
     },
     /// A transfer saw no completion for too long.
     #[error(
@@ -636,7 +692,7 @@ impl LibfabricError {
     /// call's number mapped by [`errno_of_fi`]; `None` for failures that are not a call's.
     pub fn errno(&self) -> Option<rustix::io::Errno> {
         match self {
-            Self::Call { errno, .. } => Some(errno_of_fi(*errno)),
+            Self::Call { errno, .. } | Self::Revoked { errno, .. } => Some(errno_of_fi(*errno)),
             Self::Map { errno, .. } => Some(*errno),
             Self::NoKey { .. } => Some(rustix::io::Errno::NOSPC),
             Self::KeyRange { .. } => Some(rustix::io::Errno::RANGE),
@@ -645,6 +701,7 @@ impl LibfabricError {
             Self::NoEndpoint { .. } => Some(rustix::io::Errno::BADFD),
             Self::EndpointBind { errno, .. } => Some(errno_of_fi(*errno)),
             Self::EndpointBusy { .. } => Some(rustix::io::Errno::BUSY),
+            Self::TransferRevoked { .. } => Some(rustix::io::Errno::NODEV),
             _ => None,
         }
     }
@@ -1168,6 +1225,16 @@ pub struct FabricMr {
     staged_bytes: AtomicU64,
     /// A failed transfer left operations that could not be cancelled.
     stranded: AtomicBool,
+    /// The index of the peerdirect device whose removal or reset revoked the memory
+    /// ([`Registrar::invalidated`] with [`Cause::Device`]); `u32::MAX` while it is not.
+    revoked: AtomicU32,
+}
+
+impl FabricMr {
+    /// The device whose removal or reset revoked the registration's memory, if one did.
+    fn revoked(&self) -> Option<u32> {
+        Some(self.revoked.load(Relaxed)).filter(|&device| device != u32::MAX)
+    }
 }
 
 impl std::fmt::Debug for FabricMr {
@@ -1307,10 +1374,13 @@ impl Registrar for LibfabricRegistrar {
         );
         let (mut mr, path) = match direct {
             Ok(mr) => (mr, RegPath::DmaBuf),
-            // Anything else (out of memory, keys, ...) is an error of its own, not a reason to
-            // take the slow path.
+            // Anything else (out of memory, keys, a revoked export, ...) is an error of its
+            // own, not a reason to take the slow path.
             Err(other) if !refuses_dma_buf(other.0) => {
-                return Err(self.fabric.error("fi_mr_regattr(FI_MR_DMABUF)", other));
+                return Err(revoked(
+                    self.fabric.error("fi_mr_regattr(FI_MR_DMABUF)", other),
+                    key.export,
+                ));
             }
             Err(refused) => {
                 let reason = self
@@ -1362,11 +1432,22 @@ impl Registrar for LibfabricRegistrar {
             staged_chunks: AtomicU64::new(0),
             staged_bytes: AtomicU64::new(0),
             stranded: AtomicBool::new(false),
+            revoked: AtomicU32::new(u32::MAX),
         })
     }
 
     fn deregister(&self, mr: FabricMr) {
         drop(mr);
+    }
+
+    /// A registration of a revoked export ([`Cause::Device`]) fails its transfers from now
+    /// on, those in flight included, with [`LibfabricError::TransferRevoked`]: the NIC can no
+    /// longer reach the memory, and a provider need not report that to both ends (ofi_rxm's
+    /// rendezvous sender waits for an acknowledgement the failed receiver never sends).
+    fn invalidated(&self, key: &RegKey, mr: &FabricMr, cause: Cause) {
+        if cause == Cause::Device && key.export.device() != ExportId::FOREIGN {
+            mr.revoked.store(key.export.device(), Relaxed);
+        }
     }
 }
 
@@ -1752,6 +1833,7 @@ impl Endpoint {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
         });
+        self.check_revoked(mr)?;
         if mr.stranded.load(Relaxed) {
             return Err(LibfabricError::Stranded {
                 provider: self.provider.clone(),
@@ -1927,6 +2009,7 @@ impl Endpoint {
                 finished += 1;
                 last_progress = Instant::now();
             }
+            self.check_revoked(mr)?;
             if last_progress.elapsed() > self.stall {
                 return Err(LibfabricError::Stalled {
                     provider: self.provider.clone(),
@@ -1940,6 +2023,17 @@ impl Endpoint {
 
     fn error(&self, call: &'static str, e: sys::FiErrno) -> LibfabricError {
         call_error(self.lib, &self.provider, call, e)
+    }
+
+    /// [`LibfabricError::TransferRevoked`] if `mr`'s memory is revoked.
+    fn check_revoked(&self, mr: &FabricMr) -> Result<(), LibfabricError> {
+        match mr.revoked() {
+            Some(hbm_device) => Err(LibfabricError::TransferRevoked {
+                provider: self.provider.clone(),
+                hbm_device,
+            }),
+            None => Ok(()),
+        }
     }
 }
 
@@ -2421,6 +2515,88 @@ mod tests {
             log.calls()[3..],
             [Call::CloseMr { mr: made }, Call::CloseEp { ep: ep_fid }]
         );
+    }
+
+    /// A registration the cache invalidates because its device is gone fails its transfers
+    /// at once with TransferRevoked (ENODEV) naming the device, posting nothing; other causes
+    /// (the memory freed, the domain going) and foreign exports leave transfers to the
+    /// provider.
+    #[test]
+    fn transfers_on_a_revoked_registration_are_refused() {
+        let (registrar, log) = fake_registrar(Some(false), 0, 0);
+        let endpoint = Endpoint {
+            lib: fake::lib(),
+            provider: "fake".into(),
+            ep: Arc::new(sys::fake::endpoint(&registrar.fabric.domain)),
+            stall: STALL,
+        };
+        let mr = register(&registrar).unwrap();
+        let key = |device| RegKey {
+            domain: registrar.domain(),
+            export: ExportId::new(device, 1),
+            range: ByteRange::new(0, 4096).unwrap(),
+            access: Access::all(),
+        };
+        for cause in [Cause::Memory, Cause::Domain] {
+            registrar.invalidated(&key(3), &mr, cause);
+        }
+        registrar.invalidated(&key(ExportId::FOREIGN), &mr, Cause::Device);
+        assert_eq!(mr.revoked(), None);
+        registrar.invalidated(&key(3), &mr, Cause::Device);
+        let calls = log.calls().len();
+        let err = endpoint.send(&mr, 0, 4096, Peer(0), 0).unwrap_err();
+        assert!(
+            matches!(err, LibfabricError::TransferRevoked { hbm_device: 3, .. }),
+            "{err:?}"
+        );
+        assert_eq!(err.errno(), Some(rustix::io::Errno::NODEV));
+        assert!(err
+            .to_string()
+            .contains("/dev/peerdirect3 was unbound, removed or reset"));
+        assert_eq!(
+            log.calls().len(),
+            calls,
+            "nothing posted: {:?}",
+            log.calls()
+        );
+    }
+
+    /// fi_mr_regattr's ENODEV for an export of a peerdirect device says which device's export
+    /// is revoked; for a foreign dma-buf, or another errno, the call's error stays.
+    #[test]
+    fn a_registration_refused_with_enodev_names_the_revoked_device() {
+        let call = |errno| LibfabricError::Call {
+            provider: "verbs;ofi_rxm".into(),
+            call: "fi_mr_regattr(FI_MR_DMABUF)",
+            errno,
+            text: "No such device".into(),
+        };
+        let err = revoked(call(19), ExportId::new(2, 7));
+        assert!(
+            matches!(
+                err,
+                LibfabricError::Revoked {
+                    hbm_device: 2,
+                    errno: 19,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(err.errno(), Some(rustix::io::Errno::NODEV));
+        assert_eq!(
+            err.to_string(),
+            "verbs;ofi_rxm: fi_mr_regattr(FI_MR_DMABUF): No such device (-19): the export of \
+             /dev/peerdirect2 is revoked: that HBM device is gone (unbound or removed), or was \
+             reset (export again after a reset)"
+        );
+        let foreign = revoked(call(19), ExportId::new(ExportId::FOREIGN, 7));
+        assert!(
+            matches!(foreign, LibfabricError::Call { .. }),
+            "{foreign:?}"
+        );
+        let other = revoked(call(12), ExportId::new(2, 7));
+        assert!(matches!(other, LibfabricError::Call { .. }), "{other:?}");
     }
 
     /// In a domain with FI_MR_ENDPOINT and no endpoint named, a registration fails with an

@@ -23,7 +23,10 @@
 # stranded rendezvous keeps goes with the process (--idle after it); last a PCIe hot-unplug
 # (--hotplug), the same as the unbind. The unbind, the race and the libfabric streams again on
 # the KASAN kernel (fewer rounds), so that KASAN and kmemleak watch ib_core's and rxe's
-# teardown of the revoked imports as the cache deregisters them.
+# teardown of the revoked imports as the cache deregisters them. A fourth boot runs the
+# libfabric streams on a companion (the HBM device owned by vfio-pci, the buffers ranges of
+# its BAR) whose owner unbinds: the same ends, the companion gone once the unbind returned,
+# and peerdirect unloads after the program exits.
 # Only the test kernels carry the patched rxe (qemu/patches/0002): on Debian's kernel
 # (tests/system/debian-kernel.sh runs this suite with PEERDIRECT_KERNEL=debian) its rxe refuses
 # dma-bufs whatever the provider (tests/system/rxe-dmabuf.sh checks that), so the second and
@@ -44,5 +47,16 @@ if [ "${PEERDIRECT_KERNEL:-default}" != debian ]; then
 		"${guest_each[@]}" "peerdirect-guest-tests --ibverbs-revoke unbind" \
 		"peerdirect-guest-tests --ibverbs-revoke race --rounds 3" \
 		"peerdirect-guest-tests --fabric-revoke" "peerdirect-guest-tests --idle" || failed=1
+	# The HBM device (0000:03:00.0 in the switch topologies) bound to vfio-pci as its owner,
+	# peerdirect loaded with companion=1 and the device named (Documentation/companion.md).
+	companion='hbm=0000:03:00.0
+echo vfio-pci >/sys/bus/pci/devices/$hbm/driver_override && echo $hbm >/sys/bus/pci/drivers_probe &&
+insmod /usr/lib/peerdirect/peerdirect.ko companion=1 && peerdirect companion add $hbm --bar 2 >/dev/null'
+	unload='echo 1..1
+d="after the program exited, peerdirect unloads: nothing of the companion is left"
+if out=$(rmmod peerdirect 2>&1); then echo "ok 1 - $d"; else echo "not ok 1 - $d"; echo "# $out"; fi'
+	tap_prefix="companion: " guest_tap "" 2 --topology switch-iommu --no-bind --rxe-dmabuf --kmemleak -- \
+		"${guest_each[@]}" "$companion" "peerdirect-guest-tests --fabric-revoke --companion" "$unload" ||
+		failed=1
 fi
 exit $failed

@@ -3,6 +3,10 @@
 //! `qemu/run --rxe-dmabuf`), every registration made through a [`RegCache`] attached to the
 //! device, as a runtime's transfers would be when its accelerator goes away under them.
 //!
+//! With `--companion`, `/dev/peerdirect0` is a companion of the HBM device, which vfio-pci
+//! owns (Documentation/companion.md): the buffers are ranges of its BAR (`EXPORT_RANGE`), the
+//! owner's driver unbinds, and the last check is that the companion is gone.
+//!
 //! Two streams run, each on endpoints of its own, with every endpoint's timeout at
 //! [`STALL`]: an RMA stream (a reader's `fi_read`s of an owner's HBM, 1 MiB at a time, into
 //! its own HBM; the owner's completion queue read by another thread) and a tagged stream
@@ -12,9 +16,10 @@
 //!
 //! - the unbind returns without waiting for the registrations (rxe's import is revocable);
 //! - each stream ends with an error from the crate's `Endpoint` within [`ENDS`] of the unbind's
-//!   return, the error libfabric reported for a completion (not the crate's own timeout: a
-//!   failure nobody reports would be a hang a runtime cannot tell from a slow peer), with
-//!   every operation posted accounted for (no [`LibfabricError::Stranded`]);
+//!   return: the error completion libfabric reports, or `TransferRevoked` once the cache knows
+//!   (ofi_rxm's rendezvous sender is told nothing); never the crate's own timeout, `Stalled`
+//!   (a failure nobody reports would be a hang a runtime cannot tell from a slow peer); each
+//!   registration's next transfer is refused at once with `TransferRevoked`;
 //! - the cache lets go by itself: its listener is told of each registration (cause device),
 //!   and once the streams' handles are dropped every registration is deregistered; the
 //!   dma-buf core lists no device attached to any of the dma-bufs any more;
@@ -25,6 +30,7 @@
 //!   their memory (closing it under them crashed libfabric 2.1's ofi_rxm). `--idle`, run after
 //!   this program, sees that go with the process.
 
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -43,7 +49,7 @@ use crate::race::{bound_device, rebind};
 use crate::removal::{waits_reports, Unbinding};
 use crate::support::{expect_eq, wait_for, Outcome, Tap};
 use crate::testmod::stats;
-use crate::INDEX;
+use crate::{INDEX, SYSFS_DRIVER};
 
 type Cache = RegCache<LibfabricRegistrar>;
 
@@ -67,23 +73,39 @@ const BY_ITSELF: Duration = Duration::from_secs(10);
 const SEEDS: [u64; 2] = [0x5eed_f1e0, 0x5eed_f1e1];
 const TAG: u64 = 0x7e0 << 32;
 
-const SETUP: &str = "four 1 MiB HBM buffers (an RMA owner and reader, a sender and a receiver) registered through a RegCache attached to /dev/peerdirect0 on verbs;ofi_rxm with FI_MR_DMABUF, host bounce off: every registration path dma_buf, nothing staged, and the dma-buf core lists the NIC under rxe0 attached to each";
+const SETUP: &str = "four 1 MiB HBM buffers (an RMA owner and reader, a sender and a receiver: allocations, or ranges of a companion's BAR) registered through a RegCache attached to /dev/peerdirect0 on verbs;ofi_rxm with FI_MR_DMABUF, host bounce off: every registration path dma_buf, nothing staged, and the dma-buf core lists the NIC under rxe0 attached to each";
 const STREAMING: &str = "an fi_read stream (owner's HBM into reader's HBM) and a tagged stream (sender's HBM to receiver's HBM, rendezvous), on endpoints of their own, each complete 3 transfers, the first of each landing its source's pattern";
-const UNBOUND: &str = "writing the device to the driver's unbind during both streams returns within 10 s, without waiting for the registrations (the kernel reports no 'removal waits')";
+const UNBOUND: &str = "writing the device to the driver's unbind (a companion's: its owner's) during both streams returns within 10 s, without waiting for the registrations (the kernel reports no 'removal waits')";
 const READ_ENDS: &str = "the fi_read stream ends within 15 s of the unbind's return, with the completion error libfabric reports or TransferRevoked once the cache knows (not the endpoint's own timeout), and the next fi_read on the registration is refused at once with TransferRevoked";
 const TAGGED_ENDS: &str = "the tagged stream ends within 15 s of the unbind's return, sender and receiver each with the completion error libfabric reports or TransferRevoked (not the endpoint's own timeout), and each one's next transfer is refused at once with TransferRevoked";
 const LET_GO: &str = "the listener is told of each of the 4 registrations once (cause device); with the streams' handles dropped the cache holds no entry and has deregistered all 4, and the dma-buf core lists no device attached to any of the dma-bufs";
 const REQUEST: &str = "a new request for the owner's range fails with ENODEV (LibfabricError::Revoked naming /dev/peerdirect0 as the device whose export is revoked), and caches nothing";
 const REBOUND: &str = "with the files closed the device rebinds, and of the old device's HBM only the sender's 1 MiB allocation is left (its export revoked, uncounted), which its endpoint's rendezvous (never completed, never cancelled by ofi_rxm) keeps for the life of the process";
 
-/// Prints TAP for `--fabric-revoke`; success iff every test passed.
-pub(crate) fn run() -> ExitCode {
+const GONE: &str =
+    "the companion is gone once its owner's unbind returned: /dev/peerdirect0 no longer exists";
+
+/// The driver that owns a companion's device (tests/system/ibimport.sh binds it).
+const OWNER_DRIVER: &str = "/sys/bus/pci/drivers/vfio-pci";
+
+/// Prints TAP for `--fabric-revoke` (with `companion`: `/dev/peerdirect0` is a companion of a
+/// device [`OWNER_DRIVER`] owns, its HBM ranges of the BAR, and the owner's driver unbinds);
+/// success iff every test passed.
+pub(crate) fn run(companion: bool) -> ExitCode {
     let mut tap = Tap::plan(8);
-    let bdf = bound_device();
+    let bdf = if companion {
+        owned_by(OWNER_DRIVER)
+    } else {
+        bound_device()
+    };
     let device = bdf
         .clone()
         .and_then(|_| Device::open_index(INDEX).map_err(|e| e.to_string()));
-    let set = device.as_ref().map_err(Clone::clone).and_then(setup);
+    let set = device
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|device| setup(device, companion));
+    let last = if companion { GONE } else { REBOUND };
     tap.report(SETUP, &set.as_ref().map(drop).map_err(Clone::clone));
     let (Ok(bdf), Ok(set)) = (bdf, set) else {
         for description in [
@@ -93,21 +115,49 @@ pub(crate) fn run() -> ExitCode {
             TAGGED_ENDS,
             LET_GO,
             REQUEST,
-            REBOUND,
+            last,
         ] {
             tap.report(description, &Err("not run: the setup failed".into()));
         }
         return tap.finish();
     };
-    exercise(set, &bdf, &mut tap);
+    let driver = if companion {
+        OWNER_DRIVER
+    } else {
+        SYSFS_DRIVER
+    };
+    exercise(set, driver, &bdf, &mut tap);
     drop(device);
-    tap.report(REBOUND, &rebind(&bdf).and_then(|()| rebound_but_sender()));
+    if companion {
+        let node = format!("/dev/peerdirect{INDEX}");
+        let gone = wait_for(UNBIND_LIMIT, || !Path::new(&node).exists())
+            .map_err(|secs| format!("{node} still exists {secs} s after the owner's unbind"));
+        tap.report(GONE, &gone);
+    } else {
+        tap.report(REBOUND, &rebind(&bdf).and_then(|()| rebound_but_sender()));
+    }
     tap.finish()
 }
 
+/// The one PCI device the driver at `driver` (its sysfs directory) has bound.
+fn owned_by(driver: &str) -> Result<String, String> {
+    let entries = std::fs::read_dir(driver).map_err(|e| format!("{driver}: {e}"))?;
+    let mut bound: Vec<String> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("0000:"))
+        .collect();
+    match bound.len() {
+        1 => Ok(bound.remove(0)),
+        n => Err(format!(
+            "expected one device bound to {driver}, got {n}: {bound:?}"
+        )),
+    }
+}
+
 /// Everything between the setup and the rebind; closes the endpoints and the dma-bufs.
-fn exercise(set: Set<'_>, bdf: &str, tap: &mut Tap) {
-    let outcomes = streams(&set, bdf);
+fn exercise(set: Set<'_>, driver: &str, bdf: &str, tap: &mut Tap) {
+    let outcomes = streams(&set, driver, bdf);
     for (description, outcome) in [STREAMING, UNBOUND, READ_ENDS, TAGGED_ENDS]
         .into_iter()
         .zip(outcomes)
@@ -137,7 +187,8 @@ fn rebound_but_sender() -> Outcome {
 /// invalidate the export's entries, which the test must see go by themselves), its dma-buf
 /// mapped, its identity, the dma-buf core's entry of it before registering, and the handle.
 struct Buffer<'d> {
-    _allocation: Allocation<'d>,
+    /// `None` on a companion, whose ranges are the program's to hand out.
+    _allocation: Option<Allocation<'d>>,
     hbm: MappedDmaBuf,
     export: ExportId,
     before: BufInfo,
@@ -161,7 +212,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn setup(device: &Device) -> Result<Set<'_>, String> {
+fn setup(device: &Device, companion: bool) -> Result<Set<'_>, String> {
     let nic = nic_under_rxe()?;
     let fabric = Fabric::open(PROVIDER, None).map_err(|e| format!("opening {PROVIDER}: {e}"))?;
     let registrar = Arc::new(LibfabricRegistrar::new(fabric));
@@ -180,13 +231,22 @@ fn setup(device: &Device) -> Result<Set<'_>, String> {
         (Access::LOCAL_WRITE, None),
     ];
     let mut buffers = Vec::new();
-    for (access, seed) in accesses {
-        let allocation = device
-            .alloc(LEN, None)
-            .map_err(|e| format!("alloc {LEN}: {e}"))?;
-        let dma_buf = allocation
-            .export(0, 0, ExportFlags::CLOEXEC | ExportFlags::RDWR)
-            .map_err(|e| format!("export: {e}"))?;
+    let flags = ExportFlags::CLOEXEC | ExportFlags::RDWR;
+    for (i, (access, seed)) in (0u64..).zip(accesses) {
+        let (allocation, dma_buf) = if companion {
+            let dma_buf = device
+                .export_range(i * LEN, LEN, flags)
+                .map_err(|e| format!("EXPORT_RANGE {:#x}+{LEN:#x}: {e}", i * LEN))?;
+            (None, dma_buf)
+        } else {
+            let allocation = device
+                .alloc(LEN, None)
+                .map_err(|e| format!("alloc {LEN}: {e}"))?;
+            let dma_buf = allocation
+                .export(0, 0, flags)
+                .map_err(|e| format!("export: {e}"))?;
+            (Some(allocation), dma_buf)
+        };
         let export = device
             .export_id(&dma_buf)
             .map_err(|e| format!("fstat of the dma-buf: {e}"))?;
@@ -254,7 +314,7 @@ struct End {
 
 /// Runs both streams, unbinds the device once each has completed [`BEFORE_UNBIND`]
 /// transfers, and judges [`STREAMING`], [`UNBOUND`], [`READ_ENDS`], [`TAGGED_ENDS`].
-fn streams(set: &Set<'_>, bdf: &str) -> [Outcome; 4] {
+fn streams(set: &Set<'_>, driver: &str, bdf: &str) -> [Outcome; 4] {
     let [reader, owner, sender, receiver] = &set.endpoints;
     let mr = |i: usize| {
         lock(&set.buffers[i].registration)
@@ -347,7 +407,7 @@ fn streams(set: &Set<'_>, bdf: &str) -> [Outcome; 4] {
         let mut returned = Instant::now();
         if streaming.is_ok() {
             let waits = waits_reports();
-            let unbinding = Unbinding::start(bdf);
+            let unbinding = Unbinding::of_driver(driver, bdf);
             unbound = unbinding.finish(UNBIND_LIMIT).and_then(|took| {
                 returned = Instant::now();
                 println!(

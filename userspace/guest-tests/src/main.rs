@@ -41,6 +41,7 @@ use support::{expect_eq, expect_errno, expect_errno_of, Outcome, Tap};
 /// Run the peerdirect ABI tests against /dev/peerdirect0 and print TAP.
 #[derive(Debug, Parser)]
 #[command(version)]
+#[command(group(clap::ArgGroup::new("hbm_users").args(["fabric", "fabric_revoke"])))]
 struct Args {
     /// The HBM size the device must report, in bytes.
     #[arg(long, value_name = "N")]
@@ -90,9 +91,10 @@ struct Args {
     /// --userland trixie`, `verbs;ofi_rxm` under `--rxe`).
     #[arg(long, value_name = "PROVIDER")]
     fabric: Option<String>,
-    /// With --fabric: take the HBM from /dev/peerdirect0 as a companion device (ranges of its
-    /// BAR this program hands out, exported with EXPORT_RANGE) instead of its allocations.
-    #[arg(long, requires = "fabric")]
+    /// With --fabric or --fabric-revoke: take the HBM from /dev/peerdirect0 as a companion
+    /// device (ranges of its BAR this program hands out, exported with EXPORT_RANGE) instead
+    /// of its allocations; --fabric-revoke then unbinds the companion's owner (vfio-pci).
+    #[arg(long, requires = "hbm_users")]
     companion: bool,
     /// With --fabric: the provider is expected to register HBM directly (path dma_buf, nothing
     /// staged), as verbs does on the dma-buf capable rxe of `qemu/run --rxe-dmabuf`; without
@@ -500,7 +502,7 @@ fn main() -> ExitCode {
         return tap.finish();
     }
     if args.fabric_revoke {
-        return fabric_revoke::run();
+        return fabric_revoke::run(args.companion);
     }
     if let Some(provider) = &args.fabric {
         return fabric::run(provider, args.companion, args.direct);

@@ -36,11 +36,18 @@ pub(crate) struct Unbinding {
 impl Unbinding {
     /// Writes `bdf` to the driver's `unbind` in a new thread.
     pub(crate) fn start(bdf: &str) -> Self {
+        Self::of_driver(SYSFS_DRIVER, bdf)
+    }
+
+    /// Writes `bdf` to the `unbind` of the driver whose sysfs directory is `driver` (a
+    /// companion's owner's, say) in a new thread.
+    pub(crate) fn of_driver(driver: &str, bdf: &str) -> Self {
         let (tx, done) = mpsc::channel();
         let bdf = bdf.to_owned();
+        let unbind = format!("{driver}/unbind");
         let started = Instant::now();
         let thread = thread::spawn(move || {
-            let outcome = write_sysfs(&format!("{SYSFS_DRIVER}/unbind"), &bdf);
+            let outcome = write_sysfs(&unbind, &bdf);
             let _ = tx.send((outcome, started.elapsed()));
         });
         Self {

@@ -68,6 +68,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::register::{bind_endpoint, hbm_export};
 use anyhow::{Context, Result};
 use peerdirect::registrar::libfabric;
 use peerdirect::{Device, RegPath};
@@ -339,14 +340,8 @@ impl Host {
 fn probe_verbs(device: &Device, nics: &[&str]) -> Result<Vec<Tried>, String> {
     use peerdirect::cache::{Access, ByteRange};
     use peerdirect::registrar::ibverbs::IbverbsRegistrar;
-    use peerdirect::ExportFlags;
     const PAGE: u64 = 4096;
-    let allocation = device
-        .alloc(PAGE, None)
-        .map_err(|e| format!("allocating a page of HBM to try with: {e}"))?;
-    let dma_buf = allocation
-        .export(0, PAGE, ExportFlags::CLOEXEC | ExportFlags::RDWR)
-        .map_err(|e| format!("exporting it: {e}"))?;
+    let (_allocation, dma_buf) = hbm_export(device, PAGE).map_err(|e| format!("{e:#}"))?;
     let range = ByteRange::new(0, PAGE).map_err(|e| e.to_string())?;
     let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
     Ok(nics
@@ -438,30 +433,15 @@ fn register_page(
     device: &Device,
 ) -> Result<RegPath, String> {
     use peerdirect::cache::{Access, ByteRange, RegKey};
-    use peerdirect::registrar::libfabric::{MappedDmaBuf, MrEndpoint};
-    use peerdirect::{ExportFlags, Registrar};
+    use peerdirect::registrar::libfabric::MappedDmaBuf;
+    use peerdirect::Registrar;
     const PAGE: u64 = 4096;
-    let fail = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
-    // A domain with FI_MR_ENDPOINT binds registrations to an endpoint, as `register` does;
-    // the registrar keeps it open until the registration is closed.
-    if registrar.fabric().caps().mr_endpoint {
-        let endpoint = registrar
-            .fabric()
-            .endpoint()
-            .map_err(|e| fail("an endpoint to bind the registration to", &e))?;
-        registrar
-            .set_endpoint(Some(MrEndpoint::of(&endpoint)))
-            .map_err(|e| e.to_string())?;
-    }
-    let allocation = device
-        .alloc(PAGE, None)
-        .map_err(|e| fail("allocating a page of HBM to try with", &e))?;
-    let dma_buf = allocation
-        .export(0, PAGE, ExportFlags::CLOEXEC | ExportFlags::RDWR)
-        .map_err(|e| fail("exporting it", &e))?;
+    // As `register` does: a domain with FI_MR_ENDPOINT binds registrations to an endpoint.
+    bind_endpoint(registrar).map_err(|e| format!("{e:#}"))?;
+    let (_allocation, dma_buf) = hbm_export(device, PAGE).map_err(|e| format!("{e:#}"))?;
     let export = device
         .export_id(&dma_buf)
-        .map_err(|e| fail("fstat of its dma-buf", &e))?;
+        .map_err(|e| format!("fstat of its dma-buf: {e}"))?;
     // Mapped, as `register` maps it: software providers use the mapping, host bounce copies
     // through it.
     let hbm = MappedDmaBuf::new(dma_buf).map_err(|e| e.to_string())?;

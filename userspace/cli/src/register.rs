@@ -10,7 +10,7 @@ use peerdirect::cache::{Access, ByteRange, ExportId, RegCache};
 use peerdirect::registrar::libfabric::{
     self, Fabric, LibfabricRegistrar, MappedDmaBuf, MrEndpoint,
 };
-use peerdirect::{Device, ExportFlags, RegPath};
+use peerdirect::{Allocation, Device, DmaBuf, ExportFlags, RegPath};
 use serde_json::json;
 
 use crate::size::{human_bytes, parse_size};
@@ -34,21 +34,40 @@ pub struct Args {
     pub json: bool,
 }
 
+/// Where the domain has `FI_MR_ENDPOINT`, names an endpoint of our own for `registrar`'s
+/// registrations to be bound to (the registrar keeps it open as long as it and the
+/// registrations need it); elsewhere does nothing.
+pub(crate) fn bind_endpoint(registrar: &LibfabricRegistrar) -> Result<()> {
+    if registrar.fabric().caps().mr_endpoint {
+        let endpoint = registrar
+            .fabric()
+            .endpoint()
+            .context("an endpoint to bind registrations to (FI_MR_ENDPOINT)")?;
+        registrar.set_endpoint(Some(MrEndpoint::of(&endpoint)))?;
+    }
+    Ok(())
+}
+
+/// A fresh allocation of `size` bytes of `device`'s HBM, exported whole (read-write).
+pub(crate) fn hbm_export(device: &Device, size: u64) -> Result<(Allocation<'_>, DmaBuf)> {
+    let allocation = device
+        .alloc(size, None)
+        .with_context(|| format!("allocating {} of HBM", human_bytes(size)))?;
+    let dma_buf = allocation
+        .export(0, 0, ExportFlags::CLOEXEC | ExportFlags::RDWR)
+        .context("exporting it")?;
+    Ok((allocation, dma_buf))
+}
+
 pub fn run(args: &Args) -> Result<()> {
     // libfabric first: on a host without it, that is the thing to fix.
     let fabric = Fabric::open(&args.provider, args.node.as_deref())?;
     let version = libfabric::version()?;
     let caps = fabric.caps().clone();
     let registrar = Arc::new(LibfabricRegistrar::new(fabric));
-    // A provider with FI_MR_ENDPOINT binds registrations to an endpoint: one of ours, which
-    // the registrar keeps open as long as it and the registrations need it.
-    if caps.mr_endpoint {
-        let endpoint = registrar.fabric().endpoint()?;
-        registrar.set_endpoint(Some(MrEndpoint::of(&endpoint)))?;
-    }
+    bind_endpoint(&registrar)?;
     let device = Device::open_index(args.device)?;
-    let allocation = device.alloc(args.size, None)?;
-    let dma_buf = allocation.export(0, 0, ExportFlags::CLOEXEC | ExportFlags::RDWR)?;
+    let (allocation, dma_buf) = hbm_export(&device, args.size)?;
     let export = ExportId::of_dma_buf(args.device, &dma_buf)
         .with_context(|| format!("fstat of dma-buf of {}", device.path().display()))?;
     let hbm = MappedDmaBuf::new(dma_buf)?;

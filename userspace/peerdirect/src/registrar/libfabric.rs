@@ -1920,6 +1920,10 @@ impl Endpoint {
                 let hbm_offset = hbm_base + chunk_offset as usize;
                 let region_offset = if bounce {
                     if send && staged != Some((next, slot)) {
+                        // A CPU copy out of revoked HBM faults (SIGBUS): none once the cache
+                        // knows. (Between the kernel's revocation and the cache learning of
+                        // it, a copy can still fault: Documentation/rdma.md.)
+                        self.check_revoked(mr)?;
                         mr.mr
                             .memory()
                             .copy_from(slot * CHUNK, &mr.hbm, hbm_offset, len);
@@ -1996,6 +2000,7 @@ impl Endpoint {
                     });
                 }
                 if bounce && !send {
+                    self.check_revoked(mr)?;
                     mr.hbm.copy_from(
                         hbm_base + chunk_offset as usize,
                         mr.mr.memory(),

@@ -45,7 +45,7 @@ use peerdirect::{pattern, Allocation, Cause, Device, ExportFlags, RegCache, Regi
 
 use crate::ibverbs::nic_under_rxe;
 use crate::ibverbs_revoke::{bufinfo, BufInfo};
-use crate::race::{bound_device, rebind};
+use crate::race::{bound_device, one_bound_to, rebind};
 use crate::removal::{waits_reports, Unbinding};
 use crate::support::{expect_eq, wait_for, Outcome, Tap};
 use crate::testmod::stats;
@@ -94,7 +94,7 @@ const OWNER_DRIVER: &str = "/sys/bus/pci/drivers/vfio-pci";
 pub(crate) fn run(companion: bool) -> ExitCode {
     let mut tap = Tap::plan(8);
     let bdf = if companion {
-        owned_by(OWNER_DRIVER)
+        one_bound_to(OWNER_DRIVER)
     } else {
         bound_device()
     };
@@ -137,22 +137,6 @@ pub(crate) fn run(companion: bool) -> ExitCode {
         tap.report(REBOUND, &rebind(&bdf).and_then(|()| rebound_but_sender()));
     }
     tap.finish()
-}
-
-/// The one PCI device the driver at `driver` (its sysfs directory) has bound.
-fn owned_by(driver: &str) -> Result<String, String> {
-    let entries = std::fs::read_dir(driver).map_err(|e| format!("{driver}: {e}"))?;
-    let mut bound: Vec<String> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.starts_with("0000:"))
-        .collect();
-    match bound.len() {
-        1 => Ok(bound.remove(0)),
-        n => Err(format!(
-            "expected one device bound to {driver}, got {n}: {bound:?}"
-        )),
-    }
 }
 
 /// Everything between the setup and the rebind; closes the endpoints and the dma-bufs.

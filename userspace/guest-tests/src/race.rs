@@ -138,8 +138,13 @@ pub(crate) fn run(suites: &[Suite], seconds: u64) -> ExitCode {
 
 /// The PCI addresses of the devices bound to peerdirect, in order.
 fn bound_devices() -> Result<Vec<String>, String> {
-    let mut bound: Vec<String> = fs::read_dir(SYSFS_DRIVER)
-        .map_err(|err| format!("cannot list {SYSFS_DRIVER}: {err}"))?
+    bound_to(SYSFS_DRIVER)
+}
+
+/// The PCI addresses of the devices bound to the driver whose sysfs directory is `driver`.
+fn bound_to(driver: &str) -> Result<Vec<String>, String> {
+    let mut bound: Vec<String> = fs::read_dir(driver)
+        .map_err(|err| format!("cannot list {driver}: {err}"))?
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|name| name.starts_with("0000:"))
@@ -150,11 +155,16 @@ fn bound_devices() -> Result<Vec<String>, String> {
 
 /// The PCI address of the one device bound to peerdirect.
 pub(crate) fn bound_device() -> Result<String, String> {
-    let mut bound = bound_devices()?;
+    one_bound_to(SYSFS_DRIVER)
+}
+
+/// The PCI address of the one device bound to the driver whose sysfs directory is `driver`.
+pub(crate) fn one_bound_to(driver: &str) -> Result<String, String> {
+    let mut bound = bound_to(driver)?;
     match bound.len() {
         1 => Ok(bound.remove(0)),
         n => Err(format!(
-            "expected one device in {SYSFS_DRIVER}, got {n}: {bound:?}"
+            "expected one device in {driver}, got {n}: {bound:?}"
         )),
     }
 }

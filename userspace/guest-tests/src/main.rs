@@ -11,6 +11,7 @@ mod bench_exporters;
 mod bench_hits;
 mod cpu_mapping;
 mod fabric;
+mod fabric_peer;
 mod fabric_revoke;
 mod fuzz;
 mod ibimport;
@@ -102,6 +103,12 @@ struct Args {
     /// always direct).
     #[arg(long, requires = "fabric")]
     direct: bool,
+    /// libfabric RMA between two hosts' HBM instead: this host is node NODE (0 listens on the
+    /// side channel, 1 connects to PEER_IP), `verbs;ofi_rxm` on guests whose NICs are linked
+    /// (`qemu/run --rxe-dmabuf --link`; node 0 unbinds its HBM device and rebinds it; see
+    /// [`fabric_peer`]).
+    #[arg(long, num_args = 2, value_names = ["NODE", "PEER_IP"], conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke", "fabric"])]
+    fabric_peer: Option<Vec<String>>,
     /// Import dma-bufs with ib_core's own functions through the test module
     /// peerdirect_ibimport.ko, and imports held across unbind instead (`qemu/run --rxe --hbm
     /// 8G`, switch topology; see [`ibimport`]).
@@ -503,6 +510,9 @@ fn main() -> ExitCode {
     }
     if args.fabric_revoke {
         return fabric_revoke::run(args.companion);
+    }
+    if let Some([node, peer_ip]) = args.fabric_peer.as_deref() {
+        return fabric_peer::run(node, peer_ip);
     }
     if let Some(provider) = &args.fabric {
         return fabric::run(provider, args.companion, args.direct);

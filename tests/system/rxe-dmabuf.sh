@@ -33,16 +33,26 @@
 # the link); both check in the guest, and the host checks both HBM backing files. Then node 1
 # streams RDMA READs out of node 0's HBM and node 0 unbinds its HBM device in the middle: the
 # unbind returns and node 1's stream ends in an error completion (node 0's rxe answers with a
-# remote access error), every request completed.
+# remote access error), every request completed. Then the same through libfabric, as HCL
+# moves bytes (`peerdirect-guest-tests --fabric-peer`, node 0's device bound again first): each
+# registers three more ranges through the crate's RegCache and LibfabricRegistrar on
+# verbs;ofi_rxm, every one FI_MR_DMABUF with host bounce disallowed, exchanges its endpoint's
+# address and the RMA addresses and keys over TCP, fi_writes its pattern into the other's HBM
+# and fi_reads the other's (both checked in the guests and in both backing files); then node 1
+# streams 1 MiB fi_reads out of node 0's HBM while node 0 unbinds: the unbind returns within
+# 10 s and node 1's stream ends in an fi_read completion error (ofi_rxm reports rxe's remote
+# access error as FI_EIO; FI_LOG_LEVEL=warn puts its line in the log), not a stall, every read
+# accounted for; everything closes and node 0's device rebinds idle.
 #
 # On Debian's stock kernel (no patch), the same registration with the patched provider fails
 # with EOPNOTSUPP: the kernel's rxe has no reg_user_mr_dmabuf.
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# Plan: the builds (1), the backing file (2), the two hosts' backing files (4 on each kernel);
-# the guest programs print their own plans.
-plan 11
+# Plan: the builds (1), the backing file (2), the two hosts' backing files (8 on each kernel:
+# rxe_dmabuf peer's B and C and the libfabric run's, on both hosts); the guest programs print
+# their own plans.
+plan 19
 failed=0
 fail() { failed=1; not_ok "$@"; }
 
@@ -123,11 +133,13 @@ done
 # two_hosts LABEL KERNEL TIMEOUT: two guests on KERNEL, their NICs linked (qemu/run --link),
 # rxe0 on each with the patched provider (--rxe-dmabuf); `rxe_dmabuf peer` in both, side by
 # side: each RDMA WRITEs its pattern into the other's HBM and RDMA READs the other's, then node
-# 1 streams READs out of node 0's HBM while node 0 unbinds its device. Each guest's TAP goes to
-# its share; the host then checks both backing files (4 checks).
+# 1 streams READs out of node 0's HBM while node 0 unbinds its device; then node 0's device is
+# bound again and `peerdirect-guest-tests --fabric-peer` does the same through libfabric
+# (verbs;ofi_rxm: fi_write, fi_read, and fi_reads streamed during the unbind). Each guest's TAPs
+# go to its share; the host then checks both backing files (8 checks).
 two_hosts() {
 	local label=$1 kernel=$2 timeout=$3 dir=$work/$2 port0 port1 pid0 pid1 rc0=0 rc1=0 rc node range
-	local what desc offset length seed diag
+	local what desc offset length seed diag tap
 	# Both guests boot side by side: what they need is built once, first.
 	[ "${PEERDIRECT_PREBUILT:-0}" = 1 ] || make -s -C "$ROOT" "guest-$kernel" >&2
 	read -r port0 port1 < <("$ROOT/scripts/free-udp-ports" 2)
@@ -135,9 +147,17 @@ two_hosts() {
 		mkdir -p "$dir/node$node"
 		cp "$work/rxe_dmabuf" "$dir/node$node/"
 		truncate -s 64M "$dir/hbm$node"
+		# rxe_dmabuf peer leaves node 0's device unbound: bound again for the libfabric run.
 		cat >"$dir/node$node/run.sh" <<EOF
 pci=\$(basename "\$(ls -d /sys/bus/pci/drivers/peerdirect/0000:*)")
 /mnt/host/rxe_dmabuf peer "\$pci" $node 10.0.9.$((2 - node)) >/mnt/host/tap 2>&1
+verbs=\$?
+[ -e /sys/bus/pci/drivers/peerdirect/\$pci ] || echo "\$pci" >/sys/bus/pci/drivers/peerdirect/bind
+i=0
+while [ ! -e /dev/peerdirect0 ] && [ \$i -lt 10 ]; do sleep 1; i=\$((i + 1)); done
+FI_LOG_LEVEL=warn peerdirect-guest-tests --fabric-peer $node 10.0.9.$((2 - node)) >/mnt/host/fabric-tap 2>&1
+fabric=\$?
+case \$verbs.\$fabric in 0.0) exit 0 ;; [01].[01]) exit 1 ;; 0.*|1.*) exit \$fabric ;; *) exit \$verbs ;; esac
 EOF
 	done
 	PEERDIRECT_PREBUILT=1 guest --kernel "$kernel" --rxe-dmabuf --link "$port0:$port1" --addr 10.0.9.1/24 --name node0 \
@@ -156,6 +176,10 @@ EOF
 			fail "$label node$node: rxe_dmabuf peer reports its tests" "no TAP plan in its output" \
 				"$(tail -20 "$dir/node$node.log")"
 		relay "$label node$node: " <"$dir/node$node/tap" 2>/dev/null || failed=1
+		grep -qE '^1\.\.[0-9]+$' "$dir/node$node/fabric-tap" 2>/dev/null ||
+			fail "$label node$node: peerdirect-guest-tests --fabric-peer reports its tests" "no TAP plan in its output" \
+				"$(tail -20 "$dir/node$node.log")"
+		relay "$label node$node (libfabric): " <"$dir/node$node/fabric-tap" 2>/dev/null || failed=1
 		case $rc in
 		0) ;;
 		1) failed=1 ;;
@@ -163,14 +187,20 @@ EOF
 			"qemu/run exited $rc (99: kernel splat, 98: guest died, 124: timeout)" "$(tail -20 "$dir/node$node.log")" ;;
 		esac
 	done
-	# Each host's B (the peer's RDMA WRITE) and C (its RDMA READ of the peer's A) hold the
-	# peer's pattern, read out of its backing file.
+	# Each host's B (the peer's RDMA WRITE, then its fi_write) and C (its RDMA READ of the
+	# peer's A, then its fi_read) hold the peer's pattern, read out of its backing file: the
+	# libfabric run's ranges lie past rxe_dmabuf peer's (it allocates 12 MiB first).
 	for node in 0 1; do
-		for range in b c; do
-			what=$([ $range = b ] && echo "B (the peer's RDMA WRITE's target)" || echo "C (its RDMA READ of the peer's A)")
+		for range in b c fabric-b fabric-c; do
+			case $range in
+			b) what="B (the peer's RDMA WRITE's target)" tap=tap ;;
+			c) what="C (its RDMA READ of the peer's A)" tap=tap ;;
+			fabric-b) what="the libfabric run's B (the peer's fi_write's target)" tap=fabric-tap ;;
+			fabric-c) what="the libfabric run's C (its fi_read of the peer's A)" tap=fabric-tap ;;
+			esac
 			desc="$label on the host: node$node's HBM backing file holds node$((1 - node))'s pattern at $what"
 			offset= length= seed= diag=
-			read -r offset length seed < <(hbm_reported "$dir/node$node/tap" "hbm-$range") || true
+			read -r offset length seed < <(hbm_reported "$dir/node$node/$tap" "hbm-${range#fabric-}") || true
 			if [ -n "$seed" ] && diag=$("$ROOT/tests/hbm-pattern" check "$dir/hbm$node" "$offset" "$length" "$seed" 2>&1); then
 				ok "$desc"
 			else

@@ -37,6 +37,7 @@ use peerdirect::registrar::libfabric::{
 };
 use peerdirect::{pattern, Allocation, Device, ExportFlags, RegPath};
 
+use crate::fabric::progressing;
 use crate::race::{bound_device, expect_idle, rebind};
 use crate::removal::Unbinding;
 use crate::support::{Outcome, Tap};
@@ -363,24 +364,6 @@ fn two_hosts(
     drop(pad);
     drop(channel);
     Ok(())
-}
-
-/// Runs `f` while another thread reads `endpoint`'s completions: the target of the peer's
-/// RMA posts nothing, but ofi_rxm needs its CQ read (it makes and accepts its connections as
-/// it progresses).
-fn progressing<T>(endpoint: &Endpoint, f: impl FnOnce() -> T) -> T {
-    let done = AtomicBool::new(false);
-    thread::scope(|s| {
-        s.spawn(|| {
-            while !done.load(SeqCst) {
-                let _ = endpoint.progress();
-                thread::yield_now();
-            }
-        });
-        let result = f();
-        done.store(true, SeqCst);
-        result
-    })
 }
 
 /// Tests 3 to 5: this host's `fi_write` of its A into the peer's B and `fi_read` of the

@@ -4,6 +4,18 @@
  * on libfabric's tcp domain over 127.0.0.1, from 1, 2 and 8 threads at once, all asking for
  * the same 2 MiB allocation of /dev/peerdirect0 (so all hit one entry).
  *
+ * With --foreign, no peerdirect device is needed (scripts/bench-hits --native runs it on the
+ * host's CPU): the 2 MiB are a memfd, registered once as a foreign dma-buf at the address of
+ * its mapping (pd_register_dmabuf_at), and the timed hit is pd_register_addr of those bytes,
+ * the C ABI's other hit that makes no system call (pd_register_dmabuf's checks and duplicates
+ * the fd at every call). The library refuses a memfd (EINVAL: fstatfs says it is not on the
+ * dma-buf file system, and nothing on the host exports dma-bufs to userspace: no udmabuf, no
+ * dma-heap, no DRM), so the one registering call runs in a thread of its own under a seccomp
+ * filter whose fstatfs of the memfd the main thread answers with the memfd's real statfs
+ * and the dma-buf magic (adopt()); no timed call makes a system call, nor runs under the
+ * filter. libfabric's tcp provider takes an FI_MR_DMABUF registration by its address and
+ * ignores the fd. Its lines end in "foreign".
+ *
  * Timed as `peerdirect-guest-tests --bench-hits` times the Rust hit (RegCache::get and the
  * drop of its handle) on the same kind of domain, so that scripts/bench-hits can set the two
  * side by side: each thread times batches of BATCH hit+release pairs with CLOCK_MONOTONIC
@@ -14,16 +26,28 @@
  *   hits c threads 2 p50_ns 61.3 p99_ns 88.0 mhits_per_thread 15.2
  *
  *   cc -O2 -o hits hits.c $(pkg-config --cflags --libs peerdirect libfabric) -pthread
- *   ./hits [THREADS...]       (default: 1 2 8)
+ *   ./hits [--foreign] [THREADS...]       (default: 1 2 8)
  */
-#define _POSIX_C_SOURCE 200809L /* strdup, clock_gettime, pthread_barrier */
+#define _GNU_SOURCE /* strdup, clock_gettime, pthread_barrier, memfd_create */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <time.h>
+#include <unistd.h>
+
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 
 #include <peerdirect.h>
 #include <rdma/fabric.h>
@@ -39,7 +63,8 @@
 
 struct bench {
 	pd_domain *dom;
-	const pd_allocation *alloc;
+	const pd_allocation *alloc; /* NULL with --foreign: */
+	void *addr;                 /* the memfd's mapping, registered at its address */
 	pthread_barrier_t start;
 	int failed;
 };
@@ -63,7 +88,8 @@ static double now(void)
 static int pair(struct bench *bench)
 {
 	pd_mr *mr = NULL;
-	int err = pd_register(bench->dom, bench->alloc, 0, 0, ALL, &mr);
+	int err = bench->alloc ? pd_register(bench->dom, bench->alloc, 0, 0, ALL, &mr)
+			       : pd_register_addr(bench->dom, bench->addr, LENGTH, ALL, &mr);
 
 	if (err)
 		return err;
@@ -91,7 +117,8 @@ static void *run(void *arg)
 	}
 	t->seconds = total / 1e9;
 	if (err) {
-		fprintf(stderr, "hits: pd_register: %s (%s)\n", pd_strerror(err), pd_last_error());
+		fprintf(stderr, "hits: %s: %s (%s)\n", bench->alloc ? "pd_register" : "pd_register_addr",
+			pd_strerror(err), pd_last_error());
 		bench->failed = 1;
 	}
 	return NULL;
@@ -131,12 +158,121 @@ static int measure(struct bench *bench, int threads)
 	pthread_barrier_destroy(&bench->start);
 	qsort(all, n, sizeof(*all), by_value);
 	if (!bench->failed)
-		printf("hits c threads %d p50_ns %.1f p99_ns %.1f mhits_per_thread %.2f\n", threads,
+		printf("hits c threads %d p50_ns %.1f p99_ns %.1f mhits_per_thread %.2f%s\n", threads,
 		       all[n / 2], all[n * 99 / 100],
-		       (double)BATCHES * BATCH * threads / seconds / 1e6);
+		       (double)BATCHES * BATCH * threads / seconds / 1e6,
+		       bench->alloc ? "" : " foreign");
 	free(all);
 	free(t);
 	return bench->failed;
+}
+
+/* DMA_BUF_MAGIC of <linux/magic.h>: the f_type of the dma-buf pseudo file system. */
+#define DMA_BUF_MAGIC 0x444d4142
+#if defined(__x86_64__)
+#define AUDIT_ARCH_HERE AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define AUDIT_ARCH_HERE AUDIT_ARCH_AARCH64
+#endif
+
+/* The registering thread of adopt(): its request, the seccomp listener it made, and its result. */
+struct adoption {
+	struct bench *bench;
+	int memfd;
+	pd_mr *mr;
+	int listener;
+	int err;
+	pthread_barrier_t filtered;
+};
+
+static void *adopting(void *arg)
+{
+	struct adoption *a = arg;
+#ifdef AUDIT_ARCH_HERE
+	/* fstatfs(memfd, ...) goes to the listener; every other call runs as usual. */
+	struct sock_filter code[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_HERE, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_fstatfs, 0, 3),
+		/* The fd's low 32 bits (little endian): all of it. */
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)a->memfd, 0, 1),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+	};
+	struct sock_fprog prog = { .len = sizeof(code) / sizeof(code[0]), .filter = code };
+
+	/* This thread's alone (no TSYNC): neither the main thread nor the timed ones get it. */
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) ||
+	    (a->listener = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
+					SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog)) < 0)
+		a->err = -errno;
+#else
+	a->err = -ENOSYS;
+#endif
+	pthread_barrier_wait(&a->filtered);
+	if (!a->err)
+		a->err = pd_register_dmabuf_at(a->bench->dom, a->memfd, 0, 0, a->bench->addr, ALL,
+					       &a->mr);
+	return NULL;
+}
+
+/*
+ * Registers the memfd as a foreign dma-buf at its mapping, bench->addr (the first call: a
+ * miss), in a thread whose fstatfs of it this thread answers: the memfd's real statfs, with
+ * the dma-buf file system's f_type. 0 or a negative errno.
+ */
+static int adopt(struct bench *bench, int memfd, pd_mr **mr)
+{
+	struct adoption a = { .bench = bench, .memfd = memfd, .listener = -1 };
+	pthread_t thread;
+	int err = 0;
+
+	if (pthread_barrier_init(&a.filtered, NULL, 2) ||
+	    pthread_create(&thread, NULL, adopting, &a))
+		return -ENOMEM;
+	pthread_barrier_wait(&a.filtered);
+	/* Until the thread is gone (POLLHUP: no task uses the filter any more). */
+	while (a.listener >= 0) {
+		struct pollfd p = { .fd = a.listener, .events = POLLIN };
+		struct seccomp_notif req;
+		struct seccomp_notif_resp resp;
+		struct statfs st;
+
+		if (poll(&p, 1, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			err = -errno;
+			break;
+		}
+		if (!(p.revents & POLLIN))
+			break;
+		memset(&req, 0, sizeof(req));
+		if (ioctl(a.listener, SECCOMP_IOCTL_NOTIF_RECV, &req))
+			continue; /* EINTR, or ENOENT: the call was interrupted */
+		memset(&resp, 0, sizeof(resp));
+		resp.id = req.id;
+		if (req.data.nr == __NR_fstatfs && req.data.args[0] == (uint64_t)memfd) {
+			if (fstatfs(memfd, &st)) {
+				resp.error = -errno;
+			} else {
+				st.f_type = DMA_BUF_MAGIC;
+				/* The caller's buffer, in this process: the kernel's struct statfs. */
+				memcpy((void *)(uintptr_t)req.data.args[1], &st, sizeof(st));
+			}
+		} else {
+			resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+		}
+		ioctl(a.listener, SECCOMP_IOCTL_NOTIF_SEND, &resp);
+	}
+	pthread_join(thread, NULL);
+	pthread_barrier_destroy(&a.filtered);
+	if (a.listener >= 0)
+		close(a.listener);
+	*mr = a.mr;
+	return err ? err : a.err;
 }
 
 int main(int argc, char **argv)
@@ -149,13 +285,30 @@ int main(int argc, char **argv)
 	pd_allocation *alloc = NULL;
 	pd_regcache *cache;
 	pd_mr *mr = NULL;
-	pd_device *dev;
-	int err, ret, i, failed = 0;
+	pd_device *dev = NULL;
+	int err = 0, ret, i, failed = 0, foreign = 0, memfd = -1;
+	const char *setup = "setting up";
 
-	dev = pd_device_open(0, &err);
-	if (!dev) {
-		fprintf(stderr, "hits: pd_device_open(0): %s (%s)\n", pd_strerror(err), pd_last_error());
-		return 1;
+	if (argc > 1 && !strcmp(argv[1], "--foreign")) {
+		foreign = 1;
+		argv++;
+		argc--;
+	}
+	if (foreign) {
+		memfd = memfd_create("hits", MFD_CLOEXEC);
+		if (memfd < 0 || ftruncate(memfd, LENGTH) ||
+		    (bench.addr = mmap(NULL, LENGTH, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0)) ==
+			    MAP_FAILED) {
+			perror("hits: a memfd of 2 MiB");
+			return 1;
+		}
+	} else {
+		dev = pd_device_open(0, &err);
+		if (!dev) {
+			fprintf(stderr, "hits: pd_device_open(0): %s (%s)\n", pd_strerror(err),
+				pd_last_error());
+			return 1;
+		}
 	}
 	hints = fi_allocinfo();
 	if (!hints)
@@ -173,10 +326,16 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	cache = pd_regcache_new(&err);
-	if (!cache || !(bench.dom = pd_domain_attach(cache, domain, &err)) ||
-	    (err = pd_alloc(dev, LENGTH, 0, &alloc)) ||
-	    (err = pd_register(bench.dom, alloc, 0, 0, ALL, &mr))) {
-		fprintf(stderr, "hits: setting up: %s (%s)\n", pd_strerror(err), pd_last_error());
+	if (cache && (bench.dom = pd_domain_attach(cache, domain, &err))) {
+		if (foreign) {
+			setup = "registering a memfd as a dma-buf";
+			err = adopt(&bench, memfd, &mr);
+		} else if (!(err = pd_alloc(dev, LENGTH, 0, &alloc))) {
+			err = pd_register(bench.dom, alloc, 0, 0, ALL, &mr);
+		}
+	}
+	if (err) {
+		fprintf(stderr, "hits: %s: %s (%s)\n", setup, pd_strerror(err), pd_last_error());
 		return 1;
 	}
 	/* The first registration (a miss) is held for the whole run: every timed call hits. */
@@ -196,7 +355,8 @@ int main(int argc, char **argv)
 				err ? 0ULL : (unsigned long long)stats.misses);
 			failed = 1;
 		} else {
-			printf("hits c calls %llu misses 1\n", (unsigned long long)stats.hits);
+			printf("hits c calls %llu misses 1%s\n", (unsigned long long)stats.hits,
+			       foreign ? " foreign" : "");
 		}
 	}
 	pd_mr_release(mr);
@@ -210,5 +370,9 @@ int main(int argc, char **argv)
 	fi_freeinfo(info);
 	pd_allocation_free(alloc);
 	pd_device_close(dev);
+	if (foreign) {
+		munmap(bench.addr, LENGTH);
+		close(memfd);
+	}
 	return failed;
 }

@@ -13,6 +13,12 @@
 //! ```text
 //! hits rust threads 2 p50_ns 55.1 p99_ns 80.3 mhits_per_thread 16.9
 //! ```
+//!
+//! With `--foreign` no device is needed, so that `scripts/bench-hits --native` runs it on the
+//! host's CPU: the 2 MiB are a memfd, registered under its foreign identity
+//! ([`ExportId::foreign`]) through its mapping, as hits.c's `--foreign` registers the same
+//! stand-in (libfabric's tcp provider takes an FI_MR_DMABUF registration by its address and
+//! ignores the fd); the lines end in `foreign`.
 
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -22,7 +28,8 @@ use std::time::Instant;
 
 use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId, RegCache};
 use peerdirect::registrar::libfabric::{Fabric, LibfabricRegistrar, MappedDmaBuf};
-use peerdirect::{Device, ExportFlags};
+use peerdirect::{Device, DmaBuf, ExportFlags};
+use rustix::fs::MemfdFlags;
 
 use crate::INDEX;
 
@@ -40,8 +47,8 @@ struct Thread {
     seconds: f64,
 }
 
-pub fn run() -> ExitCode {
-    match bench() {
+pub fn run(foreign: bool) -> ExitCode {
+    match bench(foreign) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("hits: {err}");
@@ -50,15 +57,34 @@ pub fn run() -> ExitCode {
     }
 }
 
-fn bench() -> Result<(), String> {
-    let device = Device::open_index(INDEX).map_err(|e| format!("opening device {INDEX}: {e}"))?;
+fn bench(foreign: bool) -> Result<(), String> {
+    // No device nor allocation with `foreign`: a memfd stands in for the dma-buf.
+    let device = if foreign {
+        None
+    } else {
+        Some(Device::open_index(INDEX).map_err(|e| format!("opening device {INDEX}: {e}"))?)
+    };
     let alloc = device
-        .alloc(LENGTH, None)
+        .as_ref()
+        .map(|device| device.alloc(LENGTH, None))
+        .transpose()
         .map_err(|e| format!("alloc: {e}"))?;
-    let dma_buf = alloc
-        .export(0, 0, ExportFlags::CLOEXEC | ExportFlags::RDWR)
-        .map_err(|e| format!("export: {e}"))?;
-    let export = ExportId::of_dma_buf(INDEX, &dma_buf).map_err(|e| format!("fstat: {e}"))?;
+    let dma_buf = match &alloc {
+        Some(alloc) => alloc
+            .export(0, 0, ExportFlags::CLOEXEC | ExportFlags::RDWR)
+            .map_err(|e| format!("export: {e}"))?,
+        None => rustix::fs::memfd_create("hits", MemfdFlags::CLOEXEC)
+            .and_then(|fd| rustix::fs::ftruncate(&fd, LENGTH).map(|()| fd))
+            .map_err(|e| format!("a memfd of 2 MiB: {e}"))
+            .and_then(|fd| DmaBuf::from_fd(fd).map_err(|e| format!("memfd: {e}")))?,
+    };
+    let export = if foreign {
+        ExportId::foreign(&dma_buf)
+    } else {
+        ExportId::of_dma_buf(INDEX, &dma_buf)
+    }
+    .map_err(|e| format!("fstat: {e}"))?;
+    let mode = if foreign { " foreign" } else { "" };
     let source = MappedDmaBuf::new(dma_buf).map_err(|e| format!("mapping: {e}"))?;
     let registrar = Fabric::open("tcp", Some("127.0.0.1"))
         .map(|fabric| Arc::new(LibfabricRegistrar::new(fabric)))
@@ -109,7 +135,7 @@ fn bench() -> Result<(), String> {
         all.sort_unstable_by(f64::total_cmp);
         let n = all.len();
         println!(
-            "hits rust threads {threads} p50_ns {:.1} p99_ns {:.1} mhits_per_thread {:.2}",
+            "hits rust threads {threads} p50_ns {:.1} p99_ns {:.1} mhits_per_thread {:.2}{mode}",
             all[n / 2],
             all[n * 99 / 100],
             (BATCHES * BATCH * threads) as f64 / seconds / 1e6
@@ -122,7 +148,7 @@ fn bench() -> Result<(), String> {
             stats.misses
         ));
     }
-    println!("hits rust calls {} misses 1", stats.hits);
+    println!("hits rust calls {} misses 1{mode}", stats.hits);
     drop(held);
     Ok(())
 }

@@ -88,6 +88,11 @@ struct Args {
     /// userspace/capi/benches/hits.c times the C ABI's (`qemu/run --userland trixie`).
     #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke", "bench_exporters", "bench_cpu_copy"])]
     bench_hits: bool,
+    /// With --bench-hits: the 2 MiB are a memfd registered as a foreign dma-buf instead of an
+    /// allocation of /dev/peerdirect0, so that no device is needed (`scripts/bench-hits
+    /// --native` runs it on the host's CPU, in the trixie userland).
+    #[arg(long, requires = "bench_hits")]
+    foreign: bool,
     /// Test the libfabric registrar with this provider instead (`tcp` under `qemu/run
     /// --userland trixie`, `verbs;ofi_rxm` under `--rxe`).
     #[arg(long, value_name = "PROVIDER")]
@@ -527,7 +532,7 @@ fn main() -> ExitCode {
         return bench_copy::run();
     }
     if args.bench_hits {
-        return bench_hits::run();
+        return bench_hits::run(args.foreign);
     }
     if let Some(topology) = args.peermem {
         return peermem::run(topology);

@@ -186,6 +186,9 @@ impl From<LibfabricError> for Failure {
             | LibfabricError::TooOld { .. } => Errno::NOSYS,
             // libfabric's own numbers (FI_ENOKEY, ...) mapped to errno values.
             LibfabricError::Call { .. }
+            | LibfabricError::Completion { .. }
+            | LibfabricError::Revoked { .. }
+            | LibfabricError::TransferRevoked { .. }
             | LibfabricError::Map { .. }
             | LibfabricError::NoKey { .. }
             | LibfabricError::KeyRange { .. }
@@ -1395,5 +1398,34 @@ mod tests {
             registrations: 2,
         };
         assert_eq!(Failure::from(busy).code(), -16); // EBUSY
+
+        // A revoked export, a transfer on revoked HBM, an operation completed in error.
+        let revoked = LibfabricError::Revoked {
+            provider: provider(),
+            call: "fi_mr_regattr(FI_MR_DMABUF)",
+            errno: 19,
+            text: "No such device".into(),
+            hbm_device: 0,
+        };
+        assert_eq!(Failure::from(revoked).code(), -19); // ENODEV
+        let transfer = LibfabricError::TransferRevoked {
+            provider: provider(),
+            hbm_device: 0,
+        };
+        assert_eq!(Failure::from(transfer).code(), -19); // ENODEV
+        let completion = LibfabricError::Completion {
+            provider: provider(),
+            call: "fi_read",
+            errno: 265, // FI_ETRUNC
+            text: "libfabric's text".into(),
+            prov_errno: 10,
+            prov_text: Some("remote access error".into()),
+        };
+        let text = completion.to_string();
+        assert!(
+            text.ends_with("the provider says: remote access error (10)"),
+            "{text}"
+        );
+        assert_eq!(Failure::from(completion).code(), -90); // EMSGSIZE
     }
 }

@@ -534,13 +534,13 @@ fn stream(
     };
     match &error {
         // ofi_rxm's error entry for the read: verbs reports a failed work completion as
-        // FI_EIO (a flushed one as FI_ECANCELED); its warning in the log gives rxe's status,
-        // remote access error.
-        LibfabricError::Call {
+        // FI_EIO (a flushed one as FI_ECANCELED), with rxe's status as the provider's error.
+        LibfabricError::Completion {
             call: "fi_read",
             errno: FI_EIO,
+            prov_text: Some(text),
             ..
-        } => {}
+        } if text == "remote access error" => {}
         LibfabricError::Stalled { .. } => {
             return Err(format!(
                 "the stream stalled: libfabric reported no completion for the read ({error})"

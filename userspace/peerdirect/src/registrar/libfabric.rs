@@ -114,6 +114,19 @@ fn refuses_dma_buf(errno: i32) -> bool {
     matches!(errno, ENOSYS | EPROTONOSUPPORT | EOPNOTSUPP)
 }
 
+/// A provider's error number and text, as [`LibfabricError::Completion`] shows them.
+struct ProvError<'a>(i32, Option<&'a str>);
+
+impl std::fmt::Display for ProvError<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProvError(0, None) => f.write_str("nothing more"),
+            ProvError(number, None) => write!(f, "error {number}"),
+            ProvError(number, Some(text)) => write!(f, "{text} ({number})"),
+        }
+    }
+}
+
 /// `err`, or for an `ENODEV` of an export of a peerdirect device (not [`ExportId::FOREIGN`]),
 /// [`LibfabricError::Revoked`] naming the device. libfabric passes the kernel's errno through
 /// (`ibv_reg_dmabuf_mr`: ib_core refuses a revoked export with `ENODEV`).
@@ -183,6 +196,26 @@ pub enum LibfabricError {
         errno: i32,
         /// `fi_strerror(errno)`.
         text: String,
+    },
+    /// An operation of a transfer completed in error (`fi_cq_readerr`): libfabric's error,
+    /// and the provider's own (for verbs, the work completion's status).
+    #[error(
+        "{provider}: {call} completed in error: {text} (-{errno}); the provider says: {}",
+        ProvError(*prov_errno, prov_text.as_deref())
+    )]
+    Completion {
+        /// The provider.
+        provider: String,
+        /// The operation's call (`fi_read`, `fi_tsend`, ...).
+        call: &'static str,
+        /// The positive libfabric error number.
+        errno: i32,
+        /// `fi_strerror(errno)`.
+        text: String,
+        /// The provider's error number (`prov_errno`; 0 when it gives none).
+        prov_errno: i32,
+        /// `fi_cq_strerror` of it, when the provider says.
+        prov_text: Option<String>,
     },
     /// [`DmaBufSource::at`]: a base address of 0, or one the dma-buf does not fit after.
     #[error("base address {base_addr:#x} for a {len}-byte dma-buf: give the non-zero address its first byte is named by, with room for all of it")]
@@ -692,7 +725,9 @@ impl LibfabricError {
     /// call's number mapped by [`errno_of_fi`]; `None` for failures that are not a call's.
     pub fn errno(&self) -> Option<rustix::io::Errno> {
         match self {
-            Self::Call { errno, .. } | Self::Revoked { errno, .. } => Some(errno_of_fi(*errno)),
+            Self::Call { errno, .. }
+            | Self::Revoked { errno, .. }
+            | Self::Completion { errno, .. } => Some(errno_of_fi(*errno)),
             Self::Map { errno, .. } => Some(*errno),
             Self::NoKey { .. } => Some(rustix::io::Errno::NOSPC),
             Self::KeyRange { .. } => Some(rustix::io::Errno::RANGE),
@@ -1979,7 +2014,9 @@ impl Endpoint {
                 let Some(slot) = slot_of.remove(&completion.op) else {
                     continue;
                 };
-                completion.result.map_err(|e| self.error(call, e))?;
+                completion
+                    .result
+                    .map_err(|e| self.completion_error(call, e))?;
                 let Some(&(chunk_offset, len)) = pieces.get(completion.op as usize) else {
                     continue;
                 };
@@ -2028,6 +2065,18 @@ impl Endpoint {
 
     fn error(&self, call: &'static str, e: sys::FiErrno) -> LibfabricError {
         call_error(self.lib, &self.provider, call, e)
+    }
+
+    /// [`LibfabricError::Completion`] for an operation of `call` that completed in error.
+    fn completion_error(&self, call: &'static str, e: sys::CqError) -> LibfabricError {
+        LibfabricError::Completion {
+            provider: self.provider.clone(),
+            call,
+            errno: e.errno.0,
+            text: self.lib.strerror(e.errno),
+            prov_errno: e.prov_errno,
+            prov_text: e.prov_text,
+        }
     }
 
     /// [`LibfabricError::TransferRevoked`] if `mr`'s memory is revoked.
@@ -2564,6 +2613,33 @@ mod tests {
             "nothing posted: {:?}",
             log.calls()
         );
+    }
+
+    /// An operation that completed in error says libfabric's error and the provider's own,
+    /// in the provider's words when it has them, and maps to the errno of libfabric's.
+    #[test]
+    fn a_completion_error_says_what_the_provider_says() {
+        let completion = |prov_errno, prov_text: Option<&str>| LibfabricError::Completion {
+            provider: "verbs;ofi_rxm".into(),
+            call: "fi_read",
+            errno: 5,
+            text: "Input/output error".into(),
+            prov_errno,
+            prov_text: prov_text.map(str::to_owned),
+        };
+        let said = completion(10, Some("remote access error"));
+        assert_eq!(
+            said.to_string(),
+            "verbs;ofi_rxm: fi_read completed in error: Input/output error (-5); the provider \
+             says: remote access error (10)"
+        );
+        assert_eq!(said.errno(), Some(rustix::io::Errno::IO));
+        assert!(completion(10, None)
+            .to_string()
+            .ends_with("the provider says: error 10"));
+        assert!(completion(0, None)
+            .to_string()
+            .ends_with("the provider says: nothing more"));
     }
 
     /// fi_mr_regattr's ENODEV for an export of a peerdirect device says which device's export

@@ -779,7 +779,18 @@ pub(super) struct Completion {
     /// from what it asked for).
     pub(super) tag: u64,
     /// Its error, if it failed (`fi_cq_readerr`).
-    pub(super) result: Result<()>,
+    pub(super) result: core::result::Result<(), CqError>,
+}
+
+/// A failed operation's error entry (`fi_cq_readerr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct CqError {
+    /// libfabric's error number (`err`).
+    pub(super) errno: FiErrno,
+    /// The provider's own (`prov_errno`: verbs' `ibv_wc_status`, say).
+    pub(super) prov_errno: i32,
+    /// What the provider says it means (`fi_cq_strerror`), when it says.
+    pub(super) prov_text: Option<String>,
 }
 
 /// A transfer under way on an [`Endpoint`], from [`Endpoint::begin`] until dropped.
@@ -1174,7 +1185,8 @@ impl Endpoint {
                 None => -(b::FI_ENOSYS as isize),
             }
         };
-        let mut read: Vec<(*mut c_void, usize, u64, Result<()>)> = Vec::new();
+        let mut read: Vec<(*mut c_void, usize, u64, core::result::Result<(), CqError>)> =
+            Vec::new();
         if n == -(b::FI_EAVAIL as isize) {
             // SAFETY: zeroed fi_cq_err_entry is valid (plain data).
             let mut err: b::fi_cq_err_entry = unsafe { core::mem::zeroed() };
@@ -1188,7 +1200,31 @@ impl Endpoint {
                 }
             };
             check(got)?;
-            read.push((err.op_context, err.len, err.tag, Err(FiErrno(err.err))));
+            let mut buf = [0 as c_char; 128];
+            // SAFETY: fi_cq_strerror: cq->ops->strerror(cq, prov_errno, err_data, buf, len),
+            // called before the next read of the CQ, while `err_data` (the provider's own
+            // buffer, as we passed err_data_size 0) is valid; it returns a NUL-terminated
+            // string (static, or written into `buf`, of `buf.len()` bytes at most) or NULL,
+            // copied out at once.
+            let prov_text = unsafe {
+                let cq = self.cq.as_ptr();
+                (*(*cq).ops).strerror.and_then(|strerror| {
+                    let text = strerror(
+                        cq,
+                        err.prov_errno,
+                        err.err_data,
+                        buf.as_mut_ptr(),
+                        buf.len(),
+                    );
+                    (!text.is_null()).then(|| CStr::from_ptr(text).to_string_lossy().into_owned())
+                })
+            };
+            let error = CqError {
+                errno: FiErrno(err.err),
+                prov_errno: err.prov_errno,
+                prov_text: prov_text.filter(|t| !t.is_empty()),
+            };
+            read.push((err.op_context, err.len, err.tag, Err(error)));
         } else if n < 0 && n != -(b::FI_EAGAIN as isize) {
             return Err(FiErrno(i32::try_from(-n).unwrap_or(i32::MAX)));
         } else {

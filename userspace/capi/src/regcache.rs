@@ -25,6 +25,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+use arc_swap::ArcSwap;
 use pd::cache::{Access, ByteRange, DomainId, ExportId, RegCache};
 use pd::registrar::ibverbs::{self, IbverbsRegistrar};
 use pd::registrar::libfabric::{
@@ -104,6 +105,10 @@ struct Shared {
     /// `pd_register_export`: by a peerdirect device): a duplicate of the caller's fd, mapped,
     /// by inode number, until `pd_regcache_invalidate_dmabuf` or the cache's end.
     foreign: Mutex<HashMap<u64, Arc<Source>>>,
+    /// Those of them registered at the caller's addresses (`pd_register_dmabuf_at`), for
+    /// `pd_register_addr` to look up without a lock or a reference count written by every
+    /// thread: a snapshot republished whenever `foreign` changes (under its lock).
+    at_addresses: ArcSwap<Vec<Arc<Source>>>,
     /// The caller's invalidation callback, called by the cache's listener.
     callback: Arc<CallbackSlot<Callback>>,
     /// For the cache and its domains.
@@ -228,6 +233,7 @@ pub unsafe extern "C" fn pd_regcache_new(err: *mut c_int) -> *mut PdRegCache {
             domains: Arc::default(),
             host_bounce: AtomicBool::new(false),
             foreign: Mutex::default(),
+            at_addresses: ArcSwap::default(),
             callback: Arc::new(CallbackSlot::new()),
             born: Born::now(),
         };
@@ -304,7 +310,10 @@ pub unsafe extern "C" fn pd_regcache_free(cache: *mut PdRegCache) {
         for domain in domains {
             shared.cache.invalidate_domain(domain);
         }
-        lock(&shared.foreign).clear();
+        let mut foreign = lock(&shared.foreign);
+        foreign.clear();
+        shared.publish_at_addresses(&foreign);
+        drop(foreign);
         drop(cache);
         Ok(())
     });
@@ -760,12 +769,13 @@ pub unsafe extern "C" fn pd_register_addr(
             ));
         }
         let addr = addr as u64;
-        let source = domain.shared.source_at(F, addr, length)?;
-        let base = source.source.base_addr();
-        let size = source.source.dma_buf().length();
-        let range = checked_range(size, addr - base, length)?;
-        // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
-        unsafe { domain.register_into(F, None, &source, range, access, out) }
+        domain.shared.with_source_at(F, addr, length, |source| {
+            let base = source.source.base_addr();
+            let size = source.source.dma_buf().length();
+            let range = checked_range(size, addr - base, length)?;
+            // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
+            unsafe { domain.register_into(F, None, source, range, access, out) }
+        })
     })
 }
 
@@ -840,7 +850,12 @@ pub unsafe extern "C" fn pd_regcache_invalidate_dmabuf(cache: *mut PdRegCache, f
         let foreign = ExportId::foreign(&borrowed_dma_buf(F, fd)?)
             .map_err(|errno| Failure::new(errno, format!("{F}: fstat of fd {fd}: {errno}")))?;
         // Registered with pd_register_export, it is known under its device's identity.
-        let source = lock(&cache.shared.foreign).remove(&foreign.dma_buf_inode());
+        let source = {
+            let mut sources = lock(&cache.shared.foreign);
+            let source = sources.remove(&foreign.dma_buf_inode());
+            cache.shared.publish_at_addresses(&sources);
+            source
+        };
         let export = source.map_or(foreign, |source| source.export);
         // Its mapping and duplicate fd go once no registration uses them.
         let count = cache.shared.cache.invalidate_export(export);
@@ -956,19 +971,25 @@ impl PdDomain {
 }
 
 impl Shared {
-    /// The dma-buf registered at the caller's addresses (`pd_register_dmabuf_at`) whose bytes
-    /// `[addr, addr + length)` are; `ENOENT` if none.
-    fn source_at(&self, function: &str, addr: u64, length: u64) -> Result<Arc<Source>, Failure> {
+    /// `f` of the dma-buf registered at the caller's addresses (`pd_register_dmabuf_at`) whose
+    /// bytes `[addr, addr + length)` are; `ENOENT` if none. Reads a snapshot: no lock taken,
+    /// no reference count written (a hit of `pd_register_addr` writes nothing other threads'
+    /// hits read).
+    fn with_source_at<T>(
+        &self,
+        function: &str,
+        addr: u64,
+        length: u64,
+        f: impl FnOnce(&Source) -> Result<T, Failure>,
+    ) -> Result<T, Failure> {
         let end = addr.checked_add(length);
-        lock(&self.foreign)
-            .values()
+        let sources = self.at_addresses.load();
+        let source = sources
+            .iter()
             .find(|s| {
                 let base = s.source.base_addr();
-                !s.source.is_mapped()
-                    && base <= addr
-                    && end.is_some_and(|end| end <= base + s.source.dma_buf().length())
+                base <= addr && end.is_some_and(|end| end <= base + s.source.dma_buf().length())
             })
-            .cloned()
             .ok_or_else(|| {
                 Failure::new(
                     Errno::NOENT,
@@ -977,7 +998,8 @@ impl Shared {
                          {addr:#x} (+{length:#x}); register the memory it is in first"
                     ),
                 )
-            })
+            })?;
+        f(source)
     }
 
     /// The cache's source for the dma-buf `fd`: its own duplicate, made on first use and
@@ -1074,7 +1096,18 @@ impl Shared {
         };
         let source = Arc::new(Source { source, export });
         foreign.insert(export.dma_buf_inode(), Arc::clone(&source));
+        self.publish_at_addresses(&foreign);
         Ok(source)
+    }
+
+    /// Republishes [`Shared::at_addresses`] from `foreign`, whose lock the caller holds.
+    fn publish_at_addresses(&self, foreign: &HashMap<u64, Arc<Source>>) {
+        let at: Vec<Arc<Source>> = foreign
+            .values()
+            .filter(|s| !s.source.is_mapped())
+            .cloned()
+            .collect();
+        self.at_addresses.store(Arc::new(at));
     }
 }
 

@@ -120,7 +120,8 @@ struct ProvError<'a>(i32, Option<&'a str>);
 impl std::fmt::Display for ProvError<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ProvError(0, None) => f.write_str("nothing more"),
+            // No number of its own: whatever its strerror makes of 0 ("Success") says nothing.
+            ProvError(0, _) => f.write_str("nothing more"),
             ProvError(number, None) => write!(f, "error {number}"),
             ProvError(number, Some(text)) => write!(f, "{text} ({number})"),
         }
@@ -2638,6 +2639,10 @@ mod tests {
             .to_string()
             .ends_with("the provider says: error 10"));
         assert!(completion(0, None)
+            .to_string()
+            .ends_with("the provider says: nothing more"));
+        // tcp's strerror of prov_errno 0.
+        assert!(completion(0, Some("Success"))
             .to_string()
             .ends_with("the provider says: nothing more"));
     }

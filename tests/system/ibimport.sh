@@ -26,11 +26,12 @@
 # teardown of the revoked imports as the cache deregisters them. A fourth boot runs the
 # libfabric streams on a companion (the HBM device owned by vfio-pci, the buffers ranges of
 # its BAR) whose owner unbinds: the same ends, the companion gone once the unbind returned,
-# and peerdirect unloads after the program exits.
+# and peerdirect unloads after the program exits; a fifth boot does the same on the KASAN
+# kernel.
 # Only the test kernels carry the patched rxe (qemu/patches/0002): on Debian's kernel
 # (tests/system/debian-kernel.sh runs this suite with PEERDIRECT_KERNEL=debian) its rxe refuses
-# dma-bufs whatever the provider (tests/system/rxe-dmabuf.sh checks that), so the second and
-# third boots are the test kernels' only.
+# dma-bufs whatever the provider (tests/system/rxe-dmabuf.sh checks that), so the boots after the
+# first are the test kernels' only.
 . "$(dirname "$0")/../lib.sh"
 
 # Plan: the checks are peerdirect-guest-tests', with their own plans; none of this script's own.
@@ -58,5 +59,8 @@ if out=$(rmmod peerdirect 2>&1); then echo "ok 1 - $d"; else echo "not ok 1 - $d
 	tap_prefix="companion: " guest_tap "" 2 --topology switch-iommu --no-bind --rxe-dmabuf --kmemleak -- \
 		"${guest_each[@]}" "$companion" "peerdirect-guest-tests --fabric-revoke --companion" "$unload" ||
 		failed=1
+	tap_prefix="companion, KASAN kernel: " guest_tap "" 2 --kernel kasan --topology switch-iommu --no-bind \
+		--rxe-dmabuf --kmemleak --timeout 900 -- "${guest_each[@]}" "$companion" \
+		"peerdirect-guest-tests --fabric-revoke --companion" "$unload" || failed=1
 fi
 exit $failed

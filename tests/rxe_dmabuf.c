@@ -7,9 +7,12 @@
  *                              EOPNOTSUPP (Debian's provider, which has no reg_dmabuf_mr;
  *                              Debian's stock kernel, whose rxe has no reg_user_mr_dmabuf);
  *                              WHO names the refuser in the test's description
- *   rxe_dmabuf transfer DIR PCI
+ *   rxe_dmabuf transfer DIR PCI [dynamic]
  *                              on the test kernel's patched rxe: three 4 MiB ranges of HBM
- *                              (A, B, C) exported and registered; an RDMA WRITE of A into B
+ *                              (A, B, C) exported and registered, rxe's import of A listed
+ *                              in peerdirect's debugfs as pinned (with dynamic, after
+ *                              rdma_rxe.dmabuf_dynamic=1: as dynamic, not pinned, its ranges
+ *                              past the first run's); an RDMA WRITE of A into B
  *                              and an RDMA READ of A into C between two RC queue pairs of
  *                              rxe0 (one rxe device, looped back inside it); B registered
  *                              again with remote atomic access, and an atomic into it ends
@@ -18,13 +21,14 @@
  *                              device (PCI address PCI) unbound while they are registered:
  *                              it returns, and copies into and out of the revoked HBM fail
  *                              with error completions
- *   rxe_dmabuf race PCI ROUNDS
+ *   rxe_dmabuf race PCI ROUNDS [dynamic]
  *                              revocation during transfers: per round, the HBM device (PCI
  *                              address PCI) bound, two 4 MiB ranges exported and registered,
  *                              a thread streaming 64 KiB RDMA WRITEs (odd rounds: READs)
  *                              between them, and the device unbound a few milliseconds in:
  *                              the unbind returns, the stream ends in an error completion,
- *                              every posted request completes, the MRs deregister
+ *                              every posted request completes, the MRs deregister (with
+ *                              dynamic, rxe importing dynamically)
  *   rxe_dmabuf peer PCI NODE PEER-IP
  *                              two hosts: this guest (node NODE, 0 or 1) and the peer guest
  *                              at PEER-IP, their NICs linked, rxe0 on each; node 0 listens
@@ -40,8 +44,8 @@
  *                              unbinds its HBM device (PCI address PCI) in the middle: the
  *                              unbind returns, the stream ends in an error completion
  *
- * DIR (the shared folder) receives `offsets`: the HBM offsets of A, B and C and the pattern's
- * seed, for the host to check in the HBM backing file.
+ * DIR (the shared folder) receives `offsets` (`offsets-dynamic`): the HBM offsets of A, B and C
+ * and the pattern's seed, for the host to check in the HBM backing file.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -68,13 +72,15 @@
 #define SEED 0x5eed1234u
 
 static int tap_n;
+/* Before every description: "dynamic import: " in the runs that import dynamically. */
+static const char *kind = "";
 
 static void ok(int good, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void ok(int good, const char *fmt, ...)
 {
 	va_list ap;
 
-	printf("%sok %d - ", good ? "" : "not ", ++tap_n);
+	printf("%sok %d - %s", good ? "" : "not ", ++tap_n, kind);
 	va_start(ap, fmt);
 	vprintf(fmt, ap);
 	va_end(ap);
@@ -334,7 +340,50 @@ static long mismatch(const uint32_t *got)
 	return -1;
 }
 
-static int transfer(const char *dir, const char *pci)
+static int open_bound(const char *pci);
+static int sysfs_write(const char *path, const char *what);
+
+/*
+ * Tells the patched rxe how to import the dma-bufs registered from now on (qemu/patches/0006):
+ * dynamically, or pinned and revocable; 0 or -errno.
+ */
+static int import_dynamically(int dynamic)
+{
+	kind = dynamic ? "dynamic import: " : "";
+	return sysfs_write("/sys/module/rdma_rxe/parameters/dmabuf_dynamic", dynamic ? "1" : "0");
+}
+
+/*
+ * The importer line peerdirect's debugfs lists under the export of @r (its allocation's HBM
+ * offset and LEN), into @line; 0, or -ENOENT if the export or its importer is not listed.
+ */
+static int importer_of(const struct range *r, char *line, size_t size)
+{
+	char want[96], buf[512];
+	int found = 0, err = -ENOENT;
+	FILE *f = fopen("/sys/kernel/debug/peerdirect/peerdirect0/exports", "r");
+
+	if (!f)
+		return -errno;
+	snprintf(want, sizeof(want), " offset=0x%llx length=0x%x\n", (unsigned long long)r->hbm_offset, LEN);
+	while (fgets(buf, sizeof(buf), f)) {
+		size_t n = strlen(buf), w = strlen(want);
+
+		if (found) {
+			if (!strncmp(buf, "  importer=", 11)) {
+				buf[strcspn(buf, "\n")] = 0;
+				snprintf(line, size, "%s", buf + 2);
+				err = 0;
+			}
+			break;
+		}
+		found = !strncmp(buf, "handle=", 7) && n >= w && !strcmp(buf + n - w, want);
+	}
+	fclose(f);
+	return err;
+}
+
+static int transfer(const char *dir, const char *pci, int dynamic)
 {
 	struct ibv_context *ctx = open_rxe0();
 	struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
@@ -349,10 +398,24 @@ static int transfer(const char *dir, const char *pci)
 	int dev, err, s, failed = 0;
 	FILE *f;
 
-	/* Plan: set-up (1), registration (2), write (2), read (2), atomics (1), revocation (4). */
-	printf("1..12\n");
-	dev = open("/dev/peerdirect0", O_RDWR);
-	err = dev < 0 ? -errno : 0;
+	/*
+	 * Plan: set-up (1), registration (2), the import's kind (1), write (2), read (2),
+	 * atomics (1), revocation (4).
+	 */
+	printf("1..13\n");
+	err = import_dynamically(dynamic);
+	dev = err ? -1 : open_bound(pci);
+	if (!err && dev < 0)
+		err = dev;
+	/*
+	 * Dynamic: past the three ranges the first (pinned) transfer left for the host to check
+	 * (the allocator starts again at the bottom after a rebind).
+	 */
+	if (!err && dynamic) {
+		struct peerdirect_alloc pad = { .size = sizeof(pad), .length = 3 * LEN };
+
+		err = ioctl(dev, PEERDIRECT_IOC_ALLOC, &pad) ? -errno : 0;
+	}
 	for (int i = 0; i < 3 && !err; i++)
 		err = export_range(dev, &r[i]);
 	if (!err && !pd)
@@ -363,7 +426,7 @@ static int transfer(const char *dir, const char *pci)
 			r[0].map[i] = pattern(SEED, i);
 		memset(r[1].map, 0, LEN);
 		memset(r[2].map, 0, LEN);
-		snprintf(path, sizeof(path), "%s/offsets", dir);
+		snprintf(path, sizeof(path), "%s/offsets%s", dir, dynamic ? "-dynamic" : "");
 		f = fopen(path, "w");
 		if (!f)
 			err = -errno;
@@ -390,6 +453,24 @@ static int transfer(const char *dir, const char *pci)
 	if (err) {
 		diag("ibv_reg_dmabuf_mr: %s", strerror(err));
 		return 1;
+	}
+	/*
+	 * How rxe imported A, as the exporter sees it: pinned and revocable (irdma's way), or
+	 * with rdma_rxe.dmabuf_dynamic=1 dynamic (mlx5's: revocable, not pinned); mapped either way.
+	 */
+	{
+		char line[512] = "";
+		unsigned int entries = 0;
+		int pinned = -1, listed = importer_of(&r[0], line, sizeof(line)) == 0;
+		const char *p = strstr(line, " revocable pinned=");
+
+		if (p && sscanf(p, " revocable pinned=%d mapped_entries=%u", &pinned, &entries) != 2)
+			pinned = -1;
+		ok(listed && pinned == !dynamic && entries > 0,
+		   "peerdirect's debugfs lists rxe's import of A as %s, revocable and mapped",
+		   dynamic ? "dynamic (not pinned)" : "pinned");
+		diag("A's importer: %s", listed ? line : "(not listed)");
+		failed |= !(listed && pinned == !dynamic && entries > 0);
 	}
 	/*
 	 * Remote atomic access is granted (verbs users such as libfabric's verbs provider ask it
@@ -461,9 +542,11 @@ static int transfer(const char *dir, const char *pci)
 
 	/*
 	 * Revocation: the HBM device is unbound while A, B and C are registered. rxe imports
-	 * them revocable (as irdma does), so the unbind revokes them and returns without waiting
-	 * for the registrations; rxe's copies out of A and into B must then fail with error
-	 * completions, each on a pair of its own (an error moves a pair to the error state).
+	 * them revocable (as irdma does) or dynamically (as mlx5 does), so the unbind revokes
+	 * them (a dynamic import: unmaps them, and the exporter refuses to map them again) and
+	 * returns without waiting for the registrations; rxe's copies out of A and into B must
+	 * then fail with error completions, each on a pair of its own (an error moves a pair to
+	 * the error state).
 	 */
 	{
 		struct pollfd pfd = { .fd = dev, .events = POLLPRI };
@@ -694,11 +777,18 @@ static int race_round(const char *pci, int round)
 	return err;
 }
 
-static int race(const char *pci, int rounds)
+static int race(const char *pci, int rounds, int dynamic)
 {
-	int failed = 0;
+	int failed = 0, err;
 
-	printf("1..%d\n", rounds);
+	printf("1..%d\n", rounds + 1);
+	err = import_dynamically(dynamic);
+	ok(!err, "rdma_rxe.dmabuf_dynamic set to %d: rxe imports %s", dynamic,
+	   dynamic ? "dynamically (as mlx5 does)" : "pinned and revocable (as irdma does)");
+	if (err) {
+		diag("%s", strerror(-err));
+		return 1;
+	}
 	for (int i = 0; i < rounds; i++)
 		failed |= race_round(pci, i);
 	return failed;
@@ -1028,11 +1118,15 @@ int main(int argc, char **argv)
 	if (argc == 4 && !strcmp(argv[1], "refused"))
 		return refused(argv[3]);
 	if (argc == 4 && !strcmp(argv[1], "transfer"))
-		return transfer(argv[2], argv[3]);
+		return transfer(argv[2], argv[3], 0);
+	if (argc == 5 && !strcmp(argv[1], "transfer") && !strcmp(argv[4], "dynamic"))
+		return transfer(argv[2], argv[3], 1);
 	if (argc == 4 && !strcmp(argv[1], "race") && atoi(argv[3]) > 0)
-		return race(argv[2], atoi(argv[3]));
+		return race(argv[2], atoi(argv[3]), 0);
+	if (argc == 5 && !strcmp(argv[1], "race") && atoi(argv[3]) > 0 && !strcmp(argv[4], "dynamic"))
+		return race(argv[2], atoi(argv[3]), 1);
 	if (argc == 5 && !strcmp(argv[1], "peer") && (!strcmp(argv[3], "0") || !strcmp(argv[3], "1")))
 		return peer(argv[2], atoi(argv[3]), argv[4]);
-	fprintf(stderr, "usage: rxe_dmabuf refused DIR WHO | transfer DIR PCI-ADDRESS | race PCI-ADDRESS ROUNDS | peer PCI-ADDRESS NODE PEER-IP\n");
+	fprintf(stderr, "usage: rxe_dmabuf refused DIR WHO | transfer DIR PCI-ADDRESS [dynamic] | race PCI-ADDRESS ROUNDS [dynamic] | peer PCI-ADDRESS NODE PEER-IP\n");
 	return 2;
 }

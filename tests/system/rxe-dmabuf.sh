@@ -49,10 +49,10 @@
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# Plan: the builds (1), the backing file (2), the two hosts' backing files (8 on each kernel:
-# rxe_dmabuf peer's B and C and the libfabric run's, on both hosts); the guest programs print
-# their own plans.
-plan 19
+# Plan: the builds (1), the backing file (2, and 2 of the dynamic import's run), the two
+# hosts' backing files (8 on each kernel: rxe_dmabuf peer's B and C and the libfabric run's,
+# on both hosts); the guest programs print their own plans.
+plan 21
 failed=0
 fail() { failed=1; not_ok "$@"; }
 
@@ -69,19 +69,20 @@ fi
 lib=${provider##*/}
 
 # The guest binds the patched provider over the userland's (read-only, shared) one.
+# transfer.sh [dynamic]: the first run finds the device bound and notes its address; later
+# runs bind it again (the runs before leave it unbound).
 cat >"$work/transfer.sh" <<EOF
 set -e
 mount --bind /mnt/host/$lib /usr/lib/x86_64-linux-gnu/libibverbs/$lib
-pci=\$(basename "\$(ls -d /sys/bus/pci/drivers/peerdirect/0000:*)")
-echo "\$pci" >/mnt/host/pci
-exec /mnt/host/rxe_dmabuf transfer /mnt/host "\$pci"
+[ -s /mnt/host/pci ] || basename "\$(ls -d /sys/bus/pci/drivers/peerdirect/0000:*)" >/mnt/host/pci
+exec /mnt/host/rxe_dmabuf transfer /mnt/host "\$(cat /mnt/host/pci)" \$1
 EOF
-# race.sh ROUNDS: revocation during transfers (transfer.sh leaves the device unbound: each
-# round binds it first).
+# race.sh ROUNDS [dynamic]: revocation during transfers (transfer.sh leaves the device
+# unbound: each round binds it first).
 cat >"$work/race.sh" <<EOF
 set -e
 mount --bind /mnt/host/$lib /usr/lib/x86_64-linux-gnu/libibverbs/$lib
-exec /mnt/host/rxe_dmabuf race "\$(cat /mnt/host/pci)" "\$1"
+exec /mnt/host/rxe_dmabuf race "\$(cat /mnt/host/pci)" "\$1" \$2
 EOF
 cat >"$work/refused.sh" <<EOF
 set -e
@@ -90,16 +91,16 @@ exec /mnt/host/rxe_dmabuf refused /mnt/host "patched provider"
 EOF
 
 truncate -s 64M "$work/hbm"
-tap_prefix="test kernel: " guest_tap "" 3 --rxe --hbm 64M --hbm-backing "$work/hbm" \
+tap_prefix="test kernel: " guest_tap "" 5 --rxe --hbm 64M --hbm-backing "$work/hbm" \
 	--share "$work" --kmemleak --timeout 300 -- "${guest_each[@]}" \
 	"/mnt/host/rxe_dmabuf refused /mnt/host \"Debian's provider\"" "sh /mnt/host/transfer.sh" \
-	"sh /mnt/host/race.sh 6" 2>"$work/err" ||
-	failed=1
+	"sh /mnt/host/race.sh 6" "sh /mnt/host/race.sh 4 dynamic" "sh /mnt/host/transfer.sh dynamic" \
+	2>"$work/err" || failed=1
 
-# The backing file, read on the host: B and C hold A's pattern (the same function as
-# rxe_dmabuf.c's, written again here).
+# check_range WHICH OFFSETS: the backing file, read on the host: B (1) or C (2) holds A's
+# pattern (the same function as rxe_dmabuf.c's, written again here), at the offsets in OFFSETS.
 check_range() {
-	python3 - "$work/hbm" "$work/offsets" "$1" <<'EOF'
+	python3 - "$work/hbm" "$2" "$1" <<'EOF'
 import struct, sys
 hbm, offsets, which = sys.argv[1], sys.argv[2], int(sys.argv[3])
 a, b, c, seed, length = (int(x) for x in open(offsets).read().split())
@@ -120,14 +121,18 @@ for i, w in enumerate(words):
         sys.exit("word %d at hbm_offset %#x: %#010x, expected %#010x" % (i, off, w, pattern(i)))
 EOF
 }
-for which in 1 2; do
-	name=$([ $which = 1 ] && echo "B (the RDMA WRITE's target)" || echo "C (the RDMA READ's target)")
-	desc="on the host, the HBM backing file holds A's pattern at $name's hbm_offset"
-	if [ -s "$work/offsets" ] && diag=$(check_range $which 2>&1); then
-		ok "$desc"
-	else
-		fail "$desc" "${diag:-no offsets from the guest}" "$(tail -20 "$work/err")"
-	fi
+for offsets in offsets offsets-dynamic; do
+	for which in 1 2; do
+		name=$([ $which = 1 ] && echo "B (the RDMA WRITE's target)" || echo "C (the RDMA READ's target)")
+		desc="on the host, the HBM backing file holds A's pattern at $name's hbm_offset"
+		[ $offsets = offsets ] || desc="$desc (the dynamic import's run)"
+		diag=
+		if [ -s "$work/$offsets" ] && diag=$(check_range $which "$work/$offsets" 2>&1); then
+			ok "$desc"
+		else
+			fail "$desc" "${diag:-no offsets from the guest}" "$(tail -20 "$work/err")"
+		fi
+	done
 done
 
 # two_hosts LABEL KERNEL TIMEOUT: two guests on KERNEL, their NICs linked (qemu/run --link),
@@ -211,10 +216,13 @@ EOF
 }
 two_hosts "two hosts (test kernel)," default 300
 
-# The KASAN kernel: the same transfers and revocation (the backing file is read above).
-tap_prefix="KASAN kernel: " guest_tap "" 2 --kernel kasan --rxe --hbm 64M \
+# The KASAN kernel: the same transfers and revocation, both ways of importing (the backing
+# file is read above). Its first transfer notes the device's address anew.
+rm -f "$work/pci"
+tap_prefix="KASAN kernel: " guest_tap "" 4 --kernel kasan --rxe --hbm 64M \
 	--share "$work" --kmemleak --timeout 900 -- "${guest_each[@]}" "sh /mnt/host/transfer.sh" \
-	"sh /mnt/host/race.sh 4" 2>>"$work/err" || failed=1
+	"sh /mnt/host/race.sh 4" "sh /mnt/host/race.sh 3 dynamic" "sh /mnt/host/transfer.sh dynamic" \
+	2>>"$work/err" || failed=1
 two_hosts "two hosts (KASAN kernel)," kasan 900
 
 # Debian's stock kernel: its rxe has no reg_user_mr_dmabuf.

@@ -21,9 +21,9 @@
 # crate's TransferRevoked where ofi_rxm reports nothing), later transfers are refused at once,
 # the cache lets go, a new registration fails with ENODEV naming the device, and what the
 # stranded rendezvous keeps goes with the process (--idle after it); last a PCIe hot-unplug
-# (--hotplug), the same as the unbind. The unbind, the race and the libfabric streams again on
-# the KASAN kernel (fewer rounds), so that KASAN and kmemleak watch ib_core's and rxe's
-# teardown of the revoked imports as the cache deregisters them. A fourth boot runs the
+# (--hotplug), the same as the unbind. The unbind, the race, the libfabric streams and the
+# hot-unplug again on the KASAN kernel (fewer rounds), so that KASAN and kmemleak watch
+# ib_core's and rxe's teardown of the revoked imports as the cache deregisters them. A fourth boot runs the
 # libfabric streams on a companion (the HBM device owned by vfio-pci, the buffers ranges of
 # its BAR) whose owner unbinds: the same ends, the companion gone once the unbind returned,
 # and peerdirect unloads after the program exits; a fifth boot does the same on the KASAN
@@ -44,10 +44,11 @@ if [ "${PEERDIRECT_KERNEL:-default}" != debian ]; then
 		"peerdirect-guest-tests --ibverbs-revoke race" "peerdirect-guest-tests --fabric-revoke" \
 		"peerdirect-guest-tests --idle" "peerdirect-guest-tests --ibverbs-revoke unplug" ||
 		failed=1
-	tap_prefix="KASAN kernel: " guest_tap "" 4 --kernel kasan --rxe-dmabuf --kmemleak --timeout 900 -- \
+	tap_prefix="KASAN kernel: " guest_tap "" 5 --kernel kasan --rxe-dmabuf --hotplug --kmemleak --timeout 900 -- \
 		"${guest_each[@]}" "peerdirect-guest-tests --ibverbs-revoke unbind" \
 		"peerdirect-guest-tests --ibverbs-revoke race --rounds 3" \
-		"peerdirect-guest-tests --fabric-revoke" "peerdirect-guest-tests --idle" || failed=1
+		"peerdirect-guest-tests --fabric-revoke" "peerdirect-guest-tests --idle" \
+		"peerdirect-guest-tests --ibverbs-revoke unplug" || failed=1
 	# The HBM device (0000:03:00.0 in the switch topologies) bound to vfio-pci as its owner,
 	# peerdirect loaded with companion=1 and the device named (Documentation/companion.md).
 	companion='hbm=0000:03:00.0

@@ -2487,12 +2487,10 @@ mod tests {
         }
     }
 
+    #[allow(unsafe_code)]
     fn raw(ep: NonNull<bindings::fid_ep>) -> MrEndpoint {
         // SAFETY: the fake's endpoint is leaked (never closed) and only named in fi_mr_bind.
-        #[allow(unsafe_code)]
-        unsafe {
-            MrEndpoint::from_raw(ep.cast())
-        }
+        unsafe { MrEndpoint::from_raw(ep.cast()) }
     }
 
     /// In a domain with FI_MR_ENDPOINT (or a borrowed one, whose mode is unknown, with an

@@ -2479,6 +2479,16 @@ mod tests {
         registrar.register(&source, &key)
     }
 
+    /// One of this crate's endpoints, on the fake domain of `registrar`.
+    fn fake_endpoint(registrar: &LibfabricRegistrar) -> Endpoint {
+        Endpoint {
+            lib: fake::lib(),
+            provider: "fake".into(),
+            ep: Arc::new(sys::fake::endpoint(&registrar.fabric.domain)),
+            stall: STALL,
+        }
+    }
+
     /// The key the fake was asked for and the MR it made, from a `Regattr` call.
     fn regattr(call: Call) -> (u64, usize) {
         match call {
@@ -2541,12 +2551,7 @@ mod tests {
     #[test]
     fn an_mr_bound_to_our_endpoint_is_closed_before_the_endpoint() {
         let (registrar, log) = fake_registrar(Some(true), 0, 0);
-        let endpoint = Endpoint {
-            lib: fake::lib(),
-            provider: "fake".into(),
-            ep: Arc::new(sys::fake::endpoint(&registrar.fabric.domain)),
-            stall: STALL,
-        };
+        let endpoint = fake_endpoint(&registrar);
         let ep_fid = fake::fid_of_ours(&endpoint.ep);
         registrar
             .set_endpoint(Some(MrEndpoint::of(&endpoint)))
@@ -2577,12 +2582,7 @@ mod tests {
     #[test]
     fn transfers_on_a_revoked_registration_are_refused() {
         let (registrar, log) = fake_registrar(Some(false), 0, 0);
-        let endpoint = Endpoint {
-            lib: fake::lib(),
-            provider: "fake".into(),
-            ep: Arc::new(sys::fake::endpoint(&registrar.fabric.domain)),
-            stall: STALL,
-        };
+        let endpoint = fake_endpoint(&registrar);
         let mr = register(&registrar).unwrap();
         let key = |device| RegKey {
             domain: registrar.domain(),

@@ -29,7 +29,7 @@
  *                              the unbind returns, the stream ends in an error completion,
  *                              every posted request completes, the MRs deregister (with
  *                              dynamic, rxe importing dynamically)
- *   rxe_dmabuf peer PCI NODE PEER-IP
+ *   rxe_dmabuf peer PCI NODE PEER-IP [lose-nak]
  *                              two hosts: this guest (node NODE, 0 or 1) and the peer guest
  *                              at PEER-IP, their NICs linked, rxe0 on each; node 0 listens
  *                              on TCP port 18515 for node 1, and they exchange their QP
@@ -43,6 +43,10 @@
  *                              Then node 1 streams RDMA READs out of node 0's A and node 0
  *                              unbinds its HBM device (PCI address PCI) in the middle: the
  *                              unbind returns, the stream ends in an error completion
+ *                              (with lose-nak, node 1 creates /mnt/host/lose-naks for the
+ *                              stream's length, which has tests/lossy-link drop node 0's
+ *                              NAKs on the link: the stream must end in retries exceeded,
+ *                              not a stall)
  *
  * DIR (the shared folder) receives `offsets` (`offsets-dynamic`): the HBM offsets of A, B and C
  * and the pattern's seed, for the host to check in the HBM backing file.
@@ -221,8 +225,17 @@ static int to_rts(struct ibv_qp *qp, uint32_t dest_qpn, const uint8_t dgid[16], 
 		return -errno;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
+	/*
+	 * rxe retries forever at a retry count of 7 (rxe_comp.c), where the spec's transport
+	 * retry count is a count: a responder that NAKed and moved to the error state, its NAK
+	 * lost on the link (the two hosts' link drops packets under load), would leave the
+	 * requester retrying into silence. 6 ends that in an error completion (retries
+	 * exceeded) after 7 timeouts without progress. Each timeout is 268 ms (16), so that a
+	 * transfer which must succeed gives up only after about 2 s without a response, not
+	 * 0.5 s (14): under TCG, and KASAN, a responder can be that slow.
+	 */
+	a.timeout = 16;
+	a.retry_cnt = 6;
 	a.rnr_retry = 7;
 	a.max_rd_atomic = 4;
 	if (to_state(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
@@ -580,6 +593,37 @@ static int transfer(const char *dir, const char *pci, int dynamic)
 	}
 	return failed;
 }
+
+/*
+ * rxe0's port counters named in @names (NULL-terminated), as "name value, ..." in @buf: what
+ * its requester and responder saw (retries, NAKs, errors), for diagnostics.
+ */
+static const char *rxe_counters(char *buf, size_t size, const char *const *names)
+{
+	size_t used = 0;
+
+	buf[0] = 0;
+	for (; *names && used < size; names++) {
+		char path[160], value[32] = "?";
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/sys/class/infiniband/rxe0/ports/1/hw_counters/%s", *names);
+		f = fopen(path, "r");
+		if (f) {
+			if (!fgets(value, sizeof(value), f))
+				strcpy(value, "?");
+			value[strcspn(value, "\n")] = 0;
+			fclose(f);
+		}
+		used += snprintf(buf + used, size - used, "%s%s %s", used ? ", " : "", *names, value);
+	}
+	return buf;
+}
+
+static const char *const link_counters[] = {
+	"sent_pkts", "rcvd_pkts", "duplicate_request", "out_of_seq_request", "rcvd_seq_err",
+	"completer_retry_err", "retry_exceeded_err", "send_err", NULL
+};
 
 static double since(const struct timespec *t0)
 {
@@ -944,7 +988,7 @@ static int create_remote_qp(struct ibv_context *ctx, struct ibv_pd *pd, struct p
  * `peer`: see the top of the file. A: this host's pattern (seed 0x5eed0000 + node); B: the
  * peer's RDMA WRITE lands there; C: this host's RDMA READ of the peer's A lands there.
  */
-static int peer(const char *pci, int node, const char *peer_ip)
+static int peer(const char *pci, int node, const char *peer_ip, int lose_nak)
 {
 	struct ibv_context *ctx = open_rxe0();
 	struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
@@ -954,6 +998,7 @@ static int peer(const char *pci, int node, const char *peer_ip)
 	union ibv_gid gid;
 	struct range r[3];
 	struct pair p;
+	char counters[512];
 	double secs;
 	long bad;
 	int dev, err, s, c, gid_index, failed = 0;
@@ -1052,7 +1097,8 @@ static int peer(const char *pci, int node, const char *peer_ip)
 	/*
 	 * Revocation across the link: node 1 streams 64 KiB RDMA READs out of node 0's A; node 0
 	 * unbinds its HBM device in the middle of the stream. Node 0's unbind must return; node
-	 * 1's stream must end in an error completion (node 0's rxe refuses to read revoked HBM)
+	 * 1's stream must end in an error completion (node 0's rxe refuses to read revoked HBM;
+	 * or, where the link lost that NAK, node 1's retries run out)
 	 * with every posted request completed.
 	 */
 	if (!err && node == 1) {
@@ -1060,21 +1106,37 @@ static int peer(const char *pci, int node, const char *peer_ip)
 				     .rkey = them.a_rkey, .read = 1 };
 		pthread_t thread;
 
-		err = pthread_create(&thread, NULL, stream_run, &st) ? -EAGAIN : 0;
+		int good;
+
+		/* The relay drops NAKs while the file exists (tests/lossy-link). */
+		if (lose_nak) {
+			int fd = open("/mnt/host/lose-naks", O_WRONLY | O_CREAT, 0644);
+
+			err = fd < 0 ? -errno : close(fd);
+		}
+		if (!err)
+			err = pthread_create(&thread, NULL, stream_run, &st) ? -EAGAIN : 0;
 		while (!err && !atomic_load(&st.running))
 			usleep(100);
 		if (!err) {
 			err = barrier(c, 's');
 			pthread_join(thread, NULL);
 		}
+		if (lose_nak)
+			unlink("/mnt/host/lose-naks");
 		if (!err)
 			err = barrier(c, 'u');
-		ok(!err && st.errors && st.done == st.posted,
-		   "node 0 unbinding its HBM device while this host streams 64 KiB RDMA READs out of it: the stream ends in an error completion, every posted request completes");
+		good = !err && st.errors && st.done == st.posted &&
+		       (!lose_nak || st.first_error == IBV_WC_RETRY_EXC_ERR);
+		if (lose_nak)
+			ok(good, "node 0 unbinding its HBM device while this host streams 64 KiB RDMA READs out of it, node 0's NAK lost on the link: the stream ends in retries exceeded (not a stall), every posted request completes");
+		else
+			ok(good, "node 0 unbinding its HBM device while this host streams 64 KiB RDMA READs out of it: the stream ends in an error completion, every posted request completes");
 		diag("stream: %ld of %ld posted completed, %ld good before the first error (%s)%s%s",
 		     st.done, st.posted, st.good, st.errors ? ibv_wc_status_str(st.first_error) : "none",
 		     err ? "; " : "", err ? strerror(-err) : "");
-		failed |= err || !st.errors || st.done != st.posted;
+		diag("rxe0's counters: %s", rxe_counters(counters, sizeof(counters), link_counters));
+		failed |= !good;
 	} else if (!err) {
 		struct timespec t0;
 		double unbind_secs = 0;
@@ -1092,6 +1154,8 @@ static int peer(const char *pci, int node, const char *peer_ip)
 		   "unbinding this host's HBM device while node 1 streams RDMA READs out of A returns");
 		diag("unbind %s: %s in %.3f s%s%s", pci, unbind_err ? strerror(-unbind_err) : "done",
 		     unbind_secs, err ? "; " : "", err ? strerror(-err) : "");
+		diag("rxe0's counters once the peer's stream ended: %s",
+		     rxe_counters(counters, sizeof(counters), link_counters));
 		failed |= err || unbind_err || unbind_secs >= 20;
 	} else {
 		ok(0, "revocation across the link (the peer is gone)");
@@ -1125,8 +1189,9 @@ int main(int argc, char **argv)
 		return race(argv[2], atoi(argv[3]), 0);
 	if (argc == 5 && !strcmp(argv[1], "race") && atoi(argv[3]) > 0 && !strcmp(argv[4], "dynamic"))
 		return race(argv[2], atoi(argv[3]), 1);
-	if (argc == 5 && !strcmp(argv[1], "peer") && (!strcmp(argv[3], "0") || !strcmp(argv[3], "1")))
-		return peer(argv[2], atoi(argv[3]), argv[4]);
-	fprintf(stderr, "usage: rxe_dmabuf refused DIR WHO | transfer DIR PCI-ADDRESS [dynamic] | race PCI-ADDRESS ROUNDS [dynamic] | peer PCI-ADDRESS NODE PEER-IP\n");
+	if ((argc == 5 || (argc == 6 && !strcmp(argv[5], "lose-nak"))) && !strcmp(argv[1], "peer") &&
+	    (!strcmp(argv[3], "0") || !strcmp(argv[3], "1")))
+		return peer(argv[2], atoi(argv[3]), argv[4], argc == 6);
+	fprintf(stderr, "usage: rxe_dmabuf refused DIR WHO | transfer DIR PCI-ADDRESS [dynamic] | race PCI-ADDRESS ROUNDS [dynamic] | peer PCI-ADDRESS NODE PEER-IP [lose-nak]\n");
 	return 2;
 }

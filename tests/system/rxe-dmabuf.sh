@@ -33,7 +33,11 @@
 # the link); both check in the guest, and the host checks both HBM backing files. Then node 1
 # streams RDMA READs out of node 0's HBM and node 0 unbinds its HBM device in the middle: the
 # unbind returns and node 1's stream ends in an error completion (node 0's rxe answers with a
-# remote access error), every request completed. Then the same through libfabric, as HCL
+# remote access error and moves its queue pair to the error state), every request completed.
+# On the test kernel the link runs through tests/lossy-link, which drops node 0's NAKs while
+# node 1 streams, as a lossy Ethernet fabric may: node 0's queue pair, in the error state,
+# answers nothing more, and node 1's stream must end in retries exceeded, not a stall (its
+# queue pairs retry 6 times: rxe retries forever at 7). Then the same through libfabric, as HCL
 # moves bytes (`peerdirect-guest-tests --fabric-peer`, node 0's device bound again first): each
 # registers three more ranges through the crate's RegCache and LibfabricRegistrar on
 # verbs;ofi_rxm, every one FI_MR_DMABUF with host bounce disallowed, exchanges its endpoint's
@@ -51,8 +55,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Plan: the builds (1), the backing file (2, and 2 of the dynamic import's run), the two
 # hosts' backing files (8 on each kernel: rxe_dmabuf peer's B and C and the libfabric run's,
-# on both hosts); the guest programs print their own plans.
-plan 21
+# on both hosts), the lossy link's dropped NAK (1); the guest programs print their own plans.
+plan 22
 failed=0
 fail() { failed=1; not_ok "$@"; }
 
@@ -135,19 +139,29 @@ for offsets in offsets offsets-dynamic; do
 	done
 done
 
-# two_hosts LABEL KERNEL TIMEOUT: two guests on KERNEL, their NICs linked (qemu/run --link),
+# two_hosts LABEL KERNEL TIMEOUT [lossy]: two guests on KERNEL, their NICs linked (qemu/run --link),
 # rxe0 on each with the patched provider (--rxe-dmabuf); `rxe_dmabuf peer` in both, side by
 # side: each RDMA WRITEs its pattern into the other's HBM and RDMA READs the other's, then node
 # 1 streams READs out of node 0's HBM while node 0 unbinds its device; then node 0's device is
 # bound again and `peerdirect-guest-tests --fabric-peer` does the same through libfabric
 # (verbs;ofi_rxm: fi_write, fi_read, and fi_reads streamed during the unbind). Each guest's TAPs
-# go to its share; the host then checks both backing files (8 checks).
+# go to its share; the host then checks both backing files (8 checks). With lossy, the link
+# runs through tests/lossy-link, and node 1 has it drop node 0's NAKs while it streams: the
+# stream must end in retries exceeded, not a stall, and the host checks that the relay dropped
+# a NAK (1 check more).
 two_hosts() {
-	local label=$1 kernel=$2 timeout=$3 dir=$work/$2 port0 port1 pid0 pid1 rc0=0 rc1=0 rc node range
-	local what desc offset length seed diag tap
+	local label=$1 kernel=$2 timeout=$3 lossy=${4:-} dir=$work/$2 port0 port1 to0 to1 pid0 pid1 rc0=0 rc1=0 rc node range
+	local what desc offset length seed diag tap relay= lose_nak=
 	# Both guests boot side by side: what they need is built once, first.
 	[ "${PEERDIRECT_PREBUILT:-0}" = 1 ] || make -s -C "$ROOT" "guest-$kernel" >&2
 	read -r port0 port1 < <("$ROOT/scripts/free-udp-ports" 2)
+	to0=$port1 to1=$port0
+	mkdir -p "$dir/node1"
+	if [ "$lossy" = lossy ]; then
+		coproc LOSSY { exec "$ROOT/tests/lossy-link" "$port0" "$port1" "$dir/node1/lose-naks" "$dir/naks-dropped"; }
+		relay=$LOSSY_PID lose_nak=lose-nak
+		read -r to0 to1 <&"${LOSSY[0]}"
+	fi
 	for node in 0 1; do
 		mkdir -p "$dir/node$node"
 		cp "$work/rxe_dmabuf" "$dir/node$node/"
@@ -155,7 +169,7 @@ two_hosts() {
 		# rxe_dmabuf peer leaves node 0's device unbound: bound again for the libfabric run.
 		cat >"$dir/node$node/run.sh" <<EOF
 pci=\$(basename "\$(ls -d /sys/bus/pci/drivers/peerdirect/0000:*)")
-/mnt/host/rxe_dmabuf peer "\$pci" $node 10.0.9.$((2 - node)) >/mnt/host/tap 2>&1
+/mnt/host/rxe_dmabuf peer "\$pci" $node 10.0.9.$((2 - node)) $([ $node = 0 ] || echo $lose_nak) >/mnt/host/tap 2>&1
 verbs=\$?
 [ -e /sys/bus/pci/drivers/peerdirect/\$pci ] || echo "\$pci" >/sys/bus/pci/drivers/peerdirect/bind
 i=0
@@ -165,16 +179,26 @@ fabric=\$?
 case \$verbs.\$fabric in 0.0) exit 0 ;; [01].[01]) exit 1 ;; 0.*|1.*) exit \$fabric ;; *) exit \$verbs ;; esac
 EOF
 	done
-	PEERDIRECT_PREBUILT=1 guest --kernel "$kernel" --rxe-dmabuf --link "$port0:$port1" --addr 10.0.9.1/24 --name node0 \
+	PEERDIRECT_PREBUILT=1 guest --kernel "$kernel" --rxe-dmabuf --link "$port0:$to0" --addr 10.0.9.1/24 --name node0 \
 		--hbm 64M --hbm-backing "$dir/hbm0" --share "$dir/node0" --kmemleak --timeout "$timeout" -- \
 		sh /mnt/host/run.sh >"$dir/node0.log" 2>&1 &
 	pid0=$!
-	PEERDIRECT_PREBUILT=1 guest --kernel "$kernel" --rxe-dmabuf --link "$port1:$port0" --addr 10.0.9.2/24 --name node1 \
+	PEERDIRECT_PREBUILT=1 guest --kernel "$kernel" --rxe-dmabuf --link "$port1:$to1" --addr 10.0.9.2/24 --name node1 \
 		--hbm 64M --hbm-backing "$dir/hbm1" --share "$dir/node1" --kmemleak --timeout "$timeout" -- \
 		sh /mnt/host/run.sh >"$dir/node1.log" 2>&1 &
 	pid1=$!
 	wait $pid0 || rc0=$?
 	wait $pid1 || rc1=$?
+	if [ -n "$relay" ]; then
+		kill "$relay" 2>/dev/null || true
+		wait "$relay" 2>/dev/null || true
+		desc="$label on the host: the link dropped node 0's NAK on its way to node 1 while node 1 streamed"
+		if [ "$(cat "$dir/naks-dropped" 2>/dev/null || echo 0)" -gt 0 ]; then
+			ok "$desc"
+		else
+			fail "$desc" "tests/lossy-link dropped $(cat "$dir/naks-dropped" 2>/dev/null || echo none)"
+		fi
+	fi
 	for node in 0 1; do
 		rc=$([ $node = 0 ] && echo $rc0 || echo $rc1)
 		grep -qE '^1\.\.[0-9]+$' "$dir/node$node/tap" 2>/dev/null ||
@@ -214,7 +238,7 @@ EOF
 		done
 	done
 }
-two_hosts "two hosts (test kernel)," default 300
+two_hosts "two hosts (test kernel)," default 300 lossy
 
 # The KASAN kernel: the same transfers and revocation, both ways of importing (the backing
 # file is read above). Its first transfer notes the device's address anew.

@@ -30,6 +30,9 @@
 # And userspace/capi/examples/hcl_pool.c: HCL's pattern, a 4 GiB pool registered once
 # (the first boot has 8 GiB of HBM), 1,000 buffers found in it by address (pd_register_addr),
 # a transfer between two of them, the one-word flush buffer found for remote reads.
+# userspace/capi/tests/callback_race.c and lookup_race.c, built with AddressSanitizer: the
+# invalidation callback set, cleared and freed while it is called; lookups by address
+# (pd_register_addr) while other threads register and drop dma-bufs at their addresses.
 # Then a boot with qemu/run --rxe-dmabuf (the test kernel's patched rxe and the patched rxe
 # provider: rxe0 registers dma-bufs, as EFA, mlx5 and irdma do): verbs_register.c takes its
 # other branch, a registration at IOVA = its offset in the allocation; and
@@ -54,9 +57,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Plan: make install and pkg-config (2); the first boot: hbm_export (4), fabric_register (3),
 # verbs_register (2), hcl_style (2), nommap_register (3), hcl_pool (2), key_pool (2),
-# callback_race (2); the --rxe-dmabuf boot: verbs_register (1), verbs_rdma (6); the companion
+# callback_race (2), lookup_race (2); the --rxe-dmabuf boot: verbs_register (1), verbs_rdma (6); the companion
 # boot (7).
-plan 36
+plan 38
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -90,6 +93,7 @@ cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/f
 	"$ROOT/userspace/capi/examples/hcl_style.cpp" "$ROOT/userspace/capi/examples/verbs_register.c" \
 	"$ROOT/userspace/capi/examples/nommap_register.c" "$ROOT/userspace/capi/examples/hcl_pool.c" \
 	"$ROOT/userspace/capi/examples/key_pool.c" "$ROOT/userspace/capi/tests/callback_race.c" \
+	"$ROOT/userspace/capi/tests/lookup_race.c" \
 	"$ROOT/userspace/capi/examples/verbs_rdma.c" "$work/share/"
 # The programs are built on the host, chrooted in the guest's trixie userland (in_trixie: its
 # gcc, g++, pkg-config, headers and libraries, the files the guest runs them with): a second
@@ -106,6 +110,7 @@ trixie_build fbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/fabric
 trixie_build nbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/nommap_register nommap_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/nommap_register .'
 trixie_build pbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hcl_pool hcl_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/hcl_pool .'
 trixie_build abuild 'gcc -std=c99 -Wall -Wextra -Werror -fsanitize=address -g -o /tmp/callback_race callback_race.c $(pkg-config --cflags --libs peerdirect libfabric) -pthread && cp /tmp/callback_race .'
+trixie_build lbuild 'gcc -std=c99 -Wall -Wextra -Werror -fsanitize=address -g -o /tmp/lookup_race lookup_race.c $(pkg-config --cflags --libs peerdirect libfabric) -pthread && cp /tmp/lookup_race .'
 trixie_build kbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/key_pool key_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/key_pool .'
 trixie_build vbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_register verbs_register.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_register .'
 trixie_build rbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_rdma verbs_rdma.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_rdma .'
@@ -123,6 +128,7 @@ run keys ./key_pool
 # AddressSanitizer for use after free only: the Rust library's process-long allocations are
 # no leaks to report.
 run race env ASAN_OPTIONS=detect_leaks=0 ./callback_race
+run lookup env ASAN_OPTIONS=detect_leaks=0 ./lookup_race
 run example ./hbm_export
 run fabric ./fabric_register
 run fabric_rxe env FI_UNIVERSE_SIZE=64 ./fabric_register 'verbs;ofi_rxm'
@@ -326,6 +332,20 @@ if [ "$(cat race.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL\|AddressSanitizer: '
 	sed "s/^/# /" race.out
 else
 	fail "$desc" "$(show race)"
+fi
+desc="trixie's gcc builds tests/lookup_race.c with AddressSanitizer (-fsanitize=address, -Wall -Wextra -Werror)"
+if [ "$(cat lbuild.rc 2>/dev/null)" = 0 ]; then
+	ok "$desc"
+else
+	fail "$desc" "$(show lbuild)"
+fi
+desc="lookup_race under AddressSanitizer: two threads registering (pd_register_dmabuf_at) and dropping (pd_regcache_invalidate_dmabuf) four exports at their addresses while two threads look them up by address (pd_register_addr): lookups in a pool registered all along always hit, no lookup misses an export registered before and after it, the final set is found exactly, and with all dropped nothing stays cached or registered"
+if [ "$(cat lookup.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL\|AddressSanitizer: ' lookup.out &&
+	grep -q '^ok - 2 threads registering and dropping 4 exports' lookup.out; then
+	ok "$desc"
+	sed "s/^/# /" lookup.out
+else
+	fail "$desc" "$(show lookup)"
 fi
 
 desc="trixie's g++ builds hcl_style.cpp (C++17, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"

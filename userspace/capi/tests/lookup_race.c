@@ -1,0 +1,286 @@
+/*
+ * lookup_race: pd_register_addr's lookup by address racing registrations and invalidations of
+ * other dma-bufs at the caller's addresses, built with -fsanitize=address.
+ *
+ * pd_register_addr reads a snapshot of the dma-bufs registered at the caller's addresses,
+ * which pd_register_dmabuf_at and pd_regcache_invalidate_dmabuf publish anew. A pool (one
+ * export of /dev/peerdirect0) is registered once and never dropped; CHURNERS threads each
+ * own SOURCES exports more, which they register at their CPU mappings' addresses and drop
+ * again, CYCLES times each, all at once; HITTERS threads meanwhile look up buffers in the pool
+ * and in every churned export by address. Each churned export has a sequence number, odd
+ * while its registration or its drop is under way and a multiple of 4 while it is registered:
+ * a lookup that finds the same multiple of 4 before and after its call must hit. So must every
+ * lookup in the pool, and, at the end, every lookup of an export left registered. A snapshot
+ * published from a stale copy of the set (two threads publishing at once, one after the other
+ * had read the set) loses a registration that is still in the set: such lookups fail with
+ * -ENOENT until something publishes again. Any other failure of a lookup is an error too.
+ * Last, with every dma-buf dropped, nothing may stay cached or registered: a lookup that
+ * registered while its dma-buf was being dropped must not have cached that registration.
+ * Prints "ok - ..." with the counts, or "FAIL - ..."; exit status 0 iff all went well.
+ *
+ *   cc -fsanitize=address -o lookup_race lookup_race.c \
+ *      $(pkg-config --cflags --libs peerdirect libfabric) -lpthread
+ */
+#define _POSIX_C_SOURCE 200809L /* strdup */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include <peerdirect.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+
+#define HITTERS 2
+#define CHURNERS 2
+#define SOURCES 2
+#define CYCLES 1001
+#define SIZE (1u << 20)
+#define POOL_SIZE (8u << 20)
+#define ALL (PD_ACCESS_LOCAL_READ | PD_ACCESS_LOCAL_WRITE)
+
+struct export {
+	pd_allocation *alloc;
+	int fd;
+	uint8_t *map;
+	uint64_t size;
+	unsigned long seq; /* odd: changing; multiple of 4: registered; else dropped */
+};
+
+static pd_regcache *cache;
+static pd_domain *dom;
+static struct export pool, churned[CHURNERS * SOURCES];
+static int churners_done, failed;
+static long must_hit, hits, misses;
+
+static void fail(const char *what, int err)
+{
+	if (!__atomic_exchange_n(&failed, 1, __ATOMIC_ACQ_REL))
+		printf("FAIL - %s : %s (%s)\n", what, pd_strerror(err), pd_last_error());
+}
+
+/* Bytes [offset, offset + 4096) of e, looked up by address: 0 or a negative errno. */
+static int lookup(struct export *e, uint64_t offset)
+{
+	pd_mr *mr = NULL;
+	void *addr = NULL;
+	uint64_t length = 0;
+	int err = pd_register_addr(dom, e->map + offset, 4096, ALL, &mr);
+
+	if (!err && (pd_mr_local(mr, &addr, &length) || addr != e->map + offset || length != 4096))
+		err = -EFAULT;
+	pd_mr_release(mr);
+	return err;
+}
+
+static void *hitter(void *arg)
+{
+	uint64_t state = (uintptr_t)arg * 0x9e3779b97f4a7c15u + 1;
+	long mine = 0, found = 0, absent = 0;
+
+	while (!__atomic_load_n(&churners_done, __ATOMIC_ACQUIRE) &&
+	       !__atomic_load_n(&failed, __ATOMIC_ACQUIRE)) {
+		struct export *e;
+		unsigned long before, after;
+		int err;
+
+		state = state * 6364136223846793005u + 1442695040888963407u;
+		err = lookup(&pool, (state >> 20) % (POOL_SIZE / 4096) * 4096);
+		if (err) {
+			fail("a lookup in the pool, registered all along", err);
+			break;
+		}
+		mine++;
+		e = &churned[(state >> 40) % (CHURNERS * SOURCES)];
+		before = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
+		err = lookup(e, (state >> 8) % (SIZE / 4096) * 4096);
+		after = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
+		if (err && err != -ENOENT) {
+			fail("a lookup in a churned export", err);
+			break;
+		}
+		if (err && before == after && before % 4 == 0) {
+			printf("FAIL - a lookup in a churned export registered before and after it "
+			       "(sequence %lu): -ENOENT, the registration missing from the snapshot\n",
+			       before);
+			__atomic_store_n(&failed, 1, __ATOMIC_RELEASE);
+			break;
+		}
+		if (!err)
+			found++;
+		else
+			absent++;
+	}
+	__atomic_add_fetch(&must_hit, mine, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&hits, found, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&misses, absent, __ATOMIC_RELAXED);
+	return NULL;
+}
+
+static void *churner(void *arg)
+{
+	struct export *mine = &churned[(uintptr_t)arg * SOURCES];
+
+	for (int cycle = 0; cycle < CYCLES && !__atomic_load_n(&failed, __ATOMIC_ACQUIRE); cycle++) {
+		struct export *e = &mine[cycle % SOURCES];
+		pd_mr *mr = NULL;
+		int err;
+
+		if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) % 4 == 0) {
+			/* Registered: drop it. */
+			__atomic_add_fetch(&e->seq, 1, __ATOMIC_ACQ_REL);
+			err = pd_regcache_invalidate_dmabuf(cache, e->fd);
+			__atomic_add_fetch(&e->seq, 1, __ATOMIC_ACQ_REL);
+			if (err < 0)
+				fail("pd_regcache_invalidate_dmabuf", err);
+		} else {
+			__atomic_add_fetch(&e->seq, 1, __ATOMIC_ACQ_REL);
+			err = pd_register_dmabuf_at(dom, e->fd, 0, 0, e->map, ALL, &mr);
+			pd_mr_release(mr);
+			__atomic_add_fetch(&e->seq, 1, __ATOMIC_ACQ_REL);
+			if (err)
+				fail("pd_register_dmabuf_at of a churned export", err);
+		}
+	}
+	return NULL;
+}
+
+static int make_export(pd_device *dev, struct export *e, uint64_t size)
+{
+	int err = pd_alloc(dev, size, 0, &e->alloc);
+
+	if (!err)
+		err = pd_export(e->alloc, 0, 0, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR, &e->fd);
+	if (err)
+		return err;
+	e->size = size;
+	e->seq = 2; /* not registered */
+	e->map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, e->fd, 0);
+	return e->map == MAP_FAILED ? -errno : 0;
+}
+
+int main(void)
+{
+	struct fi_info *hints, *info = NULL;
+	struct fid_fabric *fabric = NULL;
+	struct fid_domain *domain = NULL;
+	pthread_t hit[HITTERS], churn[CHURNERS];
+	struct pd_regcache_stats stats;
+	struct timespec t0, t1;
+	pd_device *dev;
+	pd_mr *mr = NULL;
+	int err, i, left = 0;
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	dev = pd_device_open(0, &err);
+	hints = fi_allocinfo();
+	if (!dev || !hints) {
+		printf("FAIL - /dev/peerdirect0 : %s\n", dev ? "no memory" : pd_strerror(err));
+		return 1;
+	}
+	err = make_export(dev, &pool, POOL_SIZE);
+	for (i = 0; i < CHURNERS * SOURCES && !err; i++)
+		err = make_export(dev, &churned[i], SIZE);
+	if (err) {
+		fail("exports of /dev/peerdirect0, mapped", err);
+		return 1;
+	}
+	hints->fabric_attr->prov_name = strdup("tcp");
+	hints->ep_attr->type = FI_EP_RDM;
+	hints->caps = FI_MSG | FI_TAGGED;
+	hints->domain_attr->threading = FI_THREAD_SAFE;
+	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+	if (fi_getinfo(FI_VERSION(1, 20), "127.0.0.1", NULL, FI_SOURCE, hints, &info) ||
+	    fi_fabric(info->fabric_attr, &fabric, NULL) || fi_domain(fabric, info, &domain, NULL)) {
+		printf("FAIL - opening tcp\n");
+		return 1;
+	}
+	fi_freeinfo(hints);
+	cache = pd_regcache_new(&err);
+	if (!cache || !(dom = pd_domain_attach(cache, domain, &err))) {
+		fail("pd_regcache_new / pd_domain_attach", err);
+		return 1;
+	}
+	err = pd_register_dmabuf_at(dom, pool.fd, 0, 0, pool.map, ALL, &mr);
+	pd_mr_release(mr);
+	if (err) {
+		fail("pd_register_dmabuf_at of the pool", err);
+		return 1;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (i = 0; i < HITTERS; i++)
+		if (pthread_create(&hit[i], NULL, hitter, (void *)(uintptr_t)i))
+			return 1;
+	for (i = 0; i < CHURNERS; i++)
+		if (pthread_create(&churn[i], NULL, churner, (void *)(uintptr_t)i))
+			return 1;
+	for (i = 0; i < CHURNERS; i++)
+		pthread_join(churn[i], NULL);
+	__atomic_store_n(&churners_done, 1, __ATOMIC_RELEASE);
+	for (i = 0; i < HITTERS; i++)
+		pthread_join(hit[i], NULL);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	/* What is registered now is found; what is not, not. */
+	for (i = 0; i < CHURNERS * SOURCES && !failed; i++) {
+		int registered = churned[i].seq % 4 == 0;
+
+		err = lookup(&churned[i], 0);
+		left += registered;
+		if (registered ? err != 0 : err != -ENOENT) {
+			printf("FAIL - after the race, export %d (%s) looked up by address : %s\n", i,
+			       registered ? "registered" : "dropped", err ? pd_strerror(err) : "found");
+			failed = 1;
+		}
+	}
+	/*
+	 * Then every one dropped: nothing stays cached or registered (a lookup that registered
+	 * while its dma-buf was being dropped must not have cached that registration).
+	 */
+	for (i = 0; i < CHURNERS * SOURCES && !failed; i++)
+		if ((err = pd_regcache_invalidate_dmabuf(cache, churned[i].fd)) < 0)
+			fail("pd_regcache_invalidate_dmabuf after the race", err);
+	if (!failed && (err = pd_regcache_invalidate_dmabuf(cache, pool.fd)) < 0)
+		fail("pd_regcache_invalidate_dmabuf of the pool", err);
+	if (!failed && (err = pd_regcache_stats(cache, &stats)))
+		fail("pd_regcache_stats", err);
+	if (!failed && (stats.entries || stats.registrations != stats.deregistrations)) {
+		printf("FAIL - with every dma-buf dropped: %" PRIu64 " entries cached, %" PRIu64
+		       " registrations and %" PRIu64 " deregistrations\n",
+		       stats.entries, stats.registrations, stats.deregistrations);
+		failed = 1;
+	}
+	pd_regcache_free(cache);
+	pd_domain_detach(dom);
+	fi_close(&domain->fid);
+	fi_close(&fabric->fid);
+	fi_freeinfo(info);
+	munmap(pool.map, pool.size);
+	pd_allocation_free(pool.alloc);
+	for (i = 0; i < CHURNERS * SOURCES; i++) {
+		munmap(churned[i].map, churned[i].size);
+		pd_allocation_free(churned[i].alloc);
+	}
+	pd_device_close(dev);
+	if (failed)
+		return 1;
+	if (hits == 0 || misses == 0) {
+		printf("FAIL - the lookups of churned exports never %s (%ld hits, %ld misses): no "
+		       "race\n", hits ? "missed" : "hit", hits, misses);
+		return 1;
+	}
+	printf("ok - %d threads registering and dropping %d exports at their addresses %d times "
+	       "each while %d threads looked them up by address, in %.1f s: %ld lookups in the "
+	       "pool all hit; of the churned exports %ld hit and %ld missed, none missed while "
+	       "registered before and after; at the end the %d registered were found and the "
+	       "others not, and with all dropped nothing stayed cached or registered (%" PRIu64
+	       " registrations, as many deregistrations; AddressSanitizer found nothing)\n",
+	       CHURNERS, CHURNERS * SOURCES, CYCLES, HITTERS,
+	       (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9, must_hit, hits, misses,
+	       left, stats.registrations);
+	return 0;
+}

@@ -93,7 +93,7 @@ cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/f
 	"$ROOT/userspace/capi/examples/hcl_style.cpp" "$ROOT/userspace/capi/examples/verbs_register.c" \
 	"$ROOT/userspace/capi/examples/nommap_register.c" "$ROOT/userspace/capi/examples/hcl_pool.c" \
 	"$ROOT/userspace/capi/examples/key_pool.c" "$ROOT/userspace/capi/tests/callback_race.c" \
-	"$ROOT/userspace/capi/tests/lookup_race.c" \
+	"$ROOT/userspace/capi/tests/lookup_race.c" "$ROOT/userspace/capi/tests/tcp_cache.h" \
 	"$ROOT/userspace/capi/examples/verbs_rdma.c" "$work/share/"
 # The programs are built on the host, chrooted in the guest's trixie userland (in_trixie: its
 # gcc, g++, pkg-config, headers and libraries, the files the guest runs them with): a second

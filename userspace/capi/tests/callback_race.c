@@ -26,6 +26,8 @@
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 
+#include "tcp_cache.h"
+
 #define ROUNDS 20
 #define ALL (PD_ACCESS_LOCAL_READ | PD_ACCESS_LOCAL_WRITE)
 
@@ -73,7 +75,7 @@ static int call_started(struct context *context)
 }
 
 static pd_device *dev;
-static pd_domain *dom;
+static struct tcp_cache tcp;
 static int stop, worker_failed;
 static long frees;
 
@@ -87,7 +89,7 @@ static void *worker(void *arg)
 		int err = pd_alloc(dev, 1 << 16, 0, &alloc);
 
 		if (!err)
-			err = pd_register(dom, alloc, 0, 0, ALL, &mr);
+			err = pd_register(tcp.dom, alloc, 0, 0, ALL, &mr);
 		pd_mr_release(mr);
 		if (!err)
 			err = pd_allocation_free(alloc);
@@ -104,41 +106,20 @@ static void *worker(void *arg)
 
 int main(void)
 {
-	struct fi_info *hints, *info = NULL;
-	struct fid_fabric *fabric = NULL;
-	struct fid_domain *domain = NULL;
-	pd_regcache *cache;
 	pthread_t thread;
 	long calls;
 	int err, round;
 
 	dev = pd_device_open(0, &err);
-	hints = fi_allocinfo();
-	if (!dev || !hints)
+	if (!dev || tcp_cache_open(&tcp))
 		return 1;
-	hints->fabric_attr->prov_name = strdup("tcp");
-	hints->ep_attr->type = FI_EP_RDM;
-	hints->caps = FI_MSG | FI_TAGGED;
-	hints->domain_attr->threading = FI_THREAD_SAFE;
-	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
-	if (fi_getinfo(FI_VERSION(1, 20), "127.0.0.1", NULL, FI_SOURCE, hints, &info) ||
-	    fi_fabric(info->fabric_attr, &fabric, NULL) || fi_domain(fabric, info, &domain, NULL)) {
-		printf("FAIL - opening tcp\n");
-		return 1;
-	}
-	fi_freeinfo(hints);
-	cache = pd_regcache_new(&err);
-	if (!cache || !(dom = pd_domain_attach(cache, domain, &err))) {
-		printf("FAIL - pd_regcache_new / pd_domain_attach : %s\n", pd_last_error());
-		return 1;
-	}
 	if (pthread_create(&thread, NULL, worker, NULL))
 		return 1;
 	for (round = 0; round < ROUNDS && !__atomic_load_n(&worker_failed, __ATOMIC_ACQUIRE);
 	     round++) {
 		struct context *context = calloc(1, sizeof(*context));
 
-		if (!context || pd_regcache_set_invalidate_callback(cache, on_invalidate, context))
+		if (!context || pd_regcache_set_invalidate_callback(tcp.cache, on_invalidate, context))
 			return 1;
 		if (!call_started(context)) {
 			printf("FAIL - round %d : no call of the callback within 5 s\n", round);
@@ -146,9 +127,9 @@ int main(void)
 		}
 		__atomic_store_n(&removing, 1, __ATOMIC_RELEASE);
 		if (round == ROUNDS - 1)
-			pd_regcache_free(cache); /* the last round: the cache goes instead */
+			pd_regcache_free(tcp.cache); /* the last round: the cache goes instead */
 		else
-			pd_regcache_set_invalidate_callback(cache, NULL, NULL);
+			pd_regcache_set_invalidate_callback(tcp.cache, NULL, NULL);
 		/* At once: a call still running, or a later one, writes freed memory. */
 		free(context);
 		__atomic_store_n(&removing, 0, __ATOMIC_RELEASE);
@@ -158,10 +139,7 @@ int main(void)
 	if (round < ROUNDS)
 		return 1;
 	/* Its handle stays valid after the cache is freed, until detached. */
-	pd_domain_detach(dom);
-	fi_close(&domain->fid);
-	fi_close(&fabric->fid);
-	fi_freeinfo(info);
+	tcp_cache_close(&tcp);
 	pd_device_close(dev);
 	calls = __atomic_load_n(&total_calls, __ATOMIC_RELAXED);
 	if (calls == 0) {

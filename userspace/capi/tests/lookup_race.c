@@ -36,6 +36,8 @@
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 
+#include "tcp_cache.h"
+
 #define HITTERS 2
 #define CHURNERS 2
 #define SOURCES 2
@@ -52,8 +54,7 @@ struct export {
 	unsigned long seq; /* odd: changing; multiple of 4: registered; else dropped */
 };
 
-static pd_regcache *cache;
-static pd_domain *dom;
+static struct tcp_cache tcp;
 static struct export pool, churned[CHURNERS * SOURCES];
 static int churners_done, failed;
 static long must_hit, hits, misses;
@@ -70,7 +71,7 @@ static int lookup(struct export *e, uint64_t offset)
 	pd_mr *mr = NULL;
 	void *addr = NULL;
 	uint64_t length = 0;
-	int err = pd_register_addr(dom, e->map + offset, 4096, ALL, &mr);
+	int err = pd_register_addr(tcp.dom, e->map + offset, 4096, ALL, &mr);
 
 	if (!err && (pd_mr_local(mr, &addr, &length) || addr != e->map + offset || length != 4096))
 		err = -EFAULT;
@@ -134,13 +135,13 @@ static void *churner(void *arg)
 		if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) % 4 == 0) {
 			/* Registered: drop it. */
 			__atomic_add_fetch(&e->seq, 1, __ATOMIC_ACQ_REL);
-			err = pd_regcache_invalidate_dmabuf(cache, e->fd);
+			err = pd_regcache_invalidate_dmabuf(tcp.cache, e->fd);
 			__atomic_add_fetch(&e->seq, 1, __ATOMIC_ACQ_REL);
 			if (err < 0)
 				fail("pd_regcache_invalidate_dmabuf", err);
 		} else {
 			__atomic_add_fetch(&e->seq, 1, __ATOMIC_ACQ_REL);
-			err = pd_register_dmabuf_at(dom, e->fd, 0, 0, e->map, ALL, &mr);
+			err = pd_register_dmabuf_at(tcp.dom, e->fd, 0, 0, e->map, ALL, &mr);
 			pd_mr_release(mr);
 			__atomic_add_fetch(&e->seq, 1, __ATOMIC_ACQ_REL);
 			if (err)
@@ -166,9 +167,6 @@ static int make_export(pd_device *dev, struct export *e, uint64_t size)
 
 int main(void)
 {
-	struct fi_info *hints, *info = NULL;
-	struct fid_fabric *fabric = NULL;
-	struct fid_domain *domain = NULL;
 	pthread_t hit[HITTERS], churn[CHURNERS];
 	struct pd_regcache_stats stats;
 	struct timespec t0, t1;
@@ -178,9 +176,8 @@ int main(void)
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	dev = pd_device_open(0, &err);
-	hints = fi_allocinfo();
-	if (!dev || !hints) {
-		printf("FAIL - /dev/peerdirect0 : %s\n", dev ? "no memory" : pd_strerror(err));
+	if (!dev) {
+		fail("/dev/peerdirect0", err);
 		return 1;
 	}
 	err = make_export(dev, &pool, POOL_SIZE);
@@ -190,23 +187,9 @@ int main(void)
 		fail("exports of /dev/peerdirect0, mapped", err);
 		return 1;
 	}
-	hints->fabric_attr->prov_name = strdup("tcp");
-	hints->ep_attr->type = FI_EP_RDM;
-	hints->caps = FI_MSG | FI_TAGGED;
-	hints->domain_attr->threading = FI_THREAD_SAFE;
-	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
-	if (fi_getinfo(FI_VERSION(1, 20), "127.0.0.1", NULL, FI_SOURCE, hints, &info) ||
-	    fi_fabric(info->fabric_attr, &fabric, NULL) || fi_domain(fabric, info, &domain, NULL)) {
-		printf("FAIL - opening tcp\n");
+	if (tcp_cache_open(&tcp))
 		return 1;
-	}
-	fi_freeinfo(hints);
-	cache = pd_regcache_new(&err);
-	if (!cache || !(dom = pd_domain_attach(cache, domain, &err))) {
-		fail("pd_regcache_new / pd_domain_attach", err);
-		return 1;
-	}
-	err = pd_register_dmabuf_at(dom, pool.fd, 0, 0, pool.map, ALL, &mr);
+	err = pd_register_dmabuf_at(tcp.dom, pool.fd, 0, 0, pool.map, ALL, &mr);
 	pd_mr_release(mr);
 	if (err) {
 		fail("pd_register_dmabuf_at of the pool", err);
@@ -242,11 +225,11 @@ int main(void)
 	 * while its dma-buf was being dropped must not have cached that registration).
 	 */
 	for (i = 0; i < CHURNERS * SOURCES && !failed; i++)
-		if ((err = pd_regcache_invalidate_dmabuf(cache, churned[i].fd)) < 0)
+		if ((err = pd_regcache_invalidate_dmabuf(tcp.cache, churned[i].fd)) < 0)
 			fail("pd_regcache_invalidate_dmabuf after the race", err);
-	if (!failed && (err = pd_regcache_invalidate_dmabuf(cache, pool.fd)) < 0)
+	if (!failed && (err = pd_regcache_invalidate_dmabuf(tcp.cache, pool.fd)) < 0)
 		fail("pd_regcache_invalidate_dmabuf of the pool", err);
-	if (!failed && (err = pd_regcache_stats(cache, &stats)))
+	if (!failed && (err = pd_regcache_stats(tcp.cache, &stats)))
 		fail("pd_regcache_stats", err);
 	if (!failed && (stats.entries || stats.registrations != stats.deregistrations)) {
 		printf("FAIL - with every dma-buf dropped: %" PRIu64 " entries cached, %" PRIu64
@@ -254,11 +237,8 @@ int main(void)
 		       stats.entries, stats.registrations, stats.deregistrations);
 		failed = 1;
 	}
-	pd_regcache_free(cache);
-	pd_domain_detach(dom);
-	fi_close(&domain->fid);
-	fi_close(&fabric->fid);
-	fi_freeinfo(info);
+	pd_regcache_free(tcp.cache);
+	tcp_cache_close(&tcp);
 	munmap(pool.map, pool.size);
 	pd_allocation_free(pool.alloc);
 	for (i = 0; i < CHURNERS * SOURCES; i++) {

@@ -1201,11 +1201,9 @@ impl Endpoint {
             };
             check(got)?;
             let mut buf = [0 as c_char; 128];
-            // SAFETY: fi_cq_strerror: cq->ops->strerror(cq, prov_errno, err_data, buf, len),
-            // called before the next read of the CQ, while `err_data` (the provider's own
-            // buffer, as we passed err_data_size 0) is valid; it returns a NUL-terminated
-            // string (static, or written into `buf`, of `buf.len()` bytes at most) or NULL,
-            // copied out at once.
+            // SAFETY: fi_cq_strerror (cq->ops->strerror) before the next read of the CQ, while
+            // `err_data` (the provider's buffer: we passed err_data_size 0) is valid; it returns
+            // NULL or a NUL-terminated string (static, or in `buf`), copied out at once.
             let prov_text = unsafe {
                 let cq = self.cq.as_ptr();
                 (*(*cq).ops).strerror.and_then(|strerror| {

@@ -106,6 +106,7 @@
 //! ([`Uncached::Invalidated`]) without telling the listener: that invalidation may have been of
 //! other memory, so the caller decides from `uncached()`.
 
+mod addresses;
 mod index;
 mod key;
 mod lent;
@@ -134,6 +135,7 @@ use serde::Serialize;
 pub use crate::invalidation::ExportId;
 use crate::invalidation::Invalidate;
 use crate::{Device, DeviceStatus};
+pub use addresses::AddressTable;
 use index::Index;
 pub use key::{Access, ByteRange, DomainId, RangeError, RegKey};
 use lent::Lent;
@@ -536,6 +538,24 @@ impl<R: Registrar> RegCache<R> {
             Lookup::Hit(registration) => Ok(registration),
             Lookup::Miss(key, bypass, seen) => self.miss(registrar, source, key, bypass, seen),
             Lookup::Unwatched => unreachable!("a lookup that names no device finds it watched"),
+        }
+    }
+
+    /// The cached registration that [`RegCache::get`] of the same request would hand out, or
+    /// `None` where it would register (or bypass the cache): a lookup that never calls the
+    /// registrar, for a caller that finds the request's source only when it must register.
+    /// A hit costs what one through `get` does, and is counted as one.
+    #[inline]
+    pub fn get_cached(
+        &self,
+        registrar: &Arc<R>,
+        export: ExportId,
+        range: ByteRange,
+        access: Access,
+    ) -> Option<Registration<R>> {
+        match self.look_up(registrar, export, range, access, None) {
+            Lookup::Hit(registration) => Some(registration),
+            Lookup::Miss(..) | Lookup::Unwatched => None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Loom models of the cache's hand-written concurrency: the pins ([`super::pin`]), the slots
-//! ([`super::slot`]), the pointer lent from the recency list ([`super::lent`]) and the hit
-//! counter's stripes ([`super::stripes`]). Built with `--cfg loom` (tests/run's loom step),
+//! ([`super::slot`]), the pointer lent from the recency list ([`super::lent`]), the hit
+//! counter's stripes ([`super::stripes`]) and the address table ([`super::addresses`], its
+//! cells loom's mutexes). Built with `--cfg loom` (tests/run's loom step),
 //! that code runs on loom's atomics, mutex and `Arc` ([`super::sync`]); each model runs it in
 //! every interleaving of its threads (up to `LOOM_MAX_PREEMPTIONS` preemptions, 2 unless set)
 //! and with every value each load may read under the memory model.
@@ -29,6 +30,7 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize};
 use loom::sync::{Arc, RwLock};
 use loom::thread;
 
+use super::addresses::AddressTable;
 use super::lent::Lent;
 use super::pin::{Held, Pinned};
 use super::slot::{self, SLOTS};
@@ -459,5 +461,38 @@ fn a_sum_that_sees_an_add_sees_what_happened_before_it() {
         reader.join().unwrap();
         assert_eq!(registrations.sum(), 1);
         slots_given_back();
+    });
+}
+
+/// The address table: a lookup racing a change of the table finds an entry the change keeps
+/// (it stays in its slot throughout), and one the change drops, or adds in the slot it frees,
+/// as it was or not at all; after the change, the table holds exactly what it was given.
+#[test]
+fn an_address_lookup_racing_a_change_finds_kept_entries_and_others_whole_or_not_at_all() {
+    check(|| {
+        let table = Arc::new(AddressTable::<(u64, u64)>::default());
+        table.set(&[(1, 10), (2, 20)]);
+        let reader = {
+            let table = Arc::clone(&table);
+            thread::spawn(move || {
+                let find = |key: u64| table.find(|entry| entry.0 == key);
+                assert_eq!(
+                    find(1),
+                    Some((1, 10)),
+                    "an entry the change keeps was not found"
+                );
+                for (key, value) in [(2, 20), (3, 30)] {
+                    if let Some(found) = find(key) {
+                        assert_eq!(found, (key, value));
+                    }
+                }
+                assert_eq!(find(4), None);
+            })
+        };
+        table.set(&[(3, 30), (1, 10)]);
+        reader.join().unwrap();
+        for (key, held) in [(1, Some((1, 10))), (2, None), (3, Some((3, 30)))] {
+            assert_eq!(table.find(|entry| entry.0 == key), held);
+        }
     });
 }

@@ -1,5 +1,5 @@
 //! What the cache's hand-written concurrency ([`super::pin`], [`super::slot`], the hit
-//! counter's stripes, [`super::lent`]) is made of: std's atomics, mutex and `Arc`, or, built
+//! counter's stripes, [`super::lent`], [`super::addresses`]) is made of: std's atomics, mutex and `Arc`, or, built
 //! with `--cfg loom`, loom's, whose models (`cache/models.rs`) run that same code through
 //! every interleaving and every value a load may read under the memory model. Only the
 //! models create loom's: in a normal build nothing here differs from std.
@@ -10,14 +10,39 @@ use std::ops::Deref;
 
 #[cfg(loom)]
 pub(super) use loom::sync::{
-    atomic::{fence, AtomicU64, AtomicUsize},
+    atomic::{fence, AtomicU32, AtomicU64, AtomicUsize},
     Mutex,
 };
 #[cfg(not(loom))]
 pub(super) use std::sync::{
-    atomic::{fence, AtomicU64, AtomicUsize},
+    atomic::{fence, AtomicU32, AtomicU64, AtomicUsize},
     Mutex,
 };
+
+/// A value loaded and stored whole, never torn: crossbeam's `AtomicCell` (for a value larger
+/// than an atomic, a seqlock whose load writes nothing unless a store runs meanwhile). In the
+/// models, loom's mutex, which gives the same guarantee and lets loom order its accesses.
+#[cfg(not(loom))]
+pub(super) use crossbeam_utils::atomic::AtomicCell as Cell;
+
+/// [`Cell`] in the models.
+#[cfg(loom)]
+pub(super) struct Cell<T>(Mutex<T>);
+
+#[cfg(loom)]
+impl<T: Copy> Cell<T> {
+    pub(super) fn new(value: T) -> Self {
+        Self(Mutex::new(value))
+    }
+
+    pub(super) fn load(&self) -> T {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn store(&self, value: T) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = value;
+    }
+}
 
 /// An `Arc` as [`super::lent`] and the pins count it, by its value's address: std's for the
 /// cache; loom's in the models, where each count taken or let go of must be one loom sees.

@@ -181,6 +181,34 @@ fn a_request_inside_a_cached_range_hits_it() {
     assert_eq!((stats.entries, stats.bytes), (1, 256 * PAGE));
 }
 
+/// `get_cached` hands out what `get` would from the cache, counted as a hit, and nothing
+/// where `get` would register: it never calls the registrar.
+#[test]
+fn get_cached_hits_what_get_would_and_never_registers() {
+    let cache = cache(16, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    assert!(cache.get_cached(&nic, EXPORT, pages(0, 1), RW).is_none());
+    assert_eq!(nic.registered(), 0);
+    let whole = get(&cache, &nic, EXPORT, 0, 256, RW);
+    let part = cache
+        .get_cached(&nic, EXPORT, pages(17, 100), Access::REMOTE_READ)
+        .expect("a hit inside the cached range");
+    assert_eq!(part.mr().id, whole.mr().id);
+    assert_eq!(part.offset_in_mr(), 17 * PAGE);
+    assert_eq!(part.requested(), pages(17, 100));
+    // Across the end, another export, another domain: what `get` would register.
+    assert!(cache.get_cached(&nic, EXPORT, pages(255, 2), RW).is_none());
+    assert!(cache
+        .get_cached(&nic, ExportId::new(0, 101), pages(0, 1), RW)
+        .is_none());
+    assert!(cache
+        .get_cached(&FakeRegistrar::new(2), EXPORT, pages(0, 1), RW)
+        .is_none());
+    assert_eq!(nic.registered(), 1);
+    let stats = cache.stats();
+    assert_eq!((stats.misses, stats.hits, stats.registrations), (1, 1, 1));
+}
+
 #[test]
 fn a_request_across_the_ends_misses() {
     let cache = cache(16, 1 << 30);

@@ -286,10 +286,10 @@ if [ "$(cat pbuild.rc 2>/dev/null)" = 0 ]; then
 else
 	fail "$desc" "$(show pbuild)"
 fi
-desc="hcl_pool (HCL's pattern): a 4 GiB pool of HBM registered once with pd_register_dmabuf_at at the runtime's address; 1,000 buffers found by address (pd_register_addr) are cache hits on that one registration at their addresses and offsets; addresses outside it: ENOENT; tcp sends 1 MiB between two buffers 2 GiB apart, found by address, every byte checked; the one-word flush buffer found for remote reads with the pool's key"
+desc="hcl_pool (HCL's pattern): a 4 GiB pool of HBM registered once with pd_register_dmabuf_at at the runtime's address; 1,000 buffers found by address (pd_register_addr_in, each handle in the caller's pd_mr_storage) are cache hits on that one registration at their addresses and offsets; addresses outside it: ENOENT; tcp sends 1 MiB between two buffers 2 GiB apart, found by address, every byte checked; the one-word flush buffer found for remote reads with the pool's key"
 if [ "$(cat pool.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' pool.out &&
 	grep -q '^ok - the 4 GiB pool registered once at .*: path dma_buf' pool.out &&
-	grep -q '^ok - 1000 buffers looked up by address .*: 1000 cache hits on the one registration' pool.out &&
+	grep -q '^ok - 1000 buffers looked up by address .*: 1000 cache hits on the one registration, each at its address and offset, its handle in the caller.s pd_mr_storage$' pool.out &&
 	grep -q '^ok - bytes past the pool.s end, and an address outside it: ENOENT' pool.out &&
 	grep -q '^ok - tcp sent 1048576 bytes from pool + 3 GiB + 12345 to pool + 1 GiB + 777' pool.out &&
 	grep -q '^ok - the one-word flush buffer ' pool.out; then
@@ -339,7 +339,7 @@ if [ "$(cat lbuild.rc 2>/dev/null)" = 0 ]; then
 else
 	fail "$desc" "$(show lbuild)"
 fi
-desc="lookup_race under AddressSanitizer: two threads registering (pd_register_dmabuf_at) and dropping (pd_regcache_invalidate_dmabuf) four exports at their addresses while two threads look them up by address (pd_register_addr): lookups in a pool registered all along always hit, no lookup misses an export registered before and after it, the final set is found exactly, and with all dropped nothing stays cached or registered"
+desc="lookup_race under AddressSanitizer: two threads registering (pd_register_dmabuf_at) and dropping (pd_regcache_invalidate_dmabuf) four exports at their addresses while two threads look them up by address (pd_register_addr, and pd_register_addr_in with the handle in the caller's storage): lookups in a pool registered all along always hit, every handle names the bytes looked up, no lookup misses an export registered before and after it, the final set is found exactly, and with all dropped nothing stays cached or registered"
 if [ "$(cat lookup.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL\|AddressSanitizer: ' lookup.out &&
 	grep -q '^ok - 2 threads registering and dropping 4 exports' lookup.out; then
 	ok "$desc"

@@ -2,12 +2,14 @@
  * hits: a benchmark, not a test. The C ABI's cache hit, timed as a runtime pays it: a
  * pd_register of a range already registered, then pd_mr_release of the handle it returned,
  * on libfabric's tcp domain over 127.0.0.1, from 1, 2 and 8 threads at once, all asking for
- * the same 2 MiB allocation of /dev/peerdirect0 (so all hit one entry).
+ * the same 2 MiB allocation of /dev/peerdirect0 (so all hit one entry). Per thread count it
+ * times the handle allocated by the library (pd_register, lines "hits c"), then made in a
+ * pd_mr_storage on the timing thread's stack (pd_register_in, lines "hits c-in").
  *
  * With --foreign, no peerdirect device is needed (scripts/bench-hits --native runs it on the
  * host's CPU): the 2 MiB are a memfd, registered once as a foreign dma-buf at the address of
- * its mapping (pd_register_dmabuf_at), and the timed hit is pd_register_addr of those bytes,
- * the C ABI's other hit that makes no system call (pd_register_dmabuf's checks and duplicates
+ * its mapping (pd_register_dmabuf_at), and the timed hit is pd_register_addr (in place:
+ * pd_register_addr_in) of those bytes, the C ABI's other hit that makes no system call (pd_register_dmabuf's checks and duplicates
  * the fd at every call). The library refuses a memfd (EINVAL: fstatfs says it is not on the
  * dma-buf file system, and nothing on the host exports dma-bufs to userspace: no udmabuf, no
  * dma-heap, no DRM), so the one registering call runs in a thread of its own under a seccomp
@@ -65,6 +67,7 @@ struct bench {
 	pd_domain *dom;
 	const pd_allocation *alloc; /* NULL with --foreign: */
 	void *addr;                 /* the memfd's mapping, registered at its address */
+	int in_place;               /* the handle in a pd_mr_storage (pd_register_in, ...) */
 	pthread_barrier_t start;
 	int failed;
 };
@@ -84,13 +87,28 @@ static double now(void)
 	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+/* The call a pair times. */
+static const char *hit_name(const struct bench *bench)
+{
+	if (bench->alloc)
+		return bench->in_place ? "pd_register_in" : "pd_register";
+	return bench->in_place ? "pd_register_addr_in" : "pd_register_addr";
+}
+
 /* One hit and the release of its handle; 0 or the error. */
 static int pair(struct bench *bench)
 {
+	pd_mr_storage storage;
 	pd_mr *mr = NULL;
-	int err = bench->alloc ? pd_register(bench->dom, bench->alloc, 0, 0, ALL, &mr)
-			       : pd_register_addr(bench->dom, bench->addr, LENGTH, ALL, &mr);
+	int err;
 
+	if (bench->in_place)
+		err = bench->alloc ? pd_register_in(bench->dom, bench->alloc, 0, 0, ALL, &storage, &mr)
+				   : pd_register_addr_in(bench->dom, bench->addr, LENGTH, ALL,
+							 &storage, &mr);
+	else
+		err = bench->alloc ? pd_register(bench->dom, bench->alloc, 0, 0, ALL, &mr)
+				   : pd_register_addr(bench->dom, bench->addr, LENGTH, ALL, &mr);
 	if (err)
 		return err;
 	pd_mr_release(mr);
@@ -117,8 +135,8 @@ static void *run(void *arg)
 	}
 	t->seconds = total / 1e9;
 	if (err) {
-		fprintf(stderr, "hits: %s: %s (%s)\n", bench->alloc ? "pd_register" : "pd_register_addr",
-			pd_strerror(err), pd_last_error());
+		fprintf(stderr, "hits: %s: %s (%s)\n", hit_name(bench), pd_strerror(err),
+			pd_last_error());
 		bench->failed = 1;
 	}
 	return NULL;
@@ -158,13 +176,24 @@ static int measure(struct bench *bench, int threads)
 	pthread_barrier_destroy(&bench->start);
 	qsort(all, n, sizeof(*all), by_value);
 	if (!bench->failed)
-		printf("hits c threads %d p50_ns %.1f p99_ns %.1f mhits_per_thread %.2f%s\n", threads,
-		       all[n / 2], all[n * 99 / 100],
+		printf("hits %s threads %d p50_ns %.1f p99_ns %.1f mhits_per_thread %.2f%s\n",
+		       bench->in_place ? "c-in" : "c", threads, all[n / 2], all[n * 99 / 100],
 		       (double)BATCHES * BATCH * threads / seconds / 1e6,
 		       bench->alloc ? "" : " foreign");
 	free(all);
 	free(t);
 	return bench->failed;
+}
+
+/* measure() with each handle made in a pd_mr_storage on the timing thread's stack. */
+static int measure_in_place(struct bench *bench, int threads)
+{
+	int failed;
+
+	bench->in_place = 1;
+	failed = measure(bench, threads);
+	bench->in_place = 0;
+	return failed;
 }
 
 /* DMA_BUF_MAGIC of <linux/magic.h>: the f_type of the dma-buf pseudo file system. */
@@ -340,12 +369,13 @@ int main(int argc, char **argv)
 	}
 	/* The first registration (a miss) is held for the whole run: every timed call hits. */
 	bench.alloc = alloc;
+	/* Per thread count, the handle allocated, then in the caller's storage. */
 	if (argc > 1) {
 		for (i = 1; i < argc && !failed; i++)
-			failed = measure(&bench, atoi(argv[i]));
+			failed = measure(&bench, atoi(argv[i])) || measure_in_place(&bench, atoi(argv[i]));
 	} else {
 		for (i = 0; i < (int)(sizeof(defaults) / sizeof(defaults[0])) && !failed; i++)
-			failed = measure(&bench, defaults[i]);
+			failed = measure(&bench, defaults[i]) || measure_in_place(&bench, defaults[i]);
 	}
 	if (!failed) {
 		struct pd_regcache_stats stats;

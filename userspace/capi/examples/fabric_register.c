@@ -3,7 +3,8 @@
  * the registration cache. Opens a provider's fabric and domain (fi_getinfo, fi_fabric,
  * fi_domain; tcp on 127.0.0.1 unless a provider, and optionally a node, are given),
  * allocates 4 MiB of HBM on /dev/peerdirect0, registers it twice with pd_register (the second
- * request, a part of the first, is a cache hit), prints the path and key and what a peer's
+ * request, a part of the first, is a cache hit, its handle made in the program's
+ * pd_mr_storage with pd_register_in: no allocation), prints the path and key and what a peer's
  * fi_read would use (pd_mr_remote), frees the allocation (which drops the cache entry first:
  * the cache's invalidations count it), releases everything and closes the domain. Exit
  * status 0 iff all of it worked.
@@ -194,6 +195,7 @@ int main(int argc, char **argv)
 	pd_regcache *cache = NULL, *cache2 = NULL;
 	pd_domain *dom = NULL, *dom2 = NULL, *again = NULL;
 	pd_mr *whole = NULL, *part = NULL, *other = NULL, *foreign = NULL, *inside = NULL;
+	pd_mr_storage part_storage;
 	pd_mr *anew = NULL;
 	struct heard heard = { 0 };
 	unsigned seen = 0;
@@ -292,12 +294,17 @@ int main(int argc, char **argv)
 		memset(staging, 0x5a, staging_len);
 		printf("staging: %" PRIu64 " bytes, written by the program\n", staging_len);
 	}
-	err = pd_register(dom, alloc, 1u << 20, 4096, PD_ACCESS_REMOTE_WRITE, &part);
+	err = pd_register_in(dom, alloc, 1u << 20, 4096, PD_ACCESS_REMOTE_WRITE, &part_storage,
+			     &part);
 	if (err) {
-		pd_fail("pd_register(4096 bytes at 1 MiB)", err);
+		pd_fail("pd_register_in(4096 bytes at 1 MiB)", err);
 		goto out;
 	}
 	print_mr("registered 4096 bytes at 1 MiB", part);
+	if (part != (pd_mr *)&part_storage) {
+		fprintf(stderr, "fabric_register: pd_register_in's handle is not in its storage\n");
+		goto out;
+	}
 	if (pd_mr_key(part) != pd_mr_key(whole) || pd_mr_offset(part) != 1u << 20) {
 		fprintf(stderr, "fabric_register: the second registration is not the first one\n");
 		goto out;

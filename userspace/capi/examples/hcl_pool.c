@@ -11,9 +11,10 @@
  * a NIC provider (verbs;ofi_rxm on a dma-buf capable RDMA device) it is a device virtual
  * address, as HCL's, mapped nowhere in the process: the NIC reaches the pool through the
  * dma-buf alone. The program then:
- *  - looks up 1,000 buffers at random addresses of the pool (pd_register_addr): each is a
- *    cache hit on the one registration, with pd_mr_local() = the address and pd_mr_offset() =
- *    its offset in the pool;
+ *  - looks up 1,000 buffers at random addresses of the pool (pd_register_addr_in, each handle
+ *    in a pd_mr_storage on the stack, as a runtime's hot path would keep it: no allocation):
+ *    each is a cache hit on the one registration, with pd_mr_local() = the address and
+ *    pd_mr_offset() = its offset in the pool;
  *  - refuses addresses outside the pool (-ENOENT);
  *  - sends 1 MiB from a buffer 3 GiB into the pool to one 1 GiB into it, both found by
  *    address, and checks every byte. On a NIC provider the pool's CPU mapping (which only
@@ -280,21 +281,23 @@ static int again(struct ends *e)
 
 /*
  * pd_register_addr of the pool's bytes at @offset, by the address the pool was registered at
- * (@base), checked against the pool's registration; the handle, or NULL.
+ * (@base), checked against the pool's registration; the handle (in @storage if not NULL:
+ * pd_register_addr_in), or NULL.
  */
 static pd_mr *lookup(pd_domain *dom, uint64_t base, uint64_t key, uint64_t offset, uint64_t len,
-		     uint32_t access)
+		     uint32_t access, pd_mr_storage *storage)
 {
-	void *local;
+	void *addr = (void *)(uintptr_t)(base + offset), *local;
 	uint64_t local_len;
 	pd_mr *mr = NULL;
-	int err = pd_register_addr(dom, (void *)(uintptr_t)(base + offset), len, access, &mr);
+	int err = storage ? pd_register_addr_in(dom, addr, len, access, storage, &mr)
+			  : pd_register_addr(dom, addr, len, access, &mr);
 
 	if (err) {
-		fail_pd("pd_register_addr", err);
+		fail_pd(storage ? "pd_register_addr_in" : "pd_register_addr", err);
 		return NULL;
 	}
-	if (pd_mr_key(mr) != key || pd_mr_offset(mr) != offset || pd_mr_local(mr, &local, &local_len) ||
+	if ((storage && mr != (pd_mr *)storage) || pd_mr_key(mr) != key || pd_mr_offset(mr) != offset || pd_mr_local(mr, &local, &local_len) ||
 	    (uint64_t)(uintptr_t)local != base + offset || local_len != len) {
 		printf("FAIL - pd_register_addr(pool + %#" PRIx64 ", %" PRIu64 ") : key %#" PRIx64
 		       ", offset %#" PRIx64 ", local %p + %" PRIu64 "; expected the pool's key %#" PRIx64
@@ -400,7 +403,8 @@ int main(int argc, char **argv)
 	for (i = 0; i < LOOKUPS; i++) {
 		uint64_t len = 1 + next(&state) % (256u << 10);
 		uint64_t offset = next(&state) % (POOL - len);
-		pd_mr *mr = lookup(dom, base, key, offset, len, PD_ACCESS_LOCAL_READ);
+		pd_mr_storage storage;
+		pd_mr *mr = lookup(dom, base, key, offset, len, PD_ACCESS_LOCAL_READ, &storage);
 
 		if (!mr)
 			goto out;
@@ -420,7 +424,8 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	printf("ok - %d buffers looked up by address (1 B to 256 KiB anywhere in the pool): %d "
-	       "cache hits on the one registration, each at its address and offset\n",
+	       "cache hits on the one registration, each at its address and offset, its handle "
+	       "in the caller's pd_mr_storage\n",
 	       LOOKUPS, LOOKUPS);
 	err = pd_register_addr(dom, (void *)(uintptr_t)(base + POOL - 8), 16, PD_ACCESS_LOCAL_READ,
 			       &none);
@@ -446,8 +451,8 @@ int main(int argc, char **argv)
 	}
 	memcpy(pool + FLUSH_OFFSET, &(uint64_t){ FLUSH_WORD }, sizeof(uint64_t));
 	memset(pool + READBACK_OFFSET, 0, sizeof(uint64_t));
-	src = lookup(dom, base, key, SRC_OFFSET, MOVED, PD_ACCESS_LOCAL_READ);
-	dst = lookup(dom, base, key, DST_OFFSET, MOVED, PD_ACCESS_LOCAL_WRITE);
+	src = lookup(dom, base, key, SRC_OFFSET, MOVED, PD_ACCESS_LOCAL_READ, NULL);
+	dst = lookup(dom, base, key, DST_OFFSET, MOVED, PD_ACCESS_LOCAL_WRITE, NULL);
 	if (!src || !dst)
 		goto out;
 	if (nic) {
@@ -508,7 +513,7 @@ int main(int argc, char **argv)
 		       provider, MOVED);
 
 	/* The flush buffer: one word a peer reads with RDMA, found by address like the rest. */
-	flush = lookup(dom, base, key, FLUSH_OFFSET, sizeof(uint64_t), PD_ACCESS_REMOTE_READ);
+	flush = lookup(dom, base, key, FLUSH_OFFSET, sizeof(uint64_t), PD_ACCESS_REMOTE_READ, NULL);
 	if (!flush)
 		goto out;
 	if ((err = pd_mr_remote(flush, 1, &raddr, &rkey)) ||
@@ -532,7 +537,8 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	/* HCL's flush: one endpoint reads the word with RDMA, into another word of the pool. */
-	readback = lookup(dom, base, key, READBACK_OFFSET, sizeof(uint64_t), PD_ACCESS_LOCAL_WRITE);
+	readback = lookup(dom, base, key, READBACK_OFFSET, sizeof(uint64_t), PD_ACCESS_LOCAL_WRITE,
+			  NULL);
 	if (!readback)
 		goto out;
 	while ((ret = fi_read(ends.ep[0], (void *)(uintptr_t)(base + READBACK_OFFSET),

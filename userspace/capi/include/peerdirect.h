@@ -322,6 +322,22 @@ int pd_register(pd_domain *domain, const pd_allocation *alloc, uint64_t offset, 
 		uint32_t access, pd_mr **out);
 
 /*
+ * Room for a pd_mr in the caller's memory, as struct fi_context is for a libfabric operation:
+ * pd_register_in() and pd_register_addr_in() make their handle there instead of allocating
+ * one, so that a hit allocates nothing. *out then equals (pd_mr *)storage, a handle like any
+ * other until pd_mr_release(), after which the storage may be used again. While it holds a
+ * handle, the storage must stay where it is and not be copied, freed or used for another
+ * handle.
+ */
+typedef struct pd_mr_storage {
+	uint64_t internal[12];
+} pd_mr_storage;
+
+/* As pd_register(), the handle made in *storage (-EINVAL: storage NULL). */
+int pd_register_in(pd_domain *domain, const pd_allocation *alloc, uint64_t offset,
+		   uint64_t length, uint32_t access, pd_mr_storage *storage, pd_mr **out);
+
+/*
  * As pd_register, for a dma-buf that something else exported (habanalabs'
  * HL_MEM_OP_EXPORT_DMABUF_FD, a GPU driver, udmabuf, another process): bytes
  * [offset, offset + length) of the dma-buf fd (length 0: up to its end). The cache keeps its
@@ -364,6 +380,10 @@ int pd_register_dmabuf_at(pd_domain *domain, int fd, uint64_t offset, uint64_t l
  */
 int pd_register_addr(pd_domain *domain, const void *addr, uint64_t length, uint32_t access,
 		     pd_mr **out);
+
+/* As pd_register_addr(), the handle made in *storage (see pd_register_in()). */
+int pd_register_addr_in(pd_domain *domain, const void *addr, uint64_t length, uint32_t access,
+			pd_mr_storage *storage, pd_mr **out);
 
 /*
  * As pd_register_dmabuf, for a dma-buf that dev exported (pd_export_range() on a companion
@@ -477,7 +497,7 @@ int pd_regcache_set_host_bounce(pd_regcache *cache, int allow);
 /* Fills *out with the cache's counters. */
 int pd_regcache_stats(const pd_regcache *cache, struct pd_regcache_stats *out);
 
-/* Releases the handle (NULL is ignored). */
+/* Releases the handle (NULL is ignored); one in a pd_mr_storage is dropped in place. */
 void pd_mr_release(pd_mr *mr);
 /* fi_mr_key() of the registration (the rkey for ibverbs): what peers name it with (0 for
  * NULL). */

@@ -9,27 +9,32 @@ use std::sync::OnceLock;
 
 use pd::Errno;
 
-/// A failed call: the errno to return and the message to keep.
+/// A failed call: the errno to return and the message to keep. Boxed, so that the
+/// `Result<_, Failure>` of a call that succeeds is a pointer's size (`Result<(), Failure>`
+/// fits in a register): failures are rare, every hit returns one.
 #[derive(Debug)]
-pub(crate) struct Failure {
+pub(crate) struct Failure(Box<Failed>);
+
+#[derive(Debug)]
+struct Failed {
     errno: Errno,
     message: String,
 }
 
 impl Failure {
+    #[cold]
     pub(crate) fn new(errno: Errno, message: impl Into<String>) -> Self {
-        Self {
+        Self(Box::new(Failed {
             errno,
             message: message.into(),
-        }
+        }))
     }
 
     /// The same failure, its message starting with `function: `.
-    pub(crate) fn prefixed(self, function: &str) -> Self {
-        Self {
-            message: format!("{function}: {}", self.message),
-            ..self
-        }
+    #[cold]
+    pub(crate) fn prefixed(mut self, function: &str) -> Self {
+        self.0.message = format!("{function}: {}", self.0.message);
+        self
     }
 
     /// A pointer argument that must not be NULL was.
@@ -42,7 +47,7 @@ impl Failure {
 
     /// The value a C function returns for it: the negative errno.
     pub(crate) fn code(&self) -> c_int {
-        -self.errno.raw_os_error()
+        -self.0.errno.raw_os_error()
     }
 }
 
@@ -107,21 +112,34 @@ pub(crate) fn guard<T>(
     let failure = match panic::catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(value)) => return value,
         Ok(Err(failure)) => failure,
-        Err(payload) => {
-            let what = payload
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-                .unwrap_or("(no message)");
-            Failure::new(
-                Errno::IO,
-                format!("{function}: internal error (a bug in libpeerdirect): panic: {what}"),
-            )
-        }
+        Err(payload) => panicked(function, payload),
     };
-    set_last_error(&failure.message);
-    report(failure.code());
+    report(kept(failure));
     on_error
+}
+
+/// The failure of a call that panicked with `payload`. Out of line, as is [`kept`], so that
+/// the code of a call that succeeds is short.
+#[cold]
+#[inline(never)]
+fn panicked(function: &str, payload: Box<dyn std::any::Any + Send>) -> Failure {
+    let what = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)");
+    Failure::new(
+        Errno::IO,
+        format!("{function}: internal error (a bug in libpeerdirect): panic: {what}"),
+    )
+}
+
+/// Keeps `failure`'s message for `pd_last_error`; its negative errno.
+#[cold]
+#[inline(never)]
+fn kept(failure: Failure) -> c_int {
+    set_last_error(&failure.0.message);
+    failure.code()
 }
 
 /// [`guard`] for functions with no error to return (closes, getters): a panic is recorded for
@@ -238,7 +256,11 @@ mod tests {
         };
         let failure = Failure::from(err);
         assert_eq!(failure.code(), -Errno::PROTO.raw_os_error());
-        assert!(failure.message.contains("update"), "{}", failure.message);
+        assert!(
+            failure.0.message.contains("update"),
+            "{}",
+            failure.0.message
+        );
     }
 
     /// A failing call made while the thread exits, from a destructor that runs after the

@@ -126,6 +126,7 @@ impl<T> OnceSource<T> {
 /// # Safety
 ///
 /// `ptr` is NULL or points to a live `T` that nothing mutates for `'a`.
+#[inline]
 pub(crate) unsafe fn arg<'a, T: Handle>(
     function: &str,
     name: &str,

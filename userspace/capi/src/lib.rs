@@ -25,6 +25,7 @@
 )]
 
 mod abi;
+mod addresses;
 mod callback;
 mod error;
 mod handle;

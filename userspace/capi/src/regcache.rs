@@ -19,13 +19,12 @@
 //! provider's refusal is an error that says so.
 
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void, CString};
+use std::ffi::{c_int, c_void, CStr};
 use std::os::fd::{AsFd, AsRawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use arc_swap::ArcSwap;
 use pd::cache::{Access, ByteRange, DomainId, ExportId, RegCache};
 use pd::registrar::ibverbs::{self, IbverbsRegistrar};
 use pd::registrar::libfabric::{
@@ -35,9 +34,10 @@ use pd::registrar::libfabric::{
 use pd::{Cause, Device, Errno, Invalidated, RawExport, RegPath, Registrar, Registration};
 
 use crate::abi::{self, FidDomain, FidEp, IbvPd, PdRegcacheStats};
+use crate::addresses::{Addresses, At};
 use crate::callback::CallbackSlot;
 use crate::error::{guard_status, handle_guard, shield, Failure};
-use crate::handle::{arg, put, take, Born, Handle, PdAllocation, PdDevice, Source};
+use crate::handle::{arg, inherited, put, take, Born, Handle, PdAllocation, PdDevice, Source};
 use crate::registrar::AnyRegistrar;
 
 /// `struct pd_invalidation`: a registration whose memory, device or domain goes, as the
@@ -105,10 +105,10 @@ struct Shared {
     /// `pd_register_export`: by a peerdirect device): a duplicate of the caller's fd, mapped,
     /// by inode number, until `pd_regcache_invalidate_dmabuf` or the cache's end.
     foreign: Mutex<HashMap<u64, Arc<Source>>>,
-    /// Those of them registered at the caller's addresses (`pd_register_dmabuf_at`), for
-    /// `pd_register_addr` to look up without a lock or a reference count written by every
-    /// thread: a snapshot republished whenever `foreign` changes (under its lock).
-    at_addresses: ArcSwap<Vec<Arc<Source>>>,
+    /// Where those of them registered at the caller's addresses (`pd_register_dmabuf_at`)
+    /// are, for `pd_register_addr` to look up without a lock or a reference count written by
+    /// every thread: set whenever `foreign` changes (under its lock).
+    addresses: Addresses,
     /// The caller's invalidation callback, called by the cache's listener.
     callback: Arc<CallbackSlot<Callback>>,
     /// For the cache and its domains.
@@ -157,21 +157,61 @@ pub struct PdDomain {
 pub struct PdMr {
     registration: Registration<AnyRegistrar>,
     born: Born,
-    /// The host-bounce reason, NUL-terminated for C.
-    reason: Option<CString>,
+    /// Whether the handle is a `Box` (`pd_register`, ...) or lives in the caller's
+    /// `pd_mr_storage` (`pd_register_in`, `pd_register_addr_in`), which `pd_mr_release` drops
+    /// in place without freeing.
+    boxed: bool,
 }
 
 impl PdMr {
-    fn new(registration: Registration<AnyRegistrar>) -> Self {
-        let reason = match registration.mr().path() {
-            // NUL bytes replaced, so `new` cannot fail.
-            RegPath::HostBounce { reason } => CString::new(reason.replace('\0', " ")).ok(),
-            _ => None,
-        };
+    /// A handle of `registration`, made in the `fork` generation `born` (its domain's, which
+    /// the caller checked is this process's).
+    fn new(registration: Registration<AnyRegistrar>, born: Born, boxed: bool) -> Self {
         Self {
             registration,
-            born: Born::now(),
-            reason,
+            born,
+            boxed,
+        }
+    }
+}
+
+/// `pd_mr_storage`: room for a `pd_mr` in the caller's memory (`pd_register_in`,
+/// `pd_register_addr_in`), as `struct fi_context` is for a libfabric operation: a hit then
+/// allocates nothing.
+#[repr(C)]
+pub struct PdMrStorage {
+    pub internal: [u64; 12],
+}
+
+const _: () = assert!(
+    size_of::<PdMr>() <= size_of::<PdMrStorage>()
+        && align_of::<PdMr>() <= align_of::<PdMrStorage>()
+);
+
+/// Where [`PdDomain::register_into`] puts the handle it makes; the address of the handle
+/// goes to `out` in both cases.
+#[derive(Clone, Copy)]
+enum Out {
+    /// A new `Box`.
+    Boxed { out: *mut *mut PdMr },
+    /// The caller's storage.
+    InPlace {
+        storage: *mut PdMrStorage,
+        out: *mut *mut PdMr,
+    },
+}
+
+impl Out {
+    /// Refuses a NULL pointer among them.
+    fn checked(self, function: &str) -> Result<Self, Failure> {
+        match self {
+            Out::Boxed { out } | Out::InPlace { out, .. } if out.is_null() => {
+                Err(Failure::null(function, "out"))
+            }
+            Out::InPlace { storage, .. } if storage.is_null() => {
+                Err(Failure::null(function, "storage"))
+            }
+            _ => Ok(self),
         }
     }
 }
@@ -233,7 +273,7 @@ pub unsafe extern "C" fn pd_regcache_new(err: *mut c_int) -> *mut PdRegCache {
             domains: Arc::default(),
             host_bounce: AtomicBool::new(false),
             foreign: Mutex::default(),
-            at_addresses: ArcSwap::default(),
+            addresses: Addresses::default(),
             callback: Arc::new(CallbackSlot::new()),
             born: Born::now(),
         };
@@ -312,7 +352,7 @@ pub unsafe extern "C" fn pd_regcache_free(cache: *mut PdRegCache) {
         }
         let mut foreign = lock(&shared.foreign);
         foreign.clear();
-        shared.publish_at_addresses(&foreign);
+        shared.set_addresses(&foreign);
         drop(foreign);
         drop(cache);
         Ok(())
@@ -624,20 +664,61 @@ pub unsafe extern "C" fn pd_register(
     access: u32,
     out: *mut *mut PdMr,
 ) -> c_int {
-    const F: &str = "pd_register";
-    guard_status(F, || {
+    let (f, out) = ("pd_register", Out::Boxed { out });
+    // SAFETY: the arguments are passed on under the same contract.
+    unsafe { register_alloc(f, domain, alloc, offset, length, access, out) }
+}
+
+/// `int pd_register_in(pd_domain *domain, const pd_allocation *alloc, uint64_t offset,
+/// uint64_t length, uint32_t access, pd_mr_storage *storage, pd_mr **out)`: as `pd_register`,
+/// the handle made in the caller's `storage` (its address stored in `*out`).
+///
+/// # Safety
+///
+/// As for `pd_register`; `storage` is NULL or valid for writing a `pd_mr_storage` and holds
+/// no handle that is not released.
+#[no_mangle]
+pub unsafe extern "C" fn pd_register_in(
+    domain: *mut PdDomain,
+    alloc: *const PdAllocation,
+    offset: u64,
+    length: u64,
+    access: u32,
+    storage: *mut PdMrStorage,
+    out: *mut *mut PdMr,
+) -> c_int {
+    let (f, out) = ("pd_register_in", Out::InPlace { storage, out });
+    // SAFETY: the arguments are passed on under the same contract.
+    unsafe { register_alloc(f, domain, alloc, offset, length, access, out) }
+}
+
+/// Registers bytes `[offset, offset + length)` of `alloc` in `domain` and makes a handle
+/// where `out` says.
+///
+/// # Safety
+///
+/// `domain` and `alloc` are NULL or live handles, and the allocation is not being freed
+/// meanwhile; `out`'s pointers are NULL or valid for writing.
+unsafe fn register_alloc(
+    function: &'static str,
+    domain: *mut PdDomain,
+    alloc: *const PdAllocation,
+    offset: u64,
+    length: u64,
+    access: u32,
+    out: Out,
+) -> c_int {
+    guard_status(function, || {
         // SAFETY: the caller promises NULL or a live handle.
-        let domain = unsafe { arg(F, "domain", domain.cast_const()) }?;
+        let domain = unsafe { arg(function, "domain", domain.cast_const()) }?;
         // SAFETY: the caller promises NULL or a live handle, not freed during this call.
-        let alloc = unsafe { arg(F, "alloc", alloc) }?;
-        if out.is_null() {
-            return Err(Failure::null(F, "out"));
-        }
+        let alloc = unsafe { arg(function, "alloc", alloc) }?;
+        let out = out.checked(function)?;
         let access = checked_access(access)?;
         let range = checked_range(alloc.length, offset, length)?;
         let source = source(alloc)?;
-        // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
-        unsafe { domain.register_into(F, Some(&alloc.device), source, range, access, out) }
+        // SAFETY: `out`'s pointers are not NULL (checked) and the caller promises them valid.
+        unsafe { domain.register_into(function, Some(&alloc.device), source, range, access, out) }
     })
 }
 
@@ -693,16 +774,14 @@ unsafe fn register_fd(
     guard_status(function, || {
         // SAFETY: the caller promises NULL or a live handle.
         let domain = unsafe { arg(function, "domain", domain.cast_const()) }?;
-        if out.is_null() {
-            return Err(Failure::null(function, "out"));
-        }
+        let out = Out::Boxed { out }.checked(function)?;
         let access = checked_access(request.access)?;
         let source = domain
             .shared
             .fd_source(function, request.fd, None, request.base_addr)?;
         let size = source.source.dma_buf().length();
         let range = checked_range(size, request.offset, request.length)?;
-        // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
+        // SAFETY: `out` is not NULL (checked) and the caller promises it valid for writing.
         unsafe { domain.register_into(function, None, &source, range, access, out) }
     })
 }
@@ -754,28 +833,82 @@ pub unsafe extern "C" fn pd_register_addr(
     access: u32,
     out: *mut *mut PdMr,
 ) -> c_int {
-    const F: &str = "pd_register_addr";
-    guard_status(F, || {
+    let out = Out::Boxed { out };
+    // SAFETY: the arguments are passed on under the same contract.
+    unsafe { register_at_addr("pd_register_addr", domain, addr, length, access, out) }
+}
+
+/// `int pd_register_addr_in(pd_domain *domain, const void *addr, uint64_t length, uint32_t
+/// access, pd_mr_storage *storage, pd_mr **out)`: as `pd_register_addr`, the handle made in
+/// the caller's `storage` (its address stored in `*out`).
+///
+/// # Safety
+///
+/// As for `pd_register_addr`; `storage` as for `pd_register_in`.
+#[no_mangle]
+pub unsafe extern "C" fn pd_register_addr_in(
+    domain: *mut PdDomain,
+    addr: *const c_void,
+    length: u64,
+    access: u32,
+    storage: *mut PdMrStorage,
+    out: *mut *mut PdMr,
+) -> c_int {
+    let out = Out::InPlace { storage, out };
+    // SAFETY: the arguments are passed on under the same contract.
+    unsafe { register_at_addr("pd_register_addr_in", domain, addr, length, access, out) }
+}
+
+/// Registers bytes `[addr, addr + length)` of the dma-buf registered at those addresses in
+/// `domain` and makes a handle where `out` says.
+///
+/// # Safety
+///
+/// `domain` is NULL or a live handle; `out`'s pointers are NULL or valid for writing.
+unsafe fn register_at_addr(
+    function: &'static str,
+    domain: *mut PdDomain,
+    addr: *const c_void,
+    length: u64,
+    access: u32,
+    out: Out,
+) -> c_int {
+    guard_status(function, || {
         // SAFETY: the caller promises NULL or a live handle.
-        let domain = unsafe { arg(F, "domain", domain.cast_const()) }?;
-        if out.is_null() {
-            return Err(Failure::null(F, "out"));
-        }
+        let domain = unsafe { arg(function, "domain", domain.cast_const()) }?;
+        let out = out.checked(function)?;
         let access = checked_access(access)?;
         if length == 0 {
             return Err(Failure::new(
                 Errno::INVAL,
-                format!("{F}: length 0; name the bytes the operation uses"),
+                format!("{function}: length 0; name the bytes the operation uses"),
             ));
         }
-        let addr = addr as u64;
-        domain.shared.with_source_at(F, addr, length, |source| {
-            let base = source.source.base_addr();
-            let size = source.source.dma_buf().length();
-            let range = checked_range(size, addr - base, length)?;
-            // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
-            unsafe { domain.register_into(F, None, source, range, access, out) }
-        })
+        let (addr, shared) = (addr as u64, &domain.shared);
+        // A hit reads the table and the cache and writes nothing other threads' hits read.
+        let found = addr
+            .checked_add(length)
+            .and_then(|end| shared.addresses.find(addr, end));
+        if let Some(at) = found {
+            let range = checked_range(at.size, addr - at.base, length)?;
+            let cached = shared
+                .cache
+                .get_cached(&domain.registrar, at.export, range, access);
+            if let Some(registration) = cached {
+                // SAFETY: `out`'s pointers are not NULL (checked) and the caller promises
+                // them valid.
+                unsafe { domain.hand_out(registration, out) };
+                return Ok(());
+            }
+        }
+        let source = shared.source_at(function, addr, length)?;
+        let range = checked_range(
+            source.source.dma_buf().length(),
+            addr - source.source.base_addr(),
+            length,
+        )?;
+        // SAFETY: as above.
+        unsafe { domain.register_into(function, None, &source, range, access, out) }
     })
 }
 
@@ -805,14 +938,12 @@ pub unsafe extern "C" fn pd_register_export(
         let domain = unsafe { arg(F, "domain", domain.cast_const()) }?;
         // SAFETY: the caller promises NULL or a live handle.
         let dev = unsafe { arg(F, "dev", dev) }?;
-        if out.is_null() {
-            return Err(Failure::null(F, "out"));
-        }
+        let out = Out::Boxed { out }.checked(F)?;
         let access = checked_access(access)?;
         let source = domain.shared.fd_source(F, fd, Some(&dev.device), None)?;
         let size = source.source.dma_buf().length();
         let range = checked_range(size, offset, length)?;
-        // SAFETY: the caller promises `out` is NULL (refused above) or valid for writing.
+        // SAFETY: `out` is not NULL (checked) and the caller promises it valid for writing.
         unsafe { domain.register_into(F, Some(&dev.device), &source, range, access, out) }
     })
 }
@@ -853,7 +984,7 @@ pub unsafe extern "C" fn pd_regcache_invalidate_dmabuf(cache: *mut PdRegCache, f
         let source = {
             let mut sources = lock(&cache.shared.foreign);
             let source = sources.remove(&foreign.dma_buf_inode());
-            cache.shared.publish_at_addresses(&sources);
+            cache.shared.set_addresses(&sources);
             source
         };
         let export = source.map_or(foreign, |source| source.export);
@@ -883,6 +1014,7 @@ fn borrowed_dma_buf(function: &str, fd: c_int) -> Result<pd::DmaBuf, Failure> {
     pd::DmaBuf::from_borrowed(borrowed).map_err(|err| Failure::from(err).prefixed(function))
 }
 
+#[inline]
 fn checked_access(access: u32) -> Result<Access, Failure> {
     let known = abi::PD_ACCESS_LOCAL_READ
         | abi::PD_ACCESS_LOCAL_WRITE
@@ -900,6 +1032,7 @@ fn checked_access(access: u32) -> Result<Access, Failure> {
 }
 
 /// `offset..offset + length` of an allocation of `size` bytes; `length` 0 is up to the end.
+#[inline]
 fn checked_range(size: u64, offset: u64, length: u64) -> Result<ByteRange, Failure> {
     let length = if length == 0 {
         size.saturating_sub(offset)
@@ -935,12 +1068,13 @@ fn source(alloc: &PdAllocation) -> Result<&Source, Failure> {
 }
 
 impl PdDomain {
-    /// Registers `range` of `source` in the domain through the cache and stores a new handle
-    /// in `out`; the cache attached to `device` first if `source` is its export.
+    /// Registers `range` of `source` in the domain through the cache and makes a handle where
+    /// `out` says; the cache attached to `device` first if `source` is its export.
     ///
     /// # Safety
     ///
-    /// `out` is NULL or valid for writing a pointer.
+    /// `out`'s pointers are not NULL ([`Out::checked`]) and are valid for writing what they
+    /// point to; its storage holds no handle that is not released.
     unsafe fn register_into(
         &self,
         function: &str,
@@ -948,7 +1082,7 @@ impl PdDomain {
         source: &Source,
         range: ByteRange,
         access: Access,
-        out: *mut *mut PdMr,
+        out: Out,
     ) -> Result<(), Failure> {
         let cache = &self.shared.cache;
         let (registrar, export) = (&self.registrar, source.export);
@@ -959,36 +1093,52 @@ impl PdDomain {
             None => cache.get(registrar, &source.source, export, range, access),
         };
         let registration = registration.map_err(|err| err.prefixed(function))?;
-        let mr = Box::into_raw(Box::new(PdMr::new(registration)));
-        // SAFETY: the caller promises `out` is NULL (refused) or valid for writing.
-        let stored = unsafe { put(function, "out", out, mr) };
-        if stored.is_err() {
-            // SAFETY: `mr` came from `Box::into_raw` above and was handed to no one.
-            drop(unsafe { Box::from_raw(mr) });
+        // SAFETY: passed on under the same contract.
+        unsafe { self.hand_out(registration, out) };
+        Ok(())
+    }
+
+    /// Makes a handle of `registration` where `out` says.
+    ///
+    /// # Safety
+    ///
+    /// As for [`PdDomain::register_into`].
+    #[inline]
+    unsafe fn hand_out(&self, registration: Registration<AnyRegistrar>, out: Out) {
+        let born = self.shared.born;
+        match out {
+            Out::Boxed { out } => {
+                let mr = Box::into_raw(Box::new(PdMr::new(registration, born, true)));
+                // SAFETY: not NULL (the caller checked) and valid for writing a pointer.
+                unsafe { out.write(mr) };
+            }
+            Out::InPlace { storage, out } => {
+                let mr = storage.cast::<PdMr>();
+                // SAFETY: not NULL (the caller checked), valid for writing a `PdMrStorage`,
+                // which is as large and as aligned as a `PdMr` (asserted at its definition),
+                // and holds no live handle, so nothing is overwritten that needs dropping.
+                unsafe { mr.write(PdMr::new(registration, born, false)) };
+                // SAFETY: as `storage`, not NULL and valid for writing a pointer.
+                unsafe { out.write(mr) };
+            }
         }
-        stored
     }
 }
 
 impl Shared {
-    /// `f` of the dma-buf registered at the caller's addresses (`pd_register_dmabuf_at`) whose
-    /// bytes `[addr, addr + length)` are; `ENOENT` if none. Reads a snapshot: no lock taken,
-    /// no reference count written (a hit of `pd_register_addr` writes nothing other threads'
-    /// hits read).
-    fn with_source_at<T>(
-        &self,
-        function: &str,
-        addr: u64,
-        length: u64,
-        f: impl FnOnce(&Source) -> Result<T, Failure>,
-    ) -> Result<T, Failure> {
+    /// The dma-buf registered at the caller's addresses (`pd_register_dmabuf_at`) whose bytes
+    /// `[addr, addr + length)` are; `ENOENT` if none. Under the lock of `foreign`: the path of
+    /// a miss, or of dma-bufs that [`Shared::addresses`] has no room for.
+    fn source_at(&self, function: &str, addr: u64, length: u64) -> Result<Arc<Source>, Failure> {
         let end = addr.checked_add(length);
-        let sources = self.at_addresses.load();
-        let source = sources
-            .iter()
+        let foreign = lock(&self.foreign);
+        let source = foreign
+            .values()
             .find(|s| {
                 let base = s.source.base_addr();
-                base <= addr && end.is_some_and(|end| end <= base + s.source.dma_buf().length())
+                !s.source.is_mapped()
+                    && base <= addr
+                    && end.is_some_and(|end| end <= base + s.source.dma_buf().length())
             })
             .ok_or_else(|| {
                 Failure::new(
@@ -999,7 +1149,7 @@ impl Shared {
                     ),
                 )
             })?;
-        f(source)
+        Ok(Arc::clone(source))
     }
 
     /// The cache's source for the dma-buf `fd`: its own duplicate, made on first use and
@@ -1096,18 +1246,22 @@ impl Shared {
         };
         let source = Arc::new(Source { source, export });
         foreign.insert(export.dma_buf_inode(), Arc::clone(&source));
-        self.publish_at_addresses(&foreign);
+        self.set_addresses(&foreign);
         Ok(source)
     }
 
-    /// Republishes [`Shared::at_addresses`] from `foreign`, whose lock the caller holds.
-    fn publish_at_addresses(&self, foreign: &HashMap<u64, Arc<Source>>) {
-        let at: Vec<Arc<Source>> = foreign
+    /// Sets [`Shared::addresses`] from `foreign`, whose lock the caller holds.
+    fn set_addresses(&self, foreign: &HashMap<u64, Arc<Source>>) {
+        let at: Vec<At> = foreign
             .values()
             .filter(|s| !s.source.is_mapped())
-            .cloned()
+            .map(|s| At {
+                base: s.source.base_addr(),
+                size: s.source.dma_buf().length(),
+                export: s.export,
+            })
             .collect();
-        self.at_addresses.store(Arc::new(at));
+        self.addresses.set(&at);
     }
 }
 
@@ -1157,17 +1311,31 @@ pub unsafe extern "C" fn pd_regcache_stats(
 }
 
 /// `void pd_mr_release(pd_mr *mr)`: releases the handle (NULL is ignored); the registration is
-/// deregistered once neither the cache nor another handle holds it.
+/// deregistered once neither the cache nor another handle holds it. A handle in the caller's
+/// storage (`pd_register_in`) is dropped there, and the storage may then be used again.
 ///
 /// # Safety
 ///
-/// `mr` is NULL or a handle from `pd_register` not released yet; it is not used after.
+/// `mr` is NULL or a handle from `pd_register` or its siblings not released yet; it is not
+/// used after.
 #[no_mangle]
 pub unsafe extern "C" fn pd_mr_release(mr: *mut PdMr) {
     const F: &str = "pd_mr_release";
     guard_status(F, || {
-        // SAFETY: the caller hands back a pointer from `Box::into_raw` in `pd_register`, once.
-        drop(unsafe { take(F, "mr", mr) }?);
+        // SAFETY: the caller promises NULL or a live handle, used by nothing else now.
+        let Some(handle) = (unsafe { mr.as_ref() }) else {
+            return Ok(());
+        };
+        if handle.boxed {
+            // SAFETY: the caller hands back a pointer from `Box::into_raw` in
+            // `register_into`, once.
+            drop(unsafe { take(F, "mr", mr) }?);
+        } else if handle.born.inherited() {
+            return Err(inherited(F, "mr"));
+        } else {
+            // SAFETY: `register_into` wrote a `PdMr` there, which the caller hands back once.
+            unsafe { std::ptr::drop_in_place(mr) };
+        }
         Ok(())
     });
 }
@@ -1267,7 +1435,10 @@ pub unsafe extern "C" fn pd_mr_reason(mr: *const PdMr) -> *const std::ffi::c_cha
     // SAFETY: passed on under the same contract.
     unsafe {
         with_mr("pd_mr_reason", mr, std::ptr::null(), |m| {
-            m.reason.as_ref().map_or(std::ptr::null(), |r| r.as_ptr())
+            m.registration
+                .mr()
+                .reason()
+                .map_or(std::ptr::null(), CStr::as_ptr)
         })
     }
 }

@@ -2,6 +2,7 @@
 //! protection domain (`pd_domain_attach_verbs`), so that one `pd_regcache` serves both, and
 //! what a `pd_mr` reads of either kind of registration.
 
+use std::ffi::{CStr, CString};
 use std::ptr::NonNull;
 
 use pd::cache::{DomainId, RegKey};
@@ -17,9 +18,10 @@ pub(crate) enum AnyRegistrar {
     Verbs(IbverbsRegistrar),
 }
 
-/// A registration of either kind.
+/// A registration of either kind; a libfabric one with its host-bounce reason for C
+/// (`pd_mr_reason`), made once when it is registered rather than by every handle.
 pub enum AnyMr {
-    Fabric(FabricMr),
+    Fabric(FabricMr, Option<CString>),
     Verbs(IbvMr),
 }
 
@@ -63,7 +65,16 @@ impl Registrar for AnyRegistrar {
         match self {
             Self::Fabric(registrar) => registrar
                 .register(source, key)
-                .map(AnyMr::Fabric)
+                .map(|mr| {
+                    let reason = match mr.path() {
+                        // NUL bytes replaced, so `CString::new` cannot fail.
+                        RegPath::HostBounce { reason } => {
+                            CString::new(reason.replace('\0', " ")).ok()
+                        }
+                        _ => None,
+                    };
+                    AnyMr::Fabric(mr, reason)
+                })
                 .map_err(Failure::from),
             // At IOVA base_addr + offset for pd_register_dmabuf_at, else the offset.
             Self::Verbs(registrar) => registrar
@@ -75,7 +86,7 @@ impl Registrar for AnyRegistrar {
 
     fn deregister(&self, mr: AnyMr) {
         match (self, mr) {
-            (Self::Fabric(registrar), AnyMr::Fabric(mr)) => registrar.deregister(mr),
+            (Self::Fabric(registrar), AnyMr::Fabric(mr, _)) => registrar.deregister(mr),
             (Self::Verbs(registrar), AnyMr::Verbs(mr)) => registrar.deregister(mr),
             // A registrar only ever gets back its own kind; either way, dropping releases it.
             (_, mr) => drop(mr),
@@ -84,7 +95,9 @@ impl Registrar for AnyRegistrar {
 
     fn invalidated(&self, key: &RegKey, mr: &AnyMr, cause: Cause) {
         match (self, mr) {
-            (Self::Fabric(registrar), AnyMr::Fabric(mr)) => registrar.invalidated(key, mr, cause),
+            (Self::Fabric(registrar), AnyMr::Fabric(mr, _)) => {
+                registrar.invalidated(key, mr, cause)
+            }
             (Self::Verbs(registrar), AnyMr::Verbs(mr)) => registrar.invalidated(key, mr, cause),
             _ => {}
         }
@@ -101,7 +114,7 @@ impl AnyMr {
     /// `fi_mr_key`, or the ibverbs remote key.
     pub(crate) fn key(&self) -> u64 {
         match self {
-            Self::Fabric(mr) => mr.key(),
+            Self::Fabric(mr, _) => mr.key(),
             Self::Verbs(mr) => u64::from(mr.rkey),
         }
     }
@@ -109,7 +122,7 @@ impl AnyMr {
     /// `fi_mr_desc` (0 for ibverbs: work requests take the local key).
     pub(crate) fn desc(&self) -> usize {
         match self {
-            Self::Fabric(mr) => mr.desc(),
+            Self::Fabric(mr, _) => mr.desc(),
             Self::Verbs(_) => 0,
         }
     }
@@ -117,15 +130,23 @@ impl AnyMr {
     /// The ibverbs local key (0 for libfabric).
     pub(crate) fn lkey(&self) -> u32 {
         match self {
-            Self::Fabric(_) => 0,
+            Self::Fabric(..) => 0,
             Self::Verbs(mr) => mr.lkey,
         }
     }
 
     pub(crate) fn path(&self) -> &RegPath {
         match self {
-            Self::Fabric(mr) => mr.path(),
+            Self::Fabric(mr, _) => mr.path(),
             Self::Verbs(mr) => mr.path(),
+        }
+    }
+
+    /// Why the registration is host bounce, NUL-terminated; `None` when it is direct.
+    pub(crate) fn reason(&self) -> Option<&CStr> {
+        match self {
+            Self::Fabric(_, reason) => reason.as_deref(),
+            Self::Verbs(_) => None,
         }
     }
 
@@ -134,7 +155,7 @@ impl AnyMr {
     /// caller's base address plus the offset, or the offset). `None` for host bounce.
     pub(crate) fn local(&self) -> Option<(u64, u64)> {
         match self {
-            Self::Fabric(mr) => mr
+            Self::Fabric(mr, _) => mr
                 .local()
                 .map(|(addr, length)| (addr.as_ptr() as u64, length)),
             Self::Verbs(mr) => Some((mr.iova, mr.length)),
@@ -146,7 +167,7 @@ impl AnyMr {
     /// host bounce.
     pub(crate) fn remote(&self, offset: u64, virt_addr: bool) -> Option<Remote> {
         match self {
-            Self::Fabric(mr) => mr.remote(offset, virt_addr).map(|remote| Remote {
+            Self::Fabric(mr, _) => mr.remote(offset, virt_addr).map(|remote| Remote {
                 addr: remote.addr,
                 key: remote.key,
             }),
@@ -160,7 +181,7 @@ impl AnyMr {
     /// The host staging buffer of a host-bounce registration.
     pub(crate) fn staging(&self) -> Option<(NonNull<u8>, usize)> {
         match self {
-            Self::Fabric(mr) => mr.staging(),
+            Self::Fabric(mr, _) => mr.staging(),
             Self::Verbs(_) => None,
         }
     }

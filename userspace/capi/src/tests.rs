@@ -34,6 +34,7 @@ fn c_type(rust: &str) -> String {
         "PdStats" => "struct pd_stats",
         "PdRegCache" => "pd_regcache",
         "PdMr" => "pd_mr",
+        "PdMrStorage" => "pd_mr_storage",
         "PdRegcacheStats" => "struct pd_regcache_stats",
         "FidDomain" => "struct fid_domain",
         "FidEp" => "struct fid_ep",
@@ -86,6 +87,7 @@ fn signatures() -> Vec<(&'static str, String)> {
         pd_domain_attach_verbs(*mut PdRegCache, *mut IbvPd, *mut c_int) -> *mut PdDomain;
         pd_domain_detach(*mut PdDomain) -> c_int;
         pd_register(*mut PdDomain, *const PdAllocation, u64, u64, u32, *mut *mut PdMr) -> c_int;
+        pd_register_in(*mut PdDomain, *const PdAllocation, u64, u64, u32, *mut PdMrStorage, *mut *mut PdMr) -> c_int;
         pd_regcache_set_invalidate_callback(*mut PdRegCache, Option<PdInvalidateFn>, *mut c_void) -> c_int;
         pd_domain_set_keys(*mut PdDomain, Option<PdKeyAllocFn>, Option<PdKeyReleaseFn>, *mut c_void, usize) -> c_int;
         pd_domain_set_iface(*mut PdDomain, u32, c_int) -> c_int;
@@ -95,6 +97,7 @@ fn signatures() -> Vec<(&'static str, String)> {
         pd_register_dmabuf(*mut PdDomain, c_int, u64, u64, u32, *mut *mut PdMr) -> c_int;
         pd_register_dmabuf_at(*mut PdDomain, c_int, u64, u64, *mut c_void, u32, *mut *mut PdMr) -> c_int;
         pd_register_addr(*mut PdDomain, *const c_void, u64, u32, *mut *mut PdMr) -> c_int;
+        pd_register_addr_in(*mut PdDomain, *const c_void, u64, u32, *mut PdMrStorage, *mut *mut PdMr) -> c_int;
         pd_register_export(*mut PdDomain, *const PdDevice, c_int, u64, u64, u32, *mut *mut PdMr) -> c_int;
         pd_regcache_invalidate_dmabuf(*mut PdRegCache, c_int) -> c_int;
         pd_mr_release(*mut PdMr) -> ();
@@ -134,6 +137,7 @@ fn rust_layout() -> Vec<(String, u64)> {
             superseded, invalidations, uncached, entries, bytes, max_count, max_bytes
         }
         PdInvalidation "pd_invalidation" { domain, key, addr, length, cause, held }
+        PdMrStorage "pd_mr_storage" { internal }
     }
     for (name, value) in [
         ("PD_EXPORT_CLOEXEC", PD_EXPORT_CLOEXEC),
@@ -246,7 +250,7 @@ fn header_rust_and_table_name_the_same_functions() {
         in_table, in_rust,
         "signature table vs. extern \"C\" fns of lib.rs"
     );
-    assert_eq!(in_rust.len(), 44);
+    assert_eq!(in_rust.len(), 46);
 }
 
 #[test]
@@ -268,7 +272,10 @@ fn layout_matches_the_header() {
         &format!("#include <stddef.h>\n#include <peerdirect.h>\n\n{body}"),
     );
     // Guard against the comparison passing vacuously.
-    assert_eq!(values.len(), 2 + 15 + 2 + 4 + 2 + 13 + 2 + 6 + 3 + 13);
+    assert_eq!(
+        values.len(),
+        2 + 15 + 2 + 4 + 2 + 13 + 2 + 6 + 2 + 1 + 3 + 13
+    );
 }
 
 /// No panic may unwind into C: the body of every `extern "C"` function runs inside
@@ -278,11 +285,13 @@ fn layout_matches_the_header() {
 fn every_c_function_runs_inside_the_guard() {
     const GUARDS: [&str; 3] = ["guard(", "guard_status(", "shield("];
     // Helpers whose whole body is guarded, checked below like the C functions.
-    const HELPERS: [&str; 4] = [
+    const HELPERS: [&str; 6] = [
         "unsafe fn open(",
         "unsafe fn with_mr<",
         "unsafe fn companion_reset(",
         "unsafe fn register_fd(",
+        "unsafe fn register_alloc(",
+        "unsafe fn register_at_addr(",
     ];
     let source = [include_str!("lib.rs"), include_str!("regcache.rs")].concat();
     let body_of = |start: usize| -> &str {
@@ -323,7 +332,7 @@ fn every_c_function_runs_inside_the_guard() {
         );
         seen += 1;
     }
-    assert_eq!(seen, 44);
+    assert_eq!(seen, 46);
 }
 
 /// `pd_export` and `pd_export_range` refuse bits other than `PD_EXPORT_*` with `-EINVAL`,

@@ -150,6 +150,19 @@ int main(int argc, char **argv)
 		CHECK(pd_register(NULL, NULL, 0, 0, PD_ACCESS_LOCAL_READ, &mr) == -EINVAL);
 		CHECK(strcmp(pd_last_error(), "pd_register: domain is NULL; pass a valid pointer") == 0);
 		CHECK(mr == (pd_mr *)&err);
+		{
+			pd_mr_storage storage;
+
+			CHECK(pd_register_in(NULL, NULL, 0, 0, PD_ACCESS_LOCAL_READ, &storage, &mr) ==
+			      -EINVAL);
+			CHECK(strcmp(pd_last_error(),
+				     "pd_register_in: domain is NULL; pass a valid pointer") == 0);
+			CHECK(pd_register_addr_in(NULL, &err, 4096, PD_ACCESS_LOCAL_READ, &storage,
+						  &mr) == -EINVAL);
+			CHECK(strcmp(pd_last_error(),
+				     "pd_register_addr_in: domain is NULL; pass a valid pointer") == 0);
+			CHECK(mr == (pd_mr *)&err);
+		}
 		/* A dma-buf exported elsewhere: not a dma-buf, NULL arguments. */
 		{
 			int file = open(argv[1], O_RDONLY);

@@ -2,18 +2,24 @@
  * lookup_race: pd_register_addr's lookup by address racing registrations and invalidations of
  * other dma-bufs at the caller's addresses, built with -fsanitize=address.
  *
- * pd_register_addr reads a snapshot of the dma-bufs registered at the caller's addresses,
- * which pd_register_dmabuf_at and pd_regcache_invalidate_dmabuf publish anew. A pool (one
- * export of /dev/peerdirect0) is registered once and never dropped; CHURNERS threads each
- * own SOURCES exports more, which they register at their CPU mappings' addresses and drop
- * again, CYCLES times each, all at once; HITTERS threads meanwhile look up buffers in the pool
- * and in every churned export by address. Each churned export has a sequence number, odd
+ * pd_register_addr reads a table of the dma-bufs registered at the caller's addresses, which
+ * pd_register_dmabuf_at and pd_regcache_invalidate_dmabuf set anew, without a lock; a miss
+ * there, or in the cache, looks again under the lock of the set the table mirrors. Half of
+ * the lookups are pd_register_addr_in, the handle in a pd_mr_storage on the hitter's stack,
+ * which must be the handle handed out. Every handle must name the bytes looked up
+ * (pd_mr_local), so that an entry read torn (one dma-buf's address with another's
+ * registration) fails with -EFAULT.
+ *
+ * A pool (one export of /dev/peerdirect0) is registered once and never dropped; CHURNERS
+ * threads each own SOURCES exports more, which they register at their CPU mappings' addresses
+ * and drop again, CYCLES times each, all at once; HITTERS threads meanwhile look up buffers in
+ * the pool and in every churned export by address. Each churned export has a sequence number, odd
  * while its registration or its drop is under way and a multiple of 4 while it is registered:
  * a lookup that finds the same multiple of 4 before and after its call must hit. So must every
- * lookup in the pool, and, at the end, every lookup of an export left registered. A snapshot
- * published from a stale copy of the set (two threads publishing at once, one after the other
- * had read the set) loses a registration that is still in the set: such lookups fail with
- * -ENOENT until something publishes again. Any other failure of a lookup is an error too.
+ * lookup in the pool, and, at the end, every lookup of an export left registered. A set
+ * changed without its lock (two threads changing it at once, one after the other had read
+ * it) loses a registration: such lookups fail with -ENOENT. Any other failure of a lookup is
+ * an error too.
  * Last, with every dma-buf dropped, nothing may stay cached or registered: a lookup that
  * registered while its dma-buf was being dropped must not have cached that registration.
  * Prints "ok - ..." with the counts, or "FAIL - ..."; exit status 0 iff all went well.
@@ -65,14 +71,21 @@ static void fail(const char *what, int err)
 		printf("FAIL - %s : %s (%s)\n", what, pd_strerror(err), pd_last_error());
 }
 
-/* Bytes [offset, offset + 4096) of e, looked up by address: 0 or a negative errno. */
-static int lookup(struct export *e, uint64_t offset)
+/*
+ * Bytes [offset, offset + 4096) of e, looked up by address (in_place: the handle in a
+ * pd_mr_storage here): 0 or a negative errno; -EFAULT for a handle of other bytes.
+ */
+static int lookup(struct export *e, uint64_t offset, int in_place)
 {
+	pd_mr_storage storage;
 	pd_mr *mr = NULL;
 	void *addr = NULL;
 	uint64_t length = 0;
-	int err = pd_register_addr(tcp.dom, e->map + offset, 4096, ALL, &mr);
+	int err = in_place ? pd_register_addr_in(tcp.dom, e->map + offset, 4096, ALL, &storage, &mr)
+			   : pd_register_addr(tcp.dom, e->map + offset, 4096, ALL, &mr);
 
+	if (!err && in_place && mr != (pd_mr *)&storage)
+		err = -EFAULT;
 	if (!err && (pd_mr_local(mr, &addr, &length) || addr != e->map + offset || length != 4096))
 		err = -EFAULT;
 	pd_mr_release(mr);
@@ -91,7 +104,7 @@ static void *hitter(void *arg)
 		int err;
 
 		state = state * 6364136223846793005u + 1442695040888963407u;
-		err = lookup(&pool, (state >> 20) % (POOL_SIZE / 4096) * 4096);
+		err = lookup(&pool, (state >> 20) % (POOL_SIZE / 4096) * 4096, (state >> 60) & 1);
 		if (err) {
 			fail("a lookup in the pool, registered all along", err);
 			break;
@@ -99,7 +112,7 @@ static void *hitter(void *arg)
 		mine++;
 		e = &churned[(state >> 40) % (CHURNERS * SOURCES)];
 		before = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
-		err = lookup(e, (state >> 8) % (SIZE / 4096) * 4096);
+		err = lookup(e, (state >> 8) % (SIZE / 4096) * 4096, (state >> 61) & 1);
 		after = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
 		if (err && err != -ENOENT) {
 			fail("a lookup in a churned export", err);
@@ -107,7 +120,7 @@ static void *hitter(void *arg)
 		}
 		if (err && before == after && before % 4 == 0) {
 			printf("FAIL - a lookup in a churned export registered before and after it "
-			       "(sequence %lu): -ENOENT, the registration missing from the snapshot\n",
+			       "(sequence %lu): -ENOENT, the registration missing from the set\n",
 			       before);
 			__atomic_store_n(&failed, 1, __ATOMIC_RELEASE);
 			break;
@@ -195,6 +208,20 @@ int main(void)
 		fail("pd_register_dmabuf_at of the pool", err);
 		return 1;
 	}
+	/* In place: no storage, or nowhere to say where it is, is refused before any lookup. */
+	{
+		pd_mr_storage storage;
+
+		mr = NULL;
+		if (pd_register_addr_in(tcp.dom, pool.map, 4096, ALL, NULL, &mr) != -EINVAL ||
+		    !strstr(pd_last_error(), "pd_register_addr_in: storage is NULL") || mr ||
+		    pd_register_addr_in(tcp.dom, pool.map, 4096, ALL, &storage, NULL) != -EINVAL ||
+		    !strstr(pd_last_error(), "pd_register_addr_in: out is NULL")) {
+			printf("FAIL - pd_register_addr_in with storage or out NULL: not -EINVAL "
+			       "naming it (%s)\n", pd_last_error());
+			return 1;
+		}
+	}
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (i = 0; i < HITTERS; i++)
 		if (pthread_create(&hit[i], NULL, hitter, (void *)(uintptr_t)i))
@@ -212,7 +239,7 @@ int main(void)
 	for (i = 0; i < CHURNERS * SOURCES && !failed; i++) {
 		int registered = churned[i].seq % 4 == 0;
 
-		err = lookup(&churned[i], 0);
+		err = lookup(&churned[i], 0, i & 1);
 		left += registered;
 		if (registered ? err != 0 : err != -ENOENT) {
 			printf("FAIL - after the race, export %d (%s) looked up by address : %s\n", i,

@@ -52,7 +52,9 @@
 # with EOPNOTSUPP: the kernel's rxe has no reg_user_mr_dmabuf.
 . "$(dirname "$0")/../lib.sh"
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# The lossy link's relay, while it runs: it goes with the suite, however that ends.
+relay=
+trap '[ -z "$relay" ] || kill "$relay" 2>/dev/null; rm -rf "$work"' EXIT
 # Plan: the builds (1), the backing file (2, and 2 of the dynamic import's run), the two
 # hosts' backing files (8 on each kernel: rxe_dmabuf peer's B and C and the libfabric run's,
 # on both hosts), the lossy link's dropped NAK (1); the guest programs print their own plans.
@@ -151,7 +153,7 @@ done
 # a NAK (1 check more).
 two_hosts() {
 	local label=$1 kernel=$2 timeout=$3 lossy=${4:-} dir=$work/$2 port0 port1 to0 to1 pid0 pid1 rc0=0 rc1=0 rc node range
-	local what desc offset length seed diag tap relay= lose_nak=
+	local what desc offset length seed diag tap lose_nak=
 	# Both guests boot side by side: what they need is built once, first.
 	[ "${PEERDIRECT_PREBUILT:-0}" = 1 ] || make -s -C "$ROOT" "guest-$kernel" >&2
 	read -r port0 port1 < <("$ROOT/scripts/free-udp-ports" 2)
@@ -192,6 +194,7 @@ EOF
 	if [ -n "$relay" ]; then
 		kill "$relay" 2>/dev/null || true
 		wait "$relay" 2>/dev/null || true
+		relay=
 		desc="$label on the host: the link dropped node 0's NAK on its way to node 1 while node 1 streamed"
 		if [ "$(cat "$dir/naks-dropped" 2>/dev/null || echo 0)" -gt 0 ]; then
 			ok "$desc"

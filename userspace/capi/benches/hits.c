@@ -27,7 +27,7 @@
  *
  *   hits c threads 2 p50_ns 61.3 p99_ns 88.0 mhits_per_thread 15.2
  *
- *   cc -O2 -o hits hits.c $(pkg-config --cflags --libs peerdirect libfabric) -pthread
+ *   cc -O2 -I../tests -o hits hits.c $(pkg-config --cflags --libs peerdirect libfabric) -pthread
  *   ./hits [--foreign] [THREADS...]       (default: 1 2 8)
  */
 #define _GNU_SOURCE /* strdup, clock_gettime, pthread_barrier, memfd_create */
@@ -54,7 +54,8 @@
 #include <peerdirect.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
-#include <rdma/fi_errno.h>
+
+#include "tcp_cache.h"
 
 #define LENGTH (2u << 20)
 #define ALL (PD_ACCESS_LOCAL_READ | PD_ACCESS_LOCAL_WRITE)
@@ -308,11 +309,8 @@ int main(int argc, char **argv)
 {
 	static const int defaults[] = { 1, 2, 8 };
 	struct bench bench = { 0 };
-	struct fi_info *hints, *info = NULL;
-	struct fid_fabric *fabric = NULL;
-	struct fid_domain *domain = NULL;
+	struct tcp_cache tcp;
 	pd_allocation *alloc = NULL;
-	pd_regcache *cache;
 	pd_mr *mr = NULL;
 	pd_device *dev = NULL;
 	int err = 0, ret, i, failed = 0, foreign = 0, memfd = -1;
@@ -339,29 +337,14 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
-	hints = fi_allocinfo();
-	if (!hints)
+	if (tcp_cache_open(&tcp))
 		return 1;
-	hints->fabric_attr->prov_name = strdup("tcp");
-	hints->ep_attr->type = FI_EP_RDM;
-	hints->caps = FI_MSG | FI_TAGGED;
-	hints->domain_attr->threading = FI_THREAD_SAFE;
-	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
-	ret = fi_getinfo(FI_VERSION(1, 20), "127.0.0.1", NULL, FI_SOURCE, hints, &info);
-	fi_freeinfo(hints);
-	if (ret || (ret = fi_fabric(info->fabric_attr, &fabric, NULL)) ||
-	    (ret = fi_domain(fabric, info, &domain, NULL))) {
-		fprintf(stderr, "hits: opening tcp: %s (%d)\n", fi_strerror(-ret), ret);
-		return 1;
-	}
-	cache = pd_regcache_new(&err);
-	if (cache && (bench.dom = pd_domain_attach(cache, domain, &err))) {
-		if (foreign) {
-			setup = "registering a memfd as a dma-buf";
-			err = adopt(&bench, memfd, &mr);
-		} else if (!(err = pd_alloc(dev, LENGTH, 0, &alloc))) {
-			err = pd_register(bench.dom, alloc, 0, 0, ALL, &mr);
-		}
+	bench.dom = tcp.dom;
+	if (foreign) {
+		setup = "registering a memfd as a dma-buf";
+		err = adopt(&bench, memfd, &mr);
+	} else if (!(err = pd_alloc(dev, LENGTH, 0, &alloc))) {
+		err = pd_register(bench.dom, alloc, 0, 0, ALL, &mr);
 	}
 	if (err) {
 		fprintf(stderr, "hits: %s: %s (%s)\n", setup, pd_strerror(err), pd_last_error());
@@ -380,7 +363,7 @@ int main(int argc, char **argv)
 	if (!failed) {
 		struct pd_regcache_stats stats;
 
-		if ((err = pd_regcache_stats(cache, &stats)) || stats.misses != 1) {
+		if ((err = pd_regcache_stats(tcp.cache, &stats)) || stats.misses != 1) {
 			fprintf(stderr, "hits: %llu misses where only the first call should miss\n",
 				err ? 0ULL : (unsigned long long)stats.misses);
 			failed = 1;
@@ -390,14 +373,11 @@ int main(int argc, char **argv)
 		}
 	}
 	pd_mr_release(mr);
-	if ((ret = pd_domain_detach(bench.dom)) < 0) {
+	if ((ret = tcp_cache_close(&tcp)) < 0) {
 		fprintf(stderr, "hits: pd_domain_detach: %s\n", pd_strerror(ret));
 		failed = 1;
 	}
-	pd_regcache_free(cache);
-	fi_close(&domain->fid);
-	fi_close(&fabric->fid);
-	fi_freeinfo(info);
+	pd_regcache_free(tcp.cache);
 	pd_allocation_free(alloc);
 	pd_device_close(dev);
 	if (foreign) {

@@ -886,6 +886,10 @@ unsafe fn register_at_addr(
         }
         let (addr, shared) = (addr as u64, &domain.shared);
         // A hit reads the table and the cache and writes nothing other threads' hits read.
+        // An entry read just before its dma-buf was dropped names an export that no other
+        // dma-buf can take (the kernel numbers dma-buf inodes from a 64-bit counter, never
+        // reused: dma_buf_getfile), so the cache has nothing for it, or the registration
+        // that the lookup, ordered before the drop, may hand out.
         let found = addr
             .checked_add(length)
             .and_then(|end| shared.addresses.find(addr, end));

@@ -1,7 +1,8 @@
 /*
- * What the C race tests share: libfabric's tcp provider on 127.0.0.1 (FI_THREAD_SAFE, the
- * memory registration modes the library asks for), a registration cache and its handle on
- * the domain. Include after <peerdirect.h>, <rdma/fabric.h> and <rdma/fi_domain.h>.
+ * What the C race tests and benches/hits.c share: libfabric's tcp provider on 127.0.0.1
+ * (FI_THREAD_SAFE, the memory registration modes the library asks for), a registration cache
+ * and its handle on the domain. Include after <peerdirect.h>, <rdma/fabric.h> and
+ * <rdma/fi_domain.h>.
  */
 #ifndef PEERDIRECT_TESTS_TCP_CACHE_H
 #define PEERDIRECT_TESTS_TCP_CACHE_H
@@ -50,13 +51,18 @@ static int tcp_cache_open(struct tcp_cache *t)
 	return 0;
 }
 
-/* Detaches the domain's handle (the cache freed first, or not) and closes the domain. */
-static void tcp_cache_close(struct tcp_cache *t)
+/*
+ * Detaches the domain's handle (the cache freed first, or not) and closes the domain; what
+ * pd_domain_detach() returned.
+ */
+static int tcp_cache_close(struct tcp_cache *t)
 {
-	pd_domain_detach(t->dom);
+	int detached = pd_domain_detach(t->dom);
+
 	fi_close(&t->domain->fid);
 	fi_close(&t->fabric->fid);
 	fi_freeinfo(t->info);
+	return detached;
 }
 
 #endif

@@ -1289,6 +1289,13 @@ impl FabricMr {
         &self.path
     }
 
+    /// Whether a failed transfer left operations on it that could not be cancelled: no later
+    /// transfer may use it ([`LibfabricError::Stranded`]), and the endpoint that posted them
+    /// keeps them, with this registration's memory, for the life of the process.
+    pub fn stranded(&self) -> bool {
+        self.stranded.load(Relaxed)
+    }
+
     /// `fi_mr_key`: what peers name it with in RMA (read now: in a domain with
     /// `FI_MR_ENDPOINT`, the key of the bound and enabled MR).
     pub fn key(&self) -> u64 {

@@ -105,6 +105,9 @@ mod tests {
 
     use super::*;
 
+    /// How long the race may take to run.
+    const RACE_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
     /// An entry: bytes `[base, base + 1 MiB)` and a tag that says whose they are.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     struct At {
@@ -156,14 +159,18 @@ mod tests {
     }
 
     /// Lookups racing changes: an entry present all along is always found; one that comes
-    /// and goes is found whole or not at all.
+    /// and goes is found whole or not at all. The table changes until the readers have made
+    /// enough lookups, however the threads are scheduled (at most [`RACE_LIMIT`]).
     #[test]
     fn lookups_racing_changes_see_whole_entries() {
+        const LOOKUPS: u64 = 20_000;
+        const CHURNED: u64 = 1_000;
         let table = AddressTable::default();
         let stop = AtomicBool::new(false);
         let (found, churned) = (AtomicU64::new(0), AtomicU64::new(0));
         table.set(&[at(1)]);
-        std::thread::scope(|scope| {
+        let deadline = std::time::Instant::now() + RACE_LIMIT;
+        let rounds = std::thread::scope(|scope| {
             for _ in 0..2 {
                 scope.spawn(|| {
                     while !stop.load(SeqCst) {
@@ -178,13 +185,23 @@ mod tests {
                     }
                 });
             }
-            for round in 0..20_000u64 {
+            let mut round = 0u64;
+            while (found.load(SeqCst) < LOOKUPS || churned.load(SeqCst) < CHURNED)
+                && std::time::Instant::now() < deadline
+            {
                 let mut wanted = vec![at(1)];
                 wanted.extend((2..6).filter(|n| (round >> n) & 1 == 1).map(at));
                 table.set(&wanted);
+                round += 1;
             }
             stop.store(true, SeqCst);
+            round
         });
-        assert!(found.load(SeqCst) > 0 && churned.load(SeqCst) > 0);
+        let (found, churned) = (found.load(SeqCst), churned.load(SeqCst));
+        assert!(
+            found >= LOOKUPS && churned >= CHURNED,
+            "in {RACE_LIMIT:?}, {rounds} changes and {found} lookups ({churned} of churned \
+             entries): the race did not run"
+        );
     }
 }

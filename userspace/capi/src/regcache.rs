@@ -1117,10 +1117,11 @@ impl PdDomain {
                 unsafe { out.write(mr) };
             }
             Out::InPlace { storage, out } => {
+                // A `PdMrStorage` is as large and as aligned as a `PdMr` (asserted at its
+                // definition); the caller's holds no live handle, so nothing needs dropping.
                 let mr = storage.cast::<PdMr>();
-                // SAFETY: not NULL (the caller checked), valid for writing a `PdMrStorage`,
-                // which is as large and as aligned as a `PdMr` (asserted at its definition),
-                // and holds no live handle, so nothing is overwritten that needs dropping.
+                // SAFETY: not NULL (checked), valid for writing a `PdMrStorage`, room for a
+                // `PdMr` (above), and no handle in it is overwritten.
                 unsafe { mr.write(PdMr::new(registration, born, false)) };
                 // SAFETY: as `storage`, not NULL and valid for writing a pointer.
                 unsafe { out.write(mr) };

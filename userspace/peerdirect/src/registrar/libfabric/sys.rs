@@ -1201,9 +1201,9 @@ impl Endpoint {
             };
             check(got)?;
             let mut buf = [0 as c_char; 128];
-            // SAFETY: fi_cq_strerror (cq->ops->strerror) before the next read of the CQ, while
-            // `err_data` (the provider's buffer: we passed err_data_size 0) is valid; it returns
-            // NULL or a NUL-terminated string (static, or in `buf`), copied out at once.
+            // `err_data` is the provider's buffer (we passed err_data_size 0), valid until the
+            // next read of the CQ; strerror returns NULL or a NUL-terminated string, copied out.
+            // SAFETY: fi_cq_strerror (cq->ops->strerror) before the next read, as said above.
             let prov_text = unsafe {
                 let cq = self.cq.as_ptr();
                 (*(*cq).ops).strerror.and_then(|strerror| {

@@ -33,6 +33,9 @@
 # userspace/capi/tests/callback_race.c and lookup_race.c, built with AddressSanitizer: the
 # invalidation callback set, cleared and freed while it is called; lookups by address
 # (pd_register_addr) while other threads register and drop dma-bufs at their addresses.
+# userspace/capi/tests/fork_handles.c, also with AddressSanitizer: a forked child's
+# registrations in its parent's domain fail with -ECHILD, and its releases of the parent's
+# handles (allocated and in the caller's storage) leave them alone.
 # Then a boot with qemu/run --rxe-dmabuf (the test kernel's patched rxe and the patched rxe
 # provider: rxe0 registers dma-bufs, as EFA, mlx5 and irdma do): verbs_register.c takes its
 # other branch, a registration at IOVA = its offset in the allocation; and
@@ -57,9 +60,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Plan: make install and pkg-config (2); the first boot: hbm_export (4), fabric_register (3),
 # verbs_register (2), hcl_style (2), nommap_register (3), hcl_pool (2), key_pool (2),
-# callback_race (2), lookup_race (2); the --rxe-dmabuf boot: verbs_register (1), verbs_rdma (6); the companion
+# callback_race (2), lookup_race (2), fork_handles (2); the --rxe-dmabuf boot: verbs_register (1), verbs_rdma (6); the companion
 # boot (7).
-plan 38
+plan 40
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -94,6 +97,7 @@ cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/f
 	"$ROOT/userspace/capi/examples/nommap_register.c" "$ROOT/userspace/capi/examples/hcl_pool.c" \
 	"$ROOT/userspace/capi/examples/key_pool.c" "$ROOT/userspace/capi/tests/callback_race.c" \
 	"$ROOT/userspace/capi/tests/lookup_race.c" "$ROOT/userspace/capi/tests/tcp_cache.h" \
+	"$ROOT/userspace/capi/tests/fork_handles.c" \
 	"$ROOT/userspace/capi/examples/verbs_rdma.c" "$work/share/"
 # The programs are built on the host, chrooted in the guest's trixie userland (in_trixie: its
 # gcc, g++, pkg-config, headers and libraries, the files the guest runs them with): a second
@@ -111,6 +115,7 @@ trixie_build nbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/nommap
 trixie_build pbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hcl_pool hcl_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/hcl_pool .'
 trixie_build abuild 'gcc -std=c99 -Wall -Wextra -Werror -fsanitize=address -g -o /tmp/callback_race callback_race.c $(pkg-config --cflags --libs peerdirect libfabric) -pthread && cp /tmp/callback_race .'
 trixie_build lbuild 'gcc -std=c99 -Wall -Wextra -Werror -fsanitize=address -g -o /tmp/lookup_race lookup_race.c $(pkg-config --cflags --libs peerdirect libfabric) -pthread && cp /tmp/lookup_race .'
+trixie_build xbuild 'gcc -std=c99 -Wall -Wextra -Werror -fsanitize=address -g -o /tmp/fork_handles fork_handles.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/fork_handles .'
 trixie_build kbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/key_pool key_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/key_pool .'
 trixie_build vbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_register verbs_register.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_register .'
 trixie_build rbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_rdma verbs_rdma.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_rdma .'
@@ -129,6 +134,7 @@ run keys ./key_pool
 # no leaks to report.
 run race env ASAN_OPTIONS=detect_leaks=0 ./callback_race
 run lookup env ASAN_OPTIONS=detect_leaks=0 ./lookup_race
+run forked env ASAN_OPTIONS=detect_leaks=0 ./fork_handles
 run example ./hbm_export
 run fabric ./fabric_register
 run fabric_rxe env FI_UNIVERSE_SIZE=64 ./fabric_register 'verbs;ofi_rxm'
@@ -346,6 +352,21 @@ if [ "$(cat lookup.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL\|AddressSanitizer:
 	sed "s/^/# /" lookup.out
 else
 	fail "$desc" "$(show lookup)"
+fi
+
+desc="trixie's gcc builds tests/fork_handles.c with AddressSanitizer (-fsanitize=address, -Wall -Wextra -Werror)"
+if [ "$(cat xbuild.rc 2>/dev/null)" = 0 ]; then
+	ok "$desc"
+else
+	fail "$desc" "$(show xbuild)"
+fi
+desc="fork_handles under AddressSanitizer: a forked child's pd_register_addr, pd_register_addr_in and pd_register_in in its parent's domain (each a hit in the parent) fail with -ECHILD saying why, and its pd_mr_release of the parent's handles, allocated and in the caller's storage, leaves each alone saying why; the parent's released, nothing stays cached or registered"
+if [ "$(cat forked.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL\|AddressSanitizer: ' forked.out &&
+	grep -q '^ok - a forked child.s registrations in its parent.s domain' forked.out; then
+	ok "$desc"
+	sed "s/^/# /" forked.out
+else
+	fail "$desc" "$(show forked)"
 fi
 
 desc="trixie's g++ builds hcl_style.cpp (C++17, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"

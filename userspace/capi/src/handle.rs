@@ -103,6 +103,12 @@ impl<T> Default for OnceSource<T> {
 }
 
 impl<T> OnceSource<T> {
+    /// The source if it was made.
+    #[inline]
+    pub(crate) fn get(&self) -> Option<&T> {
+        self.source.get()
+    }
+
     /// The source, made by `make` if this is the first call (or the first calls failed).
     pub(crate) fn get_or_make(
         &self,

@@ -25,7 +25,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use pd::cache::{Access, ByteRange, DomainId, ExportId, RegCache};
+use pd::cache::{Access, AddressTable, ByteRange, DomainId, ExportId, RegCache};
 use pd::registrar::ibverbs::{self, IbverbsRegistrar};
 use pd::registrar::libfabric::{
     DmaBufSource, Fabric, Iface, KeyAllocator, LibfabricError, LibfabricRegistrar, MappedDmaBuf,
@@ -34,9 +34,9 @@ use pd::registrar::libfabric::{
 use pd::{Cause, Device, Errno, Invalidated, RawExport, RegPath, Registrar, Registration};
 
 use crate::abi::{self, FidDomain, FidEp, IbvPd, PdRegcacheStats};
-use crate::addresses::{Addresses, At};
+use crate::addresses::At;
 use crate::callback::CallbackSlot;
-use crate::error::{guard_status, handle_guard, shield, Failure};
+use crate::error::{guard_fast_path, guard_status, handle_guard, shield, Failure};
 use crate::handle::{arg, inherited, put, take, Born, Handle, PdAllocation, PdDevice, Source};
 use crate::registrar::AnyRegistrar;
 
@@ -108,7 +108,7 @@ struct Shared {
     /// Where those of them registered at the caller's addresses (`pd_register_dmabuf_at`)
     /// are, for `pd_register_addr` to look up without a lock or a reference count written by
     /// every thread: set whenever `foreign` changes (under its lock).
-    addresses: Addresses,
+    addresses: AddressTable<At>,
     /// The caller's invalidation callback, called by the cache's listener.
     callback: Arc<CallbackSlot<Callback>>,
     /// For the cache and its domains.
@@ -282,7 +282,7 @@ pub unsafe extern "C" fn pd_regcache_new(err: *mut c_int) -> *mut PdRegCache {
             domains: Arc::default(),
             host_bounce: AtomicBool::new(false),
             foreign: Mutex::default(),
-            addresses: Addresses::default(),
+            addresses: AddressTable::default(),
             callback: Arc::new(CallbackSlot::new()),
             born: Born::now(),
         };
@@ -717,18 +717,83 @@ unsafe fn register_alloc(
     access: u32,
     out: Out,
 ) -> c_int {
-    guard_status(function, || {
-        // SAFETY: the caller promises NULL or a live handle.
-        let domain = unsafe { arg(function, "domain", domain.cast_const()) }?;
-        // SAFETY: the caller promises NULL or a live handle, not freed during this call.
-        let alloc = unsafe { arg(function, "alloc", alloc) }?;
-        let out = out.checked(function)?;
-        let access = checked_access(access)?;
-        let range = checked_range(alloc.length, offset, length)?;
-        let source = source(alloc)?;
-        // SAFETY: `out`'s pointers are not NULL (checked) and the caller promises them valid.
-        unsafe { domain.register_into(function, Some(&alloc.device), source, range, access, out) }
-    })
+    guard_fast_path(
+        function,
+        // SAFETY: passed on under the caller's contract.
+        || unsafe { hit_alloc(domain, alloc, offset, length, access, out) }.is_some(),
+        // SAFETY: as above.
+        || unsafe { register_alloc_missed(function, domain, alloc, offset, length, access, out) },
+    )
+}
+
+/// [`register_alloc`]'s cache hit, which has no failure to report: `None` for a miss, before
+/// the allocation's first registration or the cache's first watch of its device, and for
+/// whatever [`register_alloc_missed`] refuses (and says why). Out of line, for
+/// [`guard_fast_path`].
+///
+/// # Safety
+///
+/// As for [`register_alloc`].
+#[inline(never)]
+unsafe fn hit_alloc(
+    domain: *mut PdDomain,
+    alloc: *const PdAllocation,
+    offset: u64,
+    length: u64,
+    access: u32,
+    out: Out,
+) -> Option<()> {
+    // SAFETY: the caller promises NULL or a live handle.
+    let domain = unsafe { domain.as_ref() }?;
+    // SAFETY: the caller promises NULL or a live handle, not freed during this call.
+    let alloc = unsafe { alloc.as_ref() }?;
+    let access = known_access(access)?;
+    if domain.born().inherited() || alloc.born().inherited() || !out.valid() {
+        return None;
+    }
+    let range = range_in(alloc.length, offset, length)?;
+    let source = alloc.source.get()?;
+    let registration = domain.shared.cache.get_cached_from(
+        &alloc.device,
+        &domain.registrar,
+        source.export,
+        range,
+        access,
+    )?;
+    // SAFETY: `out`'s pointers are not NULL (`valid`) and the caller promises them valid.
+    unsafe { domain.hand_out(registration, out) };
+    Some(())
+}
+
+/// [`register_alloc`] when [`hit_alloc`] made no handle: the arguments checked, each refusal
+/// said, the allocation's export made on its first registration, and registered through the
+/// cache, which attaches to the device first. Out of line, so that the code of a hit stays
+/// short.
+///
+/// # Safety
+///
+/// As for [`register_alloc`].
+#[cold]
+#[inline(never)]
+unsafe fn register_alloc_missed(
+    function: &str,
+    domain: *mut PdDomain,
+    alloc: *const PdAllocation,
+    offset: u64,
+    length: u64,
+    access: u32,
+    out: Out,
+) -> Result<(), Failure> {
+    // SAFETY: the caller promises NULL or a live handle.
+    let domain = unsafe { arg(function, "domain", domain.cast_const()) }?;
+    // SAFETY: the caller promises NULL or a live handle, not freed during this call.
+    let alloc = unsafe { arg(function, "alloc", alloc) }?;
+    let out = out.checked(function)?;
+    let access = checked_access(access)?;
+    let range = checked_range(alloc.length, offset, length)?;
+    let source = source(alloc)?;
+    // SAFETY: `out`'s pointers are not NULL (checked) and the caller promises them valid.
+    unsafe { domain.register_into(function, Some(&alloc.device), source, range, access, out) }
 }
 
 /// `int pd_register_dmabuf(pd_domain *domain, int fd, uint64_t offset, uint64_t length,
@@ -884,28 +949,18 @@ unsafe fn register_at_addr(
     out: Out,
 ) -> c_int {
     let addr = addr as u64;
-    // The hit guarded on its own, and the miss after it: guarding both in one closure made
-    // `catch_unwind` call that closure out of line, its captures passed through memory
-    // (46.8 ns a hit in place against 41.0, `scripts/bench-hits --native`).
-    // SAFETY: passed on under the caller's contract.
-    let hit = shield(function, None, || unsafe {
-        Some(hit_at_addr(domain, addr, length, access, out).is_some())
-    });
-    match hit {
-        Some(true) => 0,
+    guard_fast_path(
+        function,
+        // SAFETY: passed on under the caller's contract.
+        || unsafe { hit_at_addr(domain, addr, length, access, out) }.is_some(),
         // SAFETY: as above.
-        Some(false) => guard_status(function, || unsafe {
-            register_missed_at(function, domain, addr, length, access, out)
-        }),
-        // It panicked: `shield` kept the message.
-        None => -Errno::IO.raw_os_error(),
-    }
+        || unsafe { register_missed_at(function, domain, addr, length, access, out) },
+    )
 }
 
 /// [`register_at_addr`]'s cache hit, which has no failure to report: `None` for a miss and
-/// for whatever [`register_missed_at`] refuses (and says why). Out of line, so that the
-/// closure `catch_unwind` runs is only this call, which it inlines (inlined here, the closure
-/// was too long for that).
+/// for whatever [`register_missed_at`] refuses (and says why). Out of line, for
+/// [`guard_fast_path`].
 ///
 /// # Safety
 ///
@@ -930,7 +985,8 @@ unsafe fn hit_at_addr(
     // dma-buf can take (the kernel numbers dma-buf inodes from a 64-bit counter, never
     // reused: dma_buf_getfile), so the cache has nothing for it, or the registration that
     // the lookup, ordered before the drop, may hand out.
-    let at = shared.addresses.find(addr, addr.checked_add(length)?)?;
+    let end = addr.checked_add(length)?;
+    let at = shared.addresses.find(|at| at.covers(addr, end))?;
     let range = range_in(at.size, addr - at.base, length)?;
     let registration = shared
         .cache

@@ -283,7 +283,7 @@ fn layout_matches_the_header() {
 /// does), drops of handles included.
 #[test]
 fn every_c_function_runs_inside_the_guard() {
-    const GUARDS: [&str; 3] = ["guard(", "guard_status(", "shield("];
+    const GUARDS: [&str; 4] = ["guard(", "guard_status(", "shield(", "guard_fast_path("];
     // Helpers whose whole body is guarded, checked below like the C functions.
     const HELPERS: [&str; 6] = [
         "unsafe fn open(",

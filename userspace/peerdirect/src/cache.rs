@@ -592,6 +592,25 @@ impl<R: Registrar> RegCache<R> {
         }
     }
 
+    /// [`RegCache::get_from`]'s lookup only, which never registers nor attaches: the
+    /// registration if the cache watches `device` (as `get_from` leaves it) and holds one that
+    /// serves the request; `None` otherwise, for `get_from` to do the rest.
+    #[inline]
+    pub fn get_cached_from(
+        &self,
+        device: &Device,
+        registrar: &Arc<R>,
+        export: ExportId,
+        range: ByteRange,
+        access: Access,
+    ) -> Option<Registration<R>> {
+        let status = device.status_page()?;
+        match self.look_up(registrar, export, range, access, Some(status)) {
+            Lookup::Hit(registration) => Some(registration),
+            Lookup::Miss(..) | Lookup::Unwatched => None,
+        }
+    }
+
     /// The lookup of [`RegCache::get`] and [`RegCache::get_from`]: a hit, or what a miss
     /// needs; with `watching`, [`Lookup::Unwatched`] if the cache does not watch that status
     /// page (under the same read lock).

@@ -1449,6 +1449,59 @@ fn get_from_attaches_on_the_first_call_and_its_hits_take_no_write_lock() {
     assert_eq!(cache.stats().misses, 2);
 }
 
+/// `get_cached_from`: a hit only where `get_from` would hit, once it watches the device;
+/// never registers, attaches or writes.
+#[test]
+fn get_cached_from_hits_what_get_from_would_and_never_registers_or_attaches() {
+    let fake = FakeDevice::with_status_page("get-cached-from");
+    let registrar = FakeRegistrar::new(1);
+    let cache = Arc::new(cache(16, 1 << 30));
+    let export = ExportId::new(7, 1);
+    let cached = |first, count, access| {
+        cache.get_cached_from(
+            &fake.device,
+            &registrar,
+            export,
+            pages(first, count),
+            access,
+        )
+    };
+    assert!(
+        cached(0, 1, RW).is_none(),
+        "nothing cached, the device unwatched"
+    );
+    // Registered, but not through get_from: the device is not watched, so no hit.
+    drop(get(&cache, &registrar, export, 0, 4, RW));
+    assert!(cached(0, 1, RW).is_none(), "cached, the device unwatched");
+    assert_eq!(fake.device.hooks_subscribed(), 0);
+    drop(
+        cache
+            .get_from(&fake.device, &registrar, &(), export, pages(0, 4), RW)
+            .unwrap(),
+    );
+    assert_eq!(fake.device.hooks_subscribed(), 1);
+    let writes = cache.stats().writes;
+    let part = cached(1, 2, Access::REMOTE_READ).expect("a hit inside the cached range");
+    assert_eq!(part.offset_in_mr(), PAGE);
+    assert_eq!(part.requested(), pages(1, 2));
+    assert!(cached(3, 2, RW).is_none(), "across the end");
+    assert!(cache
+        .get_cached_from(
+            &fake.device,
+            &registrar,
+            ExportId::new(7, 2),
+            pages(0, 1),
+            RW
+        )
+        .is_none());
+    assert_eq!(registrar.registered(), 1);
+    assert_eq!(cache.stats().writes, writes, "lookups write nothing");
+    // A reset the entries do not know of: no hit (get_from then drops them).
+    fake.set_resets(1);
+    assert!(cached(0, 1, RW).is_none(), "a hit on a reset device");
+    drop(part);
+}
+
 #[test]
 fn a_reset_the_watcher_reports_drops_the_device_entries_at_once_and_tells_the_listener() {
     use crate::invalidation::Invalidate;

@@ -954,12 +954,12 @@ unsafe fn register_at_addr(
         // SAFETY: passed on under the caller's contract.
         || unsafe { hit_at_addr(domain, addr, length, access, out) }.is_some(),
         // SAFETY: as above.
-        || unsafe { register_missed_at(function, domain, addr, length, access, out) },
+        || unsafe { register_at_addr_missed(function, domain, addr, length, access, out) },
     )
 }
 
 /// [`register_at_addr`]'s cache hit, which has no failure to report: `None` for a miss and
-/// for whatever [`register_missed_at`] refuses (and says why). Out of line, for
+/// for whatever [`register_at_addr_missed`] refuses (and says why). Out of line, for
 /// [`guard_fast_path`].
 ///
 /// # Safety
@@ -1006,7 +1006,7 @@ unsafe fn hit_at_addr(
 /// As for [`register_at_addr`].
 #[cold]
 #[inline(never)]
-unsafe fn register_missed_at(
+unsafe fn register_at_addr_missed(
     function: &str,
     domain: *mut PdDomain,
     addr: u64,

@@ -69,6 +69,26 @@ fail() { failed=1; not_ok "$@"; }
 
 show() { echo "exit status $(cat "$1.rc" 2>/dev/null || echo none):"; cat "$1.out" 2>/dev/null; }
 
+# asan_checks PROGRAM BUILD RUN DESC OK: the two checks of tests/PROGRAM.c, built with
+# AddressSanitizer (BUILD.rc, .out) and run (RUN.rc, .out): that it built, and DESC, met if it
+# exited 0, printed a line starting "ok - OK" (a grep pattern) and no "FAIL", and
+# AddressSanitizer reported nothing.
+asan_checks() {
+	local desc="trixie's gcc builds tests/$1.c with AddressSanitizer (-fsanitize=address, -Wall -Wextra -Werror)"
+	if [ "$(cat "$2.rc" 2>/dev/null)" = 0 ]; then
+		ok "$desc"
+	else
+		fail "$desc" "$(show "$2")"
+	fi
+	if [ "$(cat "$3.rc" 2>/dev/null)" = 0 ] && ! grep -q '^FAIL\|AddressSanitizer: ' "$3.out" &&
+		grep -q "^ok - $5" "$3.out"; then
+		ok "$4"
+		sed "s/^/# /" "$3.out"
+	else
+		fail "$4" "$(show "$3")"
+	fi
+}
+
 stage=$work/share/stage
 lib=$stage/usr/local/lib
 mkdir -p "$work/share"
@@ -113,9 +133,9 @@ trixie_build hbuild 'g++ -std=c++17 -Wall -Wextra -Werror -o /tmp/hcl_style hcl_
 trixie_build fbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/fabric_register fabric_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/fabric_register .'
 trixie_build nbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/nommap_register nommap_register.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/nommap_register .'
 trixie_build pbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hcl_pool hcl_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/hcl_pool .'
-trixie_build abuild 'gcc -std=c99 -Wall -Wextra -Werror -fsanitize=address -g -o /tmp/callback_race callback_race.c $(pkg-config --cflags --libs peerdirect libfabric) -pthread && cp /tmp/callback_race .'
-trixie_build lbuild 'gcc -std=c99 -Wall -Wextra -Werror -fsanitize=address -g -o /tmp/lookup_race lookup_race.c $(pkg-config --cflags --libs peerdirect libfabric) -pthread && cp /tmp/lookup_race .'
-trixie_build xbuild 'gcc -std=c99 -Wall -Wextra -Werror -fsanitize=address -g -o /tmp/fork_handles fork_handles.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/fork_handles .'
+for p in abuild:callback_race lbuild:lookup_race xbuild:fork_handles; do
+	trixie_build "${p%%:*}" "gcc -std=c99 -Wall -Wextra -Werror -fsanitize=address -g -o /tmp/${p#*:} ${p#*:}.c \$(pkg-config --cflags --libs peerdirect libfabric) -pthread && cp /tmp/${p#*:} ."
+done
 trixie_build kbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/key_pool key_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/key_pool .'
 trixie_build vbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_register verbs_register.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_register .'
 trixie_build rbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_rdma verbs_rdma.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_rdma .'
@@ -325,49 +345,12 @@ else
 	fail "$desc" "$(show keys)"
 fi
 
-desc="trixie's gcc builds tests/callback_race.c with AddressSanitizer (-fsanitize=address, -Wall -Wextra -Werror)"
-if [ "$(cat abuild.rc 2>/dev/null)" = 0 ]; then
-	ok "$desc"
-else
-	fail "$desc" "$(show abuild)"
-fi
-desc="callback_race under AddressSanitizer: 20 rounds of setting the invalidation callback with a fresh heap context, clearing it (the last: pd_regcache_free) and freeing the context at once, while a thread registers and frees allocations (each telling the callback): no call after its removal returned, no use after free"
-if [ "$(cat race.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL\|AddressSanitizer: ' race.out &&
-	grep -q '^ok - 20 rounds of setting, clearing and freeing the callback.s context' race.out; then
-	ok "$desc"
-	sed "s/^/# /" race.out
-else
-	fail "$desc" "$(show race)"
-fi
-desc="trixie's gcc builds tests/lookup_race.c with AddressSanitizer (-fsanitize=address, -Wall -Wextra -Werror)"
-if [ "$(cat lbuild.rc 2>/dev/null)" = 0 ]; then
-	ok "$desc"
-else
-	fail "$desc" "$(show lbuild)"
-fi
-desc="lookup_race under AddressSanitizer: two threads registering (pd_register_dmabuf_at) and dropping (pd_regcache_invalidate_dmabuf) four exports at their addresses while two threads look them up by address (pd_register_addr, and pd_register_addr_in with the handle in the caller's storage): lookups in a pool registered all along always hit, every handle names the bytes looked up, no lookup misses an export registered before and after it, the final set is found exactly, and with all dropped nothing stays cached or registered"
-if [ "$(cat lookup.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL\|AddressSanitizer: ' lookup.out &&
-	grep -q '^ok - 2 threads registering and dropping 4 exports' lookup.out; then
-	ok "$desc"
-	sed "s/^/# /" lookup.out
-else
-	fail "$desc" "$(show lookup)"
-fi
-
-desc="trixie's gcc builds tests/fork_handles.c with AddressSanitizer (-fsanitize=address, -Wall -Wextra -Werror)"
-if [ "$(cat xbuild.rc 2>/dev/null)" = 0 ]; then
-	ok "$desc"
-else
-	fail "$desc" "$(show xbuild)"
-fi
-desc="fork_handles under AddressSanitizer: a forked child's pd_register_addr, pd_register_addr_in and pd_register_in in its parent's domain (each a hit in the parent) fail with -ECHILD saying why, and its pd_mr_release of the parent's handles, allocated and in the caller's storage, leaves each alone saying why; the parent's released, nothing stays cached or registered"
-if [ "$(cat forked.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL\|AddressSanitizer: ' forked.out &&
-	grep -q '^ok - a forked child.s registrations in its parent.s domain' forked.out; then
-	ok "$desc"
-	sed "s/^/# /" forked.out
-else
-	fail "$desc" "$(show forked)"
-fi
+asan_checks callback_race abuild race "callback_race under AddressSanitizer: 20 rounds of setting the invalidation callback with a fresh heap context, clearing it (the last: pd_regcache_free) and freeing the context at once, while a thread registers and frees allocations (each telling the callback): no call after its removal returned, no use after free" \
+	'20 rounds of setting, clearing and freeing the callback.s context'
+asan_checks lookup_race lbuild lookup "lookup_race under AddressSanitizer: two threads registering (pd_register_dmabuf_at) and dropping (pd_regcache_invalidate_dmabuf) four exports at their addresses while two threads look them up by address (pd_register_addr, and pd_register_addr_in with the handle in the caller's storage): lookups in a pool registered all along always hit, every handle names the bytes looked up, no lookup misses an export registered before and after it, the final set is found exactly, and with all dropped nothing stays cached or registered" \
+	'2 threads registering and dropping 4 exports'
+asan_checks fork_handles xbuild forked "fork_handles under AddressSanitizer: a forked child's pd_register_addr, pd_register_addr_in and pd_register_in in its parent's domain (each a hit in the parent) fail with -ECHILD saying why, and its pd_mr_release of the parent's handles, allocated and in the caller's storage, leaves each alone saying why; the parent's released, nothing stays cached or registered" \
+	'a forked child.s registrations in its parent.s domain'
 
 desc="trixie's g++ builds hcl_style.cpp (C++17, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"
 if [ "$(cat hbuild.rc 2>/dev/null)" = 0 ]; then

@@ -4,7 +4,10 @@
  * on libfabric's tcp domain over 127.0.0.1, from 1, 2 and 8 threads at once, all asking for
  * the same 2 MiB allocation of /dev/peerdirect0 (so all hit one entry). Per thread count it
  * times the handle allocated by the library (pd_register, lines "hits c"), then made in a
- * pd_mr_storage on the timing thread's stack (pd_register_in, lines "hits c-in").
+ * pd_mr_storage on the timing thread's stack (pd_register_in, lines "hits c-in"), then, as
+ * the floor of any pair of C calls, two calls that return at once (pd_mr_offset(NULL) and
+ * pd_mr_release(NULL), lines "hits c-calls"): what a C caller pays to reach the library
+ * twice, which a Rust caller, whose hit is inlined, does not.
  *
  * With --foreign, no peerdirect device is needed (scripts/bench-hits --native runs it on the
  * host's CPU): the 2 MiB are a memfd, registered once as a foreign dma-buf at the address of
@@ -69,6 +72,7 @@ struct bench {
 	const pd_allocation *alloc; /* NULL with --foreign: */
 	void *addr;                 /* the memfd's mapping, registered at its address */
 	int in_place;               /* the handle in a pd_mr_storage (pd_register_in, ...) */
+	int calls_only;             /* two calls that do nothing instead of a hit and release */
 	pthread_barrier_t start;
 	int failed;
 };
@@ -103,6 +107,11 @@ static int pair(struct bench *bench)
 	pd_mr *mr = NULL;
 	int err;
 
+	if (bench->calls_only) {
+		(void)pd_mr_offset(NULL);
+		pd_mr_release(NULL);
+		return 0;
+	}
 	if (bench->in_place)
 		err = bench->alloc ? pd_register_in(bench->dom, bench->alloc, 0, 0, ALL, &storage, &mr)
 				   : pd_register_addr_in(bench->dom, bench->addr, LENGTH, ALL,
@@ -178,12 +187,23 @@ static int measure(struct bench *bench, int threads)
 	qsort(all, n, sizeof(*all), by_value);
 	if (!bench->failed)
 		printf("hits %s threads %d p50_ns %.1f p99_ns %.1f mhits_per_thread %.2f%s\n",
-		       bench->in_place ? "c-in" : "c", threads, all[n / 2], all[n * 99 / 100],
+		       bench->calls_only ? "c-calls" : bench->in_place ? "c-in" : "c", threads, all[n / 2], all[n * 99 / 100],
 		       (double)BATCHES * BATCH * threads / seconds / 1e6,
 		       bench->alloc ? "" : " foreign");
 	free(all);
 	free(t);
 	return bench->failed;
+}
+
+/* measure() of two C calls that return at once. */
+static int measure_calls(struct bench *bench, int threads)
+{
+	int failed;
+
+	bench->calls_only = 1;
+	failed = measure(bench, threads);
+	bench->calls_only = 0;
+	return failed;
 }
 
 /* measure() with each handle made in a pd_mr_storage on the timing thread's stack. */
@@ -352,13 +372,14 @@ int main(int argc, char **argv)
 	}
 	/* The first registration (a miss) is held for the whole run: every timed call hits. */
 	bench.alloc = alloc;
-	/* Per thread count, the handle allocated, then in the caller's storage. */
-	if (argc > 1) {
-		for (i = 1; i < argc && !failed; i++)
-			failed = measure(&bench, atoi(argv[i])) || measure_in_place(&bench, atoi(argv[i]));
-	} else {
-		for (i = 0; i < (int)(sizeof(defaults) / sizeof(defaults[0])) && !failed; i++)
-			failed = measure(&bench, defaults[i]) || measure_in_place(&bench, defaults[i]);
+	/* Per thread count, the handle allocated, then in the caller's storage, then the calls. */
+	for (i = 0; i < (argc > 1 ? argc - 1 : (int)(sizeof(defaults) / sizeof(defaults[0]))) &&
+		    !failed;
+	     i++) {
+		int threads = argc > 1 ? atoi(argv[i + 1]) : defaults[i];
+
+		failed = measure(&bench, threads) || measure_in_place(&bench, threads) ||
+			 measure_calls(&bench, threads);
 	}
 	if (!failed) {
 		struct pd_regcache_stats stats;

@@ -45,6 +45,12 @@ impl Failure {
         )
     }
 
+    /// What `pd_last_error` says of it.
+    #[cfg(test)]
+    pub(crate) fn message(&self) -> &str {
+        &self.0.message
+    }
+
     /// The value a C function returns for it: the negative errno.
     pub(crate) fn code(&self) -> c_int {
         -self.0.errno.raw_os_error()

@@ -789,8 +789,8 @@ unsafe fn register_alloc_missed(
     // SAFETY: the caller promises NULL or a live handle, not freed during this call.
     let alloc = unsafe { arg(function, "alloc", alloc) }?;
     let out = out.checked(function)?;
-    let access = checked_access(access)?;
-    let range = checked_range(alloc.length, offset, length)?;
+    let access = checked_access(function, access)?;
+    let range = checked_range(function, "allocation", alloc.length, offset, length)?;
     let source = source(alloc)?;
     // SAFETY: `out`'s pointers are not NULL (checked) and the caller promises them valid.
     unsafe { domain.register_into(function, Some(&alloc.device), source, range, access, out) }
@@ -849,12 +849,12 @@ unsafe fn register_fd(
         // SAFETY: the caller promises NULL or a live handle.
         let domain = unsafe { arg(function, "domain", domain.cast_const()) }?;
         let out = Out::Boxed { out }.checked(function)?;
-        let access = checked_access(request.access)?;
+        let access = checked_access(function, request.access)?;
         let source = domain
             .shared
             .fd_source(function, request.fd, None, request.base_addr)?;
         let size = source.source.dma_buf().length();
-        let range = checked_range(size, request.offset, request.length)?;
+        let range = checked_range(function, "dma-buf", size, request.offset, request.length)?;
         // SAFETY: `out` is not NULL (checked) and the caller promises it valid for writing.
         unsafe { domain.register_into(function, None, &source, range, access, out) }
     })
@@ -1017,7 +1017,7 @@ unsafe fn register_at_addr_missed(
     // SAFETY: the caller promises NULL or a live handle.
     let domain = unsafe { arg(function, "domain", domain.cast_const()) }?;
     let out = out.checked(function)?;
-    let access = checked_access(access)?;
+    let access = checked_access(function, access)?;
     if length == 0 {
         return Err(Failure::new(
             Errno::INVAL,
@@ -1026,6 +1026,8 @@ unsafe fn register_at_addr_missed(
     }
     let source = domain.shared.source_at(function, addr, length)?;
     let range = checked_range(
+        function,
+        "dma-buf",
         source.source.dma_buf().length(),
         addr - source.source.base_addr(),
         length,
@@ -1061,10 +1063,10 @@ pub unsafe extern "C" fn pd_register_export(
         // SAFETY: the caller promises NULL or a live handle.
         let dev = unsafe { arg(F, "dev", dev) }?;
         let out = Out::Boxed { out }.checked(F)?;
-        let access = checked_access(access)?;
+        let access = checked_access(F, access)?;
         let source = domain.shared.fd_source(F, fd, Some(&dev.device), None)?;
         let size = source.source.dma_buf().length();
-        let range = checked_range(size, offset, length)?;
+        let range = checked_range(F, "dma-buf", size, offset, length)?;
         // SAFETY: `out` is not NULL (checked) and the caller promises it valid for writing.
         unsafe { domain.register_into(F, Some(&dev.device), &source, range, access, out) }
     })
@@ -1137,12 +1139,12 @@ fn borrowed_dma_buf(function: &str, fd: c_int) -> Result<pd::DmaBuf, Failure> {
 }
 
 #[inline]
-fn checked_access(access: u32) -> Result<Access, Failure> {
+fn checked_access(function: &str, access: u32) -> Result<Access, Failure> {
     known_access(access).ok_or_else(|| {
         Failure::new(
             Errno::INVAL,
             format!(
-                "pd_register: access {access:#x}: give one or more PD_ACCESS_* and nothing else"
+                "{function}: access {access:#x}: give one or more PD_ACCESS_* and nothing else"
             ),
         )
     })
@@ -1158,14 +1160,22 @@ fn known_access(access: u32) -> Option<Access> {
     (access != 0 && access & !known == 0).then(|| Access::from_bits_truncate(access as u8))
 }
 
-/// `offset..offset + length` of an allocation of `size` bytes; `length` 0 is up to the end.
+/// `offset..offset + length` of `what` (an allocation, a dma-buf), `size` bytes; `length` 0 is
+/// up to the end.
 #[inline]
-fn checked_range(size: u64, offset: u64, length: u64) -> Result<ByteRange, Failure> {
+fn checked_range(
+    function: &str,
+    what: &str,
+    size: u64,
+    offset: u64,
+    length: u64,
+) -> Result<ByteRange, Failure> {
     range_in(size, offset, length).ok_or_else(|| {
         Failure::new(
             Errno::INVAL,
             format!(
-                "pd_register: {length} bytes at {offset} do not fit in the {size}-byte allocation"
+                "{function}: {length} bytes at offset {offset} do not fit in the {size}-byte \
+                 {what}"
             ),
         )
     })
@@ -1687,20 +1697,30 @@ mod tests {
 
     #[test]
     fn access_must_be_known_bits() {
-        assert_eq!(checked_access(0xf).unwrap(), Access::all());
-        assert_eq!(checked_access(8).unwrap(), Access::REMOTE_WRITE);
-        assert!(checked_access(0).is_err());
-        assert!(checked_access(0x10).is_err());
+        let access = |bits| checked_access("pd_register_addr", bits);
+        assert_eq!(access(0xf).unwrap(), Access::all());
+        assert_eq!(access(8).unwrap(), Access::REMOTE_WRITE);
+        assert!(access(0).is_err());
+        let refused = access(0x10).unwrap_err();
+        assert_eq!(
+            refused.message(),
+            "pd_register_addr: access 0x10: give one or more PD_ACCESS_* and nothing else"
+        );
     }
 
     #[test]
     fn ranges_stay_inside_the_allocation() {
-        let r = checked_range(1 << 20, 4096, 0).unwrap();
+        let range = |size, offset, length| checked_range("f", "allocation", size, offset, length);
+        let r = range(1 << 20, 4096, 0).unwrap();
         assert_eq!((r.offset(), r.length()), (4096, (1 << 20) - 4096));
-        assert_eq!(checked_range(8192, 0, 8192).unwrap().length(), 8192);
-        assert!(checked_range(8192, 4096, 8192).is_err());
-        assert!(checked_range(8192, 8192, 0).is_err()); // empty
-        assert!(checked_range(8192, u64::MAX, 2).is_err());
+        assert_eq!(range(8192, 0, 8192).unwrap().length(), 8192);
+        assert!(range(8192, 8192, 0).is_err()); // empty
+        assert!(range(8192, u64::MAX, 2).is_err());
+        let refused = checked_range("pd_register_dmabuf", "dma-buf", 8192, 4096, 8192);
+        assert_eq!(
+            refused.unwrap_err().message(),
+            "pd_register_dmabuf: 8192 bytes at offset 4096 do not fit in the 8192-byte dma-buf"
+        );
     }
 
     /// libfabric's own error numbers reach C as errno values: `FI_ENOKEY` (266) as

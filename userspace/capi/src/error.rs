@@ -271,6 +271,49 @@ mod tests {
         );
     }
 
+    /// `guard_fast_path`: a hit returns 0 without the miss; no hit runs the miss, whose
+    /// failure is reported; a panic in either is `-EIO` with its message, and a hit that
+    /// panicked is not followed by the miss.
+    #[test]
+    fn a_fast_path_runs_its_miss_only_when_it_made_nothing() {
+        let mut missed = 0;
+        assert_eq!(guard_fast_path("pd_test", || true, || unreachable!()), 0);
+        let code = guard_fast_path(
+            "pd_test",
+            || false,
+            || {
+                missed += 1;
+                Err(Failure::new(Errno::NOENT, "pd_test: nothing there"))
+            },
+        );
+        assert_eq!((code, missed), (-2, 1));
+        assert_eq!(last(), "pd_test: nothing there");
+        assert_eq!(guard_fast_path("pd_test", || false, || Ok(())), 0);
+        let code = guard_fast_path(
+            "pd_test",
+            || panic!("in the hit"),
+            || {
+                missed += 1;
+                Ok(())
+            },
+        );
+        assert_eq!(
+            (code, missed),
+            (-5, 1),
+            "a panicking hit is -EIO, and no miss follows"
+        );
+        assert_eq!(
+            last(),
+            "pd_test: internal error (a bug in libpeerdirect): panic: in the hit"
+        );
+        let code = guard_fast_path("pd_test", || false, || panic!("in the miss"));
+        assert_eq!(code, -5);
+        assert_eq!(
+            last(),
+            "pd_test: internal error (a bug in libpeerdirect): panic: in the miss"
+        );
+    }
+
     #[test]
     fn messages_with_nul_are_cut_there() {
         guard_status("pd_test", || Err(Failure::new(Errno::INVAL, "a\0b")));

@@ -67,12 +67,20 @@
 #define BATCHES 2000
 #define WARM 100
 
+/* What a timed pair is, and the name of its lines. */
+enum mode {
+	ALLOCATED, /* "c": a hit, its handle allocated by the library (pd_register, ...) */
+	IN_PLACE,  /* "c-in": the handle in a pd_mr_storage (pd_register_in, ...) */
+	CALLS,     /* "c-calls": two calls that do nothing instead of a hit and release */
+};
+
+static const char *const mode_names[] = { "c", "c-in", "c-calls" };
+
 struct bench {
 	pd_domain *dom;
 	const pd_allocation *alloc; /* NULL with --foreign: */
 	void *addr;                 /* the memfd's mapping, registered at its address */
-	int in_place;               /* the handle in a pd_mr_storage (pd_register_in, ...) */
-	int calls_only;             /* two calls that do nothing instead of a hit and release */
+	enum mode mode;             /* what a pair is */
 	pthread_barrier_t start;
 	int failed;
 };
@@ -96,8 +104,8 @@ static double now(void)
 static const char *hit_name(const struct bench *bench)
 {
 	if (bench->alloc)
-		return bench->in_place ? "pd_register_in" : "pd_register";
-	return bench->in_place ? "pd_register_addr_in" : "pd_register_addr";
+		return bench->mode == IN_PLACE ? "pd_register_in" : "pd_register";
+	return bench->mode == IN_PLACE ? "pd_register_addr_in" : "pd_register_addr";
 }
 
 /* One hit and the release of its handle; 0 or the error. */
@@ -107,12 +115,12 @@ static int pair(struct bench *bench)
 	pd_mr *mr = NULL;
 	int err;
 
-	if (bench->calls_only) {
+	if (bench->mode == CALLS) {
 		(void)pd_mr_offset(NULL);
 		pd_mr_release(NULL);
 		return 0;
 	}
-	if (bench->in_place)
+	if (bench->mode == IN_PLACE)
 		err = bench->alloc ? pd_register_in(bench->dom, bench->alloc, 0, 0, ALL, &storage, &mr)
 				   : pd_register_addr_in(bench->dom, bench->addr, LENGTH, ALL,
 							 &storage, &mr);
@@ -159,7 +167,7 @@ static int by_value(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-static int measure(struct bench *bench, int threads)
+static int measure(struct bench *bench, int threads, enum mode mode)
 {
 	struct thread *t = calloc((size_t)threads, sizeof(*t));
 	double *all = calloc((size_t)threads * BATCHES, sizeof(*all));
@@ -167,6 +175,7 @@ static int measure(struct bench *bench, int threads)
 	size_t n = (size_t)threads * BATCHES;
 	int i;
 
+	bench->mode = mode;
 	if (!t || !all || pthread_barrier_init(&bench->start, NULL, (unsigned)threads)) {
 		fprintf(stderr, "hits: out of memory\n");
 		return 1;
@@ -187,34 +196,12 @@ static int measure(struct bench *bench, int threads)
 	qsort(all, n, sizeof(*all), by_value);
 	if (!bench->failed)
 		printf("hits %s threads %d p50_ns %.1f p99_ns %.1f mhits_per_thread %.2f%s\n",
-		       bench->calls_only ? "c-calls" : bench->in_place ? "c-in" : "c", threads, all[n / 2], all[n * 99 / 100],
+		       mode_names[mode], threads, all[n / 2], all[n * 99 / 100],
 		       (double)BATCHES * BATCH * threads / seconds / 1e6,
 		       bench->alloc ? "" : " foreign");
 	free(all);
 	free(t);
 	return bench->failed;
-}
-
-/* measure() of two C calls that return at once. */
-static int measure_calls(struct bench *bench, int threads)
-{
-	int failed;
-
-	bench->calls_only = 1;
-	failed = measure(bench, threads);
-	bench->calls_only = 0;
-	return failed;
-}
-
-/* measure() with each handle made in a pd_mr_storage on the timing thread's stack. */
-static int measure_in_place(struct bench *bench, int threads)
-{
-	int failed;
-
-	bench->in_place = 1;
-	failed = measure(bench, threads);
-	bench->in_place = 0;
-	return failed;
 }
 
 /* DMA_BUF_MAGIC of <linux/magic.h>: the f_type of the dma-buf pseudo file system. */
@@ -378,8 +365,8 @@ int main(int argc, char **argv)
 	     i++) {
 		int threads = argc > 1 ? atoi(argv[i + 1]) : defaults[i];
 
-		failed = measure(&bench, threads) || measure_in_place(&bench, threads) ||
-			 measure_calls(&bench, threads);
+		failed = measure(&bench, threads, ALLOCATED) || measure(&bench, threads, IN_PLACE) ||
+			 measure(&bench, threads, CALLS);
 	}
 	if (!failed) {
 		struct pd_regcache_stats stats;

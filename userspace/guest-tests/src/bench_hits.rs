@@ -18,7 +18,10 @@
 //! host's CPU: the 2 MiB are a memfd, registered under its foreign identity
 //! ([`ExportId::foreign`]) through its mapping, as hits.c's `--foreign` registers the same
 //! stand-in (libfabric's tcp provider takes an FI_MR_DMABUF registration by its address and
-//! ignores the fd); the lines end in `foreign`.
+//! ignores the fd); the lines end in `foreign`. It then also times, in lines `hits rust-at`,
+//! what the C ABI's hit there is made of, written in Rust: the lookup by address in the
+//! crate's [`AddressTable`] and a hit only ([`RegCache::get_cached`]), so that the C hit is
+//! set beside the same operation as well as beside `get`.
 
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -26,7 +29,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Instant;
 
-use peerdirect::cache::{Access, ByteRange, CacheLimits, ExportId, RegCache};
+use peerdirect::cache::{Access, AddressTable, ByteRange, CacheLimits, ExportId, RegCache};
 use peerdirect::registrar::libfabric::{Fabric, LibfabricRegistrar, MappedDmaBuf};
 use peerdirect::{Device, DmaBuf, ExportFlags};
 use rustix::fs::MemfdFlags;
@@ -40,6 +43,15 @@ const BATCHES: usize = 2000;
 const WARM: usize = 100;
 /// The thread counts, as hits.c's default.
 const THREADS: [usize; 3] = [1, 2, 8];
+
+/// Where the 2 MiB are in the table of [`AddressTable`] lookups: bytes `[base, base + size)`
+/// of `export`, as the C ABI's table holds each dma-buf registered at the caller's addresses.
+#[derive(Clone, Copy, PartialEq)]
+struct At {
+    base: u64,
+    size: u64,
+    export: ExportId,
+}
 
 /// What one thread measured: ns per pair of each batch, and the seconds all batches took.
 struct Thread {
@@ -96,50 +108,37 @@ fn bench(foreign: bool) -> Result<(), String> {
     let held = cache
         .get(&registrar, &source, export, range, access)
         .map_err(|e| format!("register: {e}"))?;
-    for threads in THREADS {
-        let barrier = Barrier::new(threads);
-        let measured: Vec<Thread> = thread::scope(|scope| {
-            let running: Vec<_> = (0..threads)
-                .map(|_| {
-                    scope.spawn(|| {
-                        barrier.wait();
-                        let pair = || {
-                            let mr = cache.get(&registrar, &source, export, range, access);
-                            drop(black_box(mr));
-                        };
-                        for _ in 0..WARM * BATCH {
-                            pair();
-                        }
-                        let mut per_pair = Vec::with_capacity(BATCHES);
-                        let mut seconds = 0.0;
-                        for _ in 0..BATCHES {
-                            let start = Instant::now();
-                            for _ in 0..BATCH {
-                                pair();
-                            }
-                            let took = start.elapsed().as_secs_f64();
-                            per_pair.push(took * 1e9 / BATCH as f64);
-                            seconds += took;
-                        }
-                        Thread { per_pair, seconds }
-                    })
-                })
-                .collect();
-            running
-                .into_iter()
-                .map(|t| t.join().expect("bench thread"))
-                .collect()
+    // The lookup by address that the C ABI's pd_register_addr makes (the crate's table, then
+    // a hit only), written in Rust: with --foreign, the C hit's own operation.
+    let table = AddressTable::default();
+    let base = source.base_addr();
+    table.set(&[At {
+        base,
+        size: LENGTH,
+        export,
+    }]);
+    let get = || {
+        let mr = cache.get(&registrar, &source, export, range, access);
+        let hit = mr.is_ok();
+        drop(black_box(mr));
+        hit
+    };
+    let at_address = || {
+        let addr = black_box(base);
+        let mr = addr.checked_add(LENGTH).and_then(|end| {
+            let at = table.find(|at| at.base <= addr && end <= at.base.saturating_add(at.size))?;
+            let range = ByteRange::new(addr - at.base, LENGTH).ok()?;
+            cache.get_cached(&registrar, at.export, range, access)
         });
-        let seconds: f64 = measured.iter().map(|t| t.seconds).sum();
-        let mut all: Vec<f64> = measured.into_iter().flat_map(|t| t.per_pair).collect();
-        all.sort_unstable_by(f64::total_cmp);
-        let n = all.len();
-        println!(
-            "hits rust threads {threads} p50_ns {:.1} p99_ns {:.1} mhits_per_thread {:.2}{mode}",
-            all[n / 2],
-            all[n * 99 / 100],
-            (BATCHES * BATCH * threads) as f64 / seconds / 1e6
-        );
+        let hit = mr.is_some();
+        drop(black_box(mr));
+        hit
+    };
+    for threads in THREADS {
+        println!("{}", measure("rust", threads, get, mode)?);
+        if foreign {
+            println!("{}", measure("rust-at", threads, at_address, mode)?);
+        }
     }
     let stats = cache.stats();
     if stats.misses != 1 {
@@ -151,4 +150,58 @@ fn bench(foreign: bool) -> Result<(), String> {
     println!("hits rust calls {} misses 1{mode}", stats.hits);
     drop(held);
     Ok(())
+}
+
+/// Times `pair` (a hit and the drop of its handle; `false` if it made no handle) from
+/// `threads` threads at once, as hits.c times its pairs: the line that reports it.
+fn measure(
+    name: &str,
+    threads: usize,
+    pair: impl Fn() -> bool + Sync,
+    mode: &str,
+) -> Result<String, String> {
+    let barrier = Barrier::new(threads);
+    let measured: Vec<Option<Thread>> = thread::scope(|scope| {
+        let running: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    barrier.wait();
+                    let mut hits = true;
+                    for _ in 0..WARM * BATCH {
+                        hits &= pair();
+                    }
+                    let mut per_pair = Vec::with_capacity(BATCHES);
+                    let mut seconds = 0.0;
+                    for _ in 0..BATCHES {
+                        let start = Instant::now();
+                        for _ in 0..BATCH {
+                            hits &= pair();
+                        }
+                        let took = start.elapsed().as_secs_f64();
+                        per_pair.push(took * 1e9 / BATCH as f64);
+                        seconds += took;
+                    }
+                    hits.then_some(Thread { per_pair, seconds })
+                })
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|t| t.join().expect("bench thread"))
+            .collect()
+    });
+    let measured: Vec<Thread> = measured
+        .into_iter()
+        .collect::<Option<_>>()
+        .ok_or_else(|| format!("{name}: a timed call made no handle"))?;
+    let seconds: f64 = measured.iter().map(|t| t.seconds).sum();
+    let mut all: Vec<f64> = measured.into_iter().flat_map(|t| t.per_pair).collect();
+    all.sort_unstable_by(f64::total_cmp);
+    let n = all.len();
+    Ok(format!(
+        "hits {name} threads {threads} p50_ns {:.1} p99_ns {:.1} mhits_per_thread {:.2}{mode}",
+        all[n / 2],
+        all[n * 99 / 100],
+        (BATCHES * BATCH * threads) as f64 / seconds / 1e6
+    ))
 }

@@ -1135,6 +1135,7 @@ impl<R: Registrar> State<R> {
 
     /// Whether a watched, still open file of `device` says its entries must go: it is being
     /// revoked, or it was reset since they were registered.
+    #[inline(always)]
     fn stale(&self, device: u32) -> bool {
         self.watched.iter().any(|w| w.device == device && w.stale())
     }

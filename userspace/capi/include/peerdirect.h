@@ -21,8 +21,10 @@
  * - fork: a handle belongs to the process that made it. In a forked child, calls on its
  *   parent's handles fail with -ECHILD (pd_last_error() says why) and the release functions
  *   leave them alone (closing them would close the parent's libfabric, ibverbs and peerdirect
- *   objects, and the library's threads did not survive the fork); accessors such as
- *   pd_mr_key() still read what they hold. Handles the child makes itself work.
+ *   objects, and the library's threads did not survive the fork); the accessors that return what
+ *   a handle holds (pd_mr_key(), pd_mr_desc(), pd_mr_offset(), pd_mr_path(), pd_allocation_*())
+ *   still read it, while those that return an int (pd_mr_local(), pd_mr_remote(),
+ *   pd_regcache_stats()) fail with -ECHILD too. Handles the child makes itself work.
  * - The library never aborts or unwinds into the caller: an internal error is -EIO with a
  *   message.
  */
@@ -250,7 +252,9 @@ int pd_stats(unsigned index, struct pd_stats *out);
  * containing range, at least the access). Limits from the environment; the least recently
  * used entry no pd_mr holds is evicted, entries in use never are (a registration that fits only
  * if one went is made but not cached): PEERDIRECT_MR_CACHE_MAX_COUNT (default 4096; 0 disables caching) and
- * PEERDIRECT_MR_CACHE_MAX_SIZE (default 64G; K, M, G, T suffixes). Returns NULL with the
+ * PEERDIRECT_MR_CACHE_MAX_SIZE (default 256G; K, M, G, T suffixes). A registration larger than
+ * the byte limit is not cached: a pool registered once with pd_register_dmabuf_at() must fit
+ * in it, or each buffer pd_register_addr() finds in it gets a registration of its own. Returns NULL with the
  * negative errno in *err (-EINVAL: a bad limit, named in pd_last_error()); err may be NULL.
  * A pd_regcache may be used from several threads at once.
  */
@@ -303,7 +307,9 @@ pd_domain *pd_domain_attach_verbs(pd_regcache *cache, struct ibv_pd *pd, int *er
  * Before fi_close() of the domain: drops the cache's registrations in it (the invalidation
  * callback is told of each, PD_INVALIDATED_DOMAIN) and releases the handle; returns how many
  * cached entries were dropped. -EBUSY, with the handle still attached, while pd_mr handles of
- * the domain are held: release them and call again. NULL returns 0.
+ * the domain are held: the cached registrations are dropped all the same (those the handles
+ * hold stay valid until released, and registrations made meanwhile are cached anew), so
+ * release them and call again. NULL returns 0.
  */
 int pd_domain_detach(pd_domain *domain);
 
@@ -351,8 +357,10 @@ int pd_register_dmabuf(pd_domain *domain, int fd, uint64_t offset, uint64_t leng
 
 /*
  * As pd_register_dmabuf, by the fd alone: the dma-buf is never mapped, so one whose exporter
- * has no mmap (habanalabs' device memory) or a read-only export (registered for
- * PD_ACCESS_LOCAL_READ / PD_ACCESS_REMOTE_READ) registers too. Its first byte is named
+ * has no mmap (habanalabs' device memory) or a read-only export registers too (an fd's
+ * read-only mode limits CPU mappings of the dma-buf; the NIC gets the access asked for, as
+ * ibv_reg_dmabuf_mr and fi_mr_regattr give it: ask only PD_ACCESS_LOCAL_READ /
+ * PD_ACCESS_REMOTE_READ for memory nothing may write). Its first byte is named
  * base_addr in the registration (fi_mr_dmabuf.base_addr; on an ibverbs domain, bytes
  * [offset, ...) get IOVA base_addr + offset): the address the caller names it by, which local
  * operations use (pd_mr_local() gives base_addr + offset) and peers' RMA with FI_MR_VIRT_ADDR
@@ -397,11 +405,12 @@ int pd_register_export(pd_domain *domain, const pd_device *dev, int fd, uint64_t
 		       uint64_t length, uint32_t access, pd_mr **out);
 
 /*
- * Drops every cached registration of the dma-buf fd (registered with pd_register_dmabuf or
- * pd_register_export) and the cache's duplicate of it, telling the invalidation callback of
- * each registration of it (PD_INVALIDATED_MEMORY); registrations still held by pd_mr handles
- * go when those are released. Returns how many cached entries were dropped, or a negative
- * errno.
+ * Drops every cached registration of the dma-buf fd (registered with pd_register_dmabuf,
+ * pd_register_dmabuf_at or pd_register_export) and the cache's duplicate of it, telling the
+ * invalidation callback of each registration of it (PD_INVALIDATED_MEMORY); registrations
+ * still held by pd_mr handles go when those are released. fd is any open fd of the dma-buf: a
+ * caller that closes the fd it registered by keeps another (a dup) to name the dma-buf here.
+ * Returns how many cached entries were dropped, or a negative errno (-EBADF: fd not open).
  */
 int pd_regcache_invalidate_dmabuf(pd_regcache *cache, int fd);
 

@@ -1284,12 +1284,28 @@ impl Shared {
                     && end.is_some_and(|end| end <= base + s.source.dma_buf().length())
             })
             .ok_or_else(|| {
+                // The dma-buf whose bytes the first one is, if any: the range is too long.
+                let first = foreign.values().find(|s| {
+                    let base = s.source.base_addr();
+                    !s.source.is_mapped()
+                        && base <= addr
+                        && addr - base < s.source.dma_buf().length()
+                });
                 Failure::new(
                     Errno::NOENT,
-                    format!(
-                        "{function}: no dma-buf registered with pd_register_dmabuf_at covers \
-                         {addr:#x} (+{length:#x}); register the memory it is in first"
-                    ),
+                    match first {
+                        Some(s) => format!(
+                            "{function}: {addr:#x} (+{length:#x}) runs past the end of the \
+                             dma-buf registered at {:#x} (+{:#x}); name bytes inside it",
+                            s.source.base_addr(),
+                            s.source.dma_buf().length()
+                        ),
+                        None => format!(
+                            "{function}: no dma-buf registered with pd_register_dmabuf_at \
+                             covers {addr:#x} (+{length:#x}); register the memory it is in \
+                             first"
+                        ),
+                    },
                 )
             })?;
         Ok(Arc::clone(source))
@@ -1365,7 +1381,8 @@ impl Shared {
         let source = match base_addr {
             None => MappedDmaBuf::new(dma_buf)?.into_source(),
             Some(base) => {
-                let source = DmaBufSource::at(dma_buf, base)?;
+                let source = DmaBufSource::at(dma_buf, base)
+                    .map_err(|err| Failure::from(err).prefixed(function))?;
                 // Its addresses name it alone: pd_register_addr finds it by them.
                 let end = base + source.dma_buf().length();
                 if let Some(other) = foreign.values().find(|other| {

@@ -72,7 +72,7 @@ impl fmt::Display for Operation {
             Self::CompanionResetPrepare => f.write_str("PEERDIRECT_IOC_COMPANION_RESET_PREPARE on"),
             Self::CompanionResetDone => f.write_str("PEERDIRECT_IOC_COMPANION_RESET_DONE on"),
             Self::Size => f.write_str("lseek SEEK_END on"),
-            Self::Adopt => f.write_str("adopting"),
+            Self::Adopt => f.write_str("duplicating"),
             Self::Mmap => f.write_str("mmap"),
             Self::Sync => f.write_str("DMA_BUF_IOCTL_SYNC on"),
             Self::SetName => f.write_str("DMA_BUF_SET_NAME on"),
@@ -224,7 +224,9 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
         (Adopt, Errno::INVAL) => {
             "the fd is not a dma-buf (its file system is not dmabuf): pass the fd its exporter returned"
         }
-        (Adopt, Errno::BADF) => "the fd is not open",
+        (Adopt, Errno::BADF) => {
+            "the fd is not open: pass an open fd of the dma-buf (to name a dma-buf again after closing the fd it was registered by, keep another fd of it open)"
+        }
         (Mmap, Errno::ACCESS) => {
             "the dma-buf was exported read-only: export it with ExportFlags::RDWR (PEERDIRECT_EXPORT_RDWR) to map it writable"
         }
@@ -531,6 +533,13 @@ mod tests {
             Error::dma_buf(Operation::Size, 7, Errno::SPIPE).hint(),
             None
         );
+        // A caller's fd closed before it is named again (pd_regcache_invalidate_dmabuf).
+        let err = Error::dma_buf(Operation::Adopt, 4, Errno::BADF);
+        assert!(
+            err.to_string().starts_with("duplicating dma-buf fd 4: "),
+            "{err}"
+        );
+        assert!(err.hint().unwrap().contains("keep another fd of it open"));
     }
 
     #[test]

@@ -24,10 +24,13 @@ impl CacheLimits {
     /// (`FI_MR_CACHE_MAX_COUNT`, 1024), since an HBM buffer is typically registered in
     /// several domains (one per NIC) and for several sub-ranges.
     pub const DEFAULT_MAX_COUNT: usize = 4096;
-    /// 64 GiB: two Gaudi's worth of HBM (32 GiB each), so a process can keep a device's whole
-    /// HBM registered in two domains. HBM stays pinned while it is registered: lower it to
-    /// bound that.
-    pub const DEFAULT_MAX_BYTES: u64 = 64 << 30;
+    /// 256 GiB: twice the HBM of the largest Gaudi (Gaudi 3, 128 GiB; Gaudi 2 has 96, the first
+    /// Gaudi 32), so that a process can keep a device's whole HBM registered in two domains. A
+    /// registration larger than this is not cached, so that a runtime registering its whole
+    /// pool once (HCL) and finding buffers in it by address would get a registration of each
+    /// buffer instead: the default must hold a whole device. HBM stays pinned while it is
+    /// registered: lower it to bound that.
+    pub const DEFAULT_MAX_BYTES: u64 = 256 << 30;
 
     /// Reads [`MAX_COUNT_VAR`] and [`MAX_SIZE_VAR`]. Unset or empty variables take the
     /// defaults; anything else must parse (see [`CacheLimits::parse`]).
@@ -130,7 +133,7 @@ mod tests {
     fn unset_or_empty_means_the_defaults() {
         let defaults = CacheLimits {
             max_count: 4096,
-            max_bytes: 64 << 30,
+            max_bytes: 256 << 30,
         };
         assert_eq!(CacheLimits::default(), defaults);
         assert_eq!(parse(None, None).unwrap(), defaults);
@@ -169,7 +172,7 @@ mod tests {
             err.to_string(),
             "PEERDIRECT_MR_CACHE_MAX_SIZE=\"12X\": unknown unit \"X\" (K, M, G or T: powers of \
              1024); set it to a size such as PEERDIRECT_MR_CACHE_MAX_SIZE=16G, or unset it for \
-             the default (64G)"
+             the default (256G)"
         );
         let err = parse(Some("4k"), None).unwrap_err();
         assert_eq!(

@@ -25,7 +25,8 @@
  *
  * Along the way: the domain is named by a pd_domain handle (pd_domain_attach); a second
  * handle on the same domain pointer registers anew (handles, not addresses, name domains), and
- * cannot be detached while one of its registrations is held (-EBUSY). pd_mr_local gives the
+ * cannot be detached while one of its registrations is held (-EBUSY, which drops nothing:
+ * no invalidation heard, the entry still cached; released, the detach drops it). pd_mr_local gives the
  * local address of a registration, checked against a mapping of the same HBM by content. An
  * invalidation callback records every registration whose memory or domain goes: the program
  * checks each event (key, cause, held, domain handle, local address and length).
@@ -197,6 +198,7 @@ int main(int argc, char **argv)
 	pd_mr *whole = NULL, *part = NULL, *other = NULL, *foreign = NULL, *inside = NULL;
 	pd_mr_storage part_storage;
 	pd_mr *anew = NULL;
+	uint64_t key_anew = 0;
 	struct heard heard = { 0 };
 	unsigned seen = 0;
 	void *whole_local = NULL, *part_local = NULL;
@@ -372,22 +374,46 @@ int main(int argc, char **argv)
 		fprintf(stderr, "fabric_register: a second handle got the first one's registration\n");
 		goto out;
 	}
+	if ((err = pd_regcache_stats(cache, &stats))) {
+		pd_fail("pd_regcache_stats", err);
+		goto out;
+	}
 	ret = pd_domain_detach(again);
 	if (ret != -EBUSY) {
 		fprintf(stderr, "fabric_register: detaching with a held registration gave %d\n", ret);
 		goto out;
 	}
 	printf("detach while held: %s\n", pd_last_error());
-	if (!heard_one(&heard, &seen, PD_INVALIDATED_DOMAIN, pd_mr_key(anew), 1, again, NULL, 0))
-		goto out;
+	/* Refused, it dropped nothing: the callback heard nothing, the entry is still cached. */
+	{
+		struct pd_regcache_stats after;
+
+		if ((err = pd_regcache_stats(cache, &after))) {
+			pd_fail("pd_regcache_stats", err);
+			goto out;
+		}
+		if (heard.count != seen || after.entries != stats.entries ||
+		    after.invalidations != stats.invalidations) {
+			fprintf(stderr, "fabric_register: the refused detach dropped something: %u "
+					"invalidation(s) heard, entries %" PRIu64 " -> %" PRIu64 "\n",
+				heard.count - seen, stats.entries, after.entries);
+			goto out;
+		}
+		printf("refused detach dropped nothing: no invalidation heard, %" PRIu64
+		       " entries cached as before\n",
+		       after.entries);
+	}
+	key_anew = pd_mr_key(anew);
 	pd_mr_release(anew);
 	anew = NULL;
 	ret = pd_domain_detach(again);
-	if (ret != 0) {
+	if (ret != 1) {
 		fprintf(stderr, "fabric_register: detaching the second handle gave %d (%s)\n", ret,
-			ret < 0 ? pd_last_error() : "expected 0 entries");
+			ret < 0 ? pd_last_error() : "expected 1 entry");
 		goto out;
 	}
+	if (!heard_one(&heard, &seen, PD_INVALIDATED_DOMAIN, key_anew, 0, again, NULL, 0))
+		goto out;
 	again = NULL;
 	/* Another cache, the same domain and memory, while the first registration is held. */
 	cache2 = pd_regcache_new(&err);

@@ -306,10 +306,9 @@ pd_domain *pd_domain_attach_verbs(pd_regcache *cache, struct ibv_pd *pd, int *er
 /*
  * Before fi_close() of the domain: drops the cache's registrations in it (the invalidation
  * callback is told of each, PD_INVALIDATED_DOMAIN) and releases the handle; returns how many
- * cached entries were dropped. -EBUSY, with the handle still attached, while pd_mr handles of
- * the domain are held: the cached registrations are dropped all the same (those the handles
- * hold stay valid until released, and registrations made meanwhile are cached anew), so
- * release them and call again. NULL returns 0.
+ * cached entries were dropped. -EBUSY while pd_mr handles of the domain are held: nothing is
+ * dropped or told, and the handle stays attached with its registrations cached: release the
+ * handles and call again. NULL returns 0.
  */
 int pd_domain_detach(pd_domain *domain);
 

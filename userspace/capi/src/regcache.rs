@@ -449,9 +449,10 @@ impl PdRegCache {
     }
 }
 
-/// `int pd_domain_detach(pd_domain *domain)`: drops the cache's registrations in the domain
-/// and, unless `pd_mr` handles still hold some (`-EBUSY`, the handle stays valid), releases
-/// the handle; returns how many cached entries were dropped. NULL returns 0.
+/// `int pd_domain_detach(pd_domain *domain)`: unless `pd_mr` handles still hold registrations
+/// in the domain (`-EBUSY`: nothing dropped, the handle stays valid), drops the cache's
+/// registrations in it and releases the handle; returns how many cached entries were dropped.
+/// NULL returns 0.
 ///
 /// # Safety
 ///
@@ -468,20 +469,27 @@ pub unsafe extern "C" fn pd_domain_detach(domain: *mut PdDomain) -> c_int {
         // SAFETY: the caller promises a live handle.
         let attached = unsafe { arg(F, "domain", domain.cast_const()) }?;
         let id = attached.registrar.domain();
-        let count = attached.shared.cache.invalidate_domain(id);
-        dropped = c_int::try_from(count).unwrap_or(c_int::MAX);
-        // Every live registration of the domain holds its registrar: cached ones were just
-        // dropped, so the others are held by pd_mr handles (or being made right now).
-        let held = Arc::strong_count(&attached.registrar) - 1;
-        if held > 0 {
-            return Err(Failure::new(
+        let busy = |held: usize| {
+            Failure::new(
                 Errno::BUSY,
                 format!(
                     "{F}: {held} registration(s) in the domain are still held by pd_mr handles: \
-                     pd_mr_release() them, then detach again (the domain stays attached, and \
-                     must stay open until then)"
+                     pd_mr_release() them, then detach again (the domain stays attached, with \
+                     its cached registrations, and must stay open until then)"
                 ),
-            ));
+            )
+        };
+        let count = attached
+            .shared
+            .cache
+            .invalidate_domain_unless_held(id)
+            .map_err(busy)?;
+        dropped = c_int::try_from(count).unwrap_or(c_int::MAX);
+        // Every live registration of the domain holds its registrar (through the binding
+        // they share): none is held and the cached ones were closed, so anything left is
+        // being made right now, by a call on this handle that races its release.
+        if Arc::strong_count(&attached.registrar) > 1 {
+            return Err(busy(0));
         }
         lock(&attached.shared.domains).remove(&id);
         // SAFETY: the caller hands back a pointer from `Box::into_raw` in `pd_domain_attach`,

@@ -795,6 +795,21 @@ impl<R: Registrar> RegCache<R> {
         )
     }
 
+    /// [`RegCache::invalidate_domain`], unless a handle holds a registration in `domain`
+    /// (cached or not): then it drops nothing, tells the listener nothing, and returns how
+    /// many are held as the error. For a caller about to close the domain, which must keep
+    /// its cached registrations while it cannot. A registration being made in `domain` while
+    /// this runs is not counted: make none meanwhile.
+    pub fn invalidate_domain_unless_held(&self, domain: DomainId) -> Result<usize, usize> {
+        self.invalidate_checked(
+            Cause::Domain,
+            Delivery::Wait,
+            |key| key.domain == domain,
+            |index, removed| index.remove_where(|_, d| d == domain, removed),
+            true,
+        )
+    }
+
     /// Subscribes the cache to `device`'s frees and revocation: from now on, freeing an
     /// allocation of `device` through the crate first invalidates every cached registration of
     /// the exports made from it ([`RegCache::invalidate_export`]), and a command of `device`
@@ -895,20 +910,41 @@ impl<R: Registrar> RegCache<R> {
         affected: impl Fn(&RegKey) -> bool,
         remove: impl FnOnce(&mut Index<Cached<R>>, &mut Vec<Cached<R>>),
     ) -> usize {
+        self.invalidate_checked(cause, delivery, affected, remove, false)
+            .unwrap_or_else(|_| unreachable!("an invalidation that may drop held entries refused"))
+    }
+
+    /// [`RegCache::invalidate`]; with `unless_held`, refused (`Err`: how many) if a handle
+    /// holds a registration `affected` matches, decided under the same write lock.
+    fn invalidate_checked(
+        &self,
+        cause: Cause,
+        delivery: Delivery,
+        affected: impl Fn(&RegKey) -> bool,
+        remove: impl FnOnce(&mut Index<Cached<R>>, &mut Vec<Cached<R>>),
+        unless_held: bool,
+    ) -> Result<usize, usize> {
         let mut doomed = Vec::new();
-        let (count, passed) = {
+        // References `held` took, dropped once the lock is let go of (see `held_too`).
+        let mut looked_at = Vec::new();
+        let result = {
             let mut state = self.write();
-            state.epoch += 1;
-            let mut removed = Vec::new();
-            remove(&mut state.index, &mut removed);
-            state.invalidations += removed.len() as u64;
-            state.take(removed, &mut doomed, &mut Pinned::default());
-            let count = doomed.len();
-            (count, state.held_too(&affected, &mut doomed))
+            let held = if unless_held {
+                state.held(&affected, &mut looked_at)
+            } else {
+                0
+            };
+            if held > 0 {
+                Err(held)
+            } else {
+                Ok(state.invalidate_locked(&affected, remove, &mut doomed))
+            }
         };
+        drop(looked_at);
+        let (count, passed) = result?;
         drop(passed);
         self.tell(doomed, cause, delivery);
-        count
+        Ok(count)
     }
 
     /// Tells the listener of each of `doomed` it was not told of yet, then lets them go
@@ -1201,6 +1237,57 @@ impl<R: Registrar> State<R> {
             self.live_pruned = self.live.len();
         }
         self.live.push(Arc::downgrade(entry));
+    }
+
+    /// How many registrations `affected` matches that handles hold: cached entries pinned or
+    /// counted, and live ones out of the cache. Under the write lock no handle can be made,
+    /// so none is missed; one let go of meanwhile may be counted.
+    /// The live ones are upgraded into `looked_at`, for the caller to drop once it has let
+    /// go of the lock: a handle dropped meanwhile leaves one of them the last.
+    fn held(
+        &mut self,
+        affected: &dyn Fn(&RegKey) -> bool,
+        looked_at: &mut Vec<Arc<Entry<R>>>,
+    ) -> usize {
+        let mut pinned = std::mem::take(&mut self.pinned);
+        pinned.reset();
+        // The pins before the count, as in `make_room` (see there).
+        let cached = self
+            .lru
+            .iter()
+            .filter(|entry| {
+                affected(&entry.key)
+                    && (pinned.holds(*entry) || Arc::strong_count(entry) > CACHE_REFERENCES)
+            })
+            .count();
+        self.pinned = pinned;
+        // Each live one that upgrades is held by a handle, or was until just now.
+        let mut uncached = 0;
+        for entry in self.live.iter().filter_map(Weak::upgrade) {
+            uncached += usize::from(affected(&entry.key));
+            looked_at.push(entry);
+        }
+        cached + uncached
+    }
+
+    /// What an invalidation does under the write lock: takes the entries `remove` takes out
+    /// of the index, and the live ones `affected` matches, into `doomed`; returns how many
+    /// were cached, and the references to drop once the lock is let go of
+    /// ([`State::held_too`]).
+    #[must_use = "dropped under the lock, a reference may deregister there"]
+    fn invalidate_locked(
+        &mut self,
+        affected: &dyn Fn(&RegKey) -> bool,
+        remove: impl FnOnce(&mut Index<Cached<R>>, &mut Vec<Cached<R>>),
+        doomed: &mut Vec<Arc<Entry<R>>>,
+    ) -> (usize, Vec<Arc<Entry<R>>>) {
+        self.epoch += 1;
+        let mut removed = Vec::new();
+        remove(&mut self.index, &mut removed);
+        self.invalidations += removed.len() as u64;
+        self.take(removed, doomed, &mut Pinned::default());
+        let count = doomed.len();
+        (count, self.held_too(affected, doomed))
     }
 
     /// Adds to `doomed` the live registrations `affected` matches that are not in it yet (each

@@ -1613,6 +1613,103 @@ fn the_listener_hears_once_of_every_live_registration_whose_memory_goes() {
     assert!(registrar.live().is_empty());
 }
 
+/// A domain in which a handle holds a registration is left as it is by
+/// `invalidate_domain_unless_held`: nothing dropped, nothing told; once none is held, it goes.
+#[test]
+fn a_domain_in_use_is_left_as_it_is() {
+    let (nic, other) = (FakeRegistrar::new(1), FakeRegistrar::new(2));
+    let cache = cache(16, 1 << 30);
+    let heard = listen(&cache, &nic);
+    drop(get(&cache, &nic, EXPORT, 0, 4, RW));
+    drop(get(&cache, &other, EXPORT, 0, 4, RW));
+    let unchanged = |cache: &Cache| {
+        let stats = cache.stats();
+        assert_eq!((stats.entries, stats.invalidations), (2, 0));
+        assert!(heard.lock().unwrap().is_empty());
+    };
+    // A hit's handle (pinned where this thread has a slot), then a counted one.
+    let hit = get(&cache, &nic, EXPORT, 1, 2, RW);
+    assert_eq!(cache.invalidate_domain_unless_held(DomainId(1)), Err(1));
+    unchanged(&cache);
+    let clone = hit.clone();
+    drop(hit);
+    assert_eq!(cache.invalidate_domain_unless_held(DomainId(1)), Err(1));
+    unchanged(&cache);
+    drop(clone);
+    // A registration too large to cache, which only its handle holds.
+    let uncached = get(&cache, &nic, ExportId::new(0, 101), 0, (2 << 30) / PAGE, RW);
+    assert!(uncached.uncached().is_some());
+    assert_eq!(cache.invalidate_domain_unless_held(DomainId(1)), Err(1));
+    unchanged(&cache);
+    let id = cached_ids(&cache)
+        .into_iter()
+        .find(|&id| nic.is_live(id))
+        .unwrap();
+    drop(uncached);
+    assert_eq!(cache.invalidate_domain_unless_held(DomainId(1)), Ok(1));
+    assert_eq!(*heard.lock().unwrap(), vec![(id, Cause::Domain, false)]);
+    assert!(nic.live().is_empty());
+    // The other domain's entry stays.
+    assert_eq!(cache.stats().entries, 1);
+    assert_eq!(other.live().len(), 1);
+}
+
+/// Two threads hit a domain's registration and let go of it while a third asks for the
+/// domain to go unless held, for 300 ms: a refusal drops nothing, and what goes was held by no
+/// handle when it went (the listener hears `held` false). Dropping the domain regardless
+/// (`invalidate_domain`) makes the listener hear of held ones here.
+#[test]
+fn a_domain_goes_only_when_no_handle_holds_it_while_threads_hit() {
+    let nic = FakeRegistrar::new(1);
+    let cache = cache(16, 1 << 30);
+    let heard = listen(&cache, &nic);
+    let stop = AtomicBool::new(false);
+    let (mut refused, mut dropped) = (0, 0);
+    thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                while !stop.load(Relaxed) {
+                    let held = get(&cache, &nic, EXPORT, 0, 4, RW);
+                    std::hint::black_box(&held);
+                    thread::yield_now();
+                }
+            });
+        }
+        let end = std::time::Instant::now() + std::time::Duration::from_millis(300);
+        while std::time::Instant::now() < end {
+            let before = cache.stats().invalidations;
+            match cache.invalidate_domain_unless_held(DomainId(1)) {
+                Err(held) => {
+                    assert!(held > 0);
+                    assert_eq!(
+                        cache.stats().invalidations,
+                        before,
+                        "a refusal dropped entries"
+                    );
+                    refused += 1;
+                }
+                Ok(count) => dropped += count,
+            }
+        }
+        stop.store(true, Relaxed);
+    });
+    let heard = heard.lock().unwrap();
+    assert!(heard.iter().all(|&(_, cause, _)| cause == Cause::Domain));
+    let held: Vec<_> = heard.iter().filter(|&&(_, _, held)| held).collect();
+    assert!(
+        held.is_empty(),
+        "{} held registration(s) dropped of {}, the first {:?}",
+        held.len(),
+        heard.len(),
+        held[0]
+    );
+    assert_eq!(heard.len(), dropped);
+    assert!(
+        refused > 0 && dropped > 0,
+        "refused {refused}, dropped {dropped}"
+    );
+}
+
 #[test]
 fn the_listener_hears_of_domains_and_revocation_and_can_be_removed() {
     let (nic_a, nic_b) = (FakeRegistrar::new(1), FakeRegistrar::new(2));

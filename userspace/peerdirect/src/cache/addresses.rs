@@ -7,8 +7,9 @@
 //! a line another reads (a reader-writer lock's read, or a reference count, writes a shared
 //! word on every lookup). [`SLOTS`] entries, each a [`Cell`] (crossbeam's `AtomicCell`: a
 //! value larger than an atomic is a seqlock, whose load reads a stamp, the value and the stamp
-//! again), and a bitmap of the slots in use. One thread at a time changes the table (the
-//! caller's lock around the set it mirrors). A lookup that races a change finds an entry as
+//! again), and a bitmap of the slots in use. One thread at a time changes the table (a lock
+//! of its own, which lookups never take; the caller also holds one around the set the table
+//! mirrors, so that the table follows its changes in order). A lookup that races a change finds an entry as
 //! it was before or after it, never torn, and an entry that the change keeps is found
 //! throughout (kept entries stay in their slots). More entries than slots: the caller finds
 //! the others on a slower path of its own.
@@ -17,7 +18,9 @@
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
-use super::sync::{AtomicU32, Cell};
+use std::sync::PoisonError;
+
+use super::sync::{AtomicU32, Cell, Mutex};
 
 /// How many entries a table holds.
 #[cfg(not(loom))]
@@ -35,6 +38,9 @@ pub struct AddressTable<T> {
     /// Bit `i`: slot `i` holds an entry.
     used: AtomicU32,
     slots: [Cell<Option<T>>; SLOTS],
+    /// Held by [`AddressTable::set`]: two changes at once would each write its own view of
+    /// `used`, and a bit lost or kept wrongly would leave a slot unusable for good.
+    changing: Mutex<()>,
 }
 
 impl<T: Copy> Default for AddressTable<T> {
@@ -42,6 +48,7 @@ impl<T: Copy> Default for AddressTable<T> {
         Self {
             used: AtomicU32::new(0),
             slots: std::array::from_fn(|_| Cell::new(None)),
+            changing: Mutex::new(()),
         }
     }
 }
@@ -69,8 +76,11 @@ impl<T: Copy + PartialEq> AddressTable<T> {
     }
 
     /// Makes the table hold `entries` (the first [`SLOTS`] of them): entries it holds that are
-    /// among them stay in their slots. Called by one thread at a time.
+    /// among them stay in their slots. Calls from several threads take turns (the last to
+    /// run wins); lookups never wait for them.
     pub fn set(&self, entries: &[T]) {
+        // Nothing is left half done by a panic here: a poisoned lock guards nothing.
+        let _changing = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
         let entries = entries.get(..SLOTS).unwrap_or(entries);
         // Entries no longer wanted go first: their bit, then the slot.
         let mut used = self.used.load(Relaxed);
@@ -156,6 +166,31 @@ mod tests {
         table.set(&all[1..]);
         assert_eq!(find(&table, all[0].base), None);
         assert_eq!(find(&table, all[SLOTS].base), Some(all[SLOTS]));
+    }
+
+    /// Two threads changing the table at once take turns: afterwards it holds what the last
+    /// change asked for, and every slot can be used again.
+    #[test]
+    fn changes_from_two_threads_take_turns() {
+        let table = AddressTable::default();
+        std::thread::scope(|scope| {
+            for first in [1, 100] {
+                let table = &table;
+                scope.spawn(move || {
+                    for round in 0..2_000u64 {
+                        let wanted: Vec<At> = (first..first + (round % SLOTS as u64) + 1)
+                            .map(at)
+                            .collect();
+                        table.set(&wanted);
+                    }
+                });
+            }
+        });
+        let all: Vec<At> = (1000..1000 + SLOTS as u64).map(at).collect();
+        table.set(&all);
+        assert!(all.iter().all(|a| find(&table, a.base) == Some(*a)));
+        table.set(&all[..1]);
+        assert_eq!(table.used.load(SeqCst).count_ones(), 1);
     }
 
     /// Lookups racing changes: an entry present all along is always found; one that comes

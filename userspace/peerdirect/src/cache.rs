@@ -237,6 +237,11 @@ pub struct Invalidated<'a, R: Registrar> {
 /// The listener may call into the cache: what that invalidates is told at once, nested.
 /// [`RegCache::set_listener`] returns once no call of the listener it replaces runs or is
 /// queued; [`RegCache::wait_told`] waits for what is queued.
+///
+/// A listener must not panic. If it does, the registrations of that invalidation not told yet
+/// are not told (and are deregistered all the same, unless held); the panic resumes in the
+/// explicit invalidation that waited for it, or is printed on standard error for a queued one;
+/// the cache stays usable.
 pub type Listener<R> = Arc<dyn Fn(&Invalidated<'_, R>) + Send + Sync>;
 
 /// What a [`RegCache`] did so far. Each counter is exact; a snapshot of several is not taken
@@ -562,7 +567,9 @@ impl<R: Registrar> RegCache<R> {
     /// [`RegCache::get`] of an export of `device`, attaching the cache to `device` first if
     /// it is not ([`RegCache::attach`]), as the C ABI does at every registration: whether it
     /// is attached is read under the lookup's own read lock, so that a hit through this costs
-    /// what one through `get` does.
+    /// what one through `get` does. A device file without a status page (a module older than
+    /// the crate) has nothing to read it in: every call attaches again (a no-op that takes the
+    /// device's locks), and its hits cost several times more.
     #[inline]
     pub fn get_from(
         self: &Arc<Self>,
@@ -705,6 +712,8 @@ impl<R: Registrar> RegCache<R> {
             self.counters.failed_registrations.fetch_add(1, Relaxed);
         })?;
         self.counters.registrations.add(slot::current());
+        // `self.write()`'s count, without its panic: a poisoned lock must not leak the MR.
+        self.counters.writes.fetch_add(1, Relaxed);
         let Ok(mut state) = self.state.write() else {
             // No entry holds it yet: deregistered here.
             release(&**registrar, &self.counters, mr);

@@ -1382,6 +1382,27 @@ fn a_reset_counted_on_the_status_page_drops_the_device_entries_before_a_hit() {
     drop(held);
 }
 
+/// `writes` counts each time the lock is taken for writing: a miss (its eviction under the
+/// same lock), an invalidation; never a hit.
+#[test]
+fn misses_and_invalidations_are_counted_as_writes_and_hits_are_not() {
+    let cache = cache(1, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let writes = || cache.stats().writes;
+    drop(get(&cache, &nic, EXPORT, 0, 4, RW));
+    assert_eq!(writes(), 1, "a miss");
+    drop(get(&cache, &nic, EXPORT, 1, 2, RW));
+    assert_eq!(writes(), 1, "a hit");
+    drop(get(&cache, &nic, ExportId::new(0, 101), 0, 4, RW));
+    assert_eq!(
+        (writes(), cache.stats().evictions),
+        (2, 1),
+        "a miss that evicts"
+    );
+    assert_eq!(cache.invalidate_export(ExportId::new(0, 101)), 1);
+    assert_eq!(writes(), 3, "an invalidation");
+}
+
 #[test]
 fn attaching_an_attached_device_and_hits_take_no_write_lock() {
     let fake = FakeDevice::with_status_page("attach-read");
@@ -1425,11 +1446,10 @@ fn get_from_attaches_on_the_first_call_and_its_hits_take_no_write_lock() {
     };
     drop(get_from(0, 4));
     assert_eq!(fake.device.hooks_subscribed(), 1);
-    // (A miss's insertion is not counted in `writes`.)
     assert_eq!(
         cache.stats().writes,
-        1,
-        "the first call records the status page"
+        2,
+        "the first call records the status page, then inserts its registration"
     );
     for _ in 0..10 {
         drop(get_from(1, 2));
@@ -1437,7 +1457,7 @@ fn get_from_attaches_on_the_first_call_and_its_hits_take_no_write_lock() {
     assert_eq!(cache.stats().hits, 10);
     assert_eq!(
         cache.stats().writes,
-        1,
+        2,
         "hits through get_from write nothing"
     );
     assert_eq!(fake.device.hooks_subscribed(), 1);

@@ -186,8 +186,9 @@ pub enum Uncached {
     Disabled,
     /// The range is larger than the cache's `max_bytes`.
     TooLarge,
-    /// Entries were invalidated while it was being registered: it might belong to memory
-    /// that is going away.
+    /// An invalidation ran while it was being registered, of this memory or maybe of other
+    /// memory (the cache does not tell them apart): it might belong to memory that is going
+    /// away.
     Invalidated,
     /// The cache is full of registrations in use: only entries no [`Registration`] holds are
     /// evicted, and too few of them would go to make room.
@@ -501,7 +502,9 @@ impl<R: Registrar> RegCache<R> {
     /// Tells `listener` (from now on; `None`: nobody) about every registration whose memory,
     /// device or domain goes, once each, whether the cache still had it or only handles did.
     /// Returns once no call of the listener it replaces runs or is queued (except when called
-    /// from that listener, which cannot wait for itself).
+    /// from that listener, which cannot wait for itself). The cache keeps the listener until
+    /// it is replaced: one that holds the cache's `Arc` keeps the cache, and its
+    /// registrations, alive for good; hold a `Weak` instead.
     pub fn set_listener(&self, listener: Option<Listener<R>>) {
         self.notifier.set(listener);
     }

@@ -47,7 +47,10 @@ pub struct DmaBuf {
 }
 
 impl DmaBuf {
-    /// Takes ownership of the dma-buf `fd`, asking it for its size.
+    /// Takes ownership of the dma-buf `fd`, asking it for its size. It is not checked to be a
+    /// dma-buf ([`DmaBuf::from_borrowed`] checks): another file, such as a memfd standing in
+    /// for one in a test, works too, but a dma-buf's size never changes and a file's may,
+    /// and reading a mapping ([`DmaBuf::mmap`]) past a shrunk file's end dies of `SIGBUS`.
     pub fn from_fd(fd: OwnedFd) -> Result<Self, Error> {
         // A dma-buf answers lseek(0, SEEK_END) with its size.
         let length = rustix::fs::seek(&fd, SeekFrom::End(0))

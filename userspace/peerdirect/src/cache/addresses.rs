@@ -75,9 +75,9 @@ impl<T: Copy + PartialEq> AddressTable<T> {
         None
     }
 
-    /// Makes the table hold `entries` (the first [`SLOTS`] of them): entries it holds that are
-    /// among them stay in their slots. Calls from several threads take turns (the last to
-    /// run wins); lookups never wait for them.
+    /// Makes the table hold `entries` (the first [`AddressTable::SLOTS`] of them): entries it
+    /// holds that are among them stay in their slots. Calls from several threads take turns
+    /// (the last to run wins); lookups never wait for them.
     pub fn set(&self, entries: &[T]) {
         // Nothing is left half done by a panic here: a poisoned lock guards nothing.
         let _changing = self.changing.lock().unwrap_or_else(PoisonError::into_inner);

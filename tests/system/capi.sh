@@ -215,7 +215,7 @@ else
 	fail "$desc" "$(show fbuild)"
 fi
 
-desc="fabric_register in the guest: tcp domain opened by the program and attached (pd_domain_attach), HBM registered through pd_register (path dmabuf), second request a cache hit, pd_mr_local's address reads the HBM an export wrote, a second handle on the same domain registers anew and detach refuses with -EBUSY while held, dropping nothing, then drops it once released, a second cache in the same domain gets another key, pd_mr_remote gives the RMA address and key, pd_allocation_free invalidates the entry and the callback hears of it with key, address and length; a udmabuf through pd_register_dmabuf: a miss, a hit inside it, pd_regcache_invalidate_dmabuf drops it, heard too; domain detached and closed"
+desc="fabric_register in the guest: tcp domain opened by the program and attached (pd_domain_attach), HBM registered through pd_register (path dmabuf), second request a cache hit, pd_mr_local's address reads the HBM an export wrote, a second handle on the same domain registers anew and detach refuses with -EBUSY while held, dropping nothing, and so does pd_domain_set_endpoint, then detach drops it once released, a second cache in the same domain gets another key, pd_mr_remote gives the RMA address and key, pd_allocation_free invalidates the entry and the callback hears of it with key, address and length; a udmabuf through pd_register_dmabuf: a miss, a hit inside it, pd_regcache_invalidate_dmabuf drops it, heard too; domain detached and closed"
 if [ "$(cat fabric.rc 2>/dev/null)" = 0 ] &&
 	grep -q '^registered 4194304 bytes: path dmabuf, key ' fabric.out &&
 	grep -q '^registered 4096 bytes at 1 MiB: path dmabuf, key .*offset in mr 1048576$' fabric.out &&
@@ -223,6 +223,7 @@ if [ "$(cat fabric.rc 2>/dev/null)" = 0 ] &&
 	grep -q '^second handle, same domain pointer: key ' fabric.out &&
 	grep -q '^detach while held: pd_domain_detach: 1 registration(s) in the domain are still held' fabric.out &&
 	grep -q '^refused detach dropped nothing: no invalidation heard, [0-9]* entries cached as before$' fabric.out &&
+	grep -q '^refused endpoint dropped nothing: pd_domain_set_endpoint: 1 registration(s) in the domain made with the endpoint named before are still held' fabric.out &&
 	grep -q '^invalidated: cause domain, key 0x[0-9a-f]*, held 0, its domain, 4194304 bytes at its local address$' fabric.out &&
 	grep -q '^second cache, same domain: key ' fabric.out &&
 	grep -Eq '^rma: FI_MR_VIRT_ADDR [01], whole at (0|0x[0-9a-f]+), the part at 0x[0-9a-f]+ \(\+1048576\), key ' fabric.out &&

@@ -25,8 +25,9 @@
  *
  * Along the way: the domain is named by a pd_domain handle (pd_domain_attach); a second
  * handle on the same domain pointer registers anew (handles, not addresses, name domains), and
- * cannot be detached while one of its registrations is held (-EBUSY, which drops nothing:
- * no invalidation heard, the entry still cached; released, the detach drops it). pd_mr_local gives the
+ * cannot be detached, nor name an endpoint, while one of its registrations is held (-EBUSY,
+ * which drops nothing: no invalidation heard, the entry still cached; released, the detach
+ * drops it). pd_mr_local gives the
  * local address of a registration, checked against a mapping of the same HBM by content. An
  * invalidation callback records every registration whose memory or domain goes: the program
  * checks each event (key, cause, held, domain handle, local address and length).
@@ -402,6 +403,18 @@ int main(int argc, char **argv)
 		printf("refused detach dropped nothing: no invalidation heard, %" PRIu64
 		       " entries cached as before\n",
 		       after.entries);
+		/* Naming an endpoint is refused the same way: the registration held is bound to
+		 * none. (Only a pointer is stored until a registration binds to it: none does.) */
+		ret = pd_domain_set_endpoint(again, (struct fid_ep *)&after);
+		if (ret != -EBUSY || pd_regcache_stats(cache, &after) || heard.count != seen ||
+		    after.entries != stats.entries || after.invalidations != stats.invalidations) {
+			fprintf(stderr, "fabric_register: pd_domain_set_endpoint with a registration "
+					"held gave %d, %u invalidation(s) heard, entries %" PRIu64
+					" -> %" PRIu64 "\n",
+				ret, heard.count - seen, stats.entries, after.entries);
+			goto out;
+		}
+		printf("refused endpoint dropped nothing: %s\n", pd_last_error());
 	}
 	key_anew = pd_mr_key(anew);
 	pd_mr_release(anew);

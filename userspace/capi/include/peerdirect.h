@@ -468,10 +468,10 @@ int pd_domain_set_iface(pd_domain *domain, uint32_t iface, int device);
  * (name another endpoint or NULL, or pd_domain_detach()) before fi_close(ep).
  *
  * A registration stays bound to its endpoint for life. So naming another endpoint (or NULL)
- * first drops the cache's registrations in the domain, telling the invalidation callback
- * (PD_INVALIDATED_DOMAIN), then fails with -EBUSY, the endpoint unchanged, while pd_mr
- * handles still hold registrations made with the endpoint named before, or one is being made:
- * release them and call again. Naming the endpoint named already changes nothing. A runtime
+ * drops the cache's registrations in the domain, telling the invalidation callback
+ * (PD_INVALIDATED_DOMAIN), and fails with -EBUSY, the endpoint unchanged, while pd_mr handles
+ * still hold registrations made with the endpoint named before (then nothing is dropped), or
+ * one is being made: release them and call again. Naming the endpoint named already changes nothing. A runtime
  * with several endpoints in one domain attaches the domain once per endpoint (each pd_domain
  * has registrations of its own, so none is handed out for another endpoint).
  *

@@ -591,8 +591,9 @@ pub unsafe extern "C" fn pd_domain_set_iface(
 
 /// `int pd_domain_set_endpoint(pd_domain *domain, struct fid_ep *ep)`: the endpoint new
 /// registrations in the domain are bound to and enabled with (`FI_MR_ENDPOINT`), or none.
-/// Cached registrations made with another endpoint (or none) are dropped first; `-EBUSY`
-/// while `pd_mr` handles (or registrations under way) still hold some, the endpoint unchanged.
+/// Cached registrations made with another endpoint (or none) are dropped first, unless `pd_mr`
+/// handles hold some: `-EBUSY`, nothing dropped and the endpoint unchanged (also while a
+/// registration is under way, which may come after the cached ones were dropped).
 ///
 /// # Safety
 ///
@@ -617,15 +618,8 @@ pub unsafe extern "C" fn pd_domain_set_endpoint(domain: *mut PdDomain, ep: *mut 
             Err(LibfabricError::EndpointBusy { .. }) => {}
             done => return done.map_err(|err| Failure::from(err).prefixed(F)),
         }
-        // Registrations made with the endpoint named before are open: the cache's go now (the
-        // invalidation callback is told), then the endpoint may change unless handles hold
-        // some.
-        domain
-            .shared
-            .cache
-            .invalidate_domain(domain.registrar.domain());
-        match registrar.set_endpoint(endpoint()) {
-            Err(LibfabricError::EndpointBusy { registrations, .. }) => Err(Failure::new(
+        let busy = |registrations: usize| {
+            Failure::new(
                 Errno::BUSY,
                 format!(
                     "{F}: {registrations} registration(s) in the domain made with the endpoint \
@@ -633,7 +627,18 @@ pub unsafe extern "C" fn pd_domain_set_endpoint(domain: *mut PdDomain, ep: *mut 
                      pd_mr_release() them, then call again (each must be closed before the \
                      endpoint it is bound to; the endpoint named stays as it was)"
                 ),
-            )),
+            )
+        };
+        // Registrations made with the endpoint named before are open: unless handles hold
+        // some, the cache's go now (the invalidation callback is told) and the endpoint may
+        // change.
+        domain
+            .shared
+            .cache
+            .invalidate_domain_unless_held(domain.registrar.domain())
+            .map_err(busy)?;
+        match registrar.set_endpoint(endpoint()) {
+            Err(LibfabricError::EndpointBusy { registrations, .. }) => Err(busy(registrations)),
             done => done.map_err(|err| Failure::from(err).prefixed(F)),
         }
     })

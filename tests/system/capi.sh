@@ -33,7 +33,8 @@
 # a transfer between two of them, the one-word flush buffer found for remote reads.
 # userspace/capi/tests/callback_race.c and lookup_race.c, built with AddressSanitizer: the
 # invalidation callback set, cleared and freed while it is called; lookups by address
-# (pd_register_addr) while other threads register and drop dma-bufs at their addresses.
+# (pd_register_addr) while other threads register and drop dma-bufs at their addresses, and
+# another asks for bytes past their ends there (refused, binding nothing).
 # userspace/capi/tests/fork_handles.c, also with AddressSanitizer: a forked child's
 # registrations in its parent's domain fail with -ECHILD, and its releases of the parent's
 # handles (allocated and in the caller's storage) leave them alone.
@@ -242,9 +243,10 @@ else
 	fail "$desc" "$(show fabric)"
 fi
 
-desc="fabric_register on verbs;ofi_rxm (soft-RoCE refuses dma-bufs): pd_register fails with -EOPNOTSUPP and the provider's reason until pd_regcache_set_host_bounce(cache, 1); then path host_bounce with a reason and a staging buffer, pd_mr_remote and pd_mr_local refused, invalidations heard without a local address"
+desc="fabric_register on verbs;ofi_rxm (soft-RoCE refuses dma-bufs): pd_register fails with -EOPNOTSUPP and the provider's reason until pd_regcache_set_host_bounce(cache, 1), as does pd_register_dmabuf_at, binding nothing (a lookup there: ENOENT; again: EOPNOTSUPP); then path host_bounce with a reason and a staging buffer, pd_mr_remote and pd_mr_local refused, invalidations heard without a local address"
 if [ "$(cat fabric_rxe.rc 2>/dev/null)" = 0 ] &&
 	grep -q '^refused without host bounce: .*fi_mr_regattr(FI_MR_DMABUF).*the host-bounce fallback is off.*pd_regcache_set_host_bounce' fabric_rxe.out &&
+	grep -q '^refused by fd alone too, binding nothing: a lookup there ENOENT, asked again EOPNOTSUPP$' fabric_rxe.out &&
 	grep -q '^registered 4194304 bytes: path host_bounce, key .*, reason: ' fabric_rxe.out &&
 	grep -q '^second cache, same domain: key ' fabric_rxe.out &&
 	grep -q '^foreign dma-buf, 4194304 bytes: path host_bounce, ' fabric_rxe.out &&
@@ -286,11 +288,13 @@ if [ "$(cat nbuild.rc 2>/dev/null)" = 0 ]; then
 else
 	fail "$desc" "$(show nbuild)"
 fi
-desc="nommap_register: a dma-buf whose exporter refuses mmap (tests/kmod/peerdirect_nommap.ko, reached through its own device) registers by its fd alone with pd_register_dmabuf_at at the runtime's address (pd_register_dmabuf, which maps it, fails; a NULL or second base address: EINVAL); a sub-range is a cache hit; tcp moves 1 MiB through the registration, every byte checked; no dma-buf is mapped in the process"
+desc="nommap_register: a dma-buf whose exporter refuses mmap (tests/kmod/peerdirect_nommap.ko, reached through its own device) registers by its fd alone with pd_register_dmabuf_at at the runtime's address (pd_register_dmabuf, which maps it, fails; a NULL or second base address: EINVAL; bytes past its end refused at the pool's address leave nothing there to look up); a sub-range is a cache hit; tcp moves 1 MiB through the registration, every byte checked; no dma-buf is mapped in the process"
 if [ "$(cat nommap.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' nommap.out &&
 	grep -q '^ok - pd_register_dmabuf, which maps the dma-buf, fails: EINVAL (.*mmap' nommap.out &&
 	grep -q '^ok - pd_register_dmabuf_at with base address NULL: EINVAL (pd_register_dmabuf_at: base address 0x0 ' nommap.out &&
 	grep -q '^ok - the same dma-buf at another base address: EINVAL' nommap.out &&
+	grep -q '^ok - pd_register_dmabuf_at of bytes past the dma-buf.s end: EINVAL' nommap.out &&
+	grep -q '^ok - then a lookup at that address: ENOENT' nommap.out &&
 	grep -q '^ok - pd_register_dmabuf_at registered the pool by its fd at .*: path dma_buf' nommap.out &&
 	grep -q '^ok - a sub-range of the pool is a cache hit on the same registration$' nommap.out &&
 	grep -q '^ok - tcp moved 1048576 bytes from the pool' nommap.out &&
@@ -350,7 +354,7 @@ fi
 
 asan_checks callback_race abuild race "callback_race under AddressSanitizer: 20 rounds of setting the invalidation callback with a fresh heap context, clearing it (the last: pd_regcache_free) and freeing the context at once, while a thread registers and frees allocations (each telling the callback): no call after its removal returned, no use after free" \
 	'20 rounds of setting, clearing and freeing the callback.s context'
-asan_checks lookup_race lbuild lookup "lookup_race under AddressSanitizer: two threads registering (pd_register_dmabuf_at) and dropping (pd_regcache_invalidate_dmabuf) four exports at their addresses while two threads look them up by address (pd_register_addr, and pd_register_addr_in with the handle in the caller's storage): lookups in a pool registered all along always hit, every handle names the bytes looked up, no lookup misses an export registered before and after it, the final set is found exactly, and with all dropped nothing stays cached or registered" \
+asan_checks lookup_race lbuild lookup "lookup_race under AddressSanitizer: two threads registering (pd_register_dmabuf_at) and dropping (pd_regcache_invalidate_dmabuf) four exports at their addresses while two threads look them up by address (pd_register_addr, and pd_register_addr_in with the handle in the caller's storage) and one asks for bytes past their ends at their addresses (refused, binding nothing): lookups in a pool registered all along always hit, every handle names the bytes looked up, no lookup misses an export registered before and after it, the final set is found exactly, and with all dropped nothing stays cached or registered" \
 	'2 threads registering and dropping 4 exports'
 asan_checks fork_handles xbuild forked "fork_handles under AddressSanitizer: a forked child's pd_register_addr, pd_register_addr_in and pd_register_in in its parent's domain (each a hit in the parent) fail with -ECHILD saying why, and its pd_mr_release of the parent's handles, allocated and in the caller's storage, leaves each alone saying why; the parent's released, nothing stays cached or registered" \
 	'a forked child.s registrations in its parent.s domain'

@@ -272,6 +272,37 @@ int main(int argc, char **argv)
 	if (err == -EOPNOTSUPP) {
 		/* The provider refuses dma-bufs: host bounce only when asked for. */
 		printf("refused without host bounce: %s\n", pd_last_error());
+		/* Refused by its fd alone at an address of the runtime's, it binds nothing: no
+		 * dma-buf left at that address, and asking again is refused the same way (in a
+		 * cache of its own, so that the counts checked below stay this one's). */
+		{
+			void *at = (void *)(uintptr_t)0x600000000000u;
+			int fd = -1, first, lookup, again;
+			pd_regcache *own = pd_regcache_new(&err);
+			pd_domain *in_own = own ? pd_domain_attach(own, domain, &err) : NULL;
+			pd_mr *none = NULL;
+
+			if (!in_own || (err = pd_export(alloc, 0, 0, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR,
+							&fd))) {
+				pd_fail("a cache of its own, and pd_export", err);
+				pd_regcache_free(own);
+				goto out;
+			}
+			first = pd_register_dmabuf_at(in_own, fd, 0, 0, at, ALL_ACCESS, &none);
+			lookup = pd_register_addr(in_own, at, 4096, ALL_ACCESS, &none);
+			again = pd_register_dmabuf_at(in_own, fd, 0, 0, at, ALL_ACCESS, &none);
+			close(fd);
+			pd_domain_detach(in_own);
+			pd_regcache_free(own);
+			if (first != -EOPNOTSUPP || lookup != -ENOENT || again != -EOPNOTSUPP) {
+				fprintf(stderr, "fabric_register: by fd alone: %d, then a lookup %d and "
+						"again %d; expected EOPNOTSUPP, ENOENT, EOPNOTSUPP (%s)\n",
+					first, lookup, again, pd_last_error());
+				goto out;
+			}
+			printf("refused by fd alone too, binding nothing: a lookup there ENOENT, "
+			       "asked again EOPNOTSUPP\n");
+		}
 		bounce = 1;
 		err = pd_regcache_set_host_bounce(cache, 1);
 		if (err) {

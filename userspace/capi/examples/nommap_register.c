@@ -305,6 +305,14 @@ int main(void)
 		     pd_register_dmabuf_at(dom, req.fd, 0, 0, NULL, ACCESS_RW, &other), EINVAL,
 		     "EINVAL"))
 		goto out;
+	/* A refusal binds nothing: bytes past the dma-buf's end refused at the pool's address
+	 * leave no dma-buf there for a lookup to find. */
+	if (!refused("pd_register_dmabuf_at of bytes past the dma-buf's end",
+		     pd_register_dmabuf_at(dom, req.fd, POOL, 4096, pool, ACCESS_RW, &other), EINVAL,
+		     "EINVAL") ||
+	    !refused("then a lookup at that address",
+		     pd_register_addr(dom, pool, 4096, ACCESS_RW, &other), ENOENT, "ENOENT"))
+		goto out;
 
 	/* HCL's pattern: one registration for the whole pool at the runtime's address. */
 	if ((err = pd_register_dmabuf_at(dom, req.fd, 0, 0, pool, ACCESS_RW, &pool_mr))) {

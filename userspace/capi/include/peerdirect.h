@@ -369,7 +369,8 @@ int pd_register_dmabuf(pd_domain *domain, int fd, uint64_t offset, uint64_t leng
  * touches base_addr. Host bounce is not possible (it copies through a mapping): a provider
  * that refuses dma-bufs fails with -EOPNOTSUPP. A dma-buf is registered at one address only:
  * another base_addr, or pd_register_dmabuf() of it, is -EINVAL until
- * pd_regcache_invalidate_dmabuf(). -EINVAL also: base_addr NULL, or too high for the dma-buf
+ * pd_regcache_invalidate_dmabuf(). A refused call binds nothing: until one succeeds, the
+ * dma-buf is at no address (pd_register_addr() does not find it) and may be asked for anew. -EINVAL also: base_addr NULL, or too high for the dma-buf
  * to fit after it; otherwise as for pd_register_dmabuf.
  */
 int pd_register_dmabuf_at(pd_domain *domain, int fd, uint64_t offset, uint64_t length,

@@ -2,6 +2,7 @@
 //! and `pd_allocation`, and the checks of pointer arguments every C function makes. Below
 //! both, so that neither needs the other's.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use pd::cache::ExportId;
@@ -82,6 +83,20 @@ impl Handle for PdAllocation {
 pub(crate) struct Source {
     pub(crate) source: DmaBufSource,
     pub(crate) export: ExportId,
+    /// A registration through it succeeded. A dma-buf the caller passed by fd is kept (by
+    /// its base address too) from its first call on; if no registration of it ever
+    /// succeeds, the failed call forgets it again, so that a refusal binds nothing.
+    pub(crate) registered: AtomicBool,
+}
+
+impl Source {
+    pub(crate) fn new(source: DmaBufSource, export: ExportId) -> Self {
+        Self {
+            source,
+            export,
+            registered: AtomicBool::new(false),
+        }
+    }
 }
 
 /// A [`Source`] made once, on first use, and read without a lock after that: every

@@ -22,7 +22,10 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CStr};
 use std::os::fd::{AsFd, AsRawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{
+    fence, AtomicBool,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use pd::cache::{Access, AddressTable, ByteRange, DomainId, ExportId, RegCache};
@@ -863,13 +866,15 @@ unsafe fn register_fd(
         let domain = unsafe { arg(function, "domain", domain.cast_const()) }?;
         let out = Out::Boxed { out }.checked(function)?;
         let access = checked_access(function, request.access)?;
-        let source = domain
-            .shared
-            .fd_source(function, request.fd, None, request.base_addr)?;
-        let size = source.source.dma_buf().length();
-        let range = checked_range(function, "dma-buf", size, request.offset, request.length)?;
+        let (source, range) = domain.shared.fd_source(
+            function,
+            request.fd,
+            None,
+            request.base_addr,
+            (request.offset, request.length),
+        )?;
         // SAFETY: `out` is not NULL (checked) and the caller promises it valid for writing.
-        unsafe { domain.register_into(function, None, &source, range, access, out) }
+        unsafe { domain.register_source(function, None, source, range, access, out) }
     })
 }
 
@@ -1077,11 +1082,12 @@ pub unsafe extern "C" fn pd_register_export(
         let dev = unsafe { arg(F, "dev", dev) }?;
         let out = Out::Boxed { out }.checked(F)?;
         let access = checked_access(F, access)?;
-        let source = domain.shared.fd_source(F, fd, Some(&dev.device), None)?;
-        let size = source.source.dma_buf().length();
-        let range = checked_range(F, "dma-buf", size, offset, length)?;
+        let (source, range) =
+            domain
+                .shared
+                .fd_source(F, fd, Some(&dev.device), None, (offset, length))?;
         // SAFETY: `out` is not NULL (checked) and the caller promises it valid for writing.
-        unsafe { domain.register_into(F, Some(&dev.device), &source, range, access, out) }
+        unsafe { domain.register_source(F, Some(&dev.device), source, range, access, out) }
     })
 }
 
@@ -1218,7 +1224,7 @@ fn source(alloc: &PdAllocation) -> Result<&Source, Failure> {
             Failure::new(errno, format!("pd_register: fstat of the dma-buf: {errno}"))
         })?;
         let source = MappedDmaBuf::new(dma_buf)?.into_source();
-        Ok(Source { source, export })
+        Ok(Source::new(source, export))
     })
 }
 
@@ -1248,9 +1254,37 @@ impl PdDomain {
             None => cache.get(registrar, &source.source, export, range, access),
         };
         let registration = registration.map_err(|err| err.prefixed(function))?;
+        // Set while this call's reference to `source` still counts: see
+        // `Shared::forget_unregistered`.
+        source.registered.store(true, Release);
         // SAFETY: passed on under the same contract.
         unsafe { self.hand_out(registration, out) };
         Ok(())
+    }
+
+    /// Registers `range` of a dma-buf the caller passed by fd ([`Shared::fd_source`]) through
+    /// the cache, as [`PdDomain::register_into`]. A refusal of a dma-buf that no registration
+    /// ever took forgets it ([`Shared::forget_unregistered`]): it is not left at its base
+    /// address, nor its duplicate fd kept.
+    ///
+    /// # Safety
+    ///
+    /// As for [`PdDomain::register_into`].
+    unsafe fn register_source(
+        &self,
+        function: &str,
+        device: Option<&Device>,
+        source: Arc<Source>,
+        range: ByteRange,
+        access: Access,
+        out: Out,
+    ) -> Result<(), Failure> {
+        // SAFETY: passed on under the same contract.
+        let result = unsafe { self.register_into(function, device, &source, range, access, out) };
+        if result.is_err() {
+            self.shared.forget_unregistered(source);
+        }
+        result
     }
 
     /// Makes a handle of `registration` where `out` says.
@@ -1328,14 +1362,19 @@ impl Shared {
     /// mapped, or named by the caller's `base_addr` (not mapped); known as a foreign export,
     /// or as one of `device`'s (`EINVAL` if `device` did not export it). A dma-buf is
     /// registered one way only: mapped or at one base address (`EINVAL` otherwise).
+    ///
+    /// `(offset, length)` (length 0: to the end) is checked first, against the dma-buf's size,
+    /// and returned as the range to register: a range that does not fit binds nothing.
     fn fd_source(
         &self,
         function: &str,
         fd: c_int,
         device: Option<&Device>,
         base_addr: Option<u64>,
-    ) -> Result<Arc<Source>, Failure> {
+        (offset, length): (u64, u64),
+    ) -> Result<(Arc<Source>, ByteRange), Failure> {
         let dma_buf = borrowed_dma_buf(function, fd)?;
+        let range = checked_range(function, "dma-buf", dma_buf.length(), offset, length)?;
         let export = match device {
             None => ExportId::foreign(&dma_buf),
             Some(device) => {
@@ -1375,7 +1414,7 @@ impl Shared {
                 ));
             }
             if source.export == export {
-                return Ok(Arc::clone(source));
+                return Ok((Arc::clone(source), range));
             }
             // Known under the other identity: registered both ways, each is its own export.
             return Err(Failure::new(
@@ -1417,10 +1456,35 @@ impl Shared {
                 source
             }
         };
-        let source = Arc::new(Source { source, export });
+        let source = Arc::new(Source::new(source, export));
         foreign.insert(export.dma_buf_inode(), Arc::clone(&source));
         self.set_addresses(&foreign);
-        Ok(source)
+        Ok((source, range))
+    }
+
+    /// After a refused registration through `source` (a dma-buf the caller passed by fd):
+    /// forgets it if no registration through it ever succeeded and no other call uses it
+    /// now, as if the refused call had not been made.
+    fn forget_unregistered(&self, source: Arc<Source>) {
+        let mut foreign = lock(&self.foreign);
+        // The map's reference and this one only: no other call holds it, and none can take
+        // it while the lock is held. A call that registered through it set `registered`
+        // before letting go of its reference (a release) that this count read.
+        if Arc::strong_count(&source) != 2 {
+            return;
+        }
+        fence(Acquire);
+        if source.registered.load(Relaxed) {
+            return;
+        }
+        let inode = source.export.dma_buf_inode();
+        if foreign
+            .get(&inode)
+            .is_some_and(|known| Arc::ptr_eq(known, &source))
+        {
+            foreign.remove(&inode);
+            self.set_addresses(&foreign);
+        }
     }
 
     /// Sets [`Shared::addresses`] from `foreign`, whose lock the caller holds.

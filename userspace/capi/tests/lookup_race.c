@@ -20,6 +20,9 @@
  * changed without its lock (two threads changing it at once, one after the other had read
  * it) loses a registration: such lookups fail with -ENOENT. Any other failure of a lookup is
  * an error too.
+ * A third kind of thread meanwhile asks for bytes past a churned export's end at its address,
+ * which must be refused (-EINVAL) and bind nothing: no dma-buf left at that address for a
+ * lookup, nor one registered forgotten.
  * Last, with every dma-buf dropped, nothing may stay cached or registered: a lookup that
  * registered while its dma-buf was being dropped must not have cached that registration.
  * Prints "ok - ..." with the counts, or "FAIL - ..."; exit status 0 iff all went well.
@@ -63,7 +66,7 @@ struct export {
 static struct tcp_cache tcp;
 static struct export pool, churned[CHURNERS * SOURCES];
 static int churners_done, failed;
-static long must_hit, hits, misses;
+static long must_hit, hits, misses, refusals;
 
 static void fail(const char *what, int err)
 {
@@ -164,6 +167,35 @@ static void *churner(void *arg)
 	return NULL;
 }
 
+/* Asks for bytes past a churned export's end at its address until the churners are done. */
+static void *refuser(void *arg)
+{
+	uint64_t state = (uintptr_t)arg * 0x2545f4914f6cdd1du + 7;
+	long mine = 0;
+
+	while (!__atomic_load_n(&churners_done, __ATOMIC_ACQUIRE) &&
+	       !__atomic_load_n(&failed, __ATOMIC_ACQUIRE)) {
+		struct export *e;
+		pd_mr *mr = NULL;
+		int err;
+
+		state = state * 6364136223846793005u + 1442695040888963407u;
+		e = &churned[(state >> 40) % (CHURNERS * SOURCES)];
+		err = pd_register_dmabuf_at(tcp.dom, e->fd, e->size, 4096, e->map, ALL, &mr);
+		if (err != -EINVAL) {
+			pd_mr_release(mr);
+			if (!__atomic_exchange_n(&failed, 1, __ATOMIC_ACQ_REL))
+				printf("FAIL - pd_register_dmabuf_at of bytes past an export's end : %s, "
+				       "expected EINVAL\n",
+				       err ? pd_strerror(err) : "registered");
+			break;
+		}
+		mine++;
+	}
+	__atomic_add_fetch(&refusals, mine, __ATOMIC_RELAXED);
+	return NULL;
+}
+
 static int make_export(pd_device *dev, struct export *e, uint64_t size)
 {
 	int err = pd_alloc(dev, size, 0, &e->alloc);
@@ -180,7 +212,7 @@ static int make_export(pd_device *dev, struct export *e, uint64_t size)
 
 int main(void)
 {
-	pthread_t hit[HITTERS], churn[CHURNERS];
+	pthread_t hit[HITTERS], churn[CHURNERS], refuse;
 	struct pd_regcache_stats stats;
 	struct timespec t0, t1;
 	pd_device *dev;
@@ -229,11 +261,14 @@ int main(void)
 	for (i = 0; i < CHURNERS; i++)
 		if (pthread_create(&churn[i], NULL, churner, (void *)(uintptr_t)i))
 			return 1;
+	if (pthread_create(&refuse, NULL, refuser, NULL))
+		return 1;
 	for (i = 0; i < CHURNERS; i++)
 		pthread_join(churn[i], NULL);
 	__atomic_store_n(&churners_done, 1, __ATOMIC_RELEASE);
 	for (i = 0; i < HITTERS; i++)
 		pthread_join(hit[i], NULL);
+	pthread_join(refuse, NULL);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	/* What is registered now is found; what is not, not. */
 	for (i = 0; i < CHURNERS * SOURCES && !failed; i++) {
@@ -275,7 +310,12 @@ int main(void)
 	pd_device_close(dev);
 	if (failed)
 		return 1;
-	if (hits == 0 || misses == 0) {
+	if (hits == 0 || misses == 0 || refusals == 0) {
+		if (refusals == 0) {
+			printf("FAIL - no registration of bytes past an export's end was tried: no "
+			       "race\n");
+			return 1;
+		}
 		printf("FAIL - the lookups of churned exports never %s (%ld hits, %ld misses): no "
 		       "race\n", hits ? "missed" : "hit", hits, misses);
 		return 1;
@@ -283,11 +323,12 @@ int main(void)
 	printf("ok - %d threads registering and dropping %d exports at their addresses %d times "
 	       "each while %d threads looked them up by address, in %.1f s: %ld lookups in the "
 	       "pool all hit; of the churned exports %ld hit and %ld missed, none missed while "
-	       "registered before and after; at the end the %d registered were found and the "
+	       "registered before and after; %ld registrations of bytes past an export's end "
+	       "refused meanwhile; at the end the %d registered were found and the "
 	       "others not, and with all dropped nothing stayed cached or registered (%" PRIu64
 	       " registrations, as many deregistrations; AddressSanitizer found nothing)\n",
 	       CHURNERS, CHURNERS * SOURCES, CYCLES, HITTERS,
 	       (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9, must_hit, hits, misses,
-	       left, stats.registrations);
+	       refusals, left, stats.registrations);
 	return 0;
 }

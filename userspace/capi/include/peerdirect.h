@@ -356,10 +356,11 @@ int pd_register_dmabuf(pd_domain *domain, int fd, uint64_t offset, uint64_t leng
 
 /*
  * As pd_register_dmabuf, by the fd alone: the dma-buf is never mapped, so one whose exporter
- * has no mmap (habanalabs' device memory) or a read-only export registers too (an fd's
- * read-only mode limits CPU mappings of the dma-buf; the NIC gets the access asked for, as
- * ibv_reg_dmabuf_mr and fi_mr_regattr give it: ask only PD_ACCESS_LOCAL_READ /
- * PD_ACCESS_REMOTE_READ for memory nothing may write). Its first byte is named
+ * has no mmap (habanalabs' device memory) registers too, and so does a read-only export on a
+ * provider that moves bytes with the CPU (tcp, shm), which gets the access asked for (ask
+ * only PD_ACCESS_LOCAL_READ / PD_ACCESS_REMOTE_READ for memory nothing may write). A NIC
+ * (ibverbs, verbs;ofi_rxm, efa) imports every dma-buf for reading and writing, which a
+ * read-only export of /dev/peerdirectN refuses (-EACCES): export it read-write for a NIC. Its first byte is named
  * base_addr in the registration (fi_mr_dmabuf.base_addr; on an ibverbs domain, bytes
  * [offset, ...) get IOVA base_addr + offset): the address the caller names it by, which local
  * operations use (pd_mr_local() gives base_addr + offset) and peers' RMA with FI_MR_VIRT_ADDR

@@ -42,7 +42,7 @@ const IBV_ACCESS_REMOTE_WRITE: i32 = 1 << 1;
 const IBV_ACCESS_REMOTE_READ: i32 = 1 << 2;
 
 /// What the user can do when a device cannot register dma-bufs.
-pub const DMA_BUF_ALTERNATIVES: &str = "use an RDMA device whose kernel driver imports dma-bufs (EFA, mlx5, irdma), or let peerdirect take the host-bounce path (registered host memory, copies through the dma-buf's mapping)";
+pub const DMA_BUF_ALTERNATIVES: &str = "use an RDMA device whose kernel driver imports dma-bufs (EFA, mlx5, irdma); ibverbs registrations are always direct, so with this device register through libfabric instead, whose host-bounce path (registered host memory, copies through the dma-buf's mapping) works on any NIC";
 
 /// Why the ibverbs registrar could not do its job.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -186,9 +186,9 @@ fn provider_note(provider: &str) -> &'static str {
 
 fn reg_hint(errno: Errno) -> &'static str {
     match errno {
-        Errno::INVAL => "; the range must lie inside the dma-buf, and the exporter must accept this NIC as a peer-to-peer importer (see `peerdirect topology`)",
+        Errno::INVAL => "; the range must lie inside the dma-buf, its IOVA must lie at the same offset in its page as the range does in the dma-buf (a base address of the caller's: page-aligned), and the exporter must accept this NIC as a peer-to-peer importer (see `peerdirect topology`)",
         Errno::NOMEM => "; raise the locked-memory limit (ulimit -l) or free registrations",
-        Errno::ACCESS | Errno::PERM => "; remote write needs local write, and the dma-buf must be exported writable",
+        Errno::ACCESS | Errno::PERM => "; a NIC maps a dma-buf for reading and writing whatever access is asked, which a read-only export refuses: export it read-write (PEERDIRECT_EXPORT_RDWR); remote write also needs local write",
         Errno::NODEV => "; the HBM device is gone (unbound or removed)",
         _ => "",
     }

@@ -103,7 +103,8 @@ struct pd_device_info {
 struct pd_invalidation {
 	pd_domain *domain; /* the domain it is registered in */
 	uint64_t key;      /* its fi_mr_key(): take it back from the peers that were given it */
-	void *addr;        /* its local address (NULL for host bounce) */
+	void *addr;        /* its local address, as pd_mr_local() gives it (ibverbs: the IOVA,
+			      which may be 0); NULL for host bounce, whose length is 0 */
 	uint64_t length;   /* its length in bytes (0 for host bounce) */
 	uint32_t cause;    /* PD_INVALIDATED_* */
 	uint32_t held;     /* 1: a pd_mr still holds it, registered until released; 0: it is

@@ -22,7 +22,9 @@
  * an error too.
  * A third kind of thread meanwhile asks for bytes past a churned export's end at its address,
  * which must be refused (-EINVAL) and bind nothing: no dma-buf left at that address for a
- * lookup, nor one registered forgotten.
+ * lookup, nor one registered forgotten; and, through a second handle on the domain whose
+ * registrations tcp refuses (PD_IFACE_SYNAPSEAI), for the pool at its address: the
+ * provider's refusal, after which the pool, registered all along, must stay found.
  * Last, with every dma-buf dropped, nothing may stay cached or registered: a lookup that
  * registered while its dma-buf was being dropped must not have cached that registration.
  * Prints "ok - ..." with the counts, or "FAIL - ..."; exit status 0 iff all went well.
@@ -64,9 +66,10 @@ struct export {
 };
 
 static struct tcp_cache tcp;
+static pd_domain *refusing; /* tcp.domain again, its registrations refused by tcp */
 static struct export pool, churned[CHURNERS * SOURCES];
 static int churners_done, failed;
-static long must_hit, hits, misses, refusals;
+static long must_hit, hits, misses, refusals, provider_refusals;
 
 static void fail(const char *what, int err)
 {
@@ -171,7 +174,7 @@ static void *churner(void *arg)
 static void *refuser(void *arg)
 {
 	uint64_t state = (uintptr_t)arg * 0x2545f4914f6cdd1du + 7;
-	long mine = 0;
+	long mine = 0, by_provider = 0;
 
 	while (!__atomic_load_n(&churners_done, __ATOMIC_ACQUIRE) &&
 	       !__atomic_load_n(&failed, __ATOMIC_ACQUIRE)) {
@@ -180,6 +183,22 @@ static void *refuser(void *arg)
 		int err;
 
 		state = state * 6364136223846793005u + 1442695040888963407u;
+		if ((state >> 62) == 0) {
+			/* The pool, registered all along, refused by the provider in the other
+			 * handle: the refusal must not forget it (the hitters find it throughout). */
+			err = pd_register_dmabuf_at(refusing, pool.fd, 0, 0, pool.map, ALL, &mr);
+			if (!err || !strstr(pd_last_error(), "fi_mr_regattr")) {
+				pd_mr_release(mr);
+				if (!__atomic_exchange_n(&failed, 1, __ATOMIC_ACQ_REL))
+					printf("FAIL - the pool in a domain whose registrations tcp "
+					       "refuses : %s (%s), expected tcp's refusal\n",
+					       err ? pd_strerror(err) : "registered",
+					       err ? pd_last_error() : "");
+				break;
+			}
+			by_provider++;
+			continue;
+		}
 		e = &churned[(state >> 40) % (CHURNERS * SOURCES)];
 		err = pd_register_dmabuf_at(tcp.dom, e->fd, e->size, 4096, e->map, ALL, &mr);
 		if (err != -EINVAL) {
@@ -193,6 +212,7 @@ static void *refuser(void *arg)
 		mine++;
 	}
 	__atomic_add_fetch(&refusals, mine, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&provider_refusals, by_provider, __ATOMIC_RELAXED);
 	return NULL;
 }
 
@@ -240,6 +260,11 @@ int main(void)
 		fail("pd_register_dmabuf_at of the pool", err);
 		return 1;
 	}
+	refusing = pd_domain_attach(tcp.cache, tcp.domain, &err);
+	if (!refusing || (err = pd_domain_set_iface(refusing, PD_IFACE_SYNAPSEAI, 0))) {
+		fail("a second handle on the domain, PD_IFACE_SYNAPSEAI", err);
+		return 1;
+	}
 	/* In place: no storage, or nowhere to say where it is, is refused before any lookup. */
 	{
 		pd_mr_storage storage;
@@ -269,6 +294,8 @@ int main(void)
 	for (i = 0; i < HITTERS; i++)
 		pthread_join(hit[i], NULL);
 	pthread_join(refuse, NULL);
+	if (!failed && (err = pd_domain_detach(refusing)) != 0)
+		fail("pd_domain_detach of the refusing handle", err < 0 ? err : -EBUSY);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	/* What is registered now is found; what is not, not. */
 	for (i = 0; i < CHURNERS * SOURCES && !failed; i++) {
@@ -310,8 +337,8 @@ int main(void)
 	pd_device_close(dev);
 	if (failed)
 		return 1;
-	if (hits == 0 || misses == 0 || refusals == 0) {
-		if (refusals == 0) {
+	if (hits == 0 || misses == 0 || refusals == 0 || provider_refusals == 0) {
+		if (refusals == 0 || provider_refusals == 0) {
 			printf("FAIL - no registration of bytes past an export's end was tried: no "
 			       "race\n");
 			return 1;
@@ -324,11 +351,11 @@ int main(void)
 	       "each while %d threads looked them up by address, in %.1f s: %ld lookups in the "
 	       "pool all hit; of the churned exports %ld hit and %ld missed, none missed while "
 	       "registered before and after; %ld registrations of bytes past an export's end "
-	       "refused meanwhile; at the end the %d registered were found and the "
+	       "and %ld of the pool by tcp refused meanwhile; at the end the %d registered were found and the "
 	       "others not, and with all dropped nothing stayed cached or registered (%" PRIu64
 	       " registrations, as many deregistrations; AddressSanitizer found nothing)\n",
 	       CHURNERS, CHURNERS * SOURCES, CYCLES, HITTERS,
 	       (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9, must_hit, hits, misses,
-	       refusals, left, stats.registrations);
+	       refusals, provider_refusals, left, stats.registrations);
 	return 0;
 }

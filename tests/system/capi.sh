@@ -38,6 +38,10 @@
 # userspace/capi/tests/fork_handles.c, also with AddressSanitizer: a forked child's
 # registrations in its parent's domain fail with -ECHILD, and its releases of the parent's
 # handles (allocated and in the caller's storage) leave them alone.
+# userspace/capi/tests/reset_register.c, last in that boot: an allocation registered, the
+# device reset (sysfs), and pd_register of the same allocation registers a new export of it
+# (the one made before is revoked: its mapping faults); again in the --rxe-dmabuf boot, on
+# rxe0, where ib_core refuses the revoked export.
 # Then a boot with qemu/run --rxe-dmabuf (the test kernel's patched rxe and the patched rxe
 # provider: rxe0 registers dma-bufs, as EFA, mlx5 and irdma do): verbs_register.c takes its
 # other branch, a registration at IOVA = its offset in the allocation; and
@@ -62,9 +66,10 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Plan: make install and pkg-config (2); the first boot: hbm_export (4), fabric_register (3),
 # verbs_register (2), hcl_style (2), nommap_register (3), hcl_pool (2), key_pool (2),
-# callback_race (2), lookup_race (2), fork_handles (2); the --rxe-dmabuf boot: verbs_register (1), verbs_rdma (6); the companion
+# callback_race (2), lookup_race (2), fork_handles (2), reset_register (2); the --rxe-dmabuf boot:
+# verbs_register (1), reset_register (1), verbs_rdma (6); the companion
 # boot (7).
-plan 40
+plan 43
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -119,7 +124,7 @@ cp "$ROOT/userspace/capi/examples/hbm_export.c" "$ROOT/userspace/capi/examples/f
 	"$ROOT/userspace/capi/examples/nommap_register.c" "$ROOT/userspace/capi/examples/hcl_pool.c" \
 	"$ROOT/userspace/capi/examples/key_pool.c" "$ROOT/userspace/capi/tests/callback_race.c" \
 	"$ROOT/userspace/capi/tests/lookup_race.c" "$ROOT/userspace/capi/tests/tcp_cache.h" \
-	"$ROOT/userspace/capi/tests/fork_handles.c" \
+	"$ROOT/userspace/capi/tests/fork_handles.c" "$ROOT/userspace/capi/tests/reset_register.c" \
 	"$ROOT/userspace/capi/examples/verbs_rdma.c" "$work/share/"
 # The programs are built on the host, chrooted in the guest's trixie userland (in_trixie: its
 # gcc, g++, pkg-config, headers and libraries, the files the guest runs them with): a second
@@ -138,6 +143,7 @@ trixie_build pbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/hcl_po
 for p in abuild:callback_race lbuild:lookup_race xbuild:fork_handles; do
 	trixie_build "${p%%:*}" "gcc -std=c99 -Wall -Wextra -Werror -fsanitize=address -g -o /tmp/${p#*:} ${p#*:}.c \$(pkg-config --cflags --libs peerdirect libfabric) -pthread && cp /tmp/${p#*:} ."
 done
+trixie_build tbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/reset_register reset_register.c $(pkg-config --cflags --libs peerdirect libfabric libibverbs) && cp /tmp/reset_register .'
 trixie_build kbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/key_pool key_pool.c $(pkg-config --cflags --libs peerdirect libfabric) && cp /tmp/key_pool .'
 trixie_build vbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_register verbs_register.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_register .'
 trixie_build rbuild 'gcc -std=c99 -pedantic -Wall -Wextra -Werror -o /tmp/verbs_rdma verbs_rdma.c $(pkg-config --cflags --libs peerdirect libibverbs) && cp /tmp/verbs_rdma .'
@@ -161,6 +167,8 @@ run example ./hbm_export
 run fabric ./fabric_register
 run fabric_rxe env FI_UNIVERSE_SIZE=64 ./fabric_register 'verbs;ofi_rxm'
 run verbs ./verbs_register rxe0 refused
+# Last: it resets the device.
+run reset ./reset_register
 EOF
 hbm=$work/hbm
 out=$(guest --rxe --hbm 8G --hbm-backing "$hbm" --share "$work/share" -- sh /mnt/host/probe.sh 2>&1)
@@ -282,6 +290,24 @@ else
 	fail "$desc" "$(show verbs)"
 fi
 
+desc="trixie's gcc builds tests/reset_register.c (C99, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric libibverbs"
+if [ "$(cat tbuild.rc 2>/dev/null)" = 0 ]; then
+	ok "$desc"
+else
+	fail "$desc" "$(show tbuild)"
+fi
+desc="reset_register on tcp: an allocation registered with pd_register (its registration held), the device reset through sysfs (its mapping then faults: SIGBUS), and pd_register of the same allocation registers a new export of it, whose memory takes a pattern; a third pd_register is a cache hit on it"
+if [ "$(cat reset.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' reset.out &&
+	grep -q '^ok - the device reset through /sys/bus/pci/devices/.*/reset$' reset.out &&
+	grep -q '^ok - the first registration.s memory faults after the reset (SIGBUS)$' reset.out &&
+	grep -q '^ok - registered again after the reset: a new export, whose memory at 0x[0-9a-f]* takes a pattern$' reset.out &&
+	grep -q '^ok - the third pd_register is a hit on it: hits 1, misses 2, registrations 2, failed 0$' reset.out; then
+	ok "$desc"
+	sed "s/^/# /" reset.out
+else
+	fail "$desc" "$(show reset)"
+fi
+
 desc="trixie's gcc builds nommap_register.c (C99, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"
 if [ "$(cat nbuild.rc 2>/dev/null)" = 0 ]; then
 	ok "$desc"
@@ -396,6 +422,8 @@ run() { name=$1; shift; "$@" >"$name.out" 2>&1; echo $? >"$name.rc"; }
 export LD_LIBRARY_PATH=/mnt/host/stage/usr/local/lib
 run verbs_direct ./verbs_register rxe0 direct
 run rdma ./verbs_rdma rxe0
+# Last: it resets the device.
+run vreset ./reset_register verbs rxe0
 EOS
 hbm_rxe=$work/hbm-rxe
 out=$(guest --rxe-dmabuf --hbm-backing "$hbm_rxe" --share "$work/share" -- sh /mnt/host/rxe.sh 2>&1)
@@ -418,6 +446,16 @@ if [ $rc = 0 ] && [ "$(cat verbs_direct.rc 2>/dev/null)" = 0 ] &&
 	sed "s/^/# /" verbs_direct.out
 else
 	fail "$desc" "qemu/run exited $rc (99: kernel splat, 98: guest died, 124: timeout)" "$out" "$(show verbs_direct)"
+fi
+desc="reset_register on rxe0 with the patched rxe (ibv_reg_dmabuf_mr): an allocation registered with pd_register (held), the device reset through sysfs, and pd_register of the same allocation registers a new export of it (the revoked one ib_core refuses: ENODEV), path dmabuf; a third pd_register is a cache hit on it"
+if [ "$(cat vreset.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' vreset.out &&
+	grep -q '^ok - the device reset through /sys/bus/pci/devices/.*/reset$' vreset.out &&
+	grep -q '^ok - registered again after the reset on rxe0: path dmabuf, lkey 0x[0-9a-f]*$' vreset.out &&
+	grep -q '^ok - the third pd_register is a hit on it: hits 1, misses 2, registrations 2, failed 0$' vreset.out; then
+	ok "$desc"
+	sed "s/^/# /" vreset.out
+else
+	fail "$desc" "$(show vreset)"
 fi
 desc="verbs_rdma (HCL's ibverbs path, the program's own PD and RC queue pairs on rxe0): 8 MiB of HBM registered once with pd_register_dmabuf_at at device VA 0x100040000000; two buffers in it found by device VA (pd_register_addr: cache hits); pd_mr_remote and pd_mr_local give their device VAs (pool + offset) and the pool's rkey"
 if grep -q '^ok - rxe0: the program.s protection domain and two RC queue pairs connected to each other$' rdma.out &&

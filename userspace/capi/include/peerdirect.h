@@ -319,7 +319,9 @@ int pd_domain_detach(pd_domain *domain);
  * an owning handle in *out: read it with pd_mr_key(), pd_mr_desc(), pd_mr_local(),
  * pd_mr_offset(), pd_mr_path(), pd_mr_reason(), pd_mr_remote(); release it with
  * pd_mr_release(). The first call on an allocation exports all of it read-write and maps it;
- * that dma-buf is closed when the allocation is freed. -EOPNOTSUPP: the provider refuses to
+ * that dma-buf is closed when the allocation is freed. A reset of the device revokes it (its
+ * registrations are invalidated, PD_INVALIDATED_DEVICE): the first call after the reset exports
+ * and maps the allocation again. -EOPNOTSUPP: the provider refuses to
  * register dma-bufs and host bounce is off (the default; see pd_regcache_set_host_bounce()),
  * pd_last_error() gives the provider's reason; other errors are the provider's
  * (pd_last_error() names the call).

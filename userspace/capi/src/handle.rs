@@ -66,9 +66,10 @@ pub struct PdAllocation {
     pub(crate) handle: u32,
     pub(crate) hbm_offset: u64,
     pub(crate) length: u64,
-    /// The export `pd_register` registers from, made (and mapped) on its first call. Closed
-    /// when the handle is freed, after the device has invalidated its cache entries.
-    pub(crate) source: OnceSource,
+    /// The export `pd_register` registers from, made (and mapped) on its first call, and
+    /// made again by the first call after a reset of the device revoked it. Closed when the
+    /// handle is freed, after the device has invalidated its cache entries.
+    pub(crate) source: Sources<AllocSource>,
     pub(crate) born: Born,
 }
 
@@ -99,46 +100,90 @@ impl Source {
     }
 }
 
-/// A [`Source`] made once, on first use, and read without a lock after that: every
-/// `pd_register` of an allocation reads its export, from any number of threads at once, and a
-/// hit must not write a line the others read (no lock, no reference count).
-pub(crate) struct OnceSource<T = Source> {
-    source: OnceLock<T>,
-    /// Held while the source is made, so that two first calls make one export.
+/// An allocation's export as `pd_register` made it.
+pub(crate) struct AllocSource {
+    pub(crate) source: Source,
+    /// The device's count of resets ([`pd::DeviceStatus::resets`]) read before the export
+    /// was made: once the count differs, a reset has revoked the export. `None`: a module
+    /// without a status page, which cannot tell.
+    pub(crate) resets: Option<u32>,
+}
+
+/// A [`Source`] made on first use and read without a lock after that: every `pd_register` of
+/// an allocation reads its export, from any number of threads at once, and a hit must not
+/// write a line the others read (no lock, no reference count). A source that can no longer
+/// serve (its export revoked by a reset) is replaced by a new one; the one replaced stays
+/// until the handle goes, for a hit may be reading it, and so do the registrations still held
+/// of it. Each replacement is a link more in a chain of [`OnceLock`]s, which a read follows to
+/// its end: one link, one load, until the device is reset.
+pub(crate) struct Sources<T> {
+    first: OnceLock<Link<T>>,
+    /// Held while a source is made, so that calls racing to make one make one export.
     making: Mutex<()>,
 }
 
-impl<T> Default for OnceSource<T> {
+struct Link<T> {
+    source: T,
+    next: OnceLock<Box<Link<T>>>,
+}
+
+impl<T> Link<T> {
+    fn new(source: T) -> Self {
+        Self {
+            source,
+            next: OnceLock::new(),
+        }
+    }
+}
+
+impl<T> Default for Sources<T> {
     fn default() -> Self {
         Self {
-            source: OnceLock::new(),
+            first: OnceLock::new(),
             making: Mutex::new(()),
         }
     }
 }
 
-impl<T> OnceSource<T> {
-    /// The source if it was made.
+impl<T> Sources<T> {
+    /// The last link, if a source was made.
     #[inline]
-    pub(crate) fn get(&self) -> Option<&T> {
-        self.source.get()
+    fn last(&self) -> Option<&Link<T>> {
+        let mut link = self.first.get()?;
+        while let Some(next) = link.next.get() {
+            link = next;
+        }
+        Some(link)
     }
 
-    /// The source, made by `make` if this is the first call (or the first calls failed).
+    /// The newest source, if one was made.
+    #[inline]
+    pub(crate) fn get(&self) -> Option<&T> {
+        self.last().map(|link| &link.source)
+    }
+
+    /// The newest source if `usable` says it is; otherwise (or if none was made, or the
+    /// making failed) a new one made by `make`, which becomes the newest.
     pub(crate) fn get_or_make(
         &self,
+        usable: impl Fn(&T) -> bool,
         make: impl FnOnce() -> Result<T, Failure>,
     ) -> Result<&T, Failure> {
-        if let Some(source) = self.source.get() {
+        if let Some(source) = self.get().filter(|source| usable(source)) {
             return Ok(source);
         }
         let _making = self.making.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(source) = self.source.get() {
-            return Ok(source);
+        let last = self.last();
+        if let Some(link) = last.filter(|link| usable(&link.source)) {
+            return Ok(&link.source);
         }
-        let source = make()?;
-        // Only calls holding `making` set it, and it was empty when this one took it.
-        Ok(self.source.get_or_init(|| source))
+        let link = Link::new(make()?);
+        // Only calls holding `making` add links, and `last` was the last when this one took
+        // it: the cell it sets is empty.
+        Ok(match last {
+            None => &self.first.get_or_init(|| link).source,
+            Some(last) => &last.next.get_or_init(|| Box::new(link)).source,
+        })
     }
 }
 
@@ -206,7 +251,7 @@ pub(crate) unsafe fn put<T>(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
     use std::sync::Barrier;
     use std::time::Duration;
 
@@ -214,41 +259,102 @@ mod tests {
 
     use super::*;
 
-    /// Eight first `pd_register`s of one allocation at once make one export, and every one
-    /// gets it; a failed first make leaves the next call to make it.
-    #[test]
-    fn first_calls_racing_make_the_source_once_and_a_failure_is_retried() {
+    /// A source in the tests: its number, and whether a "reset" revoked it.
+    #[derive(Default)]
+    struct Made {
+        number: usize,
+        revoked: AtomicBool,
+    }
+
+    /// Eight threads calling `get_or_make` at once (each sleeping in `make`, long enough for
+    /// all to find nothing usable) and what each got; how many sources were made meanwhile.
+    fn race_to_make(sources: &Sources<Made>, made: &AtomicUsize) -> Vec<usize> {
         const THREADS: usize = 8;
-        let once = OnceSource::<usize>::default();
-        let made = AtomicUsize::new(0);
         let barrier = Barrier::new(THREADS);
-        let got: Vec<*const usize> = std::thread::scope(|scope| {
+        std::thread::scope(|scope| {
             let threads: Vec<_> = (0..THREADS)
                 .map(|_| {
                     scope.spawn(|| {
                         barrier.wait();
-                        let source = once
-                            .get_or_make(|| {
-                                // Long enough for every thread to find it not made yet.
-                                std::thread::sleep(Duration::from_millis(20));
-                                Ok(made.fetch_add(1, SeqCst))
-                            })
+                        let source = sources
+                            .get_or_make(
+                                |s| !s.revoked.load(SeqCst),
+                                || {
+                                    std::thread::sleep(Duration::from_millis(20));
+                                    Ok(Made {
+                                        number: made.fetch_add(1, SeqCst),
+                                        ..Made::default()
+                                    })
+                                },
+                            )
                             .expect("made");
-                        source as *const usize as usize
+                        source as *const Made as usize
                     })
                 })
                 .collect();
             threads
                 .into_iter()
-                .map(|t| t.join().expect("thread") as *const usize)
+                .map(|t| t.join().expect("thread"))
                 .collect()
-        });
+        })
+    }
+
+    /// Eight first `pd_register`s of one allocation at once make one export, and every one
+    /// gets it; a failed first make leaves the next call to make it.
+    #[test]
+    fn first_calls_racing_make_the_source_once_and_a_failure_is_retried() {
+        let sources = Sources::default();
+        let made = AtomicUsize::new(0);
+        let got = race_to_make(&sources, &made);
         assert_eq!(made.load(SeqCst), 1, "the export was made more than once");
         assert!(got.iter().all(|&p| p == got[0]));
 
-        let failing = OnceSource::<usize>::default();
-        let err = failing.get_or_make(|| Err(Failure::new(Errno::NODEV, "gone".to_owned())));
+        let failing = Sources::<usize>::default();
+        let err = failing.get_or_make(
+            |_| true,
+            || Err(Failure::new(Errno::NODEV, "gone".to_owned())),
+        );
         assert!(err.is_err());
-        assert_eq!(*failing.get_or_make(|| Ok(7)).expect("made on retry"), 7);
+        assert_eq!(
+            *failing
+                .get_or_make(|_| true, || Ok(7))
+                .expect("made on retry"),
+            7
+        );
+    }
+
+    /// After each "reset" (the newest source revoked), eight calls at once make one new
+    /// source, which every one gets and `get` reads from then on; a failed remake leaves the
+    /// revoked one newest, to be made again by the next call. Every source made stays readable
+    /// through the references taken to it before it was replaced.
+    #[test]
+    fn a_revoked_source_is_replaced_once_and_the_old_one_stays_readable() {
+        let sources = Sources::default();
+        let made = AtomicUsize::new(0);
+        let mut held: Vec<&Made> = Vec::new();
+        for reset in 0..4 {
+            let got = race_to_make(&sources, &made);
+            assert_eq!(
+                made.load(SeqCst),
+                reset + 1,
+                "made more than once after reset {reset}"
+            );
+            assert!(got.iter().all(|&p| p == got[0]));
+            let newest = sources.get().expect("a source");
+            assert_eq!(newest as *const Made as usize, got[0]);
+            assert_eq!(newest.number, reset);
+            held.push(newest);
+            newest.revoked.store(true, SeqCst);
+        }
+        let err = sources.get_or_make(|s| !s.revoked.load(SeqCst), || Err(Failure::null("f", "x")));
+        assert!(err.is_err());
+        assert_eq!(
+            sources.get().map(|s| s.number),
+            Some(3),
+            "a failed remake replaced nothing"
+        );
+        for (number, source) in held.iter().enumerate() {
+            assert_eq!(source.number, number, "a replaced source was not kept");
+        }
     }
 }

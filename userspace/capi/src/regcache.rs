@@ -40,7 +40,9 @@ use crate::abi::{self, FidDomain, FidEp, IbvPd, PdRegcacheStats};
 use crate::addresses::At;
 use crate::callback::CallbackSlot;
 use crate::error::{guard_fast_path, guard_status, handle_guard, shield, Failure};
-use crate::handle::{arg, inherited, put, take, Born, Handle, PdAllocation, PdDevice, Source};
+use crate::handle::{
+    arg, inherited, put, take, AllocSource, Born, Handle, PdAllocation, PdDevice, Source,
+};
 use crate::registrar::AnyRegistrar;
 
 /// `struct pd_invalidation`: a registration whose memory, device or domain goes, as the
@@ -772,7 +774,7 @@ unsafe fn hit_alloc(
     let registration = domain.shared.cache.get_cached_from(
         &alloc.device,
         &domain.registrar,
-        source.export,
+        source.source.export,
         range,
         access,
     )?;
@@ -1213,19 +1215,31 @@ fn range_in(size: u64, offset: u64, length: u64) -> Option<ByteRange> {
         .filter(|range| range.end() <= size)
 }
 
-/// The allocation's export, made and mapped on first use.
+/// The allocation's export, made and mapped on first use, and again once a reset of the
+/// device revoked it.
 fn source(alloc: &PdAllocation) -> Result<&Source, Failure> {
-    alloc.source.get_or_make(|| {
-        let mut raw = RawExport::<0>::new();
-        raw.export.handle = alloc.handle;
-        raw.export.flags = abi::PD_EXPORT_CLOEXEC | abi::PD_EXPORT_RDWR;
-        let dma_buf = alloc.device.export_raw(&mut raw)?;
-        let export = alloc.device.export_id(&dma_buf).map_err(|errno| {
-            Failure::new(errno, format!("pd_register: fstat of the dma-buf: {errno}"))
-        })?;
-        let source = MappedDmaBuf::new(dma_buf)?.into_source();
-        Ok(Source::new(source, export))
-    })
+    let resets = || alloc.device.status().map(|status| status.resets());
+    let made = alloc.source.get_or_make(
+        |made| made.resets.is_none() || made.resets == resets(),
+        || {
+            // Read before the export: a reset between the two revokes it, and then the
+            // count differs from this one.
+            let resets = resets();
+            let mut raw = RawExport::<0>::new();
+            raw.export.handle = alloc.handle;
+            raw.export.flags = abi::PD_EXPORT_CLOEXEC | abi::PD_EXPORT_RDWR;
+            let dma_buf = alloc.device.export_raw(&mut raw)?;
+            let export = alloc.device.export_id(&dma_buf).map_err(|errno| {
+                Failure::new(errno, format!("pd_register: fstat of the dma-buf: {errno}"))
+            })?;
+            let source = MappedDmaBuf::new(dma_buf)?.into_source();
+            Ok(AllocSource {
+                source: Source::new(source, export),
+                resets,
+            })
+        },
+    )?;
+    Ok(&made.source)
 }
 
 impl PdDomain {

@@ -494,7 +494,14 @@ pub unsafe extern "C" fn pd_domain_detach(domain: *mut PdDomain) -> c_int {
         // they share): none is held and the cached ones were closed, so anything left is
         // being made right now, by a call on this handle that races its release.
         if Arc::strong_count(&attached.registrar) > 1 {
-            return Err(busy(0));
+            return Err(Failure::new(
+                Errno::BUSY,
+                format!(
+                    "{F}: a call on this domain handle is registering in it while it is \
+                     detached: let that call return and pd_mr_release() its handle, then \
+                     detach again (the domain stays attached and must stay open until then)"
+                ),
+            ));
         }
         lock(&attached.shared.domains).remove(&id);
         // SAFETY: the caller hands back a pointer from `Box::into_raw` in `pd_domain_attach`,

@@ -307,6 +307,12 @@ pub struct RegCache<R: Registrar> {
 /// measured) and a miss does not pay for a second reference.
 type Cached<R> = (Slot, Lent<Entry<R>>);
 
+/// What [`RegCache::invalidate_domain`] and [`RegCache::invalidate_domain_unless_held`] take
+/// out of the index: `domain`'s entries.
+fn remove_domain<V>(domain: DomainId) -> impl FnOnce(&mut Index<V>, &mut Vec<V>) {
+    move |index, removed| index.remove_where(|_, d| d == domain, removed)
+}
+
 /// How many references the cache itself holds to an entry it caches: the recency list's. An
 /// entry with no more is idle: no [`Registration`] holds it.
 const CACHE_REFERENCES: usize = 1;
@@ -803,7 +809,7 @@ impl<R: Registrar> RegCache<R> {
             Cause::Domain,
             Delivery::Wait,
             |key| key.domain == domain,
-            |index, removed| index.remove_where(|_, d| d == domain, removed),
+            remove_domain(domain),
         )
     }
 
@@ -813,13 +819,23 @@ impl<R: Registrar> RegCache<R> {
     /// its cached registrations while it cannot. A registration being made in `domain` while
     /// this runs is not counted: make none meanwhile.
     pub fn invalidate_domain_unless_held(&self, domain: DomainId) -> Result<usize, usize> {
-        self.invalidate_checked(
-            Cause::Domain,
-            Delivery::Wait,
-            |key| key.domain == domain,
-            |index, removed| index.remove_where(|_, d| d == domain, removed),
-            true,
-        )
+        let affected = |key: &RegKey| key.domain == domain;
+        let mut doomed = Vec::new();
+        // References `held` took, dropped once the lock is let go of (see `held_too`).
+        let mut looked_at = Vec::new();
+        let result = {
+            let mut state = self.write();
+            // Decided under the same write lock as the dropping.
+            match state.held(&affected, &mut looked_at) {
+                0 => Ok(state.invalidate_locked(&affected, remove_domain(domain), &mut doomed)),
+                held => Err(held),
+            }
+        };
+        drop(looked_at);
+        let (count, passed) = result?;
+        drop(passed);
+        self.tell(doomed, Cause::Domain, Delivery::Wait);
+        Ok(count)
     }
 
     /// Subscribes the cache to `device`'s frees and revocation: from now on, freeing an
@@ -922,41 +938,13 @@ impl<R: Registrar> RegCache<R> {
         affected: impl Fn(&RegKey) -> bool,
         remove: impl FnOnce(&mut Index<Cached<R>>, &mut Vec<Cached<R>>),
     ) -> usize {
-        self.invalidate_checked(cause, delivery, affected, remove, false)
-            .unwrap_or_else(|_| unreachable!("an invalidation that may drop held entries refused"))
-    }
-
-    /// [`RegCache::invalidate`]; with `unless_held`, refused (`Err`: how many) if a handle
-    /// holds a registration `affected` matches, decided under the same write lock.
-    fn invalidate_checked(
-        &self,
-        cause: Cause,
-        delivery: Delivery,
-        affected: impl Fn(&RegKey) -> bool,
-        remove: impl FnOnce(&mut Index<Cached<R>>, &mut Vec<Cached<R>>),
-        unless_held: bool,
-    ) -> Result<usize, usize> {
         let mut doomed = Vec::new();
-        // References `held` took, dropped once the lock is let go of (see `held_too`).
-        let mut looked_at = Vec::new();
-        let result = {
-            let mut state = self.write();
-            let held = if unless_held {
-                state.held(&affected, &mut looked_at)
-            } else {
-                0
-            };
-            if held > 0 {
-                Err(held)
-            } else {
-                Ok(state.invalidate_locked(&affected, remove, &mut doomed))
-            }
-        };
-        drop(looked_at);
-        let (count, passed) = result?;
+        let (count, passed) = self
+            .write()
+            .invalidate_locked(&affected, remove, &mut doomed);
         drop(passed);
         self.tell(doomed, cause, delivery);
-        Ok(count)
+        count
     }
 
     /// Tells the listener of each of `doomed` it was not told of yet, then lets them go

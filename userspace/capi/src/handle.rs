@@ -357,4 +357,47 @@ mod tests {
             assert_eq!(source.number, number, "a replaced source was not kept");
         }
     }
+
+    /// Hits read the newest source while others replace it (as after resets): each reads a
+    /// whole source, never an older one than it read before, and the last replacement is seen.
+    #[test]
+    fn hits_read_whole_sources_while_they_are_replaced() {
+        const READERS: usize = 4;
+        const REPLACEMENTS: usize = 200;
+        let sources = Sources::default();
+        let made = AtomicUsize::new(0);
+        let make = || {
+            Ok(Made {
+                number: made.fetch_add(1, SeqCst),
+                ..Made::default()
+            })
+        };
+        let usable = |s: &Made| !s.revoked.load(SeqCst);
+        sources.get_or_make(usable, make).expect("made");
+        let done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            for _ in 0..READERS {
+                scope.spawn(|| {
+                    let mut last = 0;
+                    loop {
+                        // Read before `get`: once it is set, the last replacement was made.
+                        let finished = done.load(SeqCst);
+                        let number = sources.get().expect("a source").number;
+                        assert!(number >= last, "read source {number} after {last}");
+                        last = number;
+                        if finished {
+                            assert_eq!(number, REPLACEMENTS, "the last replacement not seen");
+                            break;
+                        }
+                    }
+                });
+            }
+            for _ in 0..REPLACEMENTS {
+                sources.get().expect("a source").revoked.store(true, SeqCst);
+                sources.get_or_make(usable, make).expect("remade");
+            }
+            done.store(true, SeqCst);
+        });
+        assert_eq!(made.load(SeqCst), REPLACEMENTS + 1);
+    }
 }

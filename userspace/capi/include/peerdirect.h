@@ -421,7 +421,9 @@ int pd_regcache_invalidate_dmabuf(pd_regcache *cache, int fd);
 /*
  * A key allocator for a domain's registrations (pd_domain_set_keys()): alloc returns 0 and a
  * key no registration of the domain uses in *key, or a negative errno when none is left;
- * release gives back the key of a registration once it is closed.
+ * release gives back the key of a registration once it is closed. alloc runs inside a
+ * registration, while other registrations of the same dma-buf wait for it (so that a storm
+ * of them registers once): it must not wait for a thread that registers in the library.
  */
 typedef int (*pd_key_alloc_fn)(void *ctx, uint64_t *key);
 typedef void (*pd_key_release_fn)(void *ctx, uint64_t key);

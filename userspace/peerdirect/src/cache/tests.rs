@@ -526,32 +526,64 @@ fn a_registration_made_during_an_invalidation_is_not_cached() {
     assert_eq!(get(&cache, &nic, EXPORT, 0, 1, RW).uncached(), None);
 }
 
+/// Eight threads missing one export at once: the first registers (slowly) and caches, and
+/// the others, waiting for its turn, find its entry: one registration with the provider,
+/// seven hits, one MR in every handle. Without turns each would register and all but one
+/// throw theirs away.
 #[test]
-fn a_miss_that_loses_a_race_uses_the_winner_and_deregisters_its_own() {
-    let cache = Arc::new(cache(16, 1 << 30));
+fn misses_of_one_export_take_turns_and_the_later_ones_hit() {
+    const THREADS: usize = 8;
+    let cache = cache(16, 1 << 30);
     let nic = FakeRegistrar::new(1);
-    let (racer_cache, racer_nic) = (Arc::clone(&cache), Arc::clone(&nic));
-    let winner = Arc::new(AtomicU64::new(0));
-    let winner_id = Arc::clone(&winner);
-    nic.during_next_register(move || {
-        let id = get(&racer_cache, &racer_nic, EXPORT, 0, 8, RW).mr().id;
-        winner_id.store(id, Relaxed);
+    // Long enough for every other thread to miss and wait meanwhile.
+    nic.during_next_register(|| thread::sleep(std::time::Duration::from_millis(200)));
+    let barrier = std::sync::Barrier::new(THREADS);
+    let ids: Vec<u64> = thread::scope(|s| {
+        let threads: Vec<_> = (0..THREADS)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    get(&cache, &nic, EXPORT, 0, 4, RW).mr().id
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
     });
-    let loser = get(&cache, &nic, EXPORT, 2, 2, RW);
-    let winner = winner.load(Relaxed);
-    assert_eq!(loser.mr().id, winner);
-    assert_eq!(loser.offset_in_mr(), 2 * PAGE);
-    assert_eq!(nic.live(), HashSet::from([winner]));
+    assert!(ids.iter().all(|&id| id == ids[0]), "MRs {ids:?}");
     let stats = cache.stats();
     assert_eq!(
-        (
-            stats.misses,
-            stats.registrations,
-            stats.deregistrations,
-            stats.entries
-        ),
-        (2, 2, 1, 1)
+        (stats.registrations, stats.hits, stats.deregistrations),
+        (1, THREADS as u64 - 1, 0),
+        "{stats:?}"
     );
+    assert_eq!(nic.registered(), 1);
+}
+
+/// A miss of one export does not wait for one of another export: the second registers and
+/// returns while the first's registration is still running.
+#[test]
+fn misses_of_other_exports_do_not_wait_for_each_other() {
+    let cache = cache(16, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let other = ExportId::new(0, EXPORT.dma_buf_inode() + 1);
+    let (inside, inside_rx) = std::sync::mpsc::channel();
+    let (other_done, other_done_rx) = std::sync::mpsc::channel();
+    nic.during_next_register(move || {
+        inside.send(()).unwrap();
+        let waited = other_done_rx.recv_timeout(std::time::Duration::from_secs(5));
+        assert!(
+            waited.is_ok(),
+            "the other export's miss waited for this one"
+        );
+    });
+    thread::scope(|s| {
+        let first = s.spawn(|| get(&cache, &nic, EXPORT, 0, 1, RW).mr().id);
+        inside_rx.recv().unwrap();
+        drop(get(&cache, &nic, other, 0, 1, RW));
+        other_done.send(()).unwrap();
+        first.join().expect("the first miss");
+    });
+    assert_eq!(cache.stats().registrations, 2);
 }
 
 #[test]

@@ -423,7 +423,8 @@ int pd_regcache_invalidate_dmabuf(pd_regcache *cache, int fd);
  * key no registration of the domain uses in *key, or a negative errno when none is left;
  * release gives back the key of a registration once it is closed. alloc runs inside a
  * registration, while other registrations of the same dma-buf wait for it (so that a storm
- * of them registers once): it must not wait for a thread that registers in the library.
+ * of them registers once): it may call the library, and register other memory, itself, but
+ * must not wait for another thread that registers the same dma-buf.
  */
 typedef int (*pd_key_alloc_fn)(void *ctx, uint64_t *key);
 typedef void (*pd_key_release_fn)(void *ctx, uint64_t key);

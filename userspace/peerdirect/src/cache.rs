@@ -129,7 +129,8 @@ mod tests;
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
+use std::thread::ThreadId;
 
 use serde::Serialize;
 
@@ -161,9 +162,9 @@ pub trait Registrar: Send + Sync + 'static {
     fn domain(&self) -> DomainId;
 
     /// Registers `key.range` of `source` with `key.access`. Called outside the cache's
-    /// locks, but during the turn of `key.export` that misses of it take: it must not wait
-    /// for another request to the same cache (a thread of its own that requests an export
-    /// whose turn it is would wait for it for good).
+    /// locks, during the turn that misses of `key.export` take: it may request any export of
+    /// the cache itself, but must not wait for another thread that requests `key.export`,
+    /// which waits for it.
     fn register(&self, source: &Self::Source, key: &RegKey) -> Result<Self::Mr, Self::Error>;
 
     /// Releases `mr`. Called exactly once for each registration, when neither the cache nor
@@ -307,25 +308,81 @@ pub struct RegCache<R: Registrar> {
     turns: Turns,
 }
 
-/// How many [`Turns`] a cache has: misses of exports in different ones do not wait for each
-/// other. With 16, 8 threads missing different exports on 2 CPUs met often enough that their
-/// p99 rose from about 40 µs to 1.5 ms (`make bench`, 20 µs registrations); 256 take 2 KiB.
-const TURNS: usize = 256;
+/// What misses take turns at, by export ([`RegCache::miss`]): the exports whose misses are
+/// registering, each with the thread that registers it, and a condition variable their ends
+/// are announced on. Exact, not hashed: misses of different exports never wait for each
+/// other's registrations (with 16 hashed turns, 8 threads missing different exports on 2
+/// CPUs met often enough that their p99 rose from about 40 µs to 1.5 ms in `make bench`).
+#[derive(Default)]
+struct Turns {
+    busy: Mutex<Busy>,
+    ended: Condvar,
+}
 
-/// What misses of one export take turns at: one of [`TURNS`] mutexes, by the export's dma-buf
-/// inode.
-struct Turns([Mutex<()>; TURNS]);
+#[derive(Default)]
+struct Busy {
+    /// As many as misses registering at once: a few, searched faster than hashed.
+    owners: Vec<(ExportId, ThreadId)>,
+    /// Misses waiting for a turn: an end is announced only to them (a notification is a
+    /// system call, which tripled a miss's overhead when every end made one).
+    waiting: usize,
+}
+
+/// An export's turn, given back when dropped.
+struct Turn<'a> {
+    turns: &'a Turns,
+    export: ExportId,
+}
 
 impl Turns {
-    fn new() -> Self {
-        Self(std::array::from_fn(|_| Mutex::new(())))
+    /// Waits for `export`'s turn. `None` if this thread has it already: a registrar that
+    /// requests the same export again from inside its registration, which then registers on
+    /// its own rather than wait for itself.
+    fn take(&self, export: ExportId) -> Option<Turn<'_>> {
+        let me = std::thread::current().id();
+        // Nothing panics under it.
+        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            match busy.owners.iter().find(|(busy, _)| *busy == export) {
+                None => break,
+                Some(&(_, owner)) if owner == me => return None,
+                Some(_) => {
+                    busy.waiting += 1;
+                    busy = self
+                        .ended
+                        .wait(busy)
+                        .unwrap_or_else(PoisonError::into_inner);
+                    busy.waiting -= 1;
+                }
+            }
+        }
+        busy.owners.push((export, me));
+        Some(Turn {
+            turns: self,
+            export,
+        })
     }
+}
 
-    /// Waits for `export`'s turn.
-    fn take(&self, export: ExportId) -> MutexGuard<'_, ()> {
-        let turn = &self.0[(export.dma_buf_inode() % TURNS as u64) as usize];
-        // It guards nothing: a miss that panicked left nothing half done here.
-        turn.lock().unwrap_or_else(PoisonError::into_inner)
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut busy = self
+            .turns
+            .busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(at) = busy
+            .owners
+            .iter()
+            .position(|(busy, _)| *busy == self.export)
+        {
+            busy.owners.swap_remove(at);
+        }
+        let waiting = busy.waiting > 0;
+        drop(busy);
+        if waiting {
+            self.turns.ended.notify_all();
+        }
     }
 }
 
@@ -526,7 +583,7 @@ impl<R: Registrar> RegCache<R> {
             counters: Arc::default(),
             hits: Stripes::default(),
             notifier: Notifier::default(),
-            turns: Turns::new(),
+            turns: Turns::default(),
         }
     }
 
@@ -737,7 +794,8 @@ impl<R: Registrar> RegCache<R> {
     /// if it serves them, instead of each registering the same memory with the provider (a
     /// NIC's registration pins and maps it). A miss looks again once it has its turn, so no
     /// entry that serves it can be cached while it registers. Requests that bypass the cache
-    /// register on their own, without turns.
+    /// register on their own, without turns, and so does a request the registrar makes of
+    /// the export it is registering ([`Turns::take`]).
     #[inline(never)]
     fn miss(
         &self,
@@ -753,18 +811,19 @@ impl<R: Registrar> RegCache<R> {
             access,
             ..
         } = key;
-        let (turn, seen) = match bypass {
-            Some(_) => (None, seen),
-            None => {
-                let turn = self.turns.take(export);
-                match self.look_up(registrar, export, range, access, None) {
-                    Lookup::Hit(registration) => return Ok(registration),
-                    Lookup::Miss(_, _, seen) => (Some(turn), seen),
-                    Lookup::Unwatched => {
-                        unreachable!("a lookup that names no device finds it watched")
-                    }
+        let turn = match bypass {
+            Some(_) => None,
+            None => self.turns.take(export),
+        };
+        let seen = match turn {
+            None => seen,
+            Some(_) => match self.look_up(registrar, export, range, access, None) {
+                Lookup::Hit(registration) => return Ok(registration),
+                Lookup::Miss(_, _, seen) => seen,
+                Lookup::Unwatched => {
+                    unreachable!("a lookup that names no device finds it watched")
                 }
-            }
+            },
         };
         // A miss is a registration made or failed: `stats` counts it from those.
         let mr = registrar.register(source, &key).inspect_err(|_| {

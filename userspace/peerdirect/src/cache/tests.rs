@@ -586,6 +586,37 @@ fn misses_of_other_exports_do_not_wait_for_each_other() {
     assert_eq!(cache.stats().registrations, 2);
 }
 
+/// A registrar that requests the cache from inside its registration, as a runtime's key
+/// allocator may: another export (a miss of its own, which takes that export's turn) and the
+/// export it is registering (no turn: it registers on its own rather than wait for itself).
+/// Neither waits; the outer registration ends cached as usual.
+#[test]
+fn a_registrar_may_request_the_cache_from_inside_its_registration() {
+    let cache = Arc::new(cache(16, 1 << 30));
+    let nic = FakeRegistrar::new(1);
+    let other = ExportId::new(0, EXPORT.dma_buf_inode() + 1);
+    let (inner_cache, inner_nic) = (Arc::clone(&cache), Arc::clone(&nic));
+    nic.during_next_register(move || {
+        drop(get(&inner_cache, &inner_nic, other, 0, 1, RW));
+        drop(get(&inner_cache, &inner_nic, EXPORT, 8, 1, RW));
+    });
+    let (done, finished) = std::sync::mpsc::channel();
+    let outer = {
+        let (cache, nic) = (Arc::clone(&cache), Arc::clone(&nic));
+        thread::spawn(move || {
+            let id = get(&cache, &nic, EXPORT, 0, 4, RW).mr().id;
+            done.send(()).unwrap();
+            id
+        })
+    };
+    finished
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("a request from inside a registration waited for good");
+    outer.join().unwrap();
+    let stats = cache.stats();
+    assert_eq!((stats.registrations, stats.entries), (3, 3), "{stats:?}");
+}
+
 #[test]
 fn dropping_the_cache_deregisters_what_no_one_holds() {
     let cache = cache(16, 1 << 30);

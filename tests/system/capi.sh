@@ -40,7 +40,8 @@
 # handles (allocated and in the caller's storage) leave them alone.
 # userspace/capi/tests/reset_register.c, last in that boot: an allocation registered, the
 # device reset (sysfs), and pd_register of the same allocation registers a new export of it
-# (the one made before is revoked: its mapping faults); again in the --rxe-dmabuf boot, on
+# (the one made before is revoked: its mapping faults), while pd_register_export refuses the
+# program's own export made before the reset (ENODEV); again in the --rxe-dmabuf boot, on
 # rxe0, where ib_core refuses the revoked export.
 # Then a boot with qemu/run --rxe-dmabuf (the test kernel's patched rxe and the patched rxe
 # provider: rxe0 registers dma-bufs, as EFA, mlx5 and irdma do): verbs_register.c takes its
@@ -296,12 +297,14 @@ if [ "$(cat tbuild.rc 2>/dev/null)" = 0 ]; then
 else
 	fail "$desc" "$(show tbuild)"
 fi
-desc="reset_register on tcp: an allocation registered with pd_register (its registration held), the device reset through sysfs (its mapping then faults: SIGBUS), and pd_register of the same allocation registers a new export of it, whose memory takes a pattern; a third pd_register is a cache hit on it"
+desc="reset_register on tcp: an allocation registered with pd_register (its registration held), the device reset through sysfs (its mapping then faults: SIGBUS), and pd_register of the same allocation registers a new export of it, whose memory takes a pattern; a third pd_register is a cache hit on it; the program's own export registered with pd_register_export before the reset is refused after it (ENODEV, saying to export again), and a new export registers"
 if [ "$(cat reset.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' reset.out &&
 	grep -q '^ok - the device reset through /sys/bus/pci/devices/.*/reset$' reset.out &&
 	grep -q '^ok - the first registration.s memory faults after the reset (SIGBUS)$' reset.out &&
 	grep -q '^ok - registered again after the reset: a new export, whose memory at 0x[0-9a-f]* takes a pattern$' reset.out &&
-	grep -q '^ok - the third pd_register is a hit on it: hits 1, misses 2, registrations 2, failed 0$' reset.out; then
+	grep -q '^ok - pd_register_export of the program.s export made before the reset: ENODEV (pd_register_export: fd [0-9]* is an export of /dev/peerdirect0 made before a reset of the device, which revoked it: export the memory again' reset.out &&
+	grep -q '^ok - a new export registers with pd_register_export after the reset$' reset.out &&
+	grep -q '^ok - the third pd_register is a hit on it: hits 1, misses 4, registrations 4 (2 of them pd_register_export.s), failed 0$' reset.out; then
 	ok "$desc"
 	sed "s/^/# /" reset.out
 else
@@ -447,11 +450,13 @@ if [ $rc = 0 ] && [ "$(cat verbs_direct.rc 2>/dev/null)" = 0 ] &&
 else
 	fail "$desc" "qemu/run exited $rc (99: kernel splat, 98: guest died, 124: timeout)" "$out" "$(show verbs_direct)"
 fi
-desc="reset_register on rxe0 with the patched rxe (ibv_reg_dmabuf_mr): an allocation registered with pd_register (held), the device reset through sysfs, and pd_register of the same allocation registers a new export of it (the revoked one ib_core refuses: ENODEV), path dmabuf; a third pd_register is a cache hit on it"
+desc="reset_register on rxe0 with the patched rxe (ibv_reg_dmabuf_mr): an allocation registered with pd_register (held), the device reset through sysfs, and pd_register of the same allocation registers a new export of it (the revoked one ib_core refuses: ENODEV), path dmabuf; a third pd_register is a cache hit on it; the program's own export made before the reset is refused by pd_register_export (ENODEV), a new one registers"
 if [ "$(cat vreset.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' vreset.out &&
 	grep -q '^ok - the device reset through /sys/bus/pci/devices/.*/reset$' vreset.out &&
 	grep -q '^ok - registered again after the reset on rxe0: path dmabuf, lkey 0x[0-9a-f]*$' vreset.out &&
-	grep -q '^ok - the third pd_register is a hit on it: hits 1, misses 2, registrations 2, failed 0$' vreset.out; then
+	grep -q '^ok - pd_register_export of the program.s export made before the reset: ENODEV' vreset.out &&
+	grep -q '^ok - a new export registers with pd_register_export after the reset$' vreset.out &&
+	grep -q '^ok - the third pd_register is a hit on it: hits 1, misses 4, registrations 4 (2 of them pd_register_export.s), failed 0$' vreset.out; then
 	ok "$desc"
 	sed "s/^/# /" vreset.out
 else

@@ -199,6 +199,9 @@ uint32_t pd_allocation_handle(const pd_allocation *alloc);
  * length 0 meaning up to the end. flags: PD_EXPORT_*. Stores the dma-buf's fd in *fd_out:
  * the caller owns it (close() it; mmap() it, bracketing CPU access with DMA_BUF_IOCTL_SYNC;
  * hand it to an RDMA stack). The dma-buf keeps the memory after pd_allocation_free().
+ * A reset of the device revokes it: its mapping faults (SIGBUS), RDMA stacks refuse it
+ * (-ENODEV), and registering it again fails with -ENODEV; export again after the reset.
+ * -EBUSY: the device is being reset; call again once it is done.
  */
 int pd_export(const pd_allocation *alloc, uint64_t offset, uint64_t length, uint32_t flags,
 	      int *fd_out);
@@ -321,7 +324,8 @@ int pd_domain_detach(pd_domain *domain);
  * pd_mr_release(). The first call on an allocation exports all of it read-write and maps it;
  * that dma-buf is closed when the allocation is freed. A reset of the device revokes it (its
  * registrations are invalidated, PD_INVALIDATED_DEVICE): the first call after the reset exports
- * and maps the allocation again. -EOPNOTSUPP: the provider refuses to
+ * and maps the allocation again (-EBUSY while the device is being reset: call again once it
+ * is done). -EOPNOTSUPP: the provider refuses to
  * register dma-bufs and host bounce is off (the default; see pd_regcache_set_host_bounce()),
  * pd_last_error() gives the provider's reason; other errors are the provider's
  * (pd_last_error() names the call).
@@ -401,7 +405,8 @@ int pd_register_addr_in(pd_domain *domain, const void *addr, uint64_t length, ui
  * As pd_register_dmabuf, for a dma-buf that dev exported (pd_export_range() on a companion
  * device, or pd_export()): it is registered under its identity on that device, and the cache
  * watches dev, so that the device's removal drops the registration and tells the invalidation
- * callback (PD_INVALIDATED_DEVICE), as for pd_register().
+ * callback (PD_INVALIDATED_DEVICE), as for pd_register(). -ENODEV: a reset or the removal
+ * of the device revoked the dma-buf: export the memory again and register the new fd.
  * -EINVAL: fd is not a dma-buf dev exported (or is registered with pd_register_dmabuf
  * already), or as for pd_register_dmabuf.
  */

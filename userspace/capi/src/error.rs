@@ -55,6 +55,11 @@ impl Failure {
     pub(crate) fn code(&self) -> c_int {
         -self.0.errno.raw_os_error()
     }
+
+    /// Its errno.
+    pub(crate) fn errno(&self) -> Errno {
+        self.0.errno
+    }
 }
 
 impl From<pd::Error> for Failure {

@@ -69,7 +69,7 @@ pub struct PdAllocation {
     /// The export `pd_register` registers from, made (and mapped) on its first call, and
     /// made again by the first call after a reset of the device revoked it. Closed when the
     /// handle is freed, after the device has invalidated its cache entries.
-    pub(crate) source: Sources<AllocSource>,
+    pub(crate) source: Sources<Source>,
     pub(crate) born: Born,
 }
 
@@ -88,25 +88,28 @@ pub(crate) struct Source {
     /// its base address too) from its first call on; if no registration of it ever
     /// succeeds, the failed call forgets it again, so that a refusal binds nothing.
     pub(crate) registered: AtomicBool,
+    /// For an export of a peerdirect device: the device's count of resets
+    /// ([`pd::DeviceStatus::resets`]) read before the library first mapped or used it. Once
+    /// the count differs, a reset has revoked the export. `None`: a dma-buf exported by
+    /// something else, or a module without a status page, which cannot tell.
+    pub(crate) resets: Option<u32>,
 }
 
 impl Source {
-    pub(crate) fn new(source: DmaBufSource, export: ExportId) -> Self {
+    pub(crate) fn new(source: DmaBufSource, export: ExportId, resets: Option<u32>) -> Self {
         Self {
             source,
             export,
             registered: AtomicBool::new(false),
+            resets,
         }
     }
-}
 
-/// An allocation's export as `pd_register` made it.
-pub(crate) struct AllocSource {
-    pub(crate) source: Source,
-    /// The device's count of resets ([`pd::DeviceStatus::resets`]) read before the export
-    /// was made: once the count differs, a reset has revoked the export. `None`: a module
-    /// without a status page, which cannot tell.
-    pub(crate) resets: Option<u32>,
+    /// Whether a reset of `device`, whose export this is, revoked it since `resets` was read.
+    pub(crate) fn revoked_by_reset(&self, device: &Device) -> bool {
+        self.resets
+            .is_some_and(|then| device.status().is_none_or(|now| now.resets() != then))
+    }
 }
 
 /// A [`Source`] made on first use and read without a lock after that: every `pd_register` of

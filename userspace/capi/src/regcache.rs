@@ -40,9 +40,7 @@ use crate::abi::{self, FidDomain, FidEp, IbvPd, PdRegcacheStats};
 use crate::addresses::At;
 use crate::callback::CallbackSlot;
 use crate::error::{guard_fast_path, guard_status, handle_guard, shield, Failure};
-use crate::handle::{
-    arg, inherited, put, take, AllocSource, Born, Handle, PdAllocation, PdDevice, Source,
-};
+use crate::handle::{arg, inherited, put, take, Born, Handle, PdAllocation, PdDevice, Source};
 use crate::registrar::AnyRegistrar;
 
 /// `struct pd_invalidation`: a registration whose memory, device or domain goes, as the
@@ -781,7 +779,7 @@ unsafe fn hit_alloc(
     let registration = domain.shared.cache.get_cached_from(
         &alloc.device,
         &domain.registrar,
-        source.source.export,
+        source.export,
         range,
         access,
     )?;
@@ -1225,28 +1223,37 @@ fn range_in(size: u64, offset: u64, length: u64) -> Option<ByteRange> {
 /// The allocation's export, made and mapped on first use, and again once a reset of the
 /// device revoked it.
 fn source(alloc: &PdAllocation) -> Result<&Source, Failure> {
-    let resets = || alloc.device.status().map(|status| status.resets());
-    let made = alloc.source.get_or_make(
-        |made| made.resets.is_none() || made.resets == resets(),
+    alloc.source.get_or_make(
+        |made| !made.revoked_by_reset(&alloc.device),
         || {
-            // Read before the export: a reset between the two revokes it, and then the
-            // count differs from this one.
-            let resets = resets();
-            let mut raw = RawExport::<0>::new();
-            raw.export.handle = alloc.handle;
-            raw.export.flags = abi::PD_EXPORT_CLOEXEC | abi::PD_EXPORT_RDWR;
-            let dma_buf = alloc.device.export_raw(&mut raw)?;
-            let export = alloc.device.export_id(&dma_buf).map_err(|errno| {
-                Failure::new(errno, format!("pd_register: fstat of the dma-buf: {errno}"))
-            })?;
-            let source = MappedDmaBuf::new(dma_buf)?.into_source();
-            Ok(AllocSource {
-                source: Source::new(source, export),
-                resets,
-            })
+            let resets = || alloc.device.status().map(|status| status.resets());
+            // Read before the export: a reset after it revokes it, and then the count
+            // differs from this one.
+            let before = resets();
+            match export_mapped(alloc, before) {
+                // A reset between the export and its mapping revoked it (the mapping fails
+                // with ENODEV): the allocation is exported once more.
+                Err(err) if err.errno() == Errno::NODEV && resets() != before => {
+                    export_mapped(alloc, resets())
+                }
+                made => made,
+            }
         },
-    )?;
-    Ok(&made.source)
+    )
+}
+
+/// A new export of all of `alloc`, read-write, and its mapping, as `pd_register` registers
+/// it; `resets` read before.
+fn export_mapped(alloc: &PdAllocation, resets: Option<u32>) -> Result<Source, Failure> {
+    let mut raw = RawExport::<0>::new();
+    raw.export.handle = alloc.handle;
+    raw.export.flags = abi::PD_EXPORT_CLOEXEC | abi::PD_EXPORT_RDWR;
+    let dma_buf = alloc.device.export_raw(&mut raw)?;
+    let export = alloc.device.export_id(&dma_buf).map_err(|errno| {
+        Failure::new(errno, format!("pd_register: fstat of the dma-buf: {errno}"))
+    })?;
+    let source = MappedDmaBuf::new(dma_buf)?.into_source();
+    Ok(Source::new(source, export, resets))
 }
 
 impl PdDomain {
@@ -1413,8 +1420,30 @@ impl Shared {
             }
         }
         .map_err(|errno| Failure::new(errno, format!("{function}: fstat: {errno}")))?;
+        // An export of a peerdirect device: its count of resets, read before the dma-buf is
+        // first mapped or used (Source::revoked_by_reset).
+        let resets = device
+            .and_then(Device::status)
+            .map(|status| status.resets());
         let mut foreign = lock(&self.foreign);
         if let Some(source) = foreign.get(&export.dma_buf_inode()) {
+            if let Some(device) =
+                device.filter(|d| source.export == export && source.revoked_by_reset(d))
+            {
+                // Its mapping faults and providers refuse it: forget it (registrations still
+                // held keep it until released).
+                foreign.remove(&export.dma_buf_inode());
+                self.set_addresses(&foreign);
+                return Err(Failure::new(
+                    Errno::NODEV,
+                    format!(
+                        "{function}: fd {fd} is an export of /dev/peerdirect{} made before a \
+                         reset of the device, which revoked it: export the memory again \
+                         (pd_export, pd_export_range) and register the new dma-buf",
+                        device.index()
+                    ),
+                ));
+            }
             let known = &source.source;
             let same_base = match base_addr {
                 None => known.is_mapped(),
@@ -1477,7 +1506,7 @@ impl Shared {
                 source
             }
         };
-        let source = Arc::new(Source::new(source, export));
+        let source = Arc::new(Source::new(source, export, resets));
         foreign.insert(export.dma_buf_inode(), Arc::clone(&source));
         self.set_addresses(&foreign);
         Ok((source, range))

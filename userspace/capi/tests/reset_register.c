@@ -14,6 +14,11 @@
  * bytes at each registration's local address, and checks that the first one's faults after
  * the reset (so that the reset did revoke). It releases everything; the held handle of the
  * revoked registration is released after the new one was made.
+ *
+ * Beside it, an export of the allocation the program made itself (pd_export) is registered
+ * with pd_register_export before the reset; after it, registering that fd again must fail
+ * with -ENODEV saying to export again (the library's mapping of it faults), and a new export
+ * registers.
  * Prints "ok - ..." or "FAIL - ..."; exit status 0 iff all went well.
  *
  *   cc -o reset_register reset_register.c \
@@ -22,6 +27,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* strdup, sigsetjmp */
 #include <errno.h>
+#include <unistd.h>
 #include <inttypes.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -121,7 +127,8 @@ int main(int argc, char **argv)
 	struct pd_regcache_stats stats;
 	pd_device *dev = NULL;
 	pd_allocation *alloc = NULL, *spacer = NULL;
-	pd_mr *before = NULL, *after = NULL, *hit = NULL;
+	pd_mr *before = NULL, *after = NULL, *hit = NULL, *own = NULL;
+	int own_fd = -1, new_fd = -1;
 	void *addr_before = NULL, *addr_after = NULL, *addr;
 	uint64_t length;
 	int err, status = 1;
@@ -161,6 +168,14 @@ int main(int argc, char **argv)
 	}
 	printf("ok - registered on %s before the reset: path %u, local address %p\n",
 	       verbs ? verbs : "tcp", pd_mr_path(before), addr_before);
+	if ((err = pd_export(alloc, 0, 0, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR, &own_fd)) ||
+	    (err = pd_register_export(t.dom, dev, own_fd, 0, 0, ACCESS, &own))) {
+		printf("FAIL - pd_export / pd_register_export before the reset: %s (%s)\n",
+		       pd_strerror(err), pd_last_error());
+		goto out;
+	}
+	pd_mr_release(own);
+	own = NULL;
 
 	if (reset(dev))
 		goto out;
@@ -203,6 +218,31 @@ int main(int argc, char **argv)
 	}
 	pd_mr_release(before);
 	before = NULL;
+
+	/* The program's own export, revoked by the reset. */
+	err = pd_register_export(t.dom, dev, own_fd, 0, 0, ACCESS, &own);
+	if (err != -ENODEV || !strstr(pd_last_error(), "before a reset") ||
+	    !strstr(pd_last_error(), "export the memory again")) {
+		printf("FAIL - pd_register_export of an export made before the reset: %d (%s), "
+		       "not -ENODEV saying to export again\n",
+		       err, pd_last_error());
+		goto out;
+	}
+	printf("ok - pd_register_export of the program's export made before the reset: ENODEV "
+	       "(%s)\n",
+	       pd_last_error());
+	if ((err = pd_export(alloc, 0, 0, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR, &new_fd)) ||
+	    (err = pd_register_export(t.dom, dev, new_fd, 0, 0, ACCESS, &own)) ||
+	    (err = pd_mr_local(own, &addr, &length)) || (!verbs && touch(addr, 0x77))) {
+		printf("FAIL - a new export registered with pd_register_export after the reset: %s "
+		       "(%s)\n",
+		       pd_strerror(err), pd_last_error());
+		goto out;
+	}
+	printf("ok - a new export registers with pd_register_export after the reset\n");
+	pd_mr_release(own);
+	own = NULL;
+
 	if ((err = pd_register(t.dom, alloc, 0, LENGTH, ACCESS, &hit)) ||
 	    (err = pd_mr_local(hit, &addr, &length)) ||
 	    (err = pd_regcache_stats(t.cache, &stats))) {
@@ -210,7 +250,7 @@ int main(int argc, char **argv)
 		       pd_last_error());
 		goto out;
 	}
-	if (stats.hits != 1 || stats.registrations != 2 || stats.failed_registrations != 0 ||
+	if (stats.hits != 1 || stats.registrations != 4 || stats.failed_registrations != 0 ||
 	    addr != addr_after) {
 		printf("FAIL - the third pd_register was no hit on the new registration: hits %" PRIu64
 		       ", registrations %" PRIu64 ", failed %" PRIu64 "\n",
@@ -218,10 +258,11 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	printf("ok - the third pd_register is a hit on it: hits 1, misses %" PRIu64
-	       ", registrations 2, failed 0\n",
+	       ", registrations 4 (2 of them pd_register_export's), failed 0\n",
 	       stats.misses);
 	status = 0;
 out:
+	pd_mr_release(own);
 	pd_mr_release(hit);
 	pd_mr_release(after);
 	pd_mr_release(before);
@@ -235,6 +276,10 @@ out:
 	pd_allocation_free(alloc);
 	pd_allocation_free(spacer);
 	pd_device_close(dev);
+	if (own_fd >= 0)
+		close(own_fd);
+	if (new_fd >= 0)
+		close(new_fd);
 	if (pd && ibv_dealloc_pd(pd))
 		status = 1;
 	if (context && ibv_close_device(context))

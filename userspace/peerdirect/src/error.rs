@@ -247,6 +247,9 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
             "the BAR offset and length must be multiples of the page size, the length above 0, and the range inside the BAR"
         }
         (ExportRange, Errno::OVERFLOW) => "offset + length does not fit in 64 bits",
+        (Export | ExportRange, Errno::BUSY) => {
+            "the device is being reset, which revokes every export until it is done: try again once it is done"
+        }
         (Alloc, Errno::OPNOTSUPP) => {
             "a companion device has no allocator: the driver that owns it (see peerdirect devices) owns its memory; with another device, this tool and the loaded module disagree on the ABI: build both from the same tree"
         }
@@ -444,6 +447,18 @@ mod tests {
         }
         // For ALLOC, ENOENT is not about handles.
         assert_eq!(os(Operation::Alloc, Errno::NOENT).hint(), None);
+    }
+
+    /// An export refused while the device resets says so, and that trying again works.
+    #[test]
+    fn exports_refused_during_a_reset_say_to_try_again() {
+        for operation in [Operation::Export, Operation::ExportRange] {
+            let hint = os(operation, Errno::BUSY).hint().unwrap();
+            assert!(
+                hint.contains("being reset") && hint.contains("try again"),
+                "{hint}"
+            );
+        }
     }
 
     #[test]

@@ -168,6 +168,17 @@ const API_VERSION: u32 = 1 << 16 | 20;
 /// universe over 127. 64 peers need 16384 entries.
 pub const UNIVERSE_SIZE: &str = "64";
 
+/// What to do when a dma-buf could not be mapped ([`LibfabricError::Map`]).
+fn map_hint(errno: rustix::io::Errno) -> &'static str {
+    if errno == rustix::io::Errno::NODEV {
+        "its exporter revoked it (an export of a peerdirect device whose device was reset, \
+         unbound or removed): export the memory again and register the new dma-buf"
+    } else {
+        "export it with ExportFlags::RDWR, or, for an exporter without mmap or a read-only \
+         export, register it by its fd alone (DmaBufSource::at; C: pd_register_dmabuf_at)"
+    }
+}
+
 /// Errors of the libfabric registrar.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -227,7 +238,7 @@ pub enum LibfabricError {
         len: u64,
     },
     /// The dma-buf could not be mapped.
-    #[error("mmap of dma-buf ({len} bytes, writable): {errno}; export it with ExportFlags::RDWR, or, for an exporter without mmap or a read-only export, register it by its fd alone (DmaBufSource::at; C: pd_register_dmabuf_at)")]
+    #[error("mmap of dma-buf ({len} bytes, writable): {errno}; {}", map_hint(*errno))]
     Map {
         /// Its length.
         len: u64,
@@ -2861,5 +2872,20 @@ mod tests {
         assert_eq!(&out, b"bounce");
         let r = std::panic::catch_unwind(|| b.copy_from(4095, &a, 0, 2));
         assert!(r.is_err());
+    }
+
+    /// A mapping refused because the dma-buf was revoked says to export again; other
+    /// refusals say how to register without a mapping.
+    #[test]
+    fn a_mapping_refused_says_why_by_its_errno() {
+        let text = |errno| LibfabricError::Map { len: 4096, errno }.to_string();
+        let revoked = text(rustix::io::Errno::NODEV);
+        assert!(
+            revoked.contains("revoked it") && revoked.contains("export the memory again"),
+            "{revoked}"
+        );
+        assert!(!revoked.contains("pd_register_dmabuf_at"), "{revoked}");
+        let no_mmap = text(rustix::io::Errno::INVAL);
+        assert!(no_mmap.contains("pd_register_dmabuf_at"), "{no_mmap}");
     }
 }

@@ -378,8 +378,13 @@ int pd_register_dmabuf(pd_domain *domain, int fd, uint64_t offset, uint64_t leng
  * that refuses dma-bufs fails with -EOPNOTSUPP. A dma-buf is registered at one address only:
  * another base_addr, or pd_register_dmabuf() of it, is -EINVAL until
  * pd_regcache_invalidate_dmabuf(). A refused call binds nothing: until one succeeds, the
- * dma-buf is at no address (pd_register_addr() does not find it) and may be asked for anew. -EINVAL also: base_addr NULL, or too high for the dma-buf
- * to fit after it; otherwise as for pd_register_dmabuf.
+ * dma-buf is at no address (pd_register_addr() does not find it) and may be asked for anew.
+ * No device is watched for it: when its exporter revokes it (a reset of the device, a
+ * habanalabs hard reset), its registrations stay cached and found by address until the
+ * runtime, told by its own driver, drops it with pd_regcache_invalidate_dmabuf() and
+ * registers its new export (at the same base_addr, once the old one is dropped).
+ * -EINVAL also: base_addr NULL, or too high for the dma-buf to fit after it; otherwise as for
+ * pd_register_dmabuf.
  */
 int pd_register_dmabuf_at(pd_domain *domain, int fd, uint64_t offset, uint64_t length,
 			  void *base_addr, uint32_t access, pd_mr **out);
@@ -428,8 +433,8 @@ int pd_regcache_invalidate_dmabuf(pd_regcache *cache, int fd);
  * key no registration of the domain uses in *key, or a negative errno when none is left;
  * release gives back the key of a registration once it is closed. alloc runs inside a
  * registration, while other registrations of the same dma-buf wait for it (so that a storm
- * of them registers once): it may call the library, and register other memory, itself, but
- * must not wait for another thread that registers the same dma-buf.
+ * of them registers once): it may call the library, and register memory, itself, but must
+ * not wait for another thread that registers the same dma-buf.
  */
 typedef int (*pd_key_alloc_fn)(void *ctx, uint64_t *key);
 typedef void (*pd_key_release_fn)(void *ctx, uint64_t key);

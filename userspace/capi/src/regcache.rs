@@ -1497,7 +1497,9 @@ impl Shared {
                         Errno::INVAL,
                         format!(
                             "{function}: fd {fd} at {base:#x}..{end:#x} overlaps the dma-buf \
-                             registered at {:#x} (+{:#x}); one address names one byte",
+                             registered at {:#x} (+{:#x}); one address names one byte: to put \
+                             a new dma-buf there (exported again after a reset, say), drop the \
+                             old one first with pd_regcache_invalidate_dmabuf()",
                             other.source.base_addr(),
                             other.source.dma_buf().length()
                         ),

@@ -126,11 +126,12 @@ mod sync;
 #[cfg(test)]
 mod tests;
 
+use std::cell::Cell;
 use std::collections::HashSet;
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
-use std::thread::ThreadId;
 
 use serde::Serialize;
 
@@ -162,9 +163,10 @@ pub trait Registrar: Send + Sync + 'static {
     fn domain(&self) -> DomainId;
 
     /// Registers `key.range` of `source` with `key.access`. Called outside the cache's
-    /// locks, during the turn that misses of `key.export` take: it may request any export of
-    /// the cache itself, but must not wait for another thread that requests `key.export`,
-    /// which waits for it.
+    /// locks, during the turn that misses of `key.export` take, which other threads' misses
+    /// of it wait for: it may call the cache itself (a request of any export, which then
+    /// registers on its own rather than wait for a turn; an invalidation), but must not wait
+    /// for another thread that requests `key.export`.
     fn register(&self, source: &Self::Source, key: &RegKey) -> Result<Self::Mr, Self::Error>;
 
     /// Releases `mr`. Called exactly once for each registration, when neither the cache nor
@@ -309,10 +311,16 @@ pub struct RegCache<R: Registrar> {
 }
 
 /// What misses take turns at, by export ([`RegCache::miss`]): the exports whose misses are
-/// registering, each with the thread that registers it, and a condition variable their ends
-/// are announced on. Exact, not hashed: misses of different exports never wait for each
-/// other's registrations (with 16 hashed turns, 8 threads missing different exports on 2
-/// CPUs met often enough that their p99 rose from about 40 µs to 1.5 ms in `make bench`).
+/// registering, and a condition variable their ends are announced on. Exact, not hashed:
+/// misses of different exports never wait for each other's registrations (with 16 hashed
+/// turns, 8 threads missing different exports on 2 CPUs met often enough that their p99 rose
+/// from about 40 µs to 1.5 ms in `make bench`).
+///
+/// A thread that may be waited for never waits for a turn ([`Unwaiting`]): one that holds a
+/// turn (its registration may request other exports, whose holders may request its own) and
+/// a listener's thread (an invalidation made inside a registration waits for it). It takes
+/// a free turn, and registers on its own where it would have waited, so no wait for a turn
+/// closes a cycle.
 #[derive(Default)]
 struct Turns {
     busy: Mutex<Busy>,
@@ -322,44 +330,73 @@ struct Turns {
 #[derive(Default)]
 struct Busy {
     /// As many as misses registering at once: a few, searched faster than hashed.
-    owners: Vec<(ExportId, ThreadId)>,
+    exports: Vec<ExportId>,
     /// Misses waiting for a turn: an end is announced only to them (a notification is a
     /// system call, which tripled a miss's overhead when every end made one).
     waiting: usize,
 }
 
-/// An export's turn, given back when dropped.
+thread_local! {
+    /// How many reasons this thread has not to wait for a turn: the turns it holds, of any
+    /// cache, and being a listener's thread ([`Turns`]).
+    static UNWAITING: Cell<u32> = const { Cell::new(0) };
+}
+
+/// [`UNWAITING`], counted up for as long as it lives.
+struct Unwaiting(PhantomData<*const ()>);
+
+impl Unwaiting {
+    fn new() -> Self {
+        UNWAITING.with(|unwaiting| unwaiting.set(unwaiting.get() + 1));
+        Self(PhantomData)
+    }
+
+    fn here() -> bool {
+        UNWAITING.with(Cell::get) > 0
+    }
+}
+
+impl Drop for Unwaiting {
+    fn drop(&mut self) {
+        UNWAITING.with(|unwaiting| unwaiting.set(unwaiting.get() - 1));
+    }
+}
+
+/// Marks the calling thread, a listener's, as one that never waits for a turn.
+pub(crate) fn listener_thread() {
+    std::mem::forget(Unwaiting::new());
+}
+
+/// An export's turn, given back when dropped, on the thread that took it (`!Send`).
 struct Turn<'a> {
     turns: &'a Turns,
     export: ExportId,
+    _unwaiting: Unwaiting,
 }
 
 impl Turns {
-    /// Waits for `export`'s turn. `None` if this thread has it already: a registrar that
-    /// requests the same export again from inside its registration, which then registers on
-    /// its own rather than wait for itself.
+    /// Waits for `export`'s turn, unless this thread may be waited for ([`Turns`]): then
+    /// `None` where it would have waited.
     fn take(&self, export: ExportId) -> Option<Turn<'_>> {
-        let me = std::thread::current().id();
+        let unwaiting = Unwaiting::here();
         // Nothing panics under it.
         let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
-        loop {
-            match busy.owners.iter().find(|(busy, _)| *busy == export) {
-                None => break,
-                Some(&(_, owner)) if owner == me => return None,
-                Some(_) => {
-                    busy.waiting += 1;
-                    busy = self
-                        .ended
-                        .wait(busy)
-                        .unwrap_or_else(PoisonError::into_inner);
-                    busy.waiting -= 1;
-                }
+        while busy.exports.contains(&export) {
+            if unwaiting {
+                return None;
             }
+            busy.waiting += 1;
+            busy = self
+                .ended
+                .wait(busy)
+                .unwrap_or_else(PoisonError::into_inner);
+            busy.waiting -= 1;
         }
-        busy.owners.push((export, me));
+        busy.exports.push(export);
         Some(Turn {
             turns: self,
             export,
+            _unwaiting: Unwaiting::new(),
         })
     }
 }
@@ -371,12 +408,8 @@ impl Drop for Turn<'_> {
             .busy
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(at) = busy
-            .owners
-            .iter()
-            .position(|(busy, _)| *busy == self.export)
-        {
-            busy.owners.swap_remove(at);
+        if let Some(at) = busy.exports.iter().position(|busy| *busy == self.export) {
+            busy.exports.swap_remove(at);
         }
         let waiting = busy.waiting > 0;
         drop(busy);
@@ -794,8 +827,8 @@ impl<R: Registrar> RegCache<R> {
     /// if it serves them, instead of each registering the same memory with the provider (a
     /// NIC's registration pins and maps it). A miss looks again once it has its turn, so no
     /// entry that serves it can be cached while it registers. Requests that bypass the cache
-    /// register on their own, without turns, and so does a request the registrar makes of
-    /// the export it is registering ([`Turns::take`]).
+    /// register on their own, without turns, and so do those of threads that may be waited
+    /// for ([`Turns`]) where they would wait.
     #[inline(never)]
     fn miss(
         &self,

@@ -145,6 +145,9 @@ impl<L: Clone + Send + 'static> Notifier<L> {
                     // Before any listener call, so that the listener's own calls into the
                     // cache know they run here.
                     let _ = id.set(thread::current().id());
+                    // An invalidation made inside a registration waits for this thread: it
+                    // must not wait for that registration's turn.
+                    super::listener_thread();
                     serve(&listener, &queue);
                 });
             let Ok(thread) = thread else {

@@ -617,6 +617,90 @@ fn a_registrar_may_request_the_cache_from_inside_its_registration() {
     assert_eq!((stats.registrations, stats.entries), (3, 3), "{stats:?}");
 }
 
+/// Runs `misses` on threads of their own and fails if one has not returned within 10 s: a
+/// wait for a turn that closes a cycle never returns.
+fn none_waits_for_good(misses: Vec<Box<dyn FnOnce() + Send>>) {
+    let (done, finished) = std::sync::mpsc::channel();
+    let count = misses.len();
+    for miss in misses {
+        let done = done.clone();
+        thread::spawn(move || {
+            miss();
+            let _ = done.send(());
+        });
+    }
+    for _ in 0..count {
+        finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a miss waited for good");
+    }
+}
+
+/// Two registrations at once, each requesting the other's export from inside: neither waits
+/// for the other's turn (a thread holding a turn registers on its own instead), so both
+/// return. Waiting, each would hold the turn the other waits for.
+#[test]
+fn registrations_requesting_each_others_exports_do_not_wait_for_each_other() {
+    let cache = Arc::new(cache(16, 1 << 30));
+    let a = ExportId::new(0, 300);
+    let b = ExportId::new(0, 301);
+    let both_inside = Arc::new(std::sync::Barrier::new(2));
+    let misses: Vec<Box<dyn FnOnce() + Send>> = [(a, b, 1), (b, a, 2)]
+        .into_iter()
+        .map(|(mine, theirs, domain)| {
+            let nic = FakeRegistrar::new(domain);
+            let (inner_cache, inner_nic, barrier) = (
+                Arc::clone(&cache),
+                Arc::clone(&nic),
+                Arc::clone(&both_inside),
+            );
+            nic.during_next_register(move || {
+                barrier.wait();
+                drop(get(&inner_cache, &inner_nic, theirs, 0, 1, RW));
+            });
+            let cache = Arc::clone(&cache);
+            Box::new(move || drop(get(&cache, &nic, mine, 0, 4, RW))) as Box<dyn FnOnce() + Send>
+        })
+        .collect();
+    none_waits_for_good(misses);
+    assert_eq!(cache.stats().registrations, 4);
+}
+
+/// A registration that invalidates its own export, whose listener requests that export: the
+/// invalidation waits for the listener, and the listener's request does not wait for the
+/// registration's turn (a listener's thread registers on its own instead).
+#[test]
+fn a_listener_requesting_an_export_being_registered_does_not_wait_for_its_turn() {
+    let cache = Arc::new(cache(16, 1 << 30));
+    let nic = FakeRegistrar::new(1);
+    drop(get(&cache, &nic, EXPORT, 8, 1, RW));
+    let listener_got = Arc::new(AtomicU64::new(0));
+    let (weak, listener_nic, got) = (
+        Arc::downgrade(&cache),
+        Arc::clone(&nic),
+        Arc::clone(&listener_got),
+    );
+    cache.set_listener(Some(Arc::new(move |_: &Invalidated<'_, FakeRegistrar>| {
+        if let Some(cache) = weak.upgrade() {
+            let id = get(&cache, &listener_nic, EXPORT, 16, 1, RW).mr().id;
+            got.store(id, Relaxed);
+        }
+    })));
+    let invalidator = Arc::clone(&cache);
+    nic.during_next_register(move || {
+        invalidator.invalidate_export(EXPORT);
+    });
+    let (cache2, nic2) = (Arc::clone(&cache), Arc::clone(&nic));
+    none_waits_for_good(vec![Box::new(move || {
+        drop(get(&cache2, &nic2, EXPORT, 0, 4, RW));
+    })]);
+    assert_ne!(
+        listener_got.load(Relaxed),
+        0,
+        "the listener's request made nothing"
+    );
+}
+
 #[test]
 fn dropping_the_cache_deregisters_what_no_one_holds() {
     let cache = cache(16, 1 << 30);

@@ -189,7 +189,7 @@ fn reg_hint(errno: Errno) -> &'static str {
         Errno::INVAL => "; the range must lie inside the dma-buf, its IOVA must lie at the same offset in its page as the range does in the dma-buf (a base address of the caller's: page-aligned), and the exporter must accept this NIC as a peer-to-peer importer (see `peerdirect topology`)",
         Errno::NOMEM => "; raise the locked-memory limit (ulimit -l) or free registrations",
         Errno::ACCESS | Errno::PERM => "; a NIC maps a dma-buf for reading and writing whatever access is asked, which a read-only export refuses: export it read-write (PEERDIRECT_EXPORT_RDWR); remote write also needs local write",
-        Errno::NODEV => "; the HBM device is gone (unbound or removed)",
+        Errno::NODEV => "; its exporter revoked it (an export of a peerdirect device whose device was reset, unbound or removed): export the memory again and register the new dma-buf",
         _ => "",
     }
 }
@@ -845,7 +845,7 @@ mod tests {
         ));
         assert!(foreign
             .to_string()
-            .ends_with("; the HBM device is gone (unbound or removed)"));
+            .ends_with("(an export of a peerdirect device whose device was reset, unbound or removed): export the memory again and register the new dma-buf"));
         // Other errors stay what they are.
         let inval = revoked(
             reg_error("rxe0", "rxe", 9, range(), Errno::INVAL),

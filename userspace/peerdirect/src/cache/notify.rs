@@ -147,7 +147,7 @@ impl<L: Clone + Send + 'static> Notifier<L> {
                     let _ = id.set(thread::current().id());
                     // An invalidation made inside a registration waits for this thread: it
                     // must not wait for that registration's turn.
-                    super::listener_thread();
+                    super::turns::listener_thread();
                     serve(&listener, &queue);
                 });
             let Ok(thread) = thread else {

@@ -878,7 +878,8 @@ unsafe fn register_fd(
             request.fd,
             None,
             request.base_addr,
-            (request.offset, request.length),
+            request.offset,
+            request.length,
         )?;
         // SAFETY: `out` is not NULL (checked) and the caller promises it valid for writing.
         unsafe { domain.register_source(function, None, source, range, access, out) }
@@ -1092,7 +1093,7 @@ pub unsafe extern "C" fn pd_register_export(
         let (source, range) =
             domain
                 .shared
-                .fd_source(F, fd, Some(&dev.device), None, (offset, length))?;
+                .fd_source(F, fd, Some(&dev.device), None, offset, length)?;
         // SAFETY: `out` is not NULL (checked) and the caller promises it valid for writing.
         unsafe { domain.register_source(F, Some(&dev.device), source, range, access, out) }
     })
@@ -1391,7 +1392,7 @@ impl Shared {
     /// or as one of `device`'s (`EINVAL` if `device` did not export it). A dma-buf is
     /// registered one way only: mapped or at one base address (`EINVAL` otherwise).
     ///
-    /// `(offset, length)` (length 0: to the end) is checked first, against the dma-buf's size,
+    /// `offset` and `length` (0: to the end) are checked first, against the dma-buf's size,
     /// and returned as the range to register: a range that does not fit binds nothing.
     fn fd_source(
         &self,
@@ -1399,7 +1400,8 @@ impl Shared {
         fd: c_int,
         device: Option<&Device>,
         base_addr: Option<u64>,
-        (offset, length): (u64, u64),
+        offset: u64,
+        length: u64,
     ) -> Result<(Arc<Source>, ByteRange), Failure> {
         let dma_buf = borrowed_dma_buf(function, fd)?;
         let range = checked_range(function, "dma-buf", dma_buf.length(), offset, length)?;
@@ -1420,11 +1422,6 @@ impl Shared {
             }
         }
         .map_err(|errno| Failure::new(errno, format!("{function}: fstat: {errno}")))?;
-        // An export of a peerdirect device: its count of resets, read before the dma-buf is
-        // first mapped or used (Source::revoked_by_reset).
-        let resets = device
-            .and_then(Device::status)
-            .map(|status| status.resets());
         let mut foreign = lock(&self.foreign);
         if let Some(source) = foreign.get(&export.dma_buf_inode()) {
             if let Some(device) =
@@ -1480,6 +1477,11 @@ impl Shared {
                 ),
             ));
         }
+        // An export of a peerdirect device: its count of resets, read before the dma-buf is
+        // first mapped or used (Source::revoked_by_reset).
+        let resets = device
+            .and_then(Device::status)
+            .map(|status| status.resets());
         let source = match base_addr {
             None => MappedDmaBuf::new(dma_buf)?.into_source(),
             Some(base) => {

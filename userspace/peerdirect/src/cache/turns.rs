@@ -8,11 +8,11 @@ use std::sync::{Condvar, Mutex, PoisonError};
 
 use crate::invalidation::ExportId;
 
-/// What misses take turns at, by export ([`super::RegCache`]'s misses): the exports whose misses are
-/// registering, and a condition variable their ends are announced on. Exact, not hashed:
-/// misses of different exports never wait for each other's registrations (with 16 hashed
-/// turns, 8 threads missing different exports on 2 CPUs met often enough that their p99 rose
-/// from about 40 µs to 1.5 ms in `make bench`).
+/// What misses take turns at, by export ([`super::RegCache`]'s misses): the exports whose
+/// misses are registering, and a condition variable their ends are announced on. Exact, not
+/// hashed: misses of different exports never wait for each other's registrations (with 16
+/// hashed turns, 8 threads missing different exports on 2 CPUs met often enough that their
+/// p99 rose from about 40 µs to 1.5 ms in `make bench`).
 ///
 /// A thread that may be waited for never waits for a turn ([`Unwaiting`]): one that holds a
 /// turn (its registration may request other exports, whose holders may request its own) and

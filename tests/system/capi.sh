@@ -41,8 +41,11 @@
 # userspace/capi/tests/reset_register.c, last in that boot: an allocation registered, the
 # device reset (sysfs), and pd_register of the same allocation registers a new export of it
 # (the one made before is revoked: its mapping faults), while pd_register_export refuses the
-# program's own export made before the reset (ENODEV); again in the --rxe-dmabuf boot, on
-# rxe0, where ib_core refuses the revoked export.
+# program's own export made before the reset (ENODEV); and two exports registered with
+# pd_register_export_at at device addresses, which the reset drops at once (the callback
+# hears of them), whose bytes are then refused by address (ENODEV), and whose place a new
+# export takes; again in the --rxe-dmabuf boot, on rxe0, where ib_core refuses the revoked
+# export.
 # Then a boot with qemu/run --rxe-dmabuf (the test kernel's patched rxe and the patched rxe
 # provider: rxe0 registers dma-bufs, as EFA, mlx5 and irdma do): verbs_register.c takes its
 # other branch, a registration at IOVA = its offset in the allocation; and
@@ -67,10 +70,10 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Plan: make install and pkg-config (2); the first boot: hbm_export (4), fabric_register (3),
 # verbs_register (2), hcl_style (2), nommap_register (3), hcl_pool (2), key_pool (2),
-# callback_race (2), lookup_race (2), fork_handles (2), reset_register (2); the --rxe-dmabuf boot:
-# verbs_register (1), reset_register (1), verbs_rdma (6); the companion
+# callback_race (2), lookup_race (2), fork_handles (2), reset_register (3); the --rxe-dmabuf boot:
+# verbs_register (1), reset_register (2), verbs_rdma (6); the companion
 # boot (7).
-plan 43
+plan 45
 failed=0
 # fail DESCRIPTION [DIAGNOSTIC...]: not_ok, remembered for the exit status
 fail() { failed=1; not_ok "$@"; }
@@ -297,6 +300,20 @@ if [ "$(cat tbuild.rc 2>/dev/null)" = 0 ]; then
 else
 	fail "$desc" "$(show tbuild)"
 fi
+# reset_at NAME WHERE: the check of reset_register's pd_register_export_at part in NAME.out.
+reset_at() {
+	local desc="reset_register on $2: two exports registered with pd_register_export_at at device addresses of the program's and found by address (hits); the reset drops both at once and the invalidation callback hears of each (PD_INVALIDATED_DEVICE); their bytes (pd_register_addr) and the first one's fd are then refused with ENODEV saying to export again, and a new export registers at the second one's address without pd_regcache_invalidate_dmabuf and is found there (a hit)"
+	if [ "$(cat "$1.rc" 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' "$1.out" &&
+		grep -q '^ok - two exports registered with pd_register_export_at at 0x100040000000 and 0x100050000000, each found by address (a hit, at its offset)$' "$1.out" &&
+		grep -q '^ok - the reset dropped both registrations at device addresses at once: the callback heard of each (PD_INVALIDATED_DEVICE)$' "$1.out" &&
+		grep -q '^ok - pd_register_addr of a revoked export.s bytes: ENODEV (pd_register_addr: the dma-buf registered at 0x100040000000 (+0x400000) is an export of /dev/peerdirect0 that a reset of the device revoked: export the memory again' "$1.out" &&
+		grep -q '^ok - pd_register_export_at of an export made before the reset: ENODEV$' "$1.out" &&
+		grep -q '^ok - a new export registers at the revoked one.s address 0x100050000000 (no pd_regcache_invalidate_dmabuf) and is found there, a hit$' "$1.out"; then
+		ok "$desc"
+	else
+		fail "$desc" "$(show "$1")"
+	fi
+}
 desc="reset_register on tcp: an allocation registered with pd_register (its registration held), the device reset through sysfs (its mapping then faults: SIGBUS), and pd_register of the same allocation registers a new export of it, whose memory takes a pattern; a third pd_register is a cache hit on it; the program's own export registered with pd_register_export before the reset is refused after it (ENODEV, saying to export again), and a new export registers"
 if [ "$(cat reset.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' reset.out &&
 	grep -q '^ok - the device reset through /sys/bus/pci/devices/.*/reset$' reset.out &&
@@ -304,12 +321,13 @@ if [ "$(cat reset.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' reset.out &&
 	grep -q '^ok - registered again after the reset: a new export, whose memory at 0x[0-9a-f]* takes a pattern$' reset.out &&
 	grep -q '^ok - pd_register_export of the program.s export made before the reset: ENODEV (pd_register_export: fd [0-9]* is an export of /dev/peerdirect0 made before a reset of the device, which revoked it: export the memory again' reset.out &&
 	grep -q '^ok - a new export registers with pd_register_export after the reset$' reset.out &&
-	grep -q '^ok - the third pd_register is a hit on it: hits 1, misses 4, registrations 4 (2 of them pd_register_export.s), failed 0$' reset.out; then
+	grep -q '^ok - the third pd_register is a hit on it: hits 4 (3 by address), misses 7, registrations 7 (2 of them pd_register.s), failed 0$' reset.out; then
 	ok "$desc"
 	sed "s/^/# /" reset.out
 else
 	fail "$desc" "$(show reset)"
 fi
+reset_at reset tcp
 
 desc="trixie's gcc builds nommap_register.c (C99, -Wall -Wextra -Werror) with pkg-config --cflags --libs peerdirect libfabric"
 if [ "$(cat nbuild.rc 2>/dev/null)" = 0 ]; then
@@ -456,12 +474,13 @@ if [ "$(cat vreset.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' vreset.out &&
 	grep -q '^ok - registered again after the reset on rxe0: path dmabuf, lkey 0x[0-9a-f]*$' vreset.out &&
 	grep -q '^ok - pd_register_export of the program.s export made before the reset: ENODEV' vreset.out &&
 	grep -q '^ok - a new export registers with pd_register_export after the reset$' vreset.out &&
-	grep -q '^ok - the third pd_register is a hit on it: hits 1, misses 4, registrations 4 (2 of them pd_register_export.s), failed 0$' vreset.out; then
+	grep -q '^ok - the third pd_register is a hit on it: hits 4 (3 by address), misses 7, registrations 7 (2 of them pd_register.s), failed 0$' vreset.out; then
 	ok "$desc"
 	sed "s/^/# /" vreset.out
 else
 	fail "$desc" "$(show vreset)"
 fi
+reset_at vreset "rxe0 with the patched rxe"
 desc="verbs_rdma (HCL's ibverbs path, the program's own PD and RC queue pairs on rxe0): 8 MiB of HBM registered once with pd_register_dmabuf_at at device VA 0x100040000000; two buffers in it found by device VA (pd_register_addr: cache hits); pd_mr_remote and pd_mr_local give their device VAs (pool + offset) and the pool's rkey"
 if grep -q '^ok - rxe0: the program.s protection domain and two RC queue pairs connected to each other$' rdma.out &&
 	grep -q '^ok - the pool registered once with pd_register_dmabuf_at at device VA 0x100040000000: rkey 0x[0-9a-f]*, path dma_buf$' rdma.out &&

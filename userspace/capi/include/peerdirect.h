@@ -295,7 +295,7 @@ pd_domain *pd_domain_attach(pd_regcache *cache, struct fid_domain *domain, int *
  * ibv_reg_dmabuf_mr (rdma-core >= 34); they are always direct (no host bounce). The IOVA
  * (ibv_reg_dmabuf_mr's iova: the address work requests name the bytes by) of bytes
  * [offset, ...) of a dma-buf is base_addr + offset for a dma-buf registered at the caller's
- * base_addr (pd_register_dmabuf_at(), pd_register_addr(): a runtime's device virtual
+ * base_addr (pd_register_dmabuf_at(), pd_register_export_at(), pd_register_addr(): a runtime's device virtual
  * addresses, which its peers' remote_addr then use), else the offset in the dma-buf
  * (pd_register(), pd_register_dmabuf(), pd_register_export()). Read them with pd_mr_key()
  * (the rkey), pd_mr_lkey(), pd_mr_local() (the IOVA for ibv_sge.addr) and pd_mr_remote() (a
@@ -382,7 +382,8 @@ int pd_register_dmabuf(pd_domain *domain, int fd, uint64_t offset, uint64_t leng
  * No device is watched for it: when its exporter revokes it (a reset of the device, a
  * habanalabs hard reset), its registrations stay cached and found by address until the
  * runtime, told by its own driver, drops it with pd_regcache_invalidate_dmabuf() and
- * registers its new export (at the same base_addr, once the old one is dropped).
+ * registers its new export (at the same base_addr, once the old one is dropped). For an
+ * export of /dev/peerdirectN, pd_register_export_at() watches its device instead.
  * -EINVAL also: base_addr NULL, or too high for the dma-buf to fit after it; otherwise as for
  * pd_register_dmabuf.
  */
@@ -397,7 +398,9 @@ int pd_register_dmabuf_at(pd_domain *domain, int fd, uint64_t offset, uint64_t l
  * that covers it is handed out (a hit: no write lock, no provider call). pd_mr_local() gives
  * addr, pd_mr_offset() its offset in the registration. The dma-bufs registered at the
  * caller's addresses may not overlap there (pd_register_dmabuf_at() refuses it with -EINVAL).
- * -ENOENT: no such dma-buf covers the bytes; -EINVAL: length 0, or as for pd_register().
+ * Also those of pd_register_export_at(). -ENOENT: no such dma-buf covers the bytes; -ENODEV:
+ * the one that does (pd_register_export_at()) was revoked by a reset of its device; -EINVAL:
+ * length 0, or as for pd_register().
  */
 int pd_register_addr(pd_domain *domain, const void *addr, uint64_t length, uint32_t access,
 		     pd_mr **out);
@@ -419,8 +422,24 @@ int pd_register_export(pd_domain *domain, const pd_device *dev, int fd, uint64_t
 		       uint64_t length, uint32_t access, pd_mr **out);
 
 /*
+ * pd_register_dmabuf_at() for a dma-buf that dev exported (pd_export(), pd_export_range()):
+ * registered by its fd alone, its first byte named base_addr, found by address with
+ * pd_register_addr(), and watched as pd_register_export() watches its dma-bufs: a reset or
+ * the removal of the device drops its registrations at once and tells the invalidation
+ * callback (PD_INVALIDATED_DEVICE). HCL's pattern on a peerdirect device: the pool exported
+ * once, registered once at the runtime's device address. After a reset, lookups of its
+ * bytes (pd_register_addr()) and this call with its fd fail with -ENODEV, saying to export
+ * again; the new export registers at the same base_addr, taking the revoked one's place
+ * (no pd_regcache_invalidate_dmabuf() needed). The cache keeps dev's file open while it
+ * knows the dma-buf, so the caller may close dev. Errors as for pd_register_dmabuf_at() and
+ * pd_register_export().
+ */
+int pd_register_export_at(pd_domain *domain, const pd_device *dev, int fd, uint64_t offset,
+			  uint64_t length, void *base_addr, uint32_t access, pd_mr **out);
+
+/*
  * Drops every cached registration of the dma-buf fd (registered with pd_register_dmabuf,
- * pd_register_dmabuf_at or pd_register_export) and the cache's duplicate of it, telling the
+ * pd_register_dmabuf_at, pd_register_export or pd_register_export_at) and the cache's duplicate of it, telling the
  * invalidation callback of each registration of it (PD_INVALIDATED_MEMORY); registrations
  * still held by pd_mr handles go when those are released. fd is any open fd of the dma-buf: a
  * caller that closes the fd it registered by keeps another (a dup) to name the dma-buf here.

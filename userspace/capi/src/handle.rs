@@ -93,6 +93,11 @@ pub(crate) struct Source {
     /// the count differs, a reset has revoked the export. `None`: a dma-buf exported by
     /// something else, or a module without a status page, which cannot tell.
     pub(crate) resets: Option<u32>,
+    /// For a peerdirect export registered at the caller's addresses (`pd_register_export_at`):
+    /// its device, kept open so that a miss found by address ([`crate::regcache`]'s
+    /// `pd_register_addr`) registers it watched, and so that a reset that revoked it is seen
+    /// there ([`Source::revoked`]) even after the caller closed its own handle.
+    pub(crate) device: Option<Arc<Device>>,
 }
 
 impl Source {
@@ -102,13 +107,28 @@ impl Source {
             export,
             registered: AtomicBool::new(false),
             resets,
+            device: None,
         }
+    }
+
+    /// The same, kept with `device`, which exported it ([`Source::device`]).
+    pub(crate) fn of(mut self, device: Arc<Device>) -> Self {
+        self.device = Some(device);
+        self
     }
 
     /// Whether a reset of `device`, whose export this is, revoked it since `resets` was read.
     pub(crate) fn revoked_by_reset(&self, device: &Device) -> bool {
         self.resets
             .is_some_and(|then| device.status().is_none_or(|now| now.resets() != then))
+    }
+
+    /// Whether a reset of the device it was kept with ([`Source::of`]) revoked it: false for
+    /// a source kept without one, which nothing watches.
+    pub(crate) fn revoked(&self) -> bool {
+        self.device
+            .as_ref()
+            .is_some_and(|d| self.revoked_by_reset(d))
     }
 }
 

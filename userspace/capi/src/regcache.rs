@@ -363,9 +363,11 @@ pub unsafe extern "C" fn pd_regcache_free(cache: *mut PdRegCache) {
             shared.cache.invalidate_domain(domain);
         }
         let mut foreign = lock(&shared.foreign);
-        foreign.clear();
+        // Dropped once the lock is let go of (see `Shared::fd_source`).
+        let sources = std::mem::take(&mut *foreign);
         shared.set_addresses(&foreign);
         drop(foreign);
+        drop(sources);
         drop(cache);
         Ok(())
     });
@@ -843,11 +845,11 @@ pub unsafe extern "C" fn pd_register_dmabuf(
         access,
     };
     // SAFETY: the arguments are passed on under the same contract.
-    unsafe { register_fd("pd_register_dmabuf", domain, &request, out) }
+    unsafe { register_fd("pd_register_dmabuf", domain, None, &request, out) }
 }
 
-/// A registration of a dma-buf fd, as `pd_register_dmabuf` (mapped: `base_addr` `None`) and
-/// `pd_register_dmabuf_at` ask for it.
+/// A registration of a dma-buf fd, as `pd_register_dmabuf` and `pd_register_export` (mapped:
+/// `base_addr` `None`) and their `_at` siblings ask for it.
 struct FdRequest {
     fd: c_int,
     offset: u64,
@@ -856,33 +858,43 @@ struct FdRequest {
     access: u32,
 }
 
-/// Registers `request` in `domain` and stores a new handle in `out`.
+/// Registers `request` in `domain` and stores a new handle in `out`: a dma-buf exported
+/// elsewhere (`dev` `None`), or one that the device `dev` exported, registered under its
+/// identity on that device, watched.
 ///
 /// # Safety
 ///
-/// `domain` is NULL or a live handle; `request.fd` is open for the call; `out` is NULL or
-/// valid for writing a pointer.
+/// `domain` is NULL or a live handle, and so is `dev` if given; `request.fd` is open for the
+/// call; `out` is NULL or valid for writing a pointer.
 unsafe fn register_fd(
     function: &'static str,
     domain: *mut PdDomain,
+    dev: Option<*const PdDevice>,
     request: &FdRequest,
     out: *mut *mut PdMr,
 ) -> c_int {
     guard_status(function, || {
         // SAFETY: the caller promises NULL or a live handle.
         let domain = unsafe { arg(function, "domain", domain.cast_const()) }?;
+        let device = match dev {
+            // SAFETY: the caller promises NULL or a live handle.
+            Some(dev) => Some(&unsafe { arg(function, "dev", dev) }?.device),
+            None => None,
+        };
         let out = Out::Boxed { out }.checked(function)?;
         let access = checked_access(function, request.access)?;
         let (source, range) = domain.shared.fd_source(
             function,
             request.fd,
-            None,
+            device,
             request.base_addr,
             request.offset,
             request.length,
         )?;
         // SAFETY: `out` is not NULL (checked) and the caller promises it valid for writing.
-        unsafe { domain.register_source(function, None, source, range, access, out) }
+        unsafe {
+            domain.register_source(function, device.map(|d| &**d), source, range, access, out)
+        }
     })
 }
 
@@ -913,7 +925,7 @@ pub unsafe extern "C" fn pd_register_dmabuf_at(
         access,
     };
     // SAFETY: the arguments are passed on under the same contract.
-    unsafe { register_fd("pd_register_dmabuf_at", domain, &request, out) }
+    unsafe { register_fd("pd_register_dmabuf_at", domain, None, &request, out) }
 }
 
 /// `int pd_register_addr(pd_domain *domain, const void *addr, uint64_t length, uint32_t
@@ -1059,7 +1071,16 @@ unsafe fn register_at_addr_missed(
         length,
     )?;
     // SAFETY: `out`'s pointers are not NULL (checked) and the caller promises them valid.
-    unsafe { domain.register_into(function, None, &source, range, access, out) }
+    unsafe {
+        domain.register_into(
+            function,
+            source.device.as_deref(),
+            &source,
+            range,
+            access,
+            out,
+        )
+    }
 }
 
 /// `int pd_register_export(pd_domain *domain, const pd_device *dev, int fd, uint64_t offset,
@@ -1082,21 +1103,48 @@ pub unsafe extern "C" fn pd_register_export(
     access: u32,
     out: *mut *mut PdMr,
 ) -> c_int {
-    const F: &str = "pd_register_export";
-    guard_status(F, || {
-        // SAFETY: the caller promises NULL or a live handle.
-        let domain = unsafe { arg(F, "domain", domain.cast_const()) }?;
-        // SAFETY: the caller promises NULL or a live handle.
-        let dev = unsafe { arg(F, "dev", dev) }?;
-        let out = Out::Boxed { out }.checked(F)?;
-        let access = checked_access(F, access)?;
-        let (source, range) =
-            domain
-                .shared
-                .fd_source(F, fd, Some(&dev.device), None, offset, length)?;
-        // SAFETY: `out` is not NULL (checked) and the caller promises it valid for writing.
-        unsafe { domain.register_source(F, Some(&dev.device), source, range, access, out) }
-    })
+    let request = FdRequest {
+        fd,
+        offset,
+        length,
+        base_addr: None,
+        access,
+    };
+    // SAFETY: the arguments are passed on under the same contract.
+    unsafe { register_fd("pd_register_export", domain, Some(dev), &request, out) }
+}
+
+/// `int pd_register_export_at(pd_domain *domain, const pd_device *dev, int fd, uint64_t
+/// offset, uint64_t length, void *base_addr, uint32_t access, pd_mr **out)`: as
+/// `pd_register_dmabuf_at` (by the fd alone, its first byte named `base_addr`, found by
+/// address with `pd_register_addr`), for a dma-buf that `dev` exported, registered as
+/// `pd_register_export` registers it: watched, so that a reset or the removal of the device
+/// drops its registrations and tells the callback. The cache keeps `dev`'s file open while it
+/// knows the dma-buf, so that misses found by address register it watched too.
+///
+/// # Safety
+///
+/// As for `pd_register_export`; `base_addr` as for `pd_register_dmabuf_at`.
+#[no_mangle]
+pub unsafe extern "C" fn pd_register_export_at(
+    domain: *mut PdDomain,
+    dev: *const PdDevice,
+    fd: c_int,
+    offset: u64,
+    length: u64,
+    base_addr: *mut c_void,
+    access: u32,
+    out: *mut *mut PdMr,
+) -> c_int {
+    let request = FdRequest {
+        fd,
+        offset,
+        length,
+        base_addr: Some(base_addr as u64),
+        access,
+    };
+    // SAFETY: the arguments are passed on under the same contract.
+    unsafe { register_fd("pd_register_export_at", domain, Some(dev), &request, out) }
 }
 
 /// Whether `dma_buf` was exported by the peerdirect device `index`: its exporter and the name
@@ -1384,6 +1432,22 @@ impl Shared {
                     },
                 )
             })?;
+        if let Some(device) = source.device.as_ref().filter(|_| source.revoked()) {
+            // Kept (its fd is refused as revoked too) until a new dma-buf takes its addresses,
+            // but no longer in the table: lookups of its bytes come here.
+            self.set_addresses(&foreign);
+            return Err(Failure::new(
+                Errno::NODEV,
+                format!(
+                    "{function}: the dma-buf registered at {:#x} (+{:#x}) is an export of \
+                     /dev/peerdirect{} that a reset of the device revoked: export the memory \
+                     again and register the new dma-buf there (pd_register_export_at)",
+                    source.source.base_addr(),
+                    source.source.dma_buf().length(),
+                    device.index()
+                ),
+            ));
+        }
         Ok(Arc::clone(source))
     }
 
@@ -1398,13 +1462,18 @@ impl Shared {
         &self,
         function: &str,
         fd: c_int,
-        device: Option<&Device>,
+        device: Option<&Arc<Device>>,
         base_addr: Option<u64>,
         offset: u64,
         length: u64,
     ) -> Result<(Arc<Source>, ByteRange), Failure> {
         let dma_buf = borrowed_dma_buf(function, fd)?;
         let range = checked_range(function, "dma-buf", dma_buf.length(), offset, length)?;
+        // Sources a reset revoked that the new one takes the place of. Declared before the
+        // lock so that they are dropped after it: the last reference to a source may close
+        // its device, which waits for the device's watcher thread, whose invalidation
+        // callback may be calling into this cache.
+        let mut replaced = Vec::new();
         let export = match device {
             None => ExportId::foreign(&dma_buf),
             Some(device) => {
@@ -1429,7 +1498,7 @@ impl Shared {
             {
                 // Its mapping faults and providers refuse it: forget it (registrations still
                 // held keep it until released).
-                foreign.remove(&export.dma_buf_inode());
+                replaced.extend(foreign.remove(&export.dma_buf_inode()));
                 self.set_addresses(&foreign);
                 return Err(Failure::new(
                     Errno::NODEV,
@@ -1480,21 +1549,30 @@ impl Shared {
         // An export of a peerdirect device: its count of resets, read before the dma-buf is
         // first mapped or used (Source::revoked_by_reset).
         let resets = device
-            .and_then(Device::status)
+            .and_then(|device| device.status())
             .map(|status| status.resets());
         let source = match base_addr {
             None => MappedDmaBuf::new(dma_buf)?.into_source(),
             Some(base) => {
                 let source = DmaBufSource::at(dma_buf, base)
                     .map_err(|err| Failure::from(err).prefixed(function))?;
-                // Its addresses name it alone: pd_register_addr finds it by them.
+                // Its addresses name it alone: pd_register_addr finds it by them. A dma-buf
+                // there that a reset revoked gives them up: nothing registers through it any
+                // more (its fd is refused, and so are lookups of its bytes).
                 let end = base + source.dma_buf().length();
-                if let Some(other) = foreign.values().find(|other| {
+                let overlaps = |other: &Source| {
                     let o = &other.source;
                     !o.is_mapped()
                         && o.base_addr() < end
                         && base < o.base_addr() + o.dma_buf().length()
-                }) {
+                };
+                let revoked: Vec<u64> = foreign
+                    .iter()
+                    .filter(|(_, other)| overlaps(other) && other.revoked())
+                    .map(|(inode, _)| *inode)
+                    .collect();
+                replaced.extend(revoked.iter().filter_map(|inode| foreign.remove(inode)));
+                if let Some(other) = foreign.values().find(|other| overlaps(other)) {
                     return Err(Failure::new(
                         Errno::INVAL,
                         format!(
@@ -1510,7 +1588,11 @@ impl Shared {
                 source
             }
         };
-        let source = Arc::new(Source::new(source, export, resets));
+        let mut source = Source::new(source, export, resets);
+        if let (Some(device), false) = (device, source.source.is_mapped()) {
+            source = source.of(Arc::clone(device));
+        }
+        let source = Arc::new(source);
         foreign.insert(export.dma_buf_inode(), Arc::clone(&source));
         self.set_addresses(&foreign);
         Ok((source, range))
@@ -1545,7 +1627,7 @@ impl Shared {
     fn set_addresses(&self, foreign: &HashMap<u64, Arc<Source>>) {
         let at: Vec<At> = foreign
             .values()
-            .filter(|s| !s.source.is_mapped())
+            .filter(|s| !s.source.is_mapped() && !s.revoked())
             .map(|s| At {
                 base: s.source.base_addr(),
                 size: s.source.dma_buf().length(),

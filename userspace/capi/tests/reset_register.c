@@ -19,6 +19,15 @@
  * with pd_register_export before the reset; after it, registering that fd again must fail
  * with -ENODEV saying to export again (the library's mapping of it faults), and a new export
  * registers.
+ *
+ * And HCL's pattern on the device (pd_register_export_at): two more exports of the
+ * allocation registered by fd alone at device addresses of the program's (AT_A, AT_B) and
+ * found by address (pd_register_addr), watched: the reset drops their registrations at once
+ * and tells the invalidation callback (PD_INVALIDATED_DEVICE, at each address); after it,
+ * lookups of their bytes fail with -ENODEV saying to export again, so does
+ * pd_register_export_at of the first one's fd, and a new export registers at the second
+ * one's address, taking its place without pd_regcache_invalidate_dmabuf(), and is found
+ * there.
  * Prints "ok - ..." or "FAIL - ..."; exit status 0 iff all went well.
  *
  *   cc -o reset_register reset_register.c \
@@ -34,6 +43,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <infiniband/verbs.h>
 #include <peerdirect.h>
@@ -45,6 +55,163 @@
 #define LENGTH (4u << 20)
 #define SPACER (16u << 20)
 #define ACCESS (PD_ACCESS_LOCAL_READ | PD_ACCESS_LOCAL_WRITE | PD_ACCESS_REMOTE_READ)
+/* Device addresses of the program's (a runtime's own VA space), 256 MiB apart. */
+#define AT_A UINT64_C(0x100040000000)
+#define AT_B (AT_A + (UINT64_C(256) << 20))
+
+/* Invalidations of registrations at AT_A or AT_B because their device was reset. */
+static unsigned long at_invalidated;
+
+static void on_invalidate(void *ctx, const struct pd_invalidation *inv)
+{
+	uint64_t addr = (uint64_t)(uintptr_t)inv->addr;
+
+	(void)ctx;
+	if (inv->cause == PD_INVALIDATED_DEVICE &&
+	    ((addr >= AT_A && addr < AT_A + LENGTH) || (addr >= AT_B && addr < AT_B + LENGTH)))
+		__atomic_fetch_add(&at_invalidated, 1, __ATOMIC_RELAXED);
+}
+
+/* pd_register_addr of 4 KiB at addr, released: 0, or the error. */
+static int look_up(pd_domain *dom, uint64_t addr, uint64_t *offset)
+{
+	pd_mr *mr = NULL;
+	int err = pd_register_addr(dom, (const void *)(uintptr_t)addr, 4096, ACCESS, &mr);
+
+	if (!err && offset)
+		*offset = pd_mr_offset(mr);
+	pd_mr_release(mr);
+	return err;
+}
+
+/*
+ * Before the reset: two exports of alloc registered with pd_register_export_at at AT_A and
+ * AT_B (their fds in fds[]), and one lookup by address inside each, a hit. 0, or 1.
+ */
+static int at_before(const struct tcp_cache *t, const pd_device *dev,
+		     const pd_allocation *alloc, int fds[2])
+{
+	const uint64_t base[2] = { AT_A, AT_B };
+	struct pd_regcache_stats was, now;
+	uint64_t offset = 0;
+	int err;
+
+	if ((err = pd_regcache_stats(t->cache, &was)))
+		goto failed;
+	for (int i = 0; i < 2; i++) {
+		pd_mr *mr = NULL;
+
+		if ((err = pd_export(alloc, 0, 0, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR, &fds[i])) ||
+		    (err = pd_register_export_at(t->dom, dev, fds[i], 0, 0,
+						 (void *)(uintptr_t)base[i], ACCESS, &mr)))
+			goto failed;
+		pd_mr_release(mr);
+		if ((err = look_up(t->dom, base[i] + (1u << 20), &offset)))
+			goto failed;
+		if (offset != 1u << 20) {
+			printf("FAIL - the lookup at %#" PRIx64 " has offset %#" PRIx64
+			       ", not 0x100000\n",
+			       base[i] + (1u << 20), offset);
+			return 1;
+		}
+	}
+	if ((err = pd_regcache_stats(t->cache, &now)))
+		goto failed;
+	if (now.registrations - was.registrations != 2 || now.hits - was.hits != 2) {
+		printf("FAIL - two exports registered at device addresses and looked up: "
+		       "registrations %" PRIu64 ", hits %" PRIu64 ", not 2 and 2\n",
+		       now.registrations - was.registrations, now.hits - was.hits);
+		return 1;
+	}
+	printf("ok - two exports registered with pd_register_export_at at %#" PRIx64
+	       " and %#" PRIx64 ", each found by address (a hit, at its offset)\n",
+	       AT_A, AT_B);
+	return 0;
+failed:
+	printf("FAIL - pd_register_export_at before the reset: %s (%s)\n", pd_strerror(err),
+	       pd_last_error());
+	return 1;
+}
+
+/* Whether err is -ENODEV whose message says the memory must be exported again. */
+static int revoked_again(int err)
+{
+	return err == -ENODEV && strstr(pd_last_error(), "reset") &&
+	       strstr(pd_last_error(), "export the memory again");
+}
+
+/*
+ * After the reset: the callback was told of both (within 10 s: the library's watcher thread
+ * tells it); their bytes and the first one's fd are refused with -ENODEV; a new export
+ * registers at AT_B and is found there. 0, or 1.
+ */
+static int at_after(const struct tcp_cache *t, const pd_device *dev,
+		    const pd_allocation *alloc, const int fds[2], int *new_fd)
+{
+	struct pd_regcache_stats was, now;
+	uint64_t offset = 0;
+	pd_mr *mr = NULL;
+	int err;
+
+	for (int i = 0; i < 1000 && __atomic_load_n(&at_invalidated, __ATOMIC_RELAXED) < 2; i++)
+		nanosleep(&(struct timespec){ .tv_nsec = 10000000 }, NULL);
+	if (__atomic_load_n(&at_invalidated, __ATOMIC_RELAXED) != 2) {
+		printf("FAIL - the invalidation callback heard of %lu registrations at the device "
+		       "addresses dropped by the reset, not 2\n",
+		       __atomic_load_n(&at_invalidated, __ATOMIC_RELAXED));
+		return 1;
+	}
+	printf("ok - the reset dropped both registrations at device addresses at once: the "
+	       "callback heard of each (PD_INVALIDATED_DEVICE)\n");
+	err = look_up(t->dom, AT_A + 4096, NULL);
+	if (!revoked_again(err)) {
+		printf("FAIL - pd_register_addr of a revoked export's bytes: %d (%s), not -ENODEV "
+		       "saying to export again\n",
+		       err, pd_last_error());
+		return 1;
+	}
+	printf("ok - pd_register_addr of a revoked export's bytes: ENODEV (%s)\n",
+	       pd_last_error());
+	err = pd_register_export_at(t->dom, dev, fds[0], 0, 0, (void *)(uintptr_t)AT_A, ACCESS,
+				    &mr);
+	if (!revoked_again(err)) {
+		pd_mr_release(mr);
+		printf("FAIL - pd_register_export_at of an export made before the reset: %d (%s), "
+		       "not -ENODEV saying to export again\n",
+		       err, pd_last_error());
+		return 1;
+	}
+	printf("ok - pd_register_export_at of an export made before the reset: ENODEV\n");
+	if ((err = pd_regcache_stats(t->cache, &was)) ||
+	    (err = look_up(t->dom, AT_B, NULL)) != -ENODEV ||
+	    (err = pd_export(alloc, 0, 0, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR, new_fd)) ||
+	    (err = pd_register_export_at(t->dom, dev, *new_fd, 0, 0, (void *)(uintptr_t)AT_B,
+					 ACCESS, &mr))) {
+		printf("FAIL - a new export at the revoked one's address (%#" PRIx64 "): %s (%s)\n",
+		       AT_B, pd_strerror(err), pd_last_error());
+		return 1;
+	}
+	pd_mr_release(mr);
+	if ((err = look_up(t->dom, AT_B + (2u << 20), &offset)) ||
+	    (err = pd_regcache_stats(t->cache, &now))) {
+		printf("FAIL - a lookup in the new export at %#" PRIx64 ": %s (%s)\n", AT_B,
+		       pd_strerror(err), pd_last_error());
+		return 1;
+	}
+	if (offset != 2u << 20 || now.registrations - was.registrations != 1 ||
+	    now.hits - was.hits != 1 || now.failed_registrations != 0) {
+		printf("FAIL - the new export at %#" PRIx64 ": offset %#" PRIx64
+		       ", registrations %" PRIu64 ", hits %" PRIu64 ", failed %" PRIu64
+		       ", not 0x200000, 1, 1, 0\n",
+		       AT_B, offset, now.registrations - was.registrations, now.hits - was.hits,
+		       now.failed_registrations);
+		return 1;
+	}
+	printf("ok - a new export registers at the revoked one's address %#" PRIx64
+	       " (no pd_regcache_invalidate_dmabuf) and is found there, a hit\n",
+	       AT_B);
+	return 0;
+}
 
 static sigjmp_buf fault_jump;
 
@@ -128,7 +295,7 @@ int main(int argc, char **argv)
 	pd_device *dev = NULL;
 	pd_allocation *alloc = NULL, *spacer = NULL;
 	pd_mr *before = NULL, *after = NULL, *hit = NULL, *own = NULL;
-	int own_fd = -1, new_fd = -1;
+	int own_fd = -1, new_fd = -1, at_fds[2] = { -1, -1 }, at_new = -1;
 	void *addr_before = NULL, *addr_after = NULL, *addr;
 	uint64_t length;
 	int err, status = 1;
@@ -144,6 +311,10 @@ int main(int argc, char **argv)
 			goto out;
 		}
 	} else if (tcp_cache_open(&t)) {
+		goto out;
+	}
+	if ((err = pd_regcache_set_invalidate_callback(t.cache, on_invalidate, NULL))) {
+		printf("FAIL - pd_regcache_set_invalidate_callback: %s\n", pd_strerror(err));
 		goto out;
 	}
 	dev = pd_device_open(0, &err);
@@ -176,6 +347,8 @@ int main(int argc, char **argv)
 	}
 	pd_mr_release(own);
 	own = NULL;
+	if (at_before(&t, dev, alloc, at_fds))
+		goto out;
 
 	if (reset(dev))
 		goto out;
@@ -242,6 +415,8 @@ int main(int argc, char **argv)
 	printf("ok - a new export registers with pd_register_export after the reset\n");
 	pd_mr_release(own);
 	own = NULL;
+	if (at_after(&t, dev, alloc, at_fds, &at_new))
+		goto out;
 
 	if ((err = pd_register(t.dom, alloc, 0, LENGTH, ACCESS, &hit)) ||
 	    (err = pd_mr_local(hit, &addr, &length)) ||
@@ -250,15 +425,17 @@ int main(int argc, char **argv)
 		       pd_last_error());
 		goto out;
 	}
-	if (stats.hits != 1 || stats.registrations != 4 || stats.failed_registrations != 0 ||
+	/* Hits: this one and 3 lookups by address; registrations: 2 pd_register, 2
+	 * pd_register_export and 3 pd_register_export_at. */
+	if (stats.hits != 4 || stats.registrations != 7 || stats.failed_registrations != 0 ||
 	    addr != addr_after) {
 		printf("FAIL - the third pd_register was no hit on the new registration: hits %" PRIu64
 		       ", registrations %" PRIu64 ", failed %" PRIu64 "\n",
 		       stats.hits, stats.registrations, stats.failed_registrations);
 		goto out;
 	}
-	printf("ok - the third pd_register is a hit on it: hits 1, misses %" PRIu64
-	       ", registrations 4 (2 of them pd_register_export's), failed 0\n",
+	printf("ok - the third pd_register is a hit on it: hits 4 (3 by address), misses %" PRIu64
+	       ", registrations 7 (2 of them pd_register's), failed 0\n",
 	       stats.misses);
 	status = 0;
 out:
@@ -280,6 +457,11 @@ out:
 		close(own_fd);
 	if (new_fd >= 0)
 		close(new_fd);
+	for (int i = 0; i < 2; i++)
+		if (at_fds[i] >= 0)
+			close(at_fds[i]);
+	if (at_new >= 0)
+		close(at_new);
 	if (pd && ibv_dealloc_pd(pd))
 		status = 1;
 	if (context && ibv_close_device(context))

@@ -34,7 +34,8 @@
 # userspace/capi/tests/callback_race.c and lookup_race.c, built with AddressSanitizer: the
 # invalidation callback set, cleared and freed while it is called; lookups by address
 # (pd_register_addr) while other threads register and drop dma-bufs at their addresses, and
-# another asks for bytes past their ends there (refused, binding nothing).
+# another asks for bytes past their ends there (refused, binding nothing); then lookups of a
+# dma-buf while it is registered, which find it only once its registration returned.
 # userspace/capi/tests/fork_handles.c, also with AddressSanitizer: a forked child's
 # registrations in its parent's domain fail with -ECHILD, and its releases of the parent's
 # handles (allocated and in the caller's storage) leave them alone.
@@ -302,12 +303,13 @@ else
 fi
 # reset_at NAME WHERE: the check of reset_register's pd_register_export_at part in NAME.out.
 reset_at() {
-	local desc="reset_register on $2: two exports registered with pd_register_export_at at device addresses of the program's and found by address (hits); the reset drops both at once and the invalidation callback hears of each (PD_INVALIDATED_DEVICE); their bytes (pd_register_addr) and the first one's fd are then refused with ENODEV saying to export again, and a new export registers at the second one's address without pd_regcache_invalidate_dmabuf and is found there (a hit)"
+	local desc="reset_register on $2: two exports registered with pd_register_export_at at device addresses of the program's, through a device handle closed right after, and found by address (hits); the reset drops both at once and the invalidation callback hears of each (PD_INVALIDATED_DEVICE); their bytes (pd_register_addr) and the first one's fd are then refused with ENODEV saying to export again (its bytes still after that), and a new export registers at the second one's address without pd_regcache_invalidate_dmabuf and is found there (a hit)"
 	if [ "$(cat "$1.rc" 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' "$1.out" &&
-		grep -q '^ok - two exports registered with pd_register_export_at at 0x100040000000 and 0x100050000000, each found by address (a hit, at its offset)$' "$1.out" &&
+		grep -q '^ok - two exports registered with pd_register_export_at at 0x100040000000 and 0x100050000000 through a device handle closed right after, each found by address (a hit, at its offset)$' "$1.out" &&
 		grep -q '^ok - the reset dropped both registrations at device addresses at once: the callback heard of each (PD_INVALIDATED_DEVICE)$' "$1.out" &&
 		grep -q '^ok - pd_register_addr of a revoked export.s bytes: ENODEV (pd_register_addr: the dma-buf registered at 0x100040000000 (+0x400000) is an export of /dev/peerdirect0 that a reset of the device revoked: export the memory again' "$1.out" &&
 		grep -q '^ok - pd_register_export_at of an export made before the reset: ENODEV$' "$1.out" &&
+		grep -q '^ok - and its bytes still: ENODEV$' "$1.out" &&
 		grep -q '^ok - a new export registers at the revoked one.s address 0x100050000000 (no pd_regcache_invalidate_dmabuf) and is found there, a hit$' "$1.out"; then
 		ok "$desc"
 	else
@@ -401,7 +403,7 @@ fi
 
 asan_checks callback_race abuild race "callback_race under AddressSanitizer: 20 rounds of setting the invalidation callback with a fresh heap context, clearing it (the last: pd_regcache_free) and freeing the context at once, while a thread registers and frees allocations (each telling the callback): no call after its removal returned, no use after free" \
 	'20 rounds of setting, clearing and freeing the callback.s context'
-asan_checks lookup_race lbuild lookup "lookup_race under AddressSanitizer: two threads registering (pd_register_dmabuf_at) and dropping (pd_regcache_invalidate_dmabuf) four exports at their addresses while two threads look them up by address (pd_register_addr, and pd_register_addr_in with the handle in the caller's storage) and one asks for bytes past their ends at their addresses (refused, binding nothing) and for the pool through a domain handle tcp refuses (the pool stays found): lookups in a pool registered all along always hit, every handle names the bytes looked up, no lookup misses an export registered before and after it, the final set is found exactly, and with all dropped nothing stays cached or registered" \
+asan_checks lookup_race lbuild lookup "lookup_race under AddressSanitizer: two threads registering (pd_register_dmabuf_at) and dropping (pd_regcache_invalidate_dmabuf) four exports at their addresses while two threads look them up by address (pd_register_addr, and pd_register_addr_in with the handle in the caller's storage) and one asks for bytes past their ends at their addresses (refused, binding nothing) and for the pool through a domain handle tcp refuses (the pool stays found): lookups in a pool registered all along always hit, every handle names the bytes looked up, no lookup misses an export registered before and after it, the final set is found exactly; a dma-buf registered 200 times while two threads look it up is found by none until its registration returns, then by each, registered once a round (no lookup registers a piece of its own); and with all dropped nothing stays cached or registered" \
 	'2 threads registering and dropping 4 exports'
 asan_checks fork_handles xbuild forked "fork_handles under AddressSanitizer: a forked child's pd_register_addr, pd_register_addr_in and pd_register_in in its parent's domain (each a hit in the parent) fail with -ECHILD saying why, and its pd_mr_release of the parent's handles, allocated and in the caller's storage, leaves each alone saying why; the parent's released, nothing stays cached or registered" \
 	'a forked child.s registrations in its parent.s domain'

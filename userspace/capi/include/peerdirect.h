@@ -384,7 +384,8 @@ int pd_register_dmabuf(pd_domain *domain, int fd, uint64_t offset, uint64_t leng
  * runtime, told by its own driver, drops it with pd_regcache_invalidate_dmabuf() and
  * registers its new export (at the same base_addr, once the old one is dropped). For an
  * export of /dev/peerdirectN, pd_register_export_at() watches its device instead.
- * -EINVAL also: base_addr NULL, or too high for the dma-buf to fit after it; otherwise as for
+ * -EINVAL also: base_addr NULL, or so high that base_addr + the dma-buf's size (its end, one
+ * past its last byte) passes 2^64 - 1; otherwise as for
  * pd_register_dmabuf.
  */
 int pd_register_dmabuf_at(pd_domain *domain, int fd, uint64_t offset, uint64_t length,
@@ -429,10 +430,11 @@ int pd_register_export(pd_domain *domain, const pd_device *dev, int fd, uint64_t
  * callback (PD_INVALIDATED_DEVICE). HCL's pattern on a peerdirect device: the pool exported
  * once, registered once at the runtime's device address. After a reset, lookups of its
  * bytes (pd_register_addr()) and this call with its fd fail with -ENODEV, saying to export
- * again; the new export registers at the same base_addr, taking the revoked one's place
- * (no pd_regcache_invalidate_dmabuf() needed). The cache keeps dev's file open while it
- * knows the dma-buf, so the caller may close dev. Errors as for pd_register_dmabuf_at() and
- * pd_register_export().
+ * again, until the new export registers at the same base_addr, taking the revoked one's
+ * place (no pd_regcache_invalidate_dmabuf() needed), or pd_regcache_invalidate_dmabuf()
+ * drops the revoked one. The cache keeps dev's file open while it knows the dma-buf: the
+ * caller may close dev at once, and the device is still watched. Errors as for pd_register_dmabuf_at()
+ * and pd_register_export().
  */
 int pd_register_export_at(pd_domain *domain, const pd_device *dev, int fd, uint64_t offset,
 			  uint64_t length, void *base_addr, uint32_t access, pd_mr **out);

@@ -2,7 +2,7 @@
 //! and `pd_allocation`, and the checks of pointer arguments every C function makes. Below
 //! both, so that neither needs the other's.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering::Acquire};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use pd::cache::ExportId;
@@ -121,6 +121,26 @@ impl Source {
     pub(crate) fn revoked_by_reset(&self, device: &Device) -> bool {
         self.resets
             .is_some_and(|then| device.status().is_none_or(|now| now.resets() != then))
+    }
+
+    /// Whether it is at the caller's addresses, for lookups to find: named by them (not
+    /// mapped), and registered (set once a registration through it succeeded, so that a
+    /// lookup racing the first one finds nothing rather than registering its own piece).
+    pub(crate) fn at_addresses(&self) -> bool {
+        !self.source.is_mapped() && self.registered.load(Acquire)
+    }
+
+    /// The addresses `[base, end)` that name it.
+    pub(crate) fn addresses(&self) -> (u64, u64) {
+        let base = self.source.base_addr();
+        (base, base + self.source.dma_buf().length())
+    }
+
+    /// Whether it is named by the caller's addresses (registered yet or not) and any of
+    /// `[base, end)` is among them.
+    pub(crate) fn overlaps(&self, base: u64, end: u64) -> bool {
+        let (start, stop) = self.addresses();
+        !self.source.is_mapped() && start < end && base < stop
     }
 
     /// Whether a reset of the device it was kept with ([`Source::of`]) revoked it: false for

@@ -24,7 +24,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{
     fence, AtomicBool,
-    Ordering::{Acquire, Relaxed, Release},
+    Ordering::{AcqRel, Acquire, Relaxed},
 };
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -1332,8 +1332,11 @@ impl PdDomain {
         };
         let registration = registration.map_err(|err| err.prefixed(function))?;
         // Set while this call's reference to `source` still counts: see
-        // `Shared::forget_unregistered`.
-        source.registered.store(true, Release);
+        // `Shared::forget_unregistered`. The first registration through a dma-buf at the
+        // caller's addresses puts it at them.
+        if !source.registered.swap(true, AcqRel) {
+            self.shared.publish(source);
+        }
         // SAFETY: passed on under the same contract.
         unsafe { self.hand_out(registration, out) };
         Ok(())
@@ -1403,7 +1406,7 @@ impl Shared {
             .values()
             .find(|s| {
                 let base = s.source.base_addr();
-                !s.source.is_mapped()
+                s.at_addresses()
                     && base <= addr
                     && end.is_some_and(|end| end <= base + s.source.dma_buf().length())
             })
@@ -1411,9 +1414,7 @@ impl Shared {
                 // The dma-buf whose bytes the first one is, if any: the range is too long.
                 let first = foreign.values().find(|s| {
                     let base = s.source.base_addr();
-                    !s.source.is_mapped()
-                        && base <= addr
-                        && addr - base < s.source.dma_buf().length()
+                    s.at_addresses() && base <= addr && addr - base < s.source.dma_buf().length()
                 });
                 Failure::new(
                     Errno::NOENT,
@@ -1425,9 +1426,9 @@ impl Shared {
                             s.source.dma_buf().length()
                         ),
                         None => format!(
-                            "{function}: no dma-buf registered with pd_register_dmabuf_at \
-                             covers {addr:#x} (+{length:#x}); register the memory it is in \
-                             first"
+                            "{function}: no dma-buf registered at the caller's addresses \
+                             (pd_register_dmabuf_at, pd_register_export_at) covers {addr:#x} \
+                             (+{length:#x}); register the memory it is in first"
                         ),
                     },
                 )
@@ -1497,8 +1498,12 @@ impl Shared {
                 device.filter(|d| source.export == export && source.revoked_by_reset(d))
             {
                 // Its mapping faults and providers refuse it: forget it (registrations still
-                // held keep it until released).
-                replaced.extend(foreign.remove(&export.dma_buf_inode()));
+                // held keep it until released). One at the caller's addresses stays there, so
+                // that lookups of its bytes say it was revoked, until a new dma-buf takes
+                // them ([`Shared::publish`]).
+                if source.source.is_mapped() {
+                    replaced.extend(foreign.remove(&export.dma_buf_inode()));
+                }
                 self.set_addresses(&foreign);
                 return Err(Failure::new(
                     Errno::NODEV,
@@ -1538,10 +1543,11 @@ impl Shared {
                 format!(
                     "{function}: fd {fd} is registered with {} already; register a dma-buf one \
                      way only",
-                    if device.is_some() {
-                        "pd_register_dmabuf"
-                    } else {
-                        "pd_register_export"
+                    match (device.is_some(), source.source.is_mapped()) {
+                        (true, true) => "pd_register_dmabuf",
+                        (true, false) => "pd_register_dmabuf_at",
+                        (false, true) => "pd_register_export",
+                        (false, false) => "pd_register_export_at",
                     }
                 ),
             ));
@@ -1557,22 +1563,13 @@ impl Shared {
                 let source = DmaBufSource::at(dma_buf, base)
                     .map_err(|err| Failure::from(err).prefixed(function))?;
                 // Its addresses name it alone: pd_register_addr finds it by them. A dma-buf
-                // there that a reset revoked gives them up: nothing registers through it any
-                // more (its fd is refused, and so are lookups of its bytes).
+                // there that a reset revoked gives them up once this one is registered
+                // ([`Shared::publish`]): nothing registers through it any more.
                 let end = base + source.dma_buf().length();
-                let overlaps = |other: &Source| {
-                    let o = &other.source;
-                    !o.is_mapped()
-                        && o.base_addr() < end
-                        && base < o.base_addr() + o.dma_buf().length()
-                };
-                let revoked: Vec<u64> = foreign
-                    .iter()
-                    .filter(|(_, other)| overlaps(other) && other.revoked())
-                    .map(|(inode, _)| *inode)
-                    .collect();
-                replaced.extend(revoked.iter().filter_map(|inode| foreign.remove(inode)));
-                if let Some(other) = foreign.values().find(|other| overlaps(other)) {
+                if let Some(other) = foreign
+                    .values()
+                    .find(|other| !other.revoked() && other.overlaps(base, end))
+                {
                     return Err(Failure::new(
                         Errno::INVAL,
                         format!(
@@ -1623,11 +1620,36 @@ impl Shared {
         }
     }
 
+    /// Puts `source`, a dma-buf at the caller's addresses through which a registration just
+    /// succeeded for the first time, at those addresses: lookups find it from now on (before,
+    /// a lookup racing the registration would have registered its own piece of it). A dma-buf
+    /// there that a reset revoked leaves: nothing registers through it any more.
+    fn publish(&self, source: &Source) {
+        if source.source.is_mapped() {
+            return;
+        }
+        let (base, end) = source.addresses();
+        let mut foreign = lock(&self.foreign);
+        let revoked: Vec<u64> = foreign
+            .iter()
+            .filter(|(_, other)| other.revoked() && other.overlaps(base, end))
+            .map(|(inode, _)| *inode)
+            .collect();
+        // Dropped once the lock is let go of (see `Shared::fd_source`).
+        let replaced: Vec<Arc<Source>> = revoked
+            .iter()
+            .filter_map(|inode| foreign.remove(inode))
+            .collect();
+        self.set_addresses(&foreign);
+        drop(foreign);
+        drop(replaced);
+    }
+
     /// Sets [`Shared::addresses`] from `foreign`, whose lock the caller holds.
     fn set_addresses(&self, foreign: &HashMap<u64, Arc<Source>>) {
         let at: Vec<At> = foreign
             .values()
-            .filter(|s| !s.source.is_mapped() && !s.revoked())
+            .filter(|s| s.at_addresses() && !s.revoked())
             .map(|s| At {
                 base: s.source.base_addr(),
                 size: s.source.dma_buf().length(),

@@ -25,6 +25,11 @@
  * lookup, nor one registered forgotten; and, through a second handle on the domain whose
  * registrations tcp refuses (PD_IFACE_SYNAPSEAI), for the pool at its address: the
  * provider's refusal, after which the pool, registered all along, must stay found.
+ * Then a dma-buf registered at its addresses ROUNDS times, dropped again after each, while
+ * HITTERS threads look up its bytes from before its registration starts until each has hit
+ * it: a lookup finds nothing (-ENOENT) until the registration returns, and hits after, so
+ * that only the registrations asked for are made, one a round: a lookup that found the
+ * dma-buf while its first registration was under way would register a piece of its own.
  * Last, with every dma-buf dropped, nothing may stay cached or registered: a lookup that
  * registered while its dma-buf was being dropped must not have cached that registration.
  * Prints "ok - ..." with the counts, or "FAIL - ..."; exit status 0 iff all went well.
@@ -36,6 +41,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +62,7 @@
 #define SIZE (1u << 20)
 #define POOL_SIZE (8u << 20)
 #define ALL (PD_ACCESS_LOCAL_READ | PD_ACCESS_LOCAL_WRITE)
+#define ROUNDS 200
 
 struct export {
 	pd_allocation *alloc;
@@ -70,6 +77,11 @@ static pd_domain *refusing; /* tcp.domain again, its registrations refused by tc
 static struct export pool, churned[CHURNERS * SOURCES];
 static int churners_done, failed;
 static long must_hit, hits, misses, refusals, provider_refusals;
+/* The round of registrations of `fresh` under way (0 before the first, -1 after the last),
+ * the last round each looker hit it in, and the lookups that found nothing. */
+static struct export fresh;
+static int round_now, looked[HITTERS];
+static long not_yet;
 
 static void fail(const char *what, int err)
 {
@@ -168,6 +180,106 @@ static void *churner(void *arg)
 		}
 	}
 	return NULL;
+}
+
+static int make_export(pd_device *dev, struct export *e, uint64_t size);
+
+/* Looks up bytes of `fresh` once a round until it hits them (-ENOENT before). */
+static void *looker(void *arg)
+{
+	int me = (int)(uintptr_t)arg;
+	uint64_t state = (uintptr_t)arg * 0x9e3779b97f4a7c15u + 3;
+	long absent = 0;
+	int round;
+
+	while ((round = __atomic_load_n(&round_now, __ATOMIC_ACQUIRE)) >= 0 &&
+	       !__atomic_load_n(&failed, __ATOMIC_ACQUIRE)) {
+		int err;
+
+		if (round == 0 || __atomic_load_n(&looked[me], __ATOMIC_ACQUIRE) == round) {
+			sched_yield();
+			continue;
+		}
+		state = state * 6364136223846793005u + 1442695040888963407u;
+		err = lookup(&fresh, (state >> 20) % (SIZE / 4096) * 4096, (state >> 60) & 1);
+		if (!err)
+			__atomic_store_n(&looked[me], round, __ATOMIC_RELEASE);
+		else if (err == -ENOENT)
+			absent++;
+		else
+			fail("a lookup of a dma-buf while it is registered", err);
+	}
+	__atomic_add_fetch(&not_yet, absent, __ATOMIC_RELAXED);
+	return NULL;
+}
+
+/*
+ * `fresh` registered and dropped ROUNDS times while the lookers look it up: 0, or 1 after
+ * saying why.
+ */
+static int register_while_looked_up(pd_device *dev)
+{
+	struct pd_regcache_stats was, now;
+	pthread_t look[HITTERS];
+	int err, i;
+
+	if ((err = make_export(dev, &fresh, SIZE)) || (err = pd_regcache_stats(tcp.cache, &was))) {
+		fail("an export to register while it is looked up", err);
+		return 1;
+	}
+	for (i = 0; i < HITTERS; i++)
+		if (pthread_create(&look[i], NULL, looker, (void *)(uintptr_t)i))
+			return 1;
+	for (int round = 1; round <= ROUNDS && !failed; round++) {
+		pd_mr *mr = NULL;
+		int waited = 0;
+
+		__atomic_store_n(&round_now, round, __ATOMIC_RELEASE);
+		err = pd_register_dmabuf_at(tcp.dom, fresh.fd, 0, 0, fresh.map, ALL, &mr);
+		pd_mr_release(mr);
+		if (err) {
+			fail("pd_register_dmabuf_at while it is looked up", err);
+			break;
+		}
+		/* Every looker hits it, within 10 s; then none looks it up while it is dropped. */
+		for (i = 0; i < HITTERS && !failed; i++)
+			while (__atomic_load_n(&looked[i], __ATOMIC_ACQUIRE) != round && !failed) {
+				struct timespec ms = { 0, 1000000 };
+
+				if (++waited > 10000) {
+					printf("FAIL - a looker found no registration within 10 s of "
+					       "round %d's\n", round);
+					__atomic_store_n(&failed, 1, __ATOMIC_RELEASE);
+					break;
+				}
+				nanosleep(&ms, NULL);
+			}
+		if ((err = pd_regcache_invalidate_dmabuf(tcp.cache, fresh.fd)) < 0)
+			fail("pd_regcache_invalidate_dmabuf of the looked up dma-buf", err);
+	}
+	__atomic_store_n(&round_now, -1, __ATOMIC_RELEASE);
+	for (i = 0; i < HITTERS; i++)
+		pthread_join(look[i], NULL);
+	munmap(fresh.map, fresh.size);
+	pd_allocation_free(fresh.alloc);
+	if (failed)
+		return 1;
+	if ((err = pd_regcache_stats(tcp.cache, &now))) {
+		fail("pd_regcache_stats", err);
+		return 1;
+	}
+	if (now.registrations - was.registrations != ROUNDS || not_yet == 0) {
+		printf("FAIL - a dma-buf registered %d times while %d threads looked it up: %" PRIu64
+		       " registrations, %ld lookups before it was registered (lookups registered "
+		       "pieces of their own, or never raced it)\n",
+		       ROUNDS, HITTERS, now.registrations - was.registrations, not_yet);
+		return 1;
+	}
+	printf("ok - a dma-buf registered at its addresses %d times while %d threads looked it "
+	       "up: %ld lookups found nothing before each registration returned, then each hit "
+	       "it; %d registrations, one a round\n",
+	       ROUNDS, HITTERS, not_yet, ROUNDS);
+	return 0;
 }
 
 /* Asks for bytes past a churned export's end at its address until the churners are done. */
@@ -297,6 +409,8 @@ int main(void)
 	if (!failed && (err = pd_domain_detach(refusing)) != 0)
 		fail("pd_domain_detach of the refusing handle", err < 0 ? err : -EBUSY);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
+	if (!failed && register_while_looked_up(dev))
+		failed = 1;
 	/* What is registered now is found; what is not, not. */
 	for (i = 0; i < CHURNERS * SOURCES && !failed; i++) {
 		int registered = churned[i].seq % 4 == 0;

@@ -21,13 +21,14 @@
  * registers.
  *
  * And HCL's pattern on the device (pd_register_export_at): two more exports of the
- * allocation registered by fd alone at device addresses of the program's (AT_A, AT_B) and
- * found by address (pd_register_addr), watched: the reset drops their registrations at once
+ * allocation registered by fd alone at device addresses of the program's (AT_A, AT_B),
+ * through a device handle closed right after, and found by address (pd_register_addr),
+ * watched: the reset drops their registrations at once
  * and tells the invalidation callback (PD_INVALIDATED_DEVICE, at each address); after it,
  * lookups of their bytes fail with -ENODEV saying to export again, so does
- * pd_register_export_at of the first one's fd, and a new export registers at the second
- * one's address, taking its place without pd_regcache_invalidate_dmabuf(), and is found
- * there.
+ * pd_register_export_at of the first one's fd (after which its bytes still do), and a new
+ * export registers at the second one's address, taking its place without
+ * pd_regcache_invalidate_dmabuf(), and is found there.
  * Prints "ok - ..." or "FAIL - ..."; exit status 0 iff all went well.
  *
  *   cc -o reset_register reset_register.c \
@@ -86,17 +87,19 @@ static int look_up(pd_domain *dom, uint64_t addr, uint64_t *offset)
 
 /*
  * Before the reset: two exports of alloc registered with pd_register_export_at at AT_A and
- * AT_B (their fds in fds[]), and one lookup by address inside each, a hit. 0, or 1.
+ * AT_B (their fds in fds[]) through a handle of the device of their own, closed right after
+ * (the cache keeps the device), and one lookup by address inside each, a hit. 0, or 1.
  */
-static int at_before(const struct tcp_cache *t, const pd_device *dev,
-		     const pd_allocation *alloc, int fds[2])
+static int at_before(const struct tcp_cache *t, const pd_allocation *alloc, int fds[2])
 {
 	const uint64_t base[2] = { AT_A, AT_B };
 	struct pd_regcache_stats was, now;
 	uint64_t offset = 0;
-	int err;
+	pd_device *dev;
+	int err = 0;
 
-	if ((err = pd_regcache_stats(t->cache, &was)))
+	dev = pd_device_open(0, &err);
+	if (!dev || (err = pd_regcache_stats(t->cache, &was)))
 		goto failed;
 	for (int i = 0; i < 2; i++) {
 		pd_mr *mr = NULL;
@@ -106,6 +109,10 @@ static int at_before(const struct tcp_cache *t, const pd_device *dev,
 						 (void *)(uintptr_t)base[i], ACCESS, &mr)))
 			goto failed;
 		pd_mr_release(mr);
+	}
+	pd_device_close(dev);
+	dev = NULL;
+	for (int i = 0; i < 2; i++) {
 		if ((err = look_up(t->dom, base[i] + (1u << 20), &offset)))
 			goto failed;
 		if (offset != 1u << 20) {
@@ -124,12 +131,14 @@ static int at_before(const struct tcp_cache *t, const pd_device *dev,
 		return 1;
 	}
 	printf("ok - two exports registered with pd_register_export_at at %#" PRIx64
-	       " and %#" PRIx64 ", each found by address (a hit, at its offset)\n",
+	       " and %#" PRIx64 " through a device handle closed right after, each found by "
+	       "address (a hit, at its offset)\n",
 	       AT_A, AT_B);
 	return 0;
 failed:
 	printf("FAIL - pd_register_export_at before the reset: %s (%s)\n", pd_strerror(err),
 	       pd_last_error());
+	pd_device_close(dev);
 	return 1;
 }
 
@@ -182,6 +191,15 @@ static int at_after(const struct tcp_cache *t, const pd_device *dev,
 		return 1;
 	}
 	printf("ok - pd_register_export_at of an export made before the reset: ENODEV\n");
+	/* That refusal bound nothing: its bytes still say it was revoked. */
+	err = look_up(t->dom, AT_A + 4096, NULL);
+	if (!revoked_again(err)) {
+		printf("FAIL - pd_register_addr of the revoked export's bytes after its fd was "
+		       "refused: %d (%s), not -ENODEV saying to export again\n",
+		       err, pd_last_error());
+		return 1;
+	}
+	printf("ok - and its bytes still: ENODEV\n");
 	if ((err = pd_regcache_stats(t->cache, &was)) ||
 	    (err = look_up(t->dom, AT_B, NULL)) != -ENODEV ||
 	    (err = pd_export(alloc, 0, 0, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR, new_fd)) ||
@@ -347,7 +365,7 @@ int main(int argc, char **argv)
 	}
 	pd_mr_release(own);
 	own = NULL;
-	if (at_before(&t, dev, alloc, at_fds))
+	if (at_before(&t, alloc, at_fds))
 		goto out;
 
 	if (reset(dev))

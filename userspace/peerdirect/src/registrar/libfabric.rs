@@ -230,7 +230,7 @@ pub enum LibfabricError {
         prov_text: Option<String>,
     },
     /// [`DmaBufSource::at`]: a base address of 0, or one the dma-buf does not fit after.
-    #[error("base address {base_addr:#x} for a {len}-byte dma-buf: give the non-zero address its first byte is named by, with room for all of it")]
+    #[error("base address {base_addr:#x} for a {len}-byte dma-buf: give the non-zero address its first byte is named by, with room for all of it below 2^64 (base address + size, its end, is an address too)")]
     BaseAddr {
         /// The address given.
         base_addr: u64,
@@ -812,7 +812,8 @@ impl DmaBufSource {
     /// bytes, which that provider then reads and writes). Nothing is mapped, so read-only
     /// exports register for reading and exporters without `mmap` work; but host bounce,
     /// which copies through a mapping, is not possible. `base_addr` must be non-zero with
-    /// room for the whole dma-buf after it.
+    /// room for the whole dma-buf after it: `base_addr + len`, the end, is at most
+    /// `u64::MAX` (one past the last byte is an address too).
     pub fn at(dma_buf: DmaBuf, base_addr: u64) -> Result<Self, LibfabricError> {
         let len = dma_buf.length();
         let bad = || LibfabricError::BaseAddr { base_addr, len };

@@ -262,7 +262,7 @@ pub struct CacheStats {
     pub misses: u64,
     /// Successful registrations.
     pub registrations: u64,
-    /// Registrations the registrar refused.
+    /// Registrations the registrar refused (or panicked in).
     pub failed_registrations: u64,
     /// Deregistrations. `registrations - deregistrations` registrations are alive: cached,
     /// or held by handles.
@@ -749,10 +749,11 @@ impl<R: Registrar> RegCache<R> {
                 }
             },
         };
-        // A miss is a registration made or failed: `stats` counts it from those.
-        let mr = registrar.register(source, &key).inspect_err(|_| {
-            self.counters.failed_registrations.fetch_add(1, Relaxed);
-        })?;
+        // A miss is a registration made or failed: `stats` counts it from those. One that
+        // panics failed too: counted as the panic leaves.
+        let failed = FailedUnlessMade(&self.counters.failed_registrations);
+        let mr = registrar.register(source, &key)?;
+        std::mem::forget(failed);
         self.counters.registrations.add(slot::current());
         // `self.write()`'s count, without its panic: a poisoned lock must not leak the MR.
         self.counters.writes.fetch_add(1, Relaxed);
@@ -1063,6 +1064,16 @@ impl<R: Registrar> fmt::Debug for RegCache<R> {
         f.debug_struct("RegCache")
             .field("stats", &self.stats())
             .finish_non_exhaustive()
+    }
+}
+
+/// Counts a failed registration when dropped: by an error's return or a panic of the
+/// registrar; forgotten once the registration is made.
+struct FailedUnlessMade<'a>(&'a AtomicU64);
+
+impl Drop for FailedUnlessMade<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Relaxed);
     }
 }
 

@@ -509,6 +509,39 @@ fn a_refused_registration_caches_nothing() {
     );
 }
 
+/// A registrar that panics made a failed registration: counted as one, and as a miss; the
+/// panic reaches the caller, and the export's turn is let go of, so that the next request
+/// registers (it would wait for the turn for ever otherwise).
+#[test]
+fn a_registrar_that_panics_counts_as_a_failed_registration() {
+    let cache = cache(16, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    nic.during_next_register(|| panic!("the registrar's own bug"));
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cache.get(&nic, &(), EXPORT, pages(0, 1), RW)
+    }));
+    assert!(panicked.is_err());
+    let stats = cache.stats();
+    assert_eq!(
+        (
+            stats.misses,
+            stats.failed_registrations,
+            stats.registrations
+        ),
+        (1, 1, 0)
+    );
+    get(&cache, &nic, EXPORT, 0, 1, RW);
+    let stats = cache.stats();
+    assert_eq!(
+        (
+            stats.misses,
+            stats.failed_registrations,
+            stats.registrations
+        ),
+        (2, 1, 1)
+    );
+}
+
 #[test]
 fn a_registration_made_during_an_invalidation_is_not_cached() {
     let cache = Arc::new(cache(16, 1 << 30));

@@ -256,10 +256,11 @@ else
 	fail "$desc" "$(show fabric)"
 fi
 
-desc="fabric_register on verbs;ofi_rxm (soft-RoCE refuses dma-bufs): pd_register fails with -EOPNOTSUPP and the provider's reason until pd_regcache_set_host_bounce(cache, 1), as does pd_register_dmabuf_at, binding nothing (a lookup there: ENOENT; again: EOPNOTSUPP); then path host_bounce with a reason and a staging buffer, pd_mr_remote and pd_mr_local refused, invalidations heard without a local address"
+desc="fabric_register on verbs;ofi_rxm (soft-RoCE refuses dma-bufs): pd_register fails with -EOPNOTSUPP and the provider's reason until pd_regcache_set_host_bounce(cache, 1), as does pd_register_dmabuf_at, binding nothing (a lookup there: ENOENT; again: EOPNOTSUPP), and with host bounce on too, saying host bounce cannot copy through a dma-buf at an address; then path host_bounce with a reason and a staging buffer, pd_mr_remote and pd_mr_local refused, invalidations heard without a local address"
 if [ "$(cat fabric_rxe.rc 2>/dev/null)" = 0 ] &&
 	grep -q '^refused without host bounce: .*fi_mr_regattr(FI_MR_DMABUF).*the host-bounce fallback is off.*pd_regcache_set_host_bounce' fabric_rxe.out &&
 	grep -q '^refused by fd alone too, binding nothing: a lookup there ENOENT, asked again EOPNOTSUPP$' fabric_rxe.out &&
+	grep -q '^refused by fd alone with host bounce on: .*host bounce is on, but it copies through a CPU mapping of the dma-buf' fabric_rxe.out &&
 	grep -q '^registered 4194304 bytes: path host_bounce, key .*, reason: ' fabric_rxe.out &&
 	grep -q '^second cache, same domain: key ' fabric_rxe.out &&
 	grep -q '^foreign dma-buf, 4194304 bytes: path host_bounce, ' fabric_rxe.out &&
@@ -387,14 +388,15 @@ if [ "$(cat kbuild.rc 2>/dev/null)" = 0 ]; then
 else
 	fail "$desc" "$(show kbuild)"
 fi
-desc="key_pool: tcp without FI_MR_PROV_KEY takes the keys of the program's pool (pd_domain_set_keys with the domain's mr_key_size), which get them back as registrations close (a freed allocation, pd_domain_detach); a key the key size cannot hold: ERANGE, none left: ENOSPC; PD_IFACE_SYNAPSEAI refused by tcp, an unknown iface EINVAL; the allocator calls into the library (it runs under no lock of the library's)"
+desc="key_pool: tcp without FI_MR_PROV_KEY takes the keys of the program's pool (pd_domain_set_keys with the domain's mr_key_size), which get them back as registrations close (a freed allocation, pd_domain_detach); a key the key size cannot hold: ERANGE, none left: ENOSPC; PD_IFACE_SYNAPSEAI refused by tcp, an unknown iface EINVAL; the allocator calls into the library (it runs under no lock of the library's), and its pd_domain_detach of the domain it registers in is refused (EBUSY)"
 if [ "$(cat keys.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' keys.out &&
 	grep -q '^ok - two registrations took keys 0x7000 and 0x7001 from the program.s pool' keys.out &&
 	grep -q '^ok - freeing the first allocation closed its registration and gave key 0x7000 back' keys.out &&
 	grep -q '^ok - a key the key size cannot hold: -ERANGE; an allocator with none left: -ENOSPC' keys.out &&
 	grep -q '^ok - PD_IFACE_SYNAPSEAI (device 0) on tcp' keys.out &&
 	grep -q '^ok - pd_domain_detach closed every registration: every key is back in the pool' keys.out &&
-	grep -q '^ok - the allocator called into the library [0-9]* times' keys.out; then
+	grep -q '^ok - the allocator called into the library [0-9]* times' keys.out &&
+	grep -q '^ok - pd_domain_detach of the domain from inside its key allocator: -EBUSY' keys.out; then
 	ok "$desc"
 	sed "s/^/# /" keys.out
 else

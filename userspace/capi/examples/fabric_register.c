@@ -277,7 +277,8 @@ int main(int argc, char **argv)
 		 * cache of its own, so that the counts checked below stay this one's). */
 		{
 			void *at = (void *)(uintptr_t)0x600000000000u;
-			int fd = -1, first, lookup, again;
+			int fd = -1, first, lookup, again, bounced;
+			char why[1024];
 			pd_regcache *own = pd_regcache_new(&err);
 			pd_domain *in_own = own ? pd_domain_attach(own, domain, &err) : NULL;
 			pd_mr *none = NULL;
@@ -291,6 +292,11 @@ int main(int argc, char **argv)
 			first = pd_register_dmabuf_at(in_own, fd, 0, 0, at, ALL_ACCESS, &none);
 			lookup = pd_register_addr(in_own, at, 4096, ALL_ACCESS, &none);
 			again = pd_register_dmabuf_at(in_own, fd, 0, 0, at, ALL_ACCESS, &none);
+			/* Host bounce copies through a mapping, which a dma-buf at an address has not:
+			 * on, it is refused all the same, saying so (not to turn host bounce on). */
+			pd_regcache_set_host_bounce(own, 1);
+			bounced = pd_register_dmabuf_at(in_own, fd, 0, 0, at, ALL_ACCESS, &none);
+			snprintf(why, sizeof(why), "%s", pd_last_error());
 			close(fd);
 			pd_domain_detach(in_own);
 			pd_regcache_free(own);
@@ -300,8 +306,16 @@ int main(int argc, char **argv)
 					first, lookup, again, pd_last_error());
 				goto out;
 			}
+			if (bounced != -EOPNOTSUPP || !strstr(why, "host bounce is on") ||
+			    strstr(why, "pd_regcache_set_host_bounce(cache, 1)")) {
+				fprintf(stderr, "fabric_register: by fd alone with host bounce on: %d (%s); "
+						"expected EOPNOTSUPP saying host bounce cannot serve it\n",
+					bounced, why);
+				goto out;
+			}
 			printf("refused by fd alone too, binding nothing: a lookup there ENOENT, "
 			       "asked again EOPNOTSUPP\n");
+			printf("refused by fd alone with host bounce on: %s\n", why);
 		}
 		bounce = 1;
 		err = pd_regcache_set_host_bounce(cache, 1);

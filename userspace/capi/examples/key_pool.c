@@ -12,7 +12,8 @@
  *   iface is -EINVAL; back to PD_IFACE_SYSTEM, the registration takes the pool's free key;
  * - detaching the domain closes every registration: every key is back in the pool;
  * - the allocator calls into the library each time (pd_domain_set_iface): it runs under no
- *   lock of the library's.
+ *   lock of the library's; the first time, it also tries to detach the domain it registers
+ *   in, which must fail with -EBUSY (the registration under way uses the handle).
  * Each step prints one line, "ok - ..." or "FAIL - ... : <why>"; exit status 0 iff all ok.
  *
  *   cc -o key_pool key_pool.c $(pkg-config --cflags --libs peerdirect libfabric)
@@ -47,6 +48,9 @@ struct pool {
 	pd_domain *dom;
 	uint32_t iface;
 	int reentries, reentry_failures;
+	/* pd_domain_detach of dom from inside the allocator, tried once: its result. */
+	int detach_tried, detach_err;
+	char detach_why[512];
 };
 
 static int alloc_key(void *ctx, uint64_t *key)
@@ -59,6 +63,11 @@ static int alloc_key(void *ctx, uint64_t *key)
 		pool->reentries++;
 		if (pd_domain_set_iface(pool->dom, pool->iface, 0))
 			pool->reentry_failures++;
+		if (!pool->detach_tried) {
+			pool->detach_tried = 1;
+			pool->detach_err = pd_domain_detach(pool->dom);
+			snprintf(pool->detach_why, sizeof(pool->detach_why), "%s", pd_last_error());
+		}
 	}
 	for (i = 0; i < KEYS; i++) {
 		if (!pool->used[i]) {
@@ -143,7 +152,7 @@ static pd_mr *expect(pd_domain *dom, const pd_allocation *alloc, int expected, c
 
 int main(void)
 {
-	struct pool pool = { { 0 }, 0, 0, NULL, PD_IFACE_SYSTEM, 0, 0 };
+	struct pool pool = { { 0 }, 0, 0, NULL, PD_IFACE_SYSTEM, 0, 0, 0, 0, { 0 } };
 	struct fi_info *hints, *info = NULL;
 	struct fid_fabric *fabric = NULL;
 	struct fid_domain *domain = NULL;
@@ -307,6 +316,17 @@ out:
 		printf("ok - the allocator called into the library %d times (pd_domain_set_iface), "
 		       "as it may: it runs under no lock of the library's\n",
 		       pool.reentries);
+	}
+	if (!failed && (!pool.detach_tried || pool.detach_err != -EBUSY ||
+			!strstr(pool.detach_why, "key allocator"))) {
+		printf("FAIL - pd_domain_detach of the domain from inside its key allocator : %d "
+		       "(%s), expected -EBUSY\n",
+		       pool.detach_err, pool.detach_why);
+		failed = 1;
+	} else if (!failed) {
+		printf("ok - pd_domain_detach of the domain from inside its key allocator: -EBUSY "
+		       "(%s)\n",
+		       pool.detach_why);
 	}
 	pd_regcache_free(cache);
 	if (domain)

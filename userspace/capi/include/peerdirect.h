@@ -312,7 +312,8 @@ pd_domain *pd_domain_attach_verbs(pd_regcache *cache, struct ibv_pd *pd, int *er
  * callback is told of each, PD_INVALIDATED_DOMAIN) and releases the handle; returns how many
  * cached entries were dropped. -EBUSY while pd_mr handles of the domain are held: nothing is
  * dropped or told, and the handle stays attached with its registrations cached: release the
- * handles and call again. NULL returns 0.
+ * handles and call again. -EBUSY too while a call on the handle is registering in the domain
+ * (from inside it: its key allocator). NULL returns 0.
  */
 int pd_domain_detach(pd_domain *domain);
 
@@ -455,7 +456,8 @@ int pd_regcache_invalidate_dmabuf(pd_regcache *cache, int fd);
  * release gives back the key of a registration once it is closed. alloc runs inside a
  * registration, while other registrations of the same dma-buf wait for it (so that a storm
  * of them registers once): it may call the library, and register memory, itself, but must
- * not wait for another thread that registers the same dma-buf.
+ * not wait for another thread that registers the same dma-buf; pd_domain_detach() of the
+ * domain it registers in fails there with -EBUSY.
  */
 typedef int (*pd_key_alloc_fn)(void *ctx, uint64_t *key);
 typedef void (*pd_key_release_fn)(void *ctx, uint64_t key);
@@ -537,7 +539,10 @@ int pd_regcache_set_invalidate_callback(pd_regcache *cache, pd_invalidate_fn fn,
  * descriptor of a host-bounce pd_mr (pd_mr_path() == PD_PATH_HOST_BOUNCE) name the staging
  * buffer (pd_mr_staging()), not HBM: peers' data lands there, and the caller must copy HBM into
  * it before each send and out of it after each receive. Only turn it on to do exactly that.
- * Applies to later registrations; returns 0 or -EINVAL (cache NULL).
+ * Applies to later registrations: those made already keep their path, and a cached
+ * host-bounce registration is still handed out to requests it covers (a hit) after host bounce
+ * is turned off; to stop that, drop them (pd_domain_detach() and attach again, or
+ * pd_regcache_invalidate_dmabuf() of a dma-buf). Returns 0 or -EINVAL (cache NULL).
  */
 int pd_regcache_set_host_bounce(pd_regcache *cache, int allow);
 

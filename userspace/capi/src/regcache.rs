@@ -23,7 +23,7 @@ use std::ffi::{c_int, c_void, CStr};
 use std::os::fd::{AsFd, AsRawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{
-    fence, AtomicBool,
+    fence, AtomicBool, AtomicUsize,
     Ordering::{AcqRel, Acquire, Relaxed},
 };
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -154,6 +154,26 @@ struct Callback {
 pub struct PdDomain {
     shared: Arc<Shared>,
     registrar: Arc<AnyRegistrar>,
+    /// Calls registering in the domain through this handle now ([`Registering`]): a
+    /// `pd_domain_detach` from inside one (a key allocator's) must not free the handle under
+    /// it.
+    registering: AtomicUsize,
+}
+
+/// A call registering in a domain, counted in [`PdDomain::registering`] while it runs.
+struct Registering<'a>(&'a AtomicUsize);
+
+impl<'a> Registering<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, AcqRel);
+        Self(count)
+    }
+}
+
+impl Drop for Registering<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, AcqRel);
+    }
 }
 
 /// `pd_mr`: a registration handed out by `pd_register`, registered until released.
@@ -261,6 +281,12 @@ impl From<LibfabricError> for Failure {
                          or call pd_regcache_set_host_bounce(cache, 1) and copy through \
                          pd_mr_staging() around every operation"
                 ),
+                )
+            }
+            LibfabricError::DmaBufRefusedAtAddress { .. } => {
+                return Failure::new(
+                    Errno::OPNOTSUPP,
+                    format!("{err} (`peerdirect doctor` checks the providers)"),
                 )
             }
             _ => Errno::IO,
@@ -442,6 +468,7 @@ impl PdRegCache {
         let handle = Box::into_raw(Box::new(PdDomain {
             shared: Arc::clone(shared),
             registrar: Arc::clone(&registrar),
+            registering: AtomicUsize::new(0),
         }));
         domains.insert(
             registrar.domain(),
@@ -490,15 +517,17 @@ pub unsafe extern "C" fn pd_domain_detach(domain: *mut PdDomain) -> c_int {
             .invalidate_domain_unless_held(id)
             .map_err(busy)?;
         dropped = c_int::try_from(count).unwrap_or(c_int::MAX);
-        // Every live registration of the domain holds its registrar (through the binding
-        // they share): none is held and the cached ones were closed, so anything left is
-        // being made right now, by a call on this handle that races its release.
-        if Arc::strong_count(&attached.registrar) > 1 {
+        // A call on this handle is registering in the domain: this one runs inside it (a
+        // key allocator's), or races its release. (Every live registration of the domain
+        // holds its registrar, through the binding they share: none is held and the cached
+        // ones were closed, so one left is being made right now too.)
+        if attached.registering.load(Acquire) > 0 || Arc::strong_count(&attached.registrar) > 1 {
             return Err(Failure::new(
                 Errno::BUSY,
                 format!(
                     "{F}: a call on this domain handle is registering in it while it is \
-                     detached: let that call return and pd_mr_release() its handle, then \
+                     detached (from another thread, or from inside that call: its key \
+                     allocator): let that call return and pd_mr_release() its handle, then \
                      detach again (the domain stays attached and must stay open until then)"
                 ),
             ));
@@ -1324,6 +1353,7 @@ impl PdDomain {
     ) -> Result<(), Failure> {
         let cache = &self.shared.cache;
         let (registrar, export) = (&self.registrar, source.export);
+        let _registering = Registering::new(&self.registering);
         let registration = match device {
             Some(device) => {
                 cache.get_from(device, registrar, &source.source, export, range, access)
@@ -2000,6 +2030,7 @@ mod tests {
             call: "fi_mr_enable",
             errno: 258, // FI_EOPBADSTATE
             text: "libfabric's text".into(),
+            mode_known: true,
         };
         assert_eq!(Failure::from(bind).code(), -77); // EBADFD
         let busy = LibfabricError::EndpointBusy {

@@ -288,6 +288,19 @@ pub enum LibfabricError {
         /// The provider's refusal.
         reason: String,
     },
+    /// The provider refuses to register a dma-buf named by the caller's addresses
+    /// ([`DmaBufSource::at`]), which host bounce, though on, cannot copy through: it has no
+    /// CPU mapping.
+    #[error(
+        "{reason}; host bounce is on, but it copies through a CPU mapping of the dma-buf, which \
+         one registered at the caller's addresses has not: register it through a mapping \
+         (MappedDmaBuf; C: pd_register, pd_register_dmabuf, pd_register_export) for host \
+         bounce, or use a provider that registers dma-bufs"
+    )]
+    DmaBufRefusedAtAddress {
+        /// The provider's refusal.
+        reason: String,
+    },
     /// A transfer's range does not fit in its registration.
     #[error(
         "a transfer of {length} bytes at {offset} does not fit in the {size}-byte registration"
@@ -399,11 +412,18 @@ pub enum LibfabricError {
         /// The provider.
         provider: String,
     },
-    /// Binding a new registration to its endpoint (`fi_mr_bind`) or enabling it
-    /// (`fi_mr_enable`) failed, in a domain with `FI_MR_ENDPOINT`; the registration was closed.
+    /// Binding a new registration to the endpoint named (`fi_mr_bind`) or enabling it
+    /// (`fi_mr_enable`) failed; the registration was closed.
     #[error(
-        "{provider}: {call} of a new registration (the domain binds MRs to endpoints: \
-         FI_MR_ENDPOINT): {text} (-{errno}); the registration was closed"
+        "{provider}: {call} of a new registration to the endpoint named for the domain's \
+         registrations: {text} (-{errno}); the registration was closed{}",
+        if *mode_known {
+            ""
+        } else {
+            ". Name an endpoint only for a domain with FI_MR_ENDPOINT in its mr_mode (its \
+             fi_info's domain_attr->mr_mode; a provider may leave out a mode the hints asked \
+             for): for one without, name none (C: pd_domain_set_endpoint(dom, NULL))"
+        }
     )]
     EndpointBind {
         /// The provider.
@@ -414,6 +434,10 @@ pub enum LibfabricError {
         errno: i32,
         /// `fi_strerror(errno)`.
         text: String,
+        /// Whether the registrar knows that the domain has `FI_MR_ENDPOINT` (its own domain's
+        /// info says so); a borrowed domain's mode is not known, and the endpoint may have been
+        /// named for a domain without it.
+        mode_known: bool,
     },
     /// [`LibfabricRegistrar::set_endpoint`] named another endpoint (or none) while
     /// registrations made with the endpoint named before are open.
@@ -1190,6 +1214,7 @@ impl LibfabricRegistrar {
             call,
             errno: e.0,
             text: self.fabric.lib.strerror(e),
+            mode_known: self.fabric.mr_endpoint == Some(true),
         };
         mr.bind(Arc::clone(to))
             .map_err(|e| failed("fi_mr_bind", e))?;
@@ -1446,12 +1471,7 @@ impl Registrar for LibfabricRegistrar {
                     return Err(LibfabricError::DmaBufRefused { reason });
                 }
                 if !source.is_mapped() {
-                    return Err(LibfabricError::DmaBufRefused {
-                        reason: format!(
-                            "{reason}; and host bounce copies through a CPU mapping of the \
-                             dma-buf, which a registration by the caller's address has not"
-                        ),
-                    });
+                    return Err(LibfabricError::DmaBufRefusedAtAddress { reason });
                 }
                 let slots = usize::try_from(range.length())
                     .unwrap_or(usize::MAX)
@@ -2740,8 +2760,8 @@ mod tests {
         assert_eq!(err.errno(), Some(rustix::io::Errno::INVAL));
         assert_eq!(
             err.to_string(),
-            "fake: fi_mr_bind of a new registration (the domain binds MRs to endpoints: \
-             FI_MR_ENDPOINT): fake provider error (-22); the registration was closed"
+            "fake: fi_mr_bind of a new registration to the endpoint named for the domain's \
+             registrations: fake provider error (-22); the registration was closed"
         );
         assert!(matches!(calls[1], Call::Bind { .. }));
         assert_eq!(
@@ -2774,6 +2794,24 @@ mod tests {
         assert_eq!(closes, 1);
         // The key was given back: the next registration's request goes ahead.
         registrar.set_endpoint(None).unwrap();
+    }
+
+    /// A borrowed domain's mode is not known: an endpoint named for one without
+    /// `FI_MR_ENDPOINT` fails to bind (tcp: `FI_ENOSYS`), and the error says to name none.
+    #[test]
+    fn a_bind_refused_by_a_borrowed_domain_says_to_name_no_endpoint() {
+        let enosys = 38; // FI_ENOSYS, which is ENOSYS
+        let (registrar, _log) = fake_registrar(None, -enosys, 0);
+        registrar
+            .set_endpoint(Some(raw(fake::foreign_endpoint())))
+            .unwrap();
+        let err = register(&registrar).unwrap_err().to_string();
+        assert!(
+            err.contains("fi_mr_bind of a new registration")
+                && err
+                    .contains("for one without, name none (C: pd_domain_set_endpoint(dom, NULL))"),
+            "{err}"
+        );
     }
 
     /// A domain opened without FI_MR_ENDPOINT neither binds nor enables, endpoint named or

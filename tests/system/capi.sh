@@ -308,7 +308,7 @@ reset_at() {
 	if [ "$(cat "$1.rc" 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' "$1.out" &&
 		grep -q '^ok - two exports registered with pd_register_export_at at 0x100040000000 and 0x100050000000 through a device handle closed right after, each found by address (a hit, at its offset)$' "$1.out" &&
 		grep -q '^ok - the reset dropped both registrations at device addresses at once: the callback heard of each (PD_INVALIDATED_DEVICE)$' "$1.out" &&
-		grep -q '^ok - pd_register_addr of a revoked export.s bytes: ENODEV (pd_register_addr: the dma-buf registered at 0x100040000000 (+0x400000) is an export of /dev/peerdirect0 that a reset of the device revoked: export the memory again' "$1.out" &&
+		grep -q '^ok - pd_register_addr of a revoked export.s bytes: ENODEV (pd_register_addr: the dma-buf registered at 0x100040000000 (+0x400000) is an export of /dev/peerdirect0 that a reset or the removal of the device revoked: export the memory again' "$1.out" &&
 		grep -q '^ok - pd_register_export_at of an export made before the reset: ENODEV$' "$1.out" &&
 		grep -q '^ok - and its bytes still: ENODEV$' "$1.out" &&
 		grep -q '^ok - a new export registers at the revoked one.s address 0x100050000000 (no pd_regcache_invalidate_dmabuf) and is found there, a hit$' "$1.out"; then
@@ -322,7 +322,7 @@ if [ "$(cat reset.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' reset.out &&
 	grep -q '^ok - the device reset through /sys/bus/pci/devices/.*/reset$' reset.out &&
 	grep -q '^ok - the first registration.s memory faults after the reset (SIGBUS)$' reset.out &&
 	grep -q '^ok - registered again after the reset: a new export, whose memory at 0x[0-9a-f]* takes a pattern$' reset.out &&
-	grep -q '^ok - pd_register_export of the program.s export made before the reset: ENODEV (pd_register_export: fd [0-9]* is an export of /dev/peerdirect0 made before a reset of the device, which revoked it: export the memory again' reset.out &&
+	grep -q '^ok - pd_register_export of the program.s export made before the reset: ENODEV (pd_register_export: fd [0-9]* is an export of /dev/peerdirect0 made before a reset or the removal of the device, which revoked it: export the memory again' reset.out &&
 	grep -q '^ok - a new export registers with pd_register_export after the reset$' reset.out &&
 	grep -q '^ok - the third pd_register is a hit on it: hits 4 (3 by address), misses 7, registrations 7 (2 of them pd_register.s), failed 0$' reset.out; then
 	ok "$desc"
@@ -605,10 +605,11 @@ if [ "$(cat clock.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' clock.out &&
 else
 	fail "$desc" "$(show clock)"
 fi
-desc="companion remove while companion_export holds a registration (pd_register_export) and a mapping: the invalidation callback hears of it with PD_INVALIDATED_DEVICE and its key, and touching the mapping then gets SIGBUS"
+desc="companion remove while companion_export holds a registration (pd_register_export) and a mapping: the invalidation callback hears of it with PD_INVALIDATED_DEVICE and its key, and touching the mapping then gets SIGBUS; the revoked dma-buf registered again, mapped or at an address, is refused with ENODEV saying to export again"
 if [ "$(cat cremove.rc 2>/dev/null)" = 0 ] && [ "$(cat hold.rc 2>/dev/null)" = 0 ] &&
 	grep -q '^ok - invalidated: [0-9]* callback(s), cause PD_INVALIDATED_DEVICE' hold.out &&
-	grep -q '^ok - touching the mapping after the companion went: SIGBUS$' hold.out; then
+	grep -q '^ok - touching the mapping after the companion went: SIGBUS$' hold.out &&
+	grep -q '^ok - the revoked dma-buf registered again: ENODEV, mapped and at an address' hold.out; then
 	ok "$desc"
 	sed "s/^/# /" hold.out
 else

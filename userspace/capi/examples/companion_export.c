@@ -22,7 +22,8 @@
  * says "ok - registered, waiting", and waits (up to 120 s) for GOFILE to exist, meanwhile
  * the test removes the companion; then the invalidation callback must have heard of the
  * registration with PD_INVALIDATED_DEVICE, and a child touching the mapping must die of
- * SIGBUS.
+ * SIGBUS; registering the revoked dma-buf again (pd_register_export, and
+ * pd_register_export_at at a device address) must fail with -ENODEV, saying to export again.
  *
  * With --reset, the program keeps a registration and its mapping after registering and
  * announces a reset of the device as the owner's runtime does before it resets it
@@ -311,11 +312,16 @@ static int touch_faults(void *map, const char *what)
 
 /*
  * --hold: waits for go to exist, then checks that the callback heard of the registration
- * (key) because its device went, and that touching the mapping now kills a child with SIGBUS.
- * 0 iff both.
+ * (key) because its device went, that touching the mapping now kills a child with SIGBUS,
+ * and that the revoked dma-buf fd is refused (-ENODEV) when registered again, in dom, mapped
+ * or at a device address. 0 iff all.
  */
-static int hold_until_gone(const char *go, const struct heard *heard, uint64_t key, void *map)
+static int hold_until_gone(const char *go, const struct heard *heard, uint64_t key, void *map,
+			   const pd_device *dev, pd_domain *dom, int fd)
 {
+	pd_mr *mr = NULL;
+	int err[2];
+
 	int tries;
 
 	printf("ok - registered, waiting\n");
@@ -337,7 +343,28 @@ static int hold_until_gone(const char *go, const struct heard *heard, uint64_t k
 	printf("ok - invalidated: %d callback(s), cause PD_INVALIDATED_DEVICE, held %u, key %#" PRIx64
 	       "\n",
 	       heard->calls, heard->held, heard->key);
-	return touch_faults(map, "the companion went") ? 0 : 1;
+	if (!touch_faults(map, "the companion went"))
+		return 1;
+	/* A provider would take the revoked dma-buf (tcp: through a mapping that faults). */
+	err[0] = pd_register_export(dom, dev, fd, 0, 0, ALL_ACCESS, &mr);
+	pd_mr_release(mr);
+	mr = NULL;
+	if (err[0] == -ENODEV && strstr(pd_last_error(), "export the memory again"))
+		err[1] = pd_register_export_at(dom, dev, fd, 0, 0, (void *)(uintptr_t)0x100040000000u,
+					       ALL_ACCESS, &mr);
+	else
+		err[1] = 0;
+	pd_mr_release(mr);
+	if (err[0] != -ENODEV || err[1] != -ENODEV ||
+	    !strstr(pd_last_error(), "export the memory again")) {
+		printf("FAIL - the revoked dma-buf registered again : %d, at an address %d (%s); "
+		       "expected -ENODEV saying to export again\n",
+		       err[0], err[1], pd_last_error());
+		return 1;
+	}
+	printf("ok - the revoked dma-buf registered again: ENODEV, mapped and at an address (%s)\n",
+	       pd_last_error());
+	return 0;
 }
 
 /*
@@ -712,7 +739,7 @@ int main(int argc, char **argv)
 	if (!cache_counted(cache, 1, 1))
 		goto out;
 	if (go) {
-		status = hold_until_gone(go, &heard, pd_mr_key(first), map);
+		status = hold_until_gone(go, &heard, pd_mr_key(first), map, dev, dom, fd);
 		goto out;
 	}
 	if (lock) {

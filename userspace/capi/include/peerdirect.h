@@ -239,7 +239,8 @@ int pd_export_range(const pd_device *dev, uint64_t bar_offset, uint64_t length, 
  * the library's watching thread, so that no NIC reaches the device while it resets. The device
  * stays: exports made after done work. -EPERM: no CAP_SYS_ADMIN; -ENOENT: not a companion
  * (peerdirect's own devices see their resets from the PCI core); -EINVAL (done): no reset
- * was announced; -ENODEV: the device is gone.
+ * was announced; -ENODEV: the device is gone. Prepares nest (two resets announced at once):
+ * each needs its done, and exports are refused until the last done.
  */
 int pd_companion_reset_prepare(const pd_device *dev);
 int pd_companion_reset_done(const pd_device *dev);
@@ -429,8 +430,9 @@ int pd_register_export(pd_domain *domain, const pd_device *dev, int fd, uint64_t
  * pd_register_addr(), and watched as pd_register_export() watches its dma-bufs: a reset or
  * the removal of the device drops its registrations at once and tells the invalidation
  * callback (PD_INVALIDATED_DEVICE). HCL's pattern on a peerdirect device: the pool exported
- * once, registered once at the runtime's device address. After a reset, lookups of its
- * bytes (pd_register_addr()) and this call with its fd fail with -ENODEV, saying to export
+ * once, registered once at the runtime's device address. After a reset (or the device's
+ * removal), lookups of its bytes (pd_register_addr()) and this call with its fd fail with
+ * -ENODEV, saying to export
  * again, until the new export registers at the same base_addr, taking the revoked one's
  * place (no pd_regcache_invalidate_dmabuf() needed), or pd_regcache_invalidate_dmabuf()
  * drops the revoked one. The cache keeps dev's file open while it knows the dma-buf: the

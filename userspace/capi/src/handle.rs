@@ -117,10 +117,14 @@ impl Source {
         self
     }
 
-    /// Whether a reset of `device`, whose export this is, revoked it since `resets` was read.
-    pub(crate) fn revoked_by_reset(&self, device: &Device) -> bool {
-        self.resets
-            .is_some_and(|then| device.status().is_none_or(|now| now.resets() != then))
+    /// Whether `device`, whose export this is, revoked it since `resets` was read: it was
+    /// reset, or it is gone (unbound, removed, a companion removed).
+    pub(crate) fn revoked_by(&self, device: &Device) -> bool {
+        self.resets.is_some_and(|then| {
+            device
+                .status()
+                .is_none_or(|now| now.resets() != then || now.revoked())
+        })
     }
 
     /// Whether it is at the caller's addresses, for lookups to find: named by them (not
@@ -143,12 +147,10 @@ impl Source {
         !self.source.is_mapped() && start < end && base < stop
     }
 
-    /// Whether a reset of the device it was kept with ([`Source::of`]) revoked it: false for
+    /// Whether the device it was kept with ([`Source::of`]) revoked it: false for
     /// a source kept without one, which nothing watches.
     pub(crate) fn revoked(&self) -> bool {
-        self.device
-            .as_ref()
-            .is_some_and(|d| self.revoked_by_reset(d))
+        self.device.as_ref().is_some_and(|d| self.revoked_by(d))
     }
 }
 

@@ -1302,7 +1302,7 @@ fn range_in(size: u64, offset: u64, length: u64) -> Option<ByteRange> {
 /// device revoked it.
 fn source(alloc: &PdAllocation) -> Result<&Source, Failure> {
     alloc.source.get_or_make(
-        |made| !made.revoked_by_reset(&alloc.device),
+        |made| !made.revoked_by(&alloc.device),
         || {
             let resets = || alloc.device.status().map(|status| status.resets());
             // Read before the export: a reset after it revokes it, and then the count
@@ -1351,6 +1351,20 @@ impl PdDomain {
         access: Access,
         out: Out,
     ) -> Result<(), Failure> {
+        if let Some(device) = device.filter(|d| d.status().is_some_and(|s| s.revoked())) {
+            // Its exports are revoked: a provider would register the revoked dma-buf (tcp
+            // through a mapping that faults) and the cache could not keep it.
+            return Err(Failure::new(
+                Errno::NODEV,
+                format!(
+                    "{function}: /dev/peerdirect{} is gone (its device unbound or removed, or \
+                     the companion removed), which revoked its exports: export the memory \
+                     again once the device is back (a companion added again is a new \
+                     /dev/peerdirectN)",
+                    device.index()
+                ),
+            ));
+        }
         let cache = &self.shared.cache;
         let (registrar, export) = (&self.registrar, source.export);
         let _registering = Registering::new(&self.registering);
@@ -1471,8 +1485,9 @@ impl Shared {
                 Errno::NODEV,
                 format!(
                     "{function}: the dma-buf registered at {:#x} (+{:#x}) is an export of \
-                     /dev/peerdirect{} that a reset of the device revoked: export the memory \
-                     again and register the new dma-buf there (pd_register_export_at)",
+                     /dev/peerdirect{} that a reset or the removal of the device revoked: \
+                     export the memory again and register the new dma-buf there \
+                     (pd_register_export_at)",
                     source.source.base_addr(),
                     source.source.dma_buf().length(),
                     device.index()
@@ -1524,8 +1539,7 @@ impl Shared {
         .map_err(|errno| Failure::new(errno, format!("{function}: fstat: {errno}")))?;
         let mut foreign = lock(&self.foreign);
         if let Some(source) = foreign.get(&export.dma_buf_inode()) {
-            if let Some(device) =
-                device.filter(|d| source.export == export && source.revoked_by_reset(d))
+            if let Some(device) = device.filter(|d| source.export == export && source.revoked_by(d))
             {
                 // Its mapping faults and providers refuse it: forget it (registrations still
                 // held keep it until released). One at the caller's addresses stays there, so
@@ -1539,8 +1553,9 @@ impl Shared {
                     Errno::NODEV,
                     format!(
                         "{function}: fd {fd} is an export of /dev/peerdirect{} made before a \
-                         reset of the device, which revoked it: export the memory again \
-                         (pd_export, pd_export_range) and register the new dma-buf",
+                         reset or the removal of the device, which revoked it: export the \
+                         memory again (pd_export, pd_export_range) and register the new \
+                         dma-buf",
                         device.index()
                     ),
                 ));

@@ -248,7 +248,7 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
         }
         (ExportRange, Errno::OVERFLOW) => "offset + length does not fit in 64 bits",
         (Export | ExportRange, Errno::BUSY) => {
-            "the device is being reset, which revokes every export until it is done: try again once it is done"
+            "the device is being reset, which revokes every export until it is done: try again once it is done (a companion's reset ends with a reset-done for each reset-prepare)"
         }
         (Alloc, Errno::OPNOTSUPP) => {
             "a companion device has no allocator: the driver that owns it (see peerdirect devices) owns its memory; with another device, this tool and the loaded module disagree on the ABI: build both from the same tree"
@@ -303,8 +303,8 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
         (P2p, Errno::INVAL) => {
             "the PCI slot must be below 32 and the function below 8; otherwise this tool and the loaded module disagree on the ABI: build both from the same tree"
         }
-        (Info | Command(_) | Alloc | Free | Export | P2p, Errno::NODEV) => {
-            "the HBM device was unbound from peerdirect while open: reopen it once it is bound again"
+        (Info | Command(_) | Alloc | Free | Export | ExportRange | P2p, Errno::NODEV) => {
+            "the HBM device was unbound from peerdirect, or the companion removed, while open: reopen it once it is bound again (a companion added again with peerdirect companion add is a new /dev/peerdirectN)"
         }
         (Info | Command(_) | Alloc | Free | Export | P2p, Errno::NOTTY) => {
             "not a peerdirect device, or the peerdirect module is too old for this tool"

@@ -402,8 +402,8 @@ int pd_register_dmabuf_at(pd_domain *domain, int fd, uint64_t offset, uint64_t l
  * addr, pd_mr_offset() its offset in the registration. The dma-bufs registered at the
  * caller's addresses may not overlap there (pd_register_dmabuf_at() refuses it with -EINVAL).
  * Also those of pd_register_export_at(). -ENOENT: no such dma-buf covers the bytes; -ENODEV:
- * the one that does (pd_register_export_at()) was revoked by a reset of its device; -EINVAL:
- * length 0, or as for pd_register().
+ * the one that does (pd_register_export_at()) was revoked by a reset or the removal of its
+ * device; -EINVAL: length 0, or as for pd_register().
  */
 int pd_register_addr(pd_domain *domain, const void *addr, uint64_t length, uint32_t access,
 		     pd_mr **out);

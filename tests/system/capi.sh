@@ -229,7 +229,7 @@ else
 	fail "$desc" "$(show fbuild)"
 fi
 
-desc="fabric_register in the guest: tcp domain opened by the program and attached (pd_domain_attach), HBM registered through pd_register (path dmabuf), second request a cache hit, pd_mr_local's address reads the HBM an export wrote, a second handle on the same domain registers anew and detach refuses with -EBUSY while held, dropping nothing, and so does pd_domain_set_endpoint, then detach drops it once released, a second cache in the same domain gets another key, pd_mr_remote gives the RMA address and key, pd_allocation_free invalidates the entry and the callback hears of it with key, address and length; a udmabuf through pd_register_dmabuf: a miss, a hit inside it, pd_regcache_invalidate_dmabuf drops it, heard too; domain detached and closed"
+desc="fabric_register in the guest: tcp domain opened by the program and attached (pd_domain_attach), HBM registered through pd_register (path dmabuf), second request a cache hit, pd_mr_local's address reads the HBM an export wrote, a second handle on the same domain registers anew and detach refuses with -EBUSY while held, dropping nothing, and so does pd_domain_set_endpoint, then detach drops it once released, a second cache in the same domain gets another key (freed with it held, its domain handle detaches once the handle is released: EBUSY before, saying it is held), pd_mr_remote gives the RMA address and key, pd_allocation_free invalidates the entry and the callback hears of it with key, address and length; a udmabuf through pd_register_dmabuf: a miss, a hit inside it, pd_regcache_invalidate_dmabuf drops it, heard too; domain detached and closed"
 if [ "$(cat fabric.rc 2>/dev/null)" = 0 ] &&
 	grep -q '^registered 4194304 bytes: path dmabuf, key ' fabric.out &&
 	grep -q '^registered 4096 bytes at 1 MiB: path dmabuf, key .*offset in mr 1048576$' fabric.out &&
@@ -240,6 +240,7 @@ if [ "$(cat fabric.rc 2>/dev/null)" = 0 ] &&
 	grep -q '^refused endpoint dropped nothing: pd_domain_set_endpoint: 1 registration(s) in the domain made with the endpoint named before are still held' fabric.out &&
 	grep -q '^invalidated: cause domain, key 0x[0-9a-f]*, held 0, its domain, 4194304 bytes at its local address$' fabric.out &&
 	grep -q '^second cache, same domain: key ' fabric.out &&
+	grep -q '^second cache freed with its registration held: detach EBUSY until the handle is released, then 0$' fabric.out &&
 	grep -Eq '^rma: FI_MR_VIRT_ADDR [01], whole at (0|0x[0-9a-f]+), the part at 0x[0-9a-f]+ \(\+1048576\), key ' fabric.out &&
 	grep -q '^cache after registering: hits 1, misses 2, registrations 2, deregistrations 1, invalidations 1, entries 1$' fabric.out &&
 	grep -q '^cache after freeing: hits 1, misses 2, registrations 2, deregistrations 2, invalidations 2, entries 0$' fabric.out &&
@@ -304,14 +305,15 @@ else
 fi
 # reset_at NAME WHERE: the check of reset_register's pd_register_export_at part in NAME.out.
 reset_at() {
-	local desc="reset_register on $2: two exports registered with pd_register_export_at at device addresses of the program's, through a device handle closed right after, and found by address (hits); the reset drops both at once and the invalidation callback hears of each (PD_INVALIDATED_DEVICE); their bytes (pd_register_addr) and the first one's fd are then refused with ENODEV saying to export again (its bytes still after that), and a new export registers at the second one's address without pd_regcache_invalidate_dmabuf and is found there (a hit)"
+	local desc="reset_register on $2: two exports registered with pd_register_export_at at device addresses of the program's, through a device handle closed right after, and found by address (hits); the reset drops both at once and the invalidation callback hears of each (PD_INVALIDATED_DEVICE); their bytes (pd_register_addr) and the first one's fd are then refused with ENODEV saying to export again (its bytes still after that), and a new export registers at the second one's address without pd_regcache_invalidate_dmabuf and is found there (a hit), and another over part of the first one's addresses takes them over (a hit in it, ENOENT before it)"
 	if [ "$(cat "$1.rc" 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' "$1.out" &&
 		grep -q '^ok - two exports registered with pd_register_export_at at 0x100040000000 and 0x100050000000 through a device handle closed right after, each found by address (a hit, at its offset)$' "$1.out" &&
 		grep -q '^ok - the reset dropped both registrations at device addresses at once: the callback heard of each (PD_INVALIDATED_DEVICE)$' "$1.out" &&
 		grep -q '^ok - pd_register_addr of a revoked export.s bytes: ENODEV (pd_register_addr: the dma-buf registered at 0x100040000000 (+0x400000) is an export of /dev/peerdirect0 that a reset or the removal of the device revoked: export the memory again' "$1.out" &&
 		grep -q '^ok - pd_register_export_at of an export made before the reset: ENODEV$' "$1.out" &&
 		grep -q '^ok - and its bytes still: ENODEV$' "$1.out" &&
-		grep -q '^ok - a new export registers at the revoked one.s address 0x100050000000 (no pd_regcache_invalidate_dmabuf) and is found there, a hit$' "$1.out"; then
+		grep -q '^ok - a new export registers at the revoked one.s address 0x100050000000 (no pd_regcache_invalidate_dmabuf) and is found there, a hit$' "$1.out" &&
+		grep -q '^ok - a new export over part of the revoked one.s addresses takes them over: a hit in it, -ENOENT before it$' "$1.out"; then
 		ok "$desc"
 	else
 		fail "$desc" "$(show "$1")"
@@ -324,7 +326,7 @@ if [ "$(cat reset.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' reset.out &&
 	grep -q '^ok - registered again after the reset: a new export, whose memory at 0x[0-9a-f]* takes a pattern$' reset.out &&
 	grep -q '^ok - pd_register_export of the program.s export made before the reset: ENODEV (pd_register_export: fd [0-9]* is an export of /dev/peerdirect0 made before a reset or the removal of the device, which revoked it: export the memory again' reset.out &&
 	grep -q '^ok - a new export registers with pd_register_export after the reset$' reset.out &&
-	grep -q '^ok - the third pd_register is a hit on it: hits 4 (3 by address), misses 7, registrations 7 (2 of them pd_register.s), failed 0$' reset.out; then
+	grep -q '^ok - the third pd_register is a hit on it: hits 5 (4 by address), misses 8, registrations 8 (2 of them pd_register.s), failed 0$' reset.out; then
 	ok "$desc"
 	sed "s/^/# /" reset.out
 else
@@ -478,7 +480,7 @@ if [ "$(cat vreset.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' vreset.out &&
 	grep -q '^ok - registered again after the reset on rxe0: path dmabuf, lkey 0x[0-9a-f]*$' vreset.out &&
 	grep -q '^ok - pd_register_export of the program.s export made before the reset: ENODEV' vreset.out &&
 	grep -q '^ok - a new export registers with pd_register_export after the reset$' vreset.out &&
-	grep -q '^ok - the third pd_register is a hit on it: hits 4 (3 by address), misses 7, registrations 7 (2 of them pd_register.s), failed 0$' vreset.out; then
+	grep -q '^ok - the third pd_register is a hit on it: hits 5 (4 by address), misses 8, registrations 8 (2 of them pd_register.s), failed 0$' vreset.out; then
 	ok "$desc"
 	sed "s/^/# /" vreset.out
 else

@@ -499,15 +499,26 @@ int main(int argc, char **argv)
 		fprintf(stderr, "fabric_register: two registrations in one domain share a key\n");
 		goto out;
 	}
+	/* The second cache freed first, its registration held: its domain handle stays, and
+	 * is detached once the handle is released. */
+	pd_regcache_free(cache2);
+	cache2 = NULL;
+	if ((ret = pd_domain_detach(dom2)) != -EBUSY ||
+	    !strstr(pd_last_error(), "still held by pd_mr handles")) {
+		fprintf(stderr, "fabric_register: detaching a freed cache's domain with a handle "
+				"held gave %d (%s), not -EBUSY saying it is held\n",
+			ret, pd_last_error());
+		goto out;
+	}
 	pd_mr_release(other);
 	other = NULL;
-	if ((ret = pd_domain_detach(dom2)) != 1) {
+	if ((ret = pd_domain_detach(dom2)) != 0) {
 		fprintf(stderr, "fabric_register: detaching the second cache's domain gave %d\n", ret);
 		goto out;
 	}
 	dom2 = NULL;
-	pd_regcache_free(cache2);
-	cache2 = NULL;
+	printf("second cache freed with its registration held: detach EBUSY until the handle is "
+	       "released, then 0\n");
 	/* What a peer puts in fi_read/fi_write: addresses are virtual under FI_MR_VIRT_ADDR. */
 	virt_addr = (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
 	if (bounce) {

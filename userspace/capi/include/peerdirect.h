@@ -432,12 +432,13 @@ int pd_register_export(pd_domain *domain, const pd_device *dev, int fd, uint64_t
  * callback (PD_INVALIDATED_DEVICE). HCL's pattern on a peerdirect device: the pool exported
  * once, registered once at the runtime's device address. After a reset (or the device's
  * removal), lookups of its bytes (pd_register_addr()) and this call with its fd fail with
- * -ENODEV, saying to export
- * again, until the new export registers at the same base_addr, taking the revoked one's
- * place (no pd_regcache_invalidate_dmabuf() needed), or pd_regcache_invalidate_dmabuf()
- * drops the revoked one. The cache keeps dev's file open while it knows the dma-buf: the
- * caller may close dev at once, and the device is still watched. Errors as for pd_register_dmabuf_at()
- * and pd_register_export().
+ * -ENODEV, saying to export again, until a new dma-buf registers at any of its addresses
+ * (the new export at the same base_addr, typically), which takes them over: the revoked one
+ * leaves, and its bytes the new one does not cover are then at no address (-ENOENT); or
+ * until pd_regcache_invalidate_dmabuf() drops it. No pd_regcache_invalidate_dmabuf() is
+ * needed to register the new export. The cache keeps dev's file open while it knows the
+ * dma-buf: the caller may close dev at once, and the device is still watched. Errors as for
+ * pd_register_dmabuf_at() and pd_register_export().
  */
 int pd_register_export_at(pd_domain *domain, const pd_device *dev, int fd, uint64_t offset,
 			  uint64_t length, void *base_addr, uint32_t access, pd_mr **out);

@@ -517,11 +517,23 @@ pub unsafe extern "C" fn pd_domain_detach(domain: *mut PdDomain) -> c_int {
             .invalidate_domain_unless_held(id)
             .map_err(busy)?;
         dropped = c_int::try_from(count).unwrap_or(c_int::MAX);
+        // Every live registration of the domain holds its registrar, through the binding
+        // they share. The cache held none, or has closed them: one left is held by a handle
+        // of a cache freed meanwhile (whose entries no longer count them), or being made.
+        if attached.registering.load(Acquire) == 0 && Arc::strong_count(&attached.registrar) > 1 {
+            return Err(Failure::new(
+                Errno::BUSY,
+                format!(
+                    "{F}: registrations in the domain are still held by pd_mr handles (the \
+                     cache was freed meanwhile, or a call racing this one is making one): \
+                     pd_mr_release() them, then detach again (the domain stays attached and \
+                     must stay open until then)"
+                ),
+            ));
+        }
         // A call on this handle is registering in the domain: this one runs inside it (a
-        // key allocator's), or races its release. (Every live registration of the domain
-        // holds its registrar, through the binding they share: none is held and the cached
-        // ones were closed, so one left is being made right now too.)
-        if attached.registering.load(Acquire) > 0 || Arc::strong_count(&attached.registrar) > 1 {
+        // key allocator's), or races its release.
+        if attached.registering.load(Acquire) > 0 {
             return Err(Failure::new(
                 Errno::BUSY,
                 format!(
@@ -1620,8 +1632,10 @@ impl Shared {
                         format!(
                             "{function}: fd {fd} at {base:#x}..{end:#x} overlaps the dma-buf \
                              registered at {:#x} (+{:#x}); one address names one byte: to put \
-                             a new dma-buf there (exported again after a reset, say), drop the \
-                             old one first with pd_regcache_invalidate_dmabuf()",
+                             a new dma-buf there, drop the old one first with \
+                             pd_regcache_invalidate_dmabuf() (an export registered with \
+                             pd_register_export_at gives its addresses up by itself once a \
+                             reset or the removal of its device revokes it)",
                             other.source.base_addr(),
                             other.source.dma_buf().length()
                         ),

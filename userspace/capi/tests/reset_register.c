@@ -155,7 +155,7 @@ static int revoked_again(int err)
  * registers at AT_B and is found there. 0, or 1.
  */
 static int at_after(const struct tcp_cache *t, const pd_device *dev,
-		    const pd_allocation *alloc, const int fds[2], int *new_fd)
+		    const pd_allocation *alloc, const int fds[2], int new_fd[2])
 {
 	struct pd_regcache_stats was, now;
 	uint64_t offset = 0;
@@ -202,8 +202,8 @@ static int at_after(const struct tcp_cache *t, const pd_device *dev,
 	printf("ok - and its bytes still: ENODEV\n");
 	if ((err = pd_regcache_stats(t->cache, &was)) ||
 	    (err = look_up(t->dom, AT_B, NULL)) != -ENODEV ||
-	    (err = pd_export(alloc, 0, 0, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR, new_fd)) ||
-	    (err = pd_register_export_at(t->dom, dev, *new_fd, 0, 0, (void *)(uintptr_t)AT_B,
+	    (err = pd_export(alloc, 0, 0, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR, &new_fd[0])) ||
+	    (err = pd_register_export_at(t->dom, dev, new_fd[0], 0, 0, (void *)(uintptr_t)AT_B,
 					 ACCESS, &mr))) {
 		printf("FAIL - a new export at the revoked one's address (%#" PRIx64 "): %s (%s)\n",
 		       AT_B, pd_strerror(err), pd_last_error());
@@ -228,6 +228,25 @@ static int at_after(const struct tcp_cache *t, const pd_device *dev,
 	printf("ok - a new export registers at the revoked one's address %#" PRIx64
 	       " (no pd_regcache_invalidate_dmabuf) and is found there, a hit\n",
 	       AT_B);
+	/* Another new export over part of the first one's addresses takes them over too: the
+	 * revoked one leaves, and its bytes the new one does not cover are at no address. */
+	if ((err = pd_export(alloc, 0, 0, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR, &new_fd[1])) ||
+	    (err = pd_register_export_at(t->dom, dev, new_fd[1], 0, 0,
+					 (void *)(uintptr_t)(AT_A + (2u << 20)), ACCESS, &mr))) {
+		printf("FAIL - a new export over part of the revoked one's addresses: %s (%s)\n",
+		       pd_strerror(err), pd_last_error());
+		return 1;
+	}
+	pd_mr_release(mr);
+	if ((err = look_up(t->dom, AT_A + (2u << 20) + 4096, NULL)) ||
+	    (err = look_up(t->dom, AT_A + 4096, NULL)) != -ENOENT) {
+		printf("FAIL - lookups after a new export took over part of the revoked one's "
+		       "addresses: %d (%s), not a hit in the new one and -ENOENT before it\n",
+		       err, pd_last_error());
+		return 1;
+	}
+	printf("ok - a new export over part of the revoked one's addresses takes them over: a hit "
+	       "in it, -ENOENT before it\n");
 	return 0;
 }
 
@@ -313,7 +332,7 @@ int main(int argc, char **argv)
 	pd_device *dev = NULL;
 	pd_allocation *alloc = NULL, *spacer = NULL;
 	pd_mr *before = NULL, *after = NULL, *hit = NULL, *own = NULL;
-	int own_fd = -1, new_fd = -1, at_fds[2] = { -1, -1 }, at_new = -1;
+	int own_fd = -1, new_fd = -1, at_fds[2] = { -1, -1 }, at_new[2] = { -1, -1 };
 	void *addr_before = NULL, *addr_after = NULL, *addr;
 	uint64_t length;
 	int err, status = 1;
@@ -433,7 +452,7 @@ int main(int argc, char **argv)
 	printf("ok - a new export registers with pd_register_export after the reset\n");
 	pd_mr_release(own);
 	own = NULL;
-	if (at_after(&t, dev, alloc, at_fds, &at_new))
+	if (at_after(&t, dev, alloc, at_fds, at_new))
 		goto out;
 
 	if ((err = pd_register(t.dom, alloc, 0, LENGTH, ACCESS, &hit)) ||
@@ -443,17 +462,17 @@ int main(int argc, char **argv)
 		       pd_last_error());
 		goto out;
 	}
-	/* Hits: this one and 3 lookups by address; registrations: 2 pd_register, 2
-	 * pd_register_export and 3 pd_register_export_at. */
-	if (stats.hits != 4 || stats.registrations != 7 || stats.failed_registrations != 0 ||
+	/* Hits: this one and 4 lookups by address; registrations: 2 pd_register, 2
+	 * pd_register_export and 4 pd_register_export_at. */
+	if (stats.hits != 5 || stats.registrations != 8 || stats.failed_registrations != 0 ||
 	    addr != addr_after) {
 		printf("FAIL - the third pd_register was no hit on the new registration: hits %" PRIu64
 		       ", registrations %" PRIu64 ", failed %" PRIu64 "\n",
 		       stats.hits, stats.registrations, stats.failed_registrations);
 		goto out;
 	}
-	printf("ok - the third pd_register is a hit on it: hits 4 (3 by address), misses %" PRIu64
-	       ", registrations 7 (2 of them pd_register's), failed 0\n",
+	printf("ok - the third pd_register is a hit on it: hits 5 (4 by address), misses %" PRIu64
+	       ", registrations 8 (2 of them pd_register's), failed 0\n",
 	       stats.misses);
 	status = 0;
 out:
@@ -478,8 +497,9 @@ out:
 	for (int i = 0; i < 2; i++)
 		if (at_fds[i] >= 0)
 			close(at_fds[i]);
-	if (at_new >= 0)
-		close(at_new);
+	for (int i = 0; i < 2; i++)
+		if (at_new[i] >= 0)
+			close(at_new[i]);
 	if (pd && ibv_dealloc_pd(pd))
 		status = 1;
 	if (context && ibv_close_device(context))

@@ -188,7 +188,7 @@ fn reg_hint(errno: Errno) -> &'static str {
     match errno {
         Errno::INVAL => "; the range must lie inside the dma-buf, its IOVA must lie at the same offset in its page as the range does in the dma-buf (a base address of the caller's: page-aligned), and the exporter must accept this NIC as a peer-to-peer importer (see `peerdirect topology`)",
         Errno::NOMEM => "; raise the locked-memory limit (ulimit -l) or free registrations",
-        Errno::ACCESS | Errno::PERM => "; a NIC maps a dma-buf for reading and writing whatever access is asked, which a read-only export refuses: export it read-write (PEERDIRECT_EXPORT_RDWR); remote write also needs local write",
+        Errno::ACCESS | Errno::PERM => "; a NIC maps a dma-buf for reading and writing whatever access is asked, which a read-only export refuses: export it read-write (PEERDIRECT_EXPORT_RDWR)",
         Errno::NODEV => "; its exporter revoked it (an export of a peerdirect device whose device was reset, unbound or removed): export the memory again and register the new dma-buf",
         _ => "",
     }

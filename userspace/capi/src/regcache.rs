@@ -1529,8 +1529,9 @@ impl Shared {
         let range = checked_range(function, "dma-buf", dma_buf.length(), offset, length)?;
         // Sources a reset revoked that the new one takes the place of. Declared before the
         // lock so that they are dropped after it: the last reference to a source may close
-        // its device, which waits for the device's watcher thread, whose invalidation
-        // callback may be calling into this cache.
+        // its device, which joins the device's watcher thread and takes the cache's write
+        // lock (to stop watching it): work kept out from under the map's lock, which every
+        // registration by fd and every lookup miss by address takes.
         let mut replaced = Vec::new();
         let export = match device {
             None => ExportId::foreign(&dma_buf),

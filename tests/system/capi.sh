@@ -371,11 +371,12 @@ if [ "$(cat pbuild.rc 2>/dev/null)" = 0 ]; then
 else
 	fail "$desc" "$(show pbuild)"
 fi
-desc="hcl_pool (HCL's pattern): a 4 GiB pool of HBM registered once with pd_register_dmabuf_at at the runtime's address; 1,000 buffers found by address (pd_register_addr_in, each handle in the caller's pd_mr_storage) are cache hits on that one registration at their addresses and offsets; addresses outside it: ENOENT; tcp sends 1 MiB between two buffers 2 GiB apart, found by address, every byte checked; the one-word flush buffer found for remote reads with the pool's key"
+desc="hcl_pool (HCL's pattern): a 4 GiB pool of HBM registered once with pd_register_dmabuf_at at the runtime's address; 1,000 buffers found by address (pd_register_addr_in, each handle in the caller's pd_mr_storage) are cache hits on that one registration at their addresses and offsets; addresses outside it: ENOENT; in a cache of one entry with the pool's registration evicted, a buffer found by address registers the whole pool again and a second buffer hits it; tcp sends 1 MiB between two buffers 2 GiB apart, found by address, every byte checked; the one-word flush buffer found for remote reads with the pool's key"
 if [ "$(cat pool.rc 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' pool.out &&
 	grep -q '^ok - the 4 GiB pool registered once at .*: path dma_buf' pool.out &&
 	grep -q '^ok - 1000 buffers looked up by address .*: 1000 cache hits on the one registration, each at its address and offset, its handle in the caller.s pd_mr_storage$' pool.out &&
 	grep -q '^ok - bytes past the pool.s end, and an address outside it: ENOENT (pd_register_addr: .* runs past the end of the dma-buf registered at ' pool.out &&
+	grep -q '^ok - the pool.s registration evicted (a cache of one entry, its handle released): a buffer found by address registers the whole pool again (offset 0x40001000 in it), and a buffer 2 GiB away is a hit on that registration$' pool.out &&
 	grep -q '^ok - tcp sent 1048576 bytes from pool + 3 GiB + 12345 to pool + 1 GiB + 777' pool.out &&
 	grep -q '^ok - the one-word flush buffer ' pool.out; then
 	ok "$desc"

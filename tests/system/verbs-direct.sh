@@ -81,11 +81,12 @@ else
 	fail "$desc" "$(cat "$share/register.json" "$share/register.err" 2>/dev/null)"
 fi
 
-desc="hcl_pool on verbs;ofi_rxm (HCL's pattern): the 4 GiB pool registered once at a device address mapped nowhere in the process, path dma_buf; 1,000 buffers found by device address hit that registration; 1 MiB sent between two of them while no address of the pool is mapped in the process, the NIC attached to the pool and pinned (peerdirect's debugfs); the one-word flush buffer read with fi_read"
+desc="hcl_pool on verbs;ofi_rxm (HCL's pattern): the 4 GiB pool registered once at a device address mapped nowhere in the process, path dma_buf; 1,000 buffers found by device address hit that registration; with the pool's registration evicted from a cache of one entry, a buffer found by address registers the whole pool again and a second buffer hits it; 1 MiB sent between two of them while no address of the pool is mapped in the process, the NIC attached to the pool and pinned (peerdirect's debugfs); the one-word flush buffer read with fi_read"
 if [ "$(cat "$share/pool.rc" 2>/dev/null)" = 0 ] && ! grep -q '^FAIL' "$share/pool.out" &&
 	grep -q '^ok - the 4 GiB pool registered once at 0x100000000000 (a device address, mapped nowhere in the process) on verbs;ofi_rxm: path dma_buf' "$share/pool.out" &&
 	grep -q '^ok - 1000 buffers looked up by address .*: 1000 cache hits on the one registration, each at its address and offset, its handle in the caller.s pd_mr_storage$' "$share/pool.out" &&
 	grep -q '^ok - bytes past the pool.s end, and an address outside it: ENOENT' "$share/pool.out" &&
+	grep -q '^ok - the pool.s registration evicted (a cache of one entry, its handle released): a buffer found by address registers the whole pool again (offset 0x40001000 in it), and a buffer 2 GiB away is a hit on that registration$' "$share/pool.out" &&
 	grep -q '^ok - verbs;ofi_rxm sent 1048576 bytes .* with no address of the pool mapped in the process (the NIC moved them: peerdirect.s debugfs lists the pool.s importer=.* pinned=1' "$share/pool.out" &&
 	grep -q '^ok - the one-word flush buffer .* read with fi_read into pool + 2 GiB + 4096: 0x68736c662d4c4348$' "$share/pool.out"; then
 	ok "$desc"

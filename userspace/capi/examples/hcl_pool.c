@@ -16,6 +16,9 @@
  *    each is a cache hit on the one registration, with pd_mr_local() = the address and
  *    pd_mr_offset() = its offset in the pool;
  *  - refuses addresses outside the pool (-ENOENT);
+ *  - in a cache of one entry, has the pool's registration evicted (its handle released,
+ *    another registration made) and then finds a buffer by address: the whole pool is
+ *    registered again, not the buffer alone, so that a second buffer is a hit on it;
  *  - sends 1 MiB from a buffer 3 GiB into the pool to one 1 GiB into it, both found by
  *    address, and checks every byte. On a NIC provider the pool's CPU mapping (which only
  *    fills and checks the buffers) is unmapped first: while the bytes move, no address of
@@ -310,6 +313,100 @@ static pd_mr *lookup(pd_domain *dom, uint64_t base, uint64_t key, uint64_t offse
 	return mr;
 }
 
+/*
+ * The pool's registration evicted: in a cache of one entry (PEERDIRECT_MR_CACHE_MAX_COUNT=1)
+ * on the same provider domain, the pool is registered at @base and its handle released, then
+ * a registration of another export (@alloc's first page, at the address after the pool)
+ * evicts it. A buffer found by address then
+ * registers the whole pool again (its offset in the registration is its offset in the pool),
+ * not the buffer alone, so that another buffer is a hit on it. 1 if all went as said.
+ */
+static int evicted_pool(struct fid_domain *domain, pd_allocation *alloc, int fd, uint64_t base)
+{
+	const uint64_t a_offset = (UINT64_C(1) << 30) + 4096, b_offset = (UINT64_C(3) << 30) + 8;
+	struct pd_regcache_stats evicted, first, second;
+	pd_regcache *cache = NULL;
+	pd_domain *dom = NULL;
+	pd_mr *mr = NULL, *a = NULL, *b = NULL;
+	int err, ok = 0, page = -1;
+
+	setenv("PEERDIRECT_MR_CACHE_MAX_COUNT", "1", 1);
+	cache = pd_regcache_new(&err);
+	unsetenv("PEERDIRECT_MR_CACHE_MAX_COUNT");
+	if (!cache || !(dom = pd_domain_attach(cache, domain, &err))) {
+		fail_pd("a cache of one entry", err);
+		goto out;
+	}
+	if ((err = pd_register_dmabuf_at(dom, fd, 0, 0, (void *)(uintptr_t)base, ALL, &mr))) {
+		fail_pd("pd_register_dmabuf_at of the pool in a cache of one entry", err);
+		goto out;
+	}
+	pd_mr_release(mr);
+	mr = NULL;
+	if ((err = pd_export(alloc, 0, 4096, PD_EXPORT_CLOEXEC | PD_EXPORT_RDWR, &page)) ||
+	    (err = pd_register_dmabuf_at(dom, page, 0, 0, (void *)(uintptr_t)(base + POOL), ALL,
+					 &mr))) {
+		fail_pd("an export of the allocation's first page registered after the pool", err);
+		goto out;
+	}
+	pd_mr_release(mr);
+	mr = NULL;
+	if ((err = pd_regcache_stats(cache, &evicted))) {
+		fail_pd("pd_regcache_stats", err);
+		goto out;
+	}
+	if ((err = pd_register_addr(dom, (void *)(uintptr_t)(base + a_offset), 4096,
+				    PD_ACCESS_LOCAL_READ, &a))) {
+		fail_pd("pd_register_addr of a buffer of the evicted pool", err);
+		goto out;
+	}
+	if ((err = pd_regcache_stats(cache, &first))) {
+		fail_pd("pd_regcache_stats", err);
+		goto out;
+	}
+	if (evicted.evictions != 1 || evicted.registrations != 2 ||
+	    first.registrations != 3 || pd_mr_offset(a) != a_offset) {
+		printf("FAIL - a buffer of the evicted pool found by address : %" PRIu64
+		       " evictions, %" PRIu64 " then %" PRIu64 " registrations, offset %#" PRIx64
+		       " in its registration; expected 1 eviction, 2 then 3 registrations, offset %#"
+		       PRIx64 " (the pool registered whole again)\n",
+		       evicted.evictions, evicted.registrations, first.registrations,
+		       pd_mr_offset(a), a_offset);
+		failed = 1;
+		goto out;
+	}
+	b = lookup(dom, base, pd_mr_key(a), b_offset, 8192, PD_ACCESS_LOCAL_READ, NULL);
+	if (!b)
+		goto out;
+	if ((err = pd_regcache_stats(cache, &second))) {
+		fail_pd("pd_regcache_stats", err);
+		goto out;
+	}
+	if (second.registrations != first.registrations || second.hits != first.hits + 1) {
+		printf("FAIL - a second buffer of the pool registered again : %" PRIu64
+		       " registrations, %" PRIu64 " hits; expected %" PRIu64 " and %" PRIu64 "\n",
+		       second.registrations, second.hits, first.registrations, first.hits + 1);
+		failed = 1;
+		goto out;
+	}
+	printf("ok - the pool's registration evicted (a cache of one entry, its handle released): "
+	       "a buffer found by address registers the whole pool again (offset %#" PRIx64
+	       " in it), and a buffer 2 GiB away is a hit on that registration\n",
+	       a_offset);
+	ok = 1;
+out:
+	pd_mr_release(b);
+	pd_mr_release(a);
+	if (dom && (err = pd_domain_detach(dom)) < 0) {
+		fail_pd("pd_domain_detach of the cache of one entry", err);
+		ok = 0;
+	}
+	pd_regcache_free(cache);
+	if (page >= 0)
+		close(page);
+	return ok;
+}
+
 /* The pool's CPU mapping, to fill and check buffers; MAP_FAILED on failure (said). */
 static uint8_t *map_pool(int fd)
 {
@@ -441,6 +538,8 @@ int main(int argc, char **argv)
 	}
 	printf("ok - bytes past the pool's end, and an address outside it: ENOENT (%s; %s)\n",
 	       past, pd_last_error());
+	if (!evicted_pool(domain, alloc, fd, base))
+		goto out;
 
 	/*
 	 * A tagged send between two buffers of the pool, each found by its address; the flush

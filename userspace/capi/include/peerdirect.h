@@ -399,7 +399,11 @@ int pd_register_dmabuf_at(pd_domain *domain, int fd, uint64_t offset, uint64_t l
  * finds the registration covering a buffer (HCL registers its whole pool once, then sends
  * from buffers inside it): as pd_register_dmabuf_at() of that range, so a cached registration
  * that covers it is handed out (a hit: no write lock, no provider call). pd_mr_local() gives
- * addr, pd_mr_offset() its offset in the registration. The dma-bufs registered at the
+ * addr, pd_mr_offset() its offset in the registration. A miss (the registration that covered
+ * the bytes evicted, say) registers the largest range registered of that dma-buf so far if it
+ * covers them and fits in the cache's limits (the runtime's whole pool: its other buffers then
+ * hit again), else the bytes alone, which is also what it does if the provider refuses the
+ * larger range. The dma-bufs registered at the
  * caller's addresses may not overlap there (pd_register_dmabuf_at() refuses it with -EINVAL).
  * Also those of pd_register_export_at(). -ENOENT: no such dma-buf covers the bytes; -ENODEV:
  * the one that does (pd_register_export_at()) was revoked by a reset or the removal of its

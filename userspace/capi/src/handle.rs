@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering::Acquire};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use pd::cache::ExportId;
+use pd::cache::{ByteRange, ExportId};
 use pd::registrar::libfabric::DmaBufSource;
 use pd::Device;
 
@@ -98,6 +98,10 @@ pub(crate) struct Source {
     /// `pd_register_addr`) registers it watched, and so that a reset that revoked it is seen
     /// there ([`Source::revoked`]) even after the caller closed its own handle.
     pub(crate) device: Option<Arc<Device>>,
+    /// The largest range a registration through it made so far ([`Source::registered_range`]):
+    /// for a dma-buf at the caller's addresses, the runtime's pool, which a miss found by
+    /// address registers again ([`Source::widened`]).
+    widest: Mutex<Option<ByteRange>>,
 }
 
 impl Source {
@@ -108,6 +112,7 @@ impl Source {
             registered: AtomicBool::new(false),
             resets,
             device: None,
+            widest: Mutex::new(None),
         }
     }
 
@@ -145,6 +150,22 @@ impl Source {
     pub(crate) fn overlaps(&self, base: u64, end: u64) -> bool {
         let (start, stop) = self.addresses();
         !self.source.is_mapped() && start < end && base < stop
+    }
+
+    /// Notes that a registration of `range` through it was made.
+    pub(crate) fn registered_range(&self, range: ByteRange) {
+        let mut widest = self.widest.lock().unwrap_or_else(|e| e.into_inner());
+        if widest.is_none_or(|w| w.length() < range.length()) {
+            *widest = Some(range);
+        }
+    }
+
+    /// The largest range registered through it so far, if it covers `range`: what a miss of
+    /// `range` found by address registers, so that the buffers of a pool whose registration
+    /// went (evicted once no handle held it) find one registration again, not one each.
+    pub(crate) fn widened(&self, range: ByteRange) -> Option<ByteRange> {
+        let widest = *self.widest.lock().unwrap_or_else(|e| e.into_inner());
+        widest.filter(|w| w.contains(range))
     }
 
     /// Whether the device it was kept with ([`Source::of`]) revoked it: false for

@@ -859,7 +859,17 @@ unsafe fn register_alloc_missed(
     let range = checked_range(function, "allocation", alloc.length, offset, length)?;
     let source = source(alloc)?;
     // SAFETY: `out`'s pointers are not NULL (checked) and the caller promises them valid.
-    unsafe { domain.register_into(function, Some(&alloc.device), source, range, access, out) }
+    unsafe {
+        domain.register_into(
+            function,
+            Some(&alloc.device),
+            source,
+            range,
+            None,
+            access,
+            out,
+        )
+    }
 }
 
 /// `int pd_register_dmabuf(pd_domain *domain, int fd, uint64_t offset, uint64_t length,
@@ -1111,6 +1121,13 @@ unsafe fn register_at_addr_missed(
         addr - source.source.base_addr(),
         length,
     )?;
+    // The dma-buf's largest registration, if it covers the bytes and the cache can keep it:
+    // a runtime registered its pool, which was evicted once no handle held it; registered
+    // again whole, the pool's other buffers hit it, as before, instead of each registering.
+    let limits = domain.shared.cache.limits();
+    let wide = source
+        .widened(range)
+        .filter(|wide| *wide != range && limits.max_count > 0 && wide.length() <= limits.max_bytes);
     // SAFETY: `out`'s pointers are not NULL (checked) and the caller promises them valid.
     unsafe {
         domain.register_into(
@@ -1118,6 +1135,7 @@ unsafe fn register_at_addr_missed(
             source.device.as_deref(),
             &source,
             range,
+            wide,
             access,
             out,
         )
@@ -1348,18 +1366,22 @@ fn export_mapped(alloc: &PdAllocation, resets: Option<u32>) -> Result<Source, Fa
 
 impl PdDomain {
     /// Registers `range` of `source` in the domain through the cache and makes a handle where
-    /// `out` says; the cache attached to `device` first if `source` is its export.
+    /// `out` says; the cache attached to `device` first if `source` is its export. With
+    /// `wide` (a range that covers `range`), that is registered instead and the handle made
+    /// for `range` in it; if the provider refuses `wide`, `range` alone.
     ///
     /// # Safety
     ///
     /// `out`'s pointers are not NULL ([`Out::checked`]) and are valid for writing what they
     /// point to; its storage holds no handle that is not released.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn register_into(
         &self,
         function: &str,
         device: Option<&Device>,
         source: &Source,
         range: ByteRange,
+        wide: Option<ByteRange>,
         access: Access,
         out: Out,
     ) -> Result<(), Failure> {
@@ -1380,13 +1402,24 @@ impl PdDomain {
         let cache = &self.shared.cache;
         let (registrar, export) = (&self.registrar, source.export);
         let _registering = Registering::new(&self.registering);
-        let registration = match device {
+        let get = |range| match device {
             Some(device) => {
                 cache.get_from(device, registrar, &source.source, export, range, access)
             }
             None => cache.get(registrar, &source.source, export, range, access),
         };
+        let registration = match wide {
+            // A provider may refuse the larger registration (its limits, its resources) and
+            // still take the bytes asked for.
+            Some(wide) => get(wide)
+                .map(|r| r.narrowed(range).unwrap_or_else(|r| r))
+                .or_else(|_| get(range)),
+            None => get(range),
+        };
         let registration = registration.map_err(|err| err.prefixed(function))?;
+        if !source.source.is_mapped() {
+            source.registered_range(registration.key().range);
+        }
         // Set while this call's reference to `source` still counts: see
         // `Shared::forget_unregistered`. The first registration through a dma-buf at the
         // caller's addresses puts it at them.
@@ -1416,7 +1449,8 @@ impl PdDomain {
         out: Out,
     ) -> Result<(), Failure> {
         // SAFETY: passed on under the same contract.
-        let result = unsafe { self.register_into(function, device, &source, range, access, out) };
+        let result =
+            unsafe { self.register_into(function, device, &source, range, None, access, out) };
         if result.is_err() {
             self.shared.forget_unregistered(source);
         }

@@ -463,6 +463,22 @@ impl<R: Registrar> Registration<R> {
     pub fn uncached(&self) -> Option<Uncached> {
         self.entry.uncached
     }
+
+    /// The same handle, serving `range` instead of the range it was asked for: for a caller
+    /// that registered more than one request needs (a runtime's whole pool, for one buffer
+    /// in it) and hands the registration out for that buffer, whose
+    /// [`Registration::offset_in_mr`] is then the buffer's. `Err(self)` unless the
+    /// registration covers `range`.
+    pub fn narrowed(self, range: ByteRange) -> Result<Self, Self> {
+        if self.entry.key.range.contains(range) {
+            Ok(Self {
+                requested: range,
+                ..self
+            })
+        } else {
+            Err(self)
+        }
+    }
 }
 
 impl<R: Registrar> Clone for Registration<R> {

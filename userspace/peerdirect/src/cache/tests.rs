@@ -209,6 +209,25 @@ fn get_cached_hits_what_get_would_and_never_registers() {
     assert_eq!((stats.misses, stats.hits, stats.registrations), (1, 1, 1));
 }
 
+/// A registration narrowed to a range inside it serves that range: its offset is the range's;
+/// a range it does not cover leaves it as it was.
+#[test]
+fn a_registration_narrowed_serves_a_range_inside_it() {
+    let cache = cache(16, 1 << 30);
+    let nic = FakeRegistrar::new(1);
+    let whole = get(&cache, &nic, EXPORT, 0, 256, RW);
+    let part = whole.clone().narrowed(pages(17, 100)).expect("inside");
+    assert_eq!(part.mr().id, whole.mr().id);
+    assert_eq!(
+        (part.requested(), part.offset_in_mr()),
+        (pages(17, 100), 17 * PAGE)
+    );
+    assert_eq!(part.key().range, pages(0, 256));
+    let refused = part.narrowed(pages(200, 57)).expect_err("past the end");
+    assert_eq!(refused.requested(), pages(17, 100));
+    assert_eq!(nic.registered(), 1);
+}
+
 #[test]
 fn a_request_across_the_ends_misses() {
     let cache = cache(16, 1 << 30);

@@ -1224,9 +1224,12 @@ impl<R: Registrar> State<R> {
         self.watched.iter().any(|w| w.status.is(status))
     }
 
-    /// If `device` is being revoked or was reset, takes all of its entries (into `dropped`,
-    /// for the caller to release once it has let go of the lock); after a reset, entries
-    /// registered from now on are of exports made after it.
+    /// If `device` is being revoked or was reset, takes all of its entries, and the live
+    /// registrations only handles hold (into `dropped`, for the caller to release and tell
+    /// once it has let go of the lock); after a reset, entries registered from now on are of
+    /// exports made after it. Bumps the epoch even when the cache held none of them: a miss
+    /// registering meanwhile may have registered an export the reset revoked, and must not
+    /// cache it once the reset no longer shows as stale.
     /// Returns references to drop once the lock is let go of ([`State::held_too`]).
     #[must_use = "dropped under the lock, a reference may deregister there"]
     fn drop_stale(&mut self, device: u32, dropped: &mut Vec<Arc<Entry<R>>>) -> Vec<Arc<Entry<R>>> {
@@ -1236,16 +1239,13 @@ impl<R: Registrar> State<R> {
         for w in self.watched.iter_mut().filter(|w| w.device == device) {
             w.resets = w.status.resets();
         }
+        self.epoch += 1;
         let mut removed = Vec::new();
         self.index
             .remove_where(|export, _| export.device() == device, &mut removed);
-        if !removed.is_empty() {
-            self.epoch += 1;
-            self.invalidations += removed.len() as u64;
-            self.take(removed, dropped, &mut Pinned::default());
-            return self.held_too(&|key: &RegKey| key.export.device() == device, dropped);
-        }
-        Vec::new()
+        self.invalidations += removed.len() as u64;
+        self.take(removed, dropped, &mut Pinned::default());
+        self.held_too(&|key: &RegKey| key.export.device() == device, dropped)
     }
 
     /// The binding of `registrar`: the one its live registrations share, or a new one.

@@ -1581,6 +1581,57 @@ fn a_reset_counted_on_the_status_page_drops_the_device_entries_before_a_hit() {
     drop(held);
 }
 
+/// A reset counted while a miss registers is not cached, even when another request saw the
+/// reset first and found none of the device's entries to drop: the miss's registration may be
+/// of the export the reset revoked, and a later request must not be handed it. That request
+/// tells the listener of the device's registrations that only handles hold (one too large to
+/// cache).
+#[test]
+fn a_registration_made_across_a_reset_another_request_saw_first_is_not_cached() {
+    let fake = FakeDevice::with_status_page("reset-during-miss");
+    let registrar = FakeRegistrar::new(1);
+    let cache = Arc::new(cache(16, 1 << 30));
+    cache.attach(&fake.device);
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let tell = Arc::clone(&told);
+    cache.set_listener(Some(Arc::new(
+        move |inv: &Invalidated<'_, FakeRegistrar>| tell.lock().unwrap().push(inv.mr.id),
+    )));
+    let (revoked, other) = (ExportId::new(7, 1), ExportId::new(7, 2));
+    let large = get(
+        &cache,
+        &registrar,
+        ExportId::new(7, 3),
+        0,
+        (1 << 30) / PAGE + 1,
+        RW,
+    );
+    assert_eq!(large.uncached(), Some(Uncached::TooLarge));
+    // While (7, 1) registers, the device is reset and a request for another of its exports
+    // sees it first: the cache holds nothing of the device, so that request drops nothing.
+    let (inner_cache, inner_registrar) = (Arc::clone(&cache), Arc::clone(&registrar));
+    let status = fake.dir.join("peerdirect7");
+    registrar.during_next_register(move || {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(status)
+            .unwrap();
+        file.write_all_at(&1u32.to_ne_bytes(), 8).unwrap();
+        assert!(inner_cache
+            .get_cached(&inner_registrar, other, pages(0, 1), RW)
+            .is_none());
+    });
+    let straddling = get(&cache, &registrar, revoked, 0, 4, RW);
+    assert_eq!(straddling.uncached(), Some(Uncached::Invalidated));
+    assert!(cache
+        .get_cached(&registrar, revoked, pages(0, 4), RW)
+        .is_none());
+    assert_eq!(cache.stats().entries, 0);
+    cache.wait_told();
+    assert_eq!(*told.lock().unwrap(), [large.mr().id]);
+}
+
 /// `writes` counts each time the lock is taken for writing: a miss (its eviction under the
 /// same lock), an invalidation; never a hit.
 #[test]

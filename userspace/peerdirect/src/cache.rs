@@ -348,10 +348,10 @@ struct State<R: Registrar> {
     /// under the write lock), since a mapping keeps its file open. So a hit reads a page it
     /// holds with two atomic loads, under the read lock.
     watched: Vec<Watched>,
-    /// The registrations that only handles may hold: handed out uncached, or superseded while
-    /// held. (The index has the cached ones; an evicted one was idle; an invalidated one has
-    /// been told.) An invalidation tells the listener about those of them it affects. Pruned
-    /// of dead ones as it grows.
+    /// The registrations that only handles may hold: handed out uncached, or superseded or
+    /// invalidated while held. (The index has the cached ones; an evicted one was idle.) An
+    /// invalidation tells the listener about those of them it affects and was not told yet;
+    /// [`State::held`] counts them all. Pruned of dead ones as it grows.
     live: Vec<Weak<Entry<R>>>,
     /// `live.len()` after the last pruning.
     live_pruned: usize,
@@ -1454,16 +1454,6 @@ impl<R: Registrar> State<R> {
             }
         }
         self.superseded += covered.len() as u64;
-        // Those a handle holds live on uncached: invalidations must still find them. Their
-        // pins are converted first, so that the count says whether a handle holds them.
-        for &(slot, _) in &covered {
-            let entry = self.lru.get(slot);
-            pinned.convert(entry);
-            if Arc::strong_count(entry) > CACHE_REFERENCES {
-                let entry = Arc::clone(entry);
-                self.track(&entry);
-            }
-        }
         self.take(covered, dropped, &mut pinned);
         self.pinned = pinned;
         for slot in evicted.drain(..) {
@@ -1503,6 +1493,12 @@ impl<R: Registrar> State<R> {
             let entry = self.lru.remove(slot);
             pinned.convert(&entry);
             self.bytes -= entry.key.range.length();
+            // Those a handle holds live on uncached: invalidations must still find them, and
+            // `held` count them. Their pins are converted first, so that the count says
+            // whether a handle holds them.
+            if Arc::strong_count(&entry) > CACHE_REFERENCES {
+                self.track(&entry);
+            }
             dropped.extend([entry]);
         }
     }

@@ -1883,6 +1883,28 @@ fn the_listener_hears_once_of_every_live_registration_whose_memory_goes() {
     assert!(registrar.live().is_empty());
 }
 
+/// A registration a handle holds still counts for `invalidate_domain_unless_held` once an
+/// invalidation of its export or device has dropped it from the cache: the caller must not
+/// close the domain under it.
+#[test]
+fn a_registration_invalidated_while_held_still_holds_its_domain() {
+    let nic = FakeRegistrar::new(1);
+    let cache = cache(16, 1 << 30);
+    let by_export = get(&cache, &nic, EXPORT, 0, 4, RW);
+    assert_eq!(cache.invalidate_export(EXPORT), 1);
+    assert_eq!(cache.invalidate_domain_unless_held(DomainId(1)), Err(1));
+    drop(by_export);
+    let by_device = get(&cache, &nic, ExportId::new(7, 1), 0, 4, RW);
+    // Pinned where this thread has a slot: converted to a counted reference when dropped.
+    let hit = get(&cache, &nic, ExportId::new(7, 1), 1, 2, RW);
+    drop(by_device);
+    assert_eq!(cache.invalidate_device(7), 1);
+    assert_eq!(cache.invalidate_domain_unless_held(DomainId(1)), Err(1));
+    drop(hit);
+    assert_eq!(cache.invalidate_domain_unless_held(DomainId(1)), Ok(0));
+    assert!(nic.live().is_empty());
+}
+
 /// A domain in which a handle holds a registration is left as it is by
 /// `invalidate_domain_unless_held`: nothing dropped, nothing told; once none is held, it goes.
 #[test]

@@ -272,7 +272,9 @@ impl From<LibfabricError> for Failure {
             | LibfabricError::NoEndpoint { .. }
             | LibfabricError::EndpointBind { .. }
             | LibfabricError::EndpointBusy { .. } => err.errno().unwrap_or(Errno::IO),
-            LibfabricError::BadName(_) | LibfabricError::BaseAddr { .. } => Errno::INVAL,
+            LibfabricError::BadName(_)
+            | LibfabricError::BaseAddr { .. }
+            | LibfabricError::Range { .. } => Errno::INVAL,
             LibfabricError::DmaBufRefused { .. } => {
                 return Failure::new(
                     Errno::OPNOTSUPP,

@@ -237,6 +237,14 @@ pub enum LibfabricError {
         /// The dma-buf's length.
         len: u64,
     },
+    /// A registration asked for bytes the dma-buf does not have.
+    #[error("bytes {range} of a {len}-byte dma-buf: the range runs past its end; ask for bytes inside it")]
+    Range {
+        /// The bytes asked for.
+        range: ByteRange,
+        /// The dma-buf's length.
+        len: u64,
+    },
     /// The dma-buf could not be mapped.
     #[error("mmap of dma-buf ({len} bytes, writable): {errno}; {}", map_hint(*errno))]
     Map {
@@ -765,6 +773,7 @@ impl LibfabricError {
             | Self::Revoked { errno, .. }
             | Self::Completion { errno, .. } => Some(errno_of_fi(*errno)),
             Self::Map { errno, .. } => Some(*errno),
+            Self::Range { .. } => Some(rustix::io::Errno::INVAL),
             Self::NoKey { .. } => Some(rustix::io::Errno::NOSPC),
             Self::KeyRange { .. } => Some(rustix::io::Errno::RANGE),
             // The domain is not in a state that allows registering: no endpoint bound, as
@@ -1432,6 +1441,10 @@ impl Registrar for LibfabricRegistrar {
     fn register(&self, source: &DmaBufSource, key: &RegKey) -> Result<FabricMr, LibfabricError> {
         let access = fi_access(key.access);
         let range = key.range;
+        let len = source.memory.len() as u64;
+        if range.end() > len {
+            return Err(LibfabricError::Range { range, len });
+        }
         let Request {
             lease,
             iface,
@@ -2720,6 +2733,33 @@ mod tests {
         );
         let other = revoked(call(12), ExportId::new(2, 7));
         assert!(matches!(other, LibfabricError::Call { .. }), "{other:?}");
+    }
+
+    /// A range that runs past the dma-buf's end is refused (EINVAL) with an error that says
+    /// so, before any key is taken or MR made: no panic.
+    #[test]
+    fn a_range_past_the_dma_bufs_end_is_refused() {
+        let (registrar, log) = fake_registrar(Some(false), 0, 0);
+        let dma_buf = crate::DmaBuf::from_fd(tempfile_of(8192).into()).unwrap();
+        let source = DmaBufSource::at(dma_buf, 0x7f00_0000_0000).unwrap();
+        let key = RegKey {
+            domain: registrar.domain(),
+            export: ExportId::new(0, 1),
+            range: ByteRange::new(4096, 8192).unwrap(),
+            access: Access::all(),
+        };
+        let err = registrar.register(&source, &key).unwrap_err();
+        assert!(
+            matches!(err, LibfabricError::Range { len: 8192, .. }),
+            "{err:?}"
+        );
+        assert_eq!(err.errno(), Some(rustix::io::Errno::INVAL));
+        assert_eq!(
+            err.to_string(),
+            "bytes 0x1000..0x3000 of a 8192-byte dma-buf: the range runs past its end; ask for \
+             bytes inside it"
+        );
+        assert_eq!(log.calls(), []);
     }
 
     /// In a domain with FI_MR_ENDPOINT and no endpoint named, a registration fails with an

@@ -24,7 +24,11 @@
  *   objects, and the library's threads did not survive the fork); the accessors that return what
  *   a handle holds (pd_mr_key(), pd_mr_desc(), pd_mr_offset(), pd_mr_path(), pd_allocation_*())
  *   still read it, while those that return an int (pd_mr_local(), pd_mr_remote(),
- *   pd_regcache_stats()) fail with -ECHILD too. Handles the child makes itself work.
+ *   pd_regcache_stats()) fail with -ECHILD too. Handles the child makes itself work. The
+ *   library counts forks with pthread_atfork(): a child made without those handlers (glibc's
+ *   _Fork(), a raw clone or fork system call), which POSIX allows only async-signal-safe
+ *   calls anyway, is not told apart from its parent and must make no call of this library
+ *   (one on the parent's handles would act on the parent's objects) before it execs.
  * - The library never aborts or unwinds into the caller: an internal error is -EIO with a
  *   message.
  */

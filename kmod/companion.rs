@@ -31,6 +31,7 @@ use crate::{
 use kernel::{
     fs::File,
     miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
+    page::PAGE_SIZE,
     prelude::*,
     sync::{
         atomic::{Atomic, Relaxed},
@@ -141,7 +142,8 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
         return Err(EBUSY);
     }
     let bytes = pdev.resource_len(bar.get())?;
-    if bytes == 0 || !sys::pci::bar_is_mem(&pdev, bar) {
+    // A BAR smaller than a page (a register BAR) has no range EXPORT_RANGE could serve.
+    if bytes < PAGE_SIZE as u64 || !sys::pci::bar_is_mem(&pdev, bar) {
         return Err(EINVAL);
     }
     let driver = lock.driver_name();

@@ -22,6 +22,8 @@ run bar6 /tmp/probe add-bar 6 0000 04 00 0
 run devices peerdirect devices --json
 run list peerdirect companion list
 run topo peerdirect topo --json
+# doctor's probes on a companion: a page of its BAR, not an allocation (it has no allocator).
+peerdirect doctor --provider tcp --json >/mnt/host/doctor.json 2>/mnt/host/doctor.err
 run alloc peerdirect alloc --size 2M
 # A file open across the owner's unbind.
 exec 7</dev/peerdirect0
@@ -35,6 +37,7 @@ run list_rebound peerdirect companion list
 run add2 peerdirect companion add $hbm --bar 2
 run remove peerdirect companion remove $hbm
 run remove_again peerdirect companion remove $hbm
+run small_bar peerdirect companion add $hbm --bar 0
 run add3 peerdirect companion add $hbm --bar 2
 run rmmod rmmod peerdirect
 run log sh -c 'dmesg | grep "peerdirect.*companion\|peerdirect0: removed"'

@@ -4,7 +4,7 @@
 # its BAR as /dev/peerdirectN when an administrator names it on /dev/peerdirect-ctl
 # (`peerdirect companion add`). Checked: what `peerdirect devices`, `companion list` and `topo`
 # show; every refusal with its errno (mode off, no CAP_SYS_ADMIN, no such device, a device
-# peerdirect owns, one no driver owns, a companion already, an I/O BAR, a BAR index above 5, no default BAR, remove
+# peerdirect owns, one no driver owns, a companion already, an I/O BAR, a BAR smaller than a page, a BAR index above 5, no default BAR, remove
 # of a non-companion); ALLOC refused on a companion; the companion goes when its owner unbinds
 # (open files then get ENODEV) and does not come back when the owner is bound again; remove;
 # and unload with a companion; kmemleak scans after. Exports of companion ranges
@@ -15,11 +15,11 @@
 # of exports in use: tests/system/companion-revoke.sh. The guest scripts: tests/companion/.
 . "$(dirname "$0")/../lib.sh"
 . "$ROOT/tests/companion/host-lib.sh"
-# Plan: this script's own checks, declared first: of the owner's run 24, of the exports' 11,
+# Plan: this script's own checks, declared first: of the owner's run 26, of the exports' 11,
 # of the owned device's 8, of the split topology's 3, of the races 8 (the run, and one per loop
 # that the sides met). A guest run that does not end cleanly adds a failure (guest_run).
 race_loops=(add_remove owner import pinned info list reset)
-plan $((24 + 11 + 8 + 3 + 1 + ${#race_loops[@]}))
+plan $((26 + 11 + 8 + 3 + 1 + ${#race_loops[@]}))
 
 # One boot for two scripts: the owner's (its records in owner.out, written by the guest), then
 # the exports' (exports.out), with the HBM's backing file kept to check the data. owner.sh
@@ -59,6 +59,14 @@ else
 	fail "$desc" "$topo"
 fi
 expect "ALLOC on a companion: EOPNOTSUPP, told that its owner owns the memory" owner alloc 1 'os error 95\); a companion device has no allocator'
+desc="peerdirect doctor --provider tcp on the companion: fi_mr_dmabuf registers the first page of its BAR (a companion has no allocator), path dma_buf, ok; verbs_dmabuf_mr does not fail"
+if jq -e '(map(select(.name == "fi_mr_dmabuf"))[0] | .status == "ok" and (.detail | test("took path dma_buf, nothing staged")))
+		and (map(select(.name == "verbs_dmabuf_mr"))[0] | .status != "fail")' "$share/doctor.json" >/dev/null 2>&1; then
+	ok "$desc"
+else
+	fail "$desc" "$(jq -c 'map(select(.name == "fi_mr_dmabuf" or .name == "verbs_dmabuf_mr"))' "$share/doctor.json" 2>&1)" \
+		"$(cat "$share/doctor.err" 2>/dev/null)"
+fi
 desc="the owner's unbind removes the companion: /dev/peerdirect0 is gone"
 if [ "$(rc_of after_unbind owner)" = 0 ] && ! out_of after_unbind owner | tr '|' '\n' | grep -qx 'peerdirect0'; then
 	ok "$desc"
@@ -72,6 +80,8 @@ if [ "$(rc_of list_rebound owner)" = 0 ] && [ -z "$(out_of list_rebound owner)" 
 expect "named again, it is a new /dev/peerdirect0" owner add2 0 '^/dev/peerdirect0'
 expect "companion remove stops serving it" owner remove 0 '^$'
 expect "remove of a device that is not a companion: ENOENT" owner remove_again 1 'os error 2\); that device is not a companion'
+expect "a BAR smaller than a page (the device's 256-byte register BAR 0): EINVAL, told it must hold at least a page" \
+	owner small_bar 1 'os error 22\); the HBM BAR must be a memory BAR 0-5 of the device of at least a page'
 expect "rmmod with a companion in place unloads cleanly" owner rmmod 0 '^$'
 expect "the kernel log says each companion's start and end" owner log 0 'companion 0000:03:00.0: its driver unbinds or it is being removed.*companion 0000:03:00.0: removed on request'
 

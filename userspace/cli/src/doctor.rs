@@ -40,14 +40,14 @@
 //!   on `FI_HMEM_SYSTEM` registrations, dma-buf ones included, which the kernel refuses.
 //! - `verbs_dmabuf_mr`: whether each verbs device takes dma-buf MRs at all, found by trying
 //!   one rather than from a driver or version list: a page of a fresh allocation of the first
-//!   HBM device, exported and registered with `ibv_reg_dmabuf_mr` (as libfabric's verbs
+//!   HBM device (of a companion: the first page of its BAR), exported and registered with `ibv_reg_dmabuf_mr` (as libfabric's verbs
 //!   provider registers `FI_MR_DMABUF`), then released. A refusal is a warning: transfers
 //!   still work, through host staging.
 //!
 //! `fi_mr_dmabuf`: what `peerdirect register --provider P` does with HBM, tried through
 //! libfabric and the provider a job will use, with the crate's registrar: P's fabric and
 //! domain opened as `register` opens them (`FI_EP_RDM`, tagged), one page of a fresh
-//! allocation of the first HBM device exported, mapped and registered with
+//! allocation of the first HBM device (of a companion: the first page of its BAR) exported, mapped and registered with
 //! `fi_mr_regattr(FI_MR_DMABUF)`, then released. P is `doctor --provider`, else `FI_PROVIDER`
 //! when it names one provider, else the provider of the host's RDMA NIC (`efa` for an EFA
 //! device, `verbs;ofi_rxm` for a verbs NIC); with none of these it is skipped. The path the
@@ -71,7 +71,7 @@ use std::time::{Duration, Instant};
 use crate::register::{bind_endpoint, hbm_export};
 use anyhow::{Context, Result};
 use peerdirect::registrar::libfabric;
-use peerdirect::{Device, RegPath};
+use peerdirect::{Allocation, Device, DmaBuf, ExportFlags, Provider, RegPath};
 use serde::Serialize;
 
 use crate::devices::NO_DEVICE;
@@ -87,12 +87,12 @@ pub struct Args {
     pub json: bool,
     /// Check the peerdirect.ko installed for this kernel release instead of the running
     /// kernel's (e.g. one about to be booted).
-    #[arg(long, value_name = "RELEASE")]
+    #[arg(long, value_name = "RELEASE", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub kernel: Option<String>,
     /// The libfabric provider whose FI_MR_DMABUF registration of HBM to try, as `register
     /// --provider` names it ("verbs;ofi_rxm", efa, tcp); default: FI_PROVIDER when it names
     /// one provider, else the provider of this host's RDMA NIC.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub provider: Option<String>,
 }
 
@@ -334,14 +334,30 @@ impl Host {
     }
 }
 
-/// Registers a page of a fresh allocation of `device` with `ibv_reg_dmabuf_mr` on each of
+/// A page of `device` for the probes to register, exported: a fresh allocation's; on a
+/// companion, which has no allocator (its owner's runtime allocates), the first page of its
+/// BAR, exported as `peerdirect companion export` exports a range (which needs CAP_SYS_ADMIN).
+/// The allocation, if any, is freed when dropped.
+fn page_of(device: &Device) -> Result<(Option<Allocation<'_>>, DmaBuf)> {
+    const PAGE: u64 = 4096;
+    if device.info()?.provider == Provider::Companion {
+        let dma_buf = device
+            .export_range(0, PAGE, ExportFlags::CLOEXEC | ExportFlags::RDWR)
+            .context("exporting the first page of the companion's BAR")?;
+        return Ok((None, dma_buf));
+    }
+    let (allocation, dma_buf) = hbm_export(device, PAGE)?;
+    Ok((Some(allocation), dma_buf))
+}
+
+/// Registers a page of `device` ([`page_of`]) with `ibv_reg_dmabuf_mr` on each of
 /// `nics`, with the access libfabric's verbs provider asks for an RMA target, and releases
 /// it: each device's outcome, or why nothing could be tried.
 fn probe_verbs(device: &Device, nics: &[&str]) -> Result<Vec<Tried>, String> {
     use peerdirect::cache::{Access, ByteRange};
     use peerdirect::registrar::ibverbs::IbverbsRegistrar;
     const PAGE: u64 = 4096;
-    let (_allocation, dma_buf) = hbm_export(device, PAGE).map_err(|e| format!("{e:#}"))?;
+    let (_allocation, dma_buf) = page_of(device).map_err(|e| format!("{e:#}"))?;
     let range = ByteRange::new(0, PAGE).map_err(|e| e.to_string())?;
     let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
     Ok(nics
@@ -399,7 +415,7 @@ pub fn choose_provider(
     )
 }
 
-/// Registers a page of a fresh allocation of `device` through `provider` as `peerdirect
+/// Registers a page of `device` ([`page_of`]) through `provider` as `peerdirect
 /// register --provider` does (its fabric and domain, the crate's libfabric registrar with its
 /// host-bounce fallback, an endpoint bound where the domain has `FI_MR_ENDPOINT`), and
 /// releases it: the path it took, or what failed.
@@ -426,7 +442,7 @@ fn probe_fabric(device: &Device, provider: &str) -> Probed {
     }
 }
 
-/// A page of a fresh allocation of `device`, exported, mapped and registered through
+/// A page of `device` ([`page_of`]), exported, mapped and registered through
 /// `registrar` with the access `register` asks for, then released: the path it took.
 fn register_page(
     registrar: &peerdirect::registrar::libfabric::LibfabricRegistrar,
@@ -438,7 +454,7 @@ fn register_page(
     const PAGE: u64 = 4096;
     // As `register` does: a domain with FI_MR_ENDPOINT binds registrations to an endpoint.
     bind_endpoint(registrar).map_err(|e| format!("{e:#}"))?;
-    let (_allocation, dma_buf) = hbm_export(device, PAGE).map_err(|e| format!("{e:#}"))?;
+    let (_allocation, dma_buf) = page_of(device).map_err(|e| format!("{e:#}"))?;
     let export = device
         .export_id(&dma_buf)
         .map_err(|e| format!("fstat of its dma-buf: {e}"))?;
@@ -912,7 +928,7 @@ pub fn checks(host: &Host) -> Vec<Check> {
 }
 
 /// Core providers that move bytes with the CPU: they take `FI_MR_DMABUF` without using the fd.
-const SOFTWARE_PROVIDERS: [&str; 6] = ["tcp", "udp", "shm", "sm2", "sockets", "net"];
+pub(crate) const SOFTWARE_PROVIDERS: [&str; 6] = ["tcp", "udp", "shm", "sm2", "sockets", "net"];
 
 /// `fi_mr_regattr(FI_MR_DMABUF)` of a page of HBM through the provider a job will use.
 fn fi_mr_dmabuf(host: &Host) -> Check {
@@ -1014,7 +1030,7 @@ fn fi_mr_dmabuf(host: &Host) -> Check {
 
 /// The core provider of a provider name: "verbs" of "verbs;ofi_rxm" (libfabric names layered
 /// providers core first), in lower case.
-fn core_provider(name: &str) -> String {
+pub(crate) fn core_provider(name: &str) -> String {
     name.split(';')
         .next()
         .unwrap_or_default()
@@ -1032,7 +1048,7 @@ fn verbs_dmabuf_mr(host: &Host) -> Check {
             Status::Warn,
             format!("could not try ibv_reg_dmabuf_mr of HBM: {why}"),
         )
-        .fix("load peerdirect.ko and bind an HBM device (see the devices check), then run doctor again"),
+        .fix("what failed is said above: with no HBM device, load peerdirect.ko and bind one (see the devices check); otherwise follow the error's own hint; then run doctor again"),
         Some(Ok(tried)) => {
             let (took, refused): (Vec<_>, Vec<_>) = tried.iter().partition(|(_, r)| r.is_ok());
             let took: Vec<&str> = took.iter().map(|(nic, _)| nic.as_str()).collect();

@@ -282,7 +282,7 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
             "the removal was interrupted while it waited for pinned registrations: the companion stays, its exports revoked; the kernel log names the processes that hold them: end them, then remove it again"
         }
         (CompanionAdd, Errno::INVAL) => {
-            "the HBM BAR must be a memory BAR 0-5 of the device; name it with --bar (only Gaudi devices have a default)"
+            "the HBM BAR must be a memory BAR 0-5 of the device of at least a page (not a register BAR); name it with --bar (only Gaudi devices have a default)"
         }
         (
             CompanionRemove | CompanionResetPrepare | CompanionResetDone,

@@ -19,18 +19,22 @@ hbm_companion=/dev/shm/peerdirect-fabric-companion-$$
 trap 'rm -rf "$work" "$hbm" "$hbm_rxe" "$hbm_companion"' EXIT
 failed=0
 fail() { failed=1; not_ok "$@"; }
-# Plan: this script's own checks, declared first: after the tcp boot, register (1), doctor's
-# fi_mr_dmabuf through tcp (1), each of the 4 receivers' HBM on the host (4) and fi_read's (1);
+# Plan: this script's own checks, declared first: after the tcp boot, register (1), its text
+# output and its refusal of an unknown provider (1), doctor's fi_mr_dmabuf through tcp (1), each of the 4 receivers' HBM on the host (4) and fi_read's (1);
 # after the rxe boot, each receiver's HBM (4), register (1) and doctor (5); after the companion
 # boot, each receiver's HBM (4) and fi_read's (1). The three runs of peerdirect-guest-tests
 # --fabric declare their own, passed through by relay.
 receivers=4
-plan $(((1 + 1 + receivers + 1) + (receivers + 1 + 5) + (receivers + 1)))
+plan $(((1 + 1 + 1 + receivers + 1) + (receivers + 1 + 5) + (receivers + 1)))
 
 cat >"$work/tcp.sh" <<'EOS'
 cd /mnt/host
 peerdirect register --provider tcp --node 127.0.0.1 --json >register.json 2>register.err
 echo $? >register.rc
+peerdirect register --provider tcp --node 127.0.0.1 >register.txt 2>&1
+echo $? >register-txt.rc
+peerdirect register --provider bogus >register-bogus.txt 2>&1
+echo $? >register-bogus.rc
 FI_PROVIDER=tcp RDMAV_FORK_SAFE=1 peerdirect doctor --json >doctor-tcp.json 2>doctor-tcp.err
 echo $? >doctor-tcp.rc
 peerdirect-guest-tests --fabric tcp >tap.out 2>&1
@@ -49,6 +53,17 @@ if [ "$(cat "$work/register.rc" 2>/dev/null)" = 0 ] &&
 	ok "peerdirect register --provider tcp --json: path $(jq -c .registration.path "$work/register.json"), key $(jq .registration.key "$work/register.json"), libfabric $(jq -r .libfabric "$work/register.json")"
 else
 	fail "peerdirect register --provider tcp --json reports path dma_buf" "$(cat "$work/register.json" "$work/register.err" 2>/dev/null)"
+fi
+# The text says tcp moves the bytes with the CPU: no NIC reaches HBM. An unknown provider is
+# refused with what to do.
+desc="peerdirect register --provider tcp says path dma_buf with no NIC importing the dma-buf (tcp, a software provider, copies with the CPU); --provider bogus exits 1 saying that libfabric offers no such provider and how to list them"
+if [ "$(cat "$work/register-txt.rc" 2>/dev/null)" = 0 ] &&
+	grep -q '^path: dma_buf (FI_MR_DMABUF: tcp is a software provider: it moves the bytes with the CPU through this process.s mapping of HBM, and no NIC imports the dma-buf)$' "$work/register.txt" &&
+	[ "$(cat "$work/register-bogus.rc" 2>/dev/null)" = 1 ] &&
+	grep -q 'libfabric offers no provider "bogus" with the reliable-datagram tagged endpoints (FI_EP_RDM) this command opens; `fi_info -l` lists the providers' "$work/register-bogus.txt"; then
+	ok "$desc"
+else
+	fail "$desc" "$(cat "$work/register.txt" "$work/register-bogus.txt" 2>/dev/null)"
 fi
 # tcp takes FI_MR_DMABUF and ignores the fd: it reaches the page through the CPU mapping
 # (base_addr). doctor must call that direct in libfabric's terms only, never a NIC's import.

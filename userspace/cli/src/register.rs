@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use peerdirect::cache::{Access, ByteRange, ExportId, RegCache};
 use peerdirect::registrar::libfabric::{
-    self, Fabric, LibfabricRegistrar, MappedDmaBuf, MrEndpoint,
+    self, Fabric, LibfabricError, LibfabricRegistrar, MappedDmaBuf, MrEndpoint,
 };
 use peerdirect::{Allocation, Device, DmaBuf, ExportFlags, RegPath};
 use serde_json::json;
@@ -18,7 +18,7 @@ use crate::size::{human_bytes, parse_size};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The libfabric provider, as `fi_info -p` names it: tcp, shm, "verbs;ofi_rxm", ...
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub provider: String,
     /// Bytes of HBM to allocate and register (K, M, G, T: powers of 1024).
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "8M")]
@@ -59,9 +59,36 @@ pub(crate) fn hbm_export(device: &Device, size: u64) -> Result<(Allocation<'_>, 
     Ok((allocation, dma_buf))
 }
 
+/// What path `dma_buf` means for `provider`: whether a NIC imported the dma-buf.
+fn dma_buf_path(provider: &str) -> String {
+    let core = crate::doctor::core_provider(provider);
+    let what = if crate::doctor::SOFTWARE_PROVIDERS.contains(&core.as_str()) {
+        format!("{core} is a software provider: it moves the bytes with the CPU through this process's mapping of HBM, and no NIC imports the dma-buf")
+    } else if core == "verbs" || core == "efa" {
+        "the NIC imported the dma-buf and reaches HBM directly".to_owned()
+    } else {
+        "the provider was handed the dma-buf's fd".to_owned()
+    };
+    format!("dma_buf (FI_MR_DMABUF: {what})")
+}
+
 pub fn run(args: &Args) -> Result<()> {
     // libfabric first: on a host without it, that is the thing to fix.
-    let fabric = Fabric::open(&args.provider, args.node.as_deref())?;
+    let fabric = Fabric::open(&args.provider, args.node.as_deref()).map_err(|e| match &e {
+        LibfabricError::Call {
+            call: "fi_getinfo", ..
+        } if e.errno() == Some(peerdirect::Errno::NODATA) => anyhow::anyhow!(
+            "{e}: libfabric offers no provider {:?} with the reliable-datagram tagged endpoints \
+             (FI_EP_RDM) this command opens{}; `fi_info -l` lists the providers (verbs has such \
+             endpoints only under ofi_rxm: 'verbs;ofi_rxm')",
+            args.provider,
+            args.node
+                .as_deref()
+                .map(|node| format!(" bound to {node} (--node names an address of this host)"))
+                .unwrap_or_default(),
+        ),
+        _ => e.into(),
+    })?;
     let version = libfabric::version()?;
     let caps = fabric.caps().clone();
     let registrar = Arc::new(LibfabricRegistrar::new(fabric));
@@ -101,7 +128,7 @@ pub fn run(args: &Args) -> Result<()> {
         writeln!(out).context("writing to stdout")?;
     } else {
         let how = match &path {
-            RegPath::DmaBuf => "dma_buf (FI_MR_DMABUF: the NIC reaches HBM directly)".to_owned(),
+            RegPath::DmaBuf => dma_buf_path(&caps.provider),
             RegPath::PeerMemVa => "peer_mem_va".to_owned(),
             RegPath::HostBounce { reason } => {
                 format!("host_bounce (staged through host memory) because {reason}")
@@ -125,4 +152,20 @@ pub fn run(args: &Args) -> Result<()> {
     drop((again, mr));
     cache.invalidate_export(export);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dma_buf_path;
+
+    /// Path dma_buf says whether a NIC imported the dma-buf: not for a software provider.
+    #[test]
+    fn the_dma_buf_path_says_whether_a_nic_imported_it() {
+        assert!(dma_buf_path("tcp").contains("tcp is a software provider"));
+        assert!(!dma_buf_path("tcp").contains("reaches HBM"));
+        assert!(dma_buf_path("shm").contains("no NIC imports the dma-buf"));
+        assert!(dma_buf_path("verbs;ofi_rxm").contains("the NIC imported the dma-buf"));
+        assert!(dma_buf_path("efa").contains("reaches HBM directly"));
+        assert!(dma_buf_path("psm3").contains("handed the dma-buf's fd"));
+    }
 }

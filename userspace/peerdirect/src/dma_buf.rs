@@ -122,6 +122,12 @@ impl From<DmaBuf> for OwnedFd {
 /// and out by plain copies, [`DmaBufMap::read`] and [`DmaBufMap::write`]. Bracket them with
 /// [`DmaBuf::sync`].
 ///
+/// When the exporter revokes the dma-buf (its device reset, unbound or removed), its memory
+/// is gone: a read or write through the mapping then raises `SIGBUS`, which kills the
+/// process unless it handles the signal, and [`DmaBuf::sync`] fails with `ENODEV`. A process
+/// that must outlive a reset watches the device ([`crate::Device::status`], or a
+/// [`crate::RegCache`]'s listener) and stops touching the mapping once told.
+///
 /// A mapping of 2 MiB or more starts at a virtual address aligned to 2 MiB (1 GiB from
 /// 1 GiB on), so that peerdirect can map it with 2 MiB and 1 GiB page-table entries where the
 /// HBM range is aligned too: one fault and one TLB entry per huge page instead of one per

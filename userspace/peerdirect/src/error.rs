@@ -329,6 +329,9 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
             "ABI mismatch between this tool and the loaded peerdirect module: build both from the same tree"
         }
         (Mmap, Errno::NOMEM) => "not enough address space for the mapping: map a smaller dma-buf",
+        (Mmap | Sync, Errno::NODEV) => {
+            "the exporter revoked the dma-buf (its device was reset, unbound or removed): its memory is gone; export it again once the device is back"
+        }
         (Sync, Errno::INVAL) => {
             "DMA_BUF_IOCTL_SYNC flags must ask for READ and/or WRITE, optionally with END, nothing else"
         }
@@ -544,6 +547,12 @@ mod tests {
         assert!(err.hint().unwrap().contains("READ and/or WRITE"));
         let err = Error::dma_buf(Operation::SetName, 7, Errno::INVAL);
         assert!(err.hint().unwrap().contains("31 bytes"));
+        // A revoked dma-buf (a reset, an unbind, a removal) refuses both.
+        for operation in [Operation::Mmap, Operation::Sync] {
+            let hint = Error::dma_buf(operation, 7, Errno::NODEV).hint().unwrap();
+            assert!(hint.contains("revoked the dma-buf"), "{hint}");
+            assert!(hint.contains("export it again"), "{hint}");
+        }
         assert_eq!(
             Error::dma_buf(Operation::Size, 7, Errno::SPIPE).hint(),
             None

@@ -75,6 +75,7 @@ use peerdirect::{Allocation, Device, DmaBuf, ExportFlags, Provider, RegPath};
 use serde::Serialize;
 
 use crate::devices::NO_DEVICE;
+use crate::provider::{core_provider, SOFTWARE_PROVIDERS};
 use crate::topo::{self, Kind, PciPeer};
 
 mod module_file;
@@ -927,9 +928,6 @@ pub fn checks(host: &Host) -> Vec<Check> {
     out
 }
 
-/// Core providers that move bytes with the CPU: they take `FI_MR_DMABUF` without using the fd.
-pub(crate) const SOFTWARE_PROVIDERS: [&str; 6] = ["tcp", "udp", "shm", "sm2", "sockets", "net"];
-
 /// `fi_mr_regattr(FI_MR_DMABUF)` of a page of HBM through the provider a job will use.
 fn fi_mr_dmabuf(host: &Host) -> Check {
     const NAME: &str = "fi_mr_dmabuf";
@@ -1026,16 +1024,6 @@ fn fi_mr_dmabuf(host: &Host) -> Check {
             )
         }
     }
-}
-
-/// The core provider of a provider name: "verbs" of "verbs;ofi_rxm" (libfabric names layered
-/// providers core first), in lower case.
-pub(crate) fn core_provider(name: &str) -> String {
-    name.split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase()
 }
 
 /// `ibv_reg_dmabuf_mr` of a peerdirect dma-buf tried on each verbs device.

@@ -61,8 +61,8 @@ pub(crate) fn hbm_export(device: &Device, size: u64) -> Result<(Allocation<'_>, 
 
 /// What path `dma_buf` means for `provider`: whether a NIC imported the dma-buf.
 fn dma_buf_path(provider: &str) -> String {
-    let core = crate::doctor::core_provider(provider);
-    let what = if crate::doctor::SOFTWARE_PROVIDERS.contains(&core.as_str()) {
+    let core = crate::provider::core_provider(provider);
+    let what = if crate::provider::SOFTWARE_PROVIDERS.contains(&core.as_str()) {
         format!("{core} is a software provider: it moves the bytes with the CPU through this process's mapping of HBM, and no NIC imports the dma-buf")
     } else if core == "verbs" || core == "efa" {
         "the NIC imported the dma-buf and reaches HBM directly".to_owned()

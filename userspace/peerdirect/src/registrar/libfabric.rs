@@ -2520,12 +2520,20 @@ mod tests {
 
     /// Registers 4 KiB of a stand-in dma-buf (named by an address, never mapped).
     fn register(registrar: &LibfabricRegistrar) -> Result<FabricMr, LibfabricError> {
+        register_range(registrar, ByteRange::new(0, 4096).unwrap())
+    }
+
+    /// Registers `range` of an 8 KiB dma-buf at a base address through `registrar`.
+    fn register_range(
+        registrar: &LibfabricRegistrar,
+        range: ByteRange,
+    ) -> Result<FabricMr, LibfabricError> {
         let dma_buf = crate::DmaBuf::from_fd(tempfile_of(8192).into()).unwrap();
         let source = DmaBufSource::at(dma_buf, 0x7f00_0000_0000).unwrap();
         let key = RegKey {
             domain: registrar.domain(),
             export: ExportId::new(0, 1),
-            range: ByteRange::new(0, 4096).unwrap(),
+            range,
             access: Access::all(),
         };
         registrar.register(&source, &key)
@@ -2740,15 +2748,7 @@ mod tests {
     #[test]
     fn a_range_past_the_dma_bufs_end_is_refused() {
         let (registrar, log) = fake_registrar(Some(false), 0, 0);
-        let dma_buf = crate::DmaBuf::from_fd(tempfile_of(8192).into()).unwrap();
-        let source = DmaBufSource::at(dma_buf, 0x7f00_0000_0000).unwrap();
-        let key = RegKey {
-            domain: registrar.domain(),
-            export: ExportId::new(0, 1),
-            range: ByteRange::new(4096, 8192).unwrap(),
-            access: Access::all(),
-        };
-        let err = registrar.register(&source, &key).unwrap_err();
+        let err = register_range(&registrar, ByteRange::new(4096, 8192).unwrap()).unwrap_err();
         assert!(
             matches!(err, LibfabricError::Range { len: 8192, .. }),
             "{err:?}"

@@ -3,10 +3,10 @@
 # (peerdirect-guest-tests --alloc-export) and the `peerdirect alloc|export|stats` commands, in
 # one boot with a kmemleak scan after; then data through a dma-buf checked on the host, both
 # ways, in the HBM backing file.
-# Plan: this script's own 7 checks (2 of data through dma-bufs, 5 of the commands), declared
+# Plan: this script's own 8 checks (2 of data through dma-bufs, 6 of the commands), declared
 # first; peerdirect-guest-tests --alloc-export declares its own. Exits non-zero if anything failed.
 . "$(dirname "$0")/../lib.sh"
-plan 7
+plan 8
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failed=0
@@ -24,6 +24,12 @@ cat >"$work/cmds.sh" <<'EOF'
 cd /mnt/host
 peerdirect alloc --size 5000 --align 4K --json >alloc.json
 echo $? >alloc.rc
+peerdirect alloc --size 0 >size0.err 2>&1
+echo $? >size0.rc
+peerdirect alloc --size 1T >sizebig.err 2>&1
+echo $? >sizebig.rc
+peerdirect alloc --size 4K --align 3K >align.err 2>&1
+echo $? >align.rc
 peerdirect export --size 1M --offset 256K --length 128K --pattern 7 --verify 7 --json >sub.json
 echo $? >sub.rc
 peerdirect export --size 1M --verify 0x5eed0003 --json >mismatch.json 2>mismatch.err
@@ -88,6 +94,15 @@ if [ "$(rc_of alloc)" = 0 ] && jq -e '.length == 8192 and .hbm_offset % 4096 == 
 	ok "$desc"
 else
 	fail "$desc" "$(show alloc)"
+fi
+
+desc="alloc --size 0 and --size 1T: exit 1 saying to ask for 1 byte to the device's HBM (its size named); --align 3K: a usage error (exit 2) saying an alignment is a power of two of at least 4K"
+if [ "$(rc_of size0)" = 1 ] && grep -q '^peerdirect: --size 0 B: ask for 1 byte to the [0-9.]* [KMGT]iB of HBM /dev/peerdirect0 has$' "$work/size0.err" &&
+	[ "$(rc_of sizebig)" = 1 ] && grep -q '^peerdirect: --size 1 TiB: ask for 1 byte to the ' "$work/sizebig.err" &&
+	[ "$(rc_of align)" = 2 ] && grep -q '"3K": an alignment is a power of two of at least 4K (4096)' "$work/align.err"; then
+	ok "$desc"
+else
+	fail "$desc" "$(cat "$work/size0.err" "$work/sizebig.err" "$work/align.err" 2>/dev/null)"
 fi
 
 desc="export --offset 256K --length 128K: the sub-range at the allocation's hbm_offset + 256 KiB, read-write, pattern written and verified"

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use peerdirect::{Allocation, Device};
 use serde_json::{json, Value};
 
-use crate::size::{human_bytes, parse_size};
+use crate::size::{check_alloc_size, human_bytes, parse_align, parse_size};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -14,7 +14,7 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub size: u64,
     /// Alignment in the HBM BAR: a power of two of at least 4K [default: 2M].
-    #[arg(long, value_name = "A", value_parser = parse_size)]
+    #[arg(long, value_name = "A", value_parser = parse_align)]
     pub align: Option<u64>,
     /// The HBM device: N of /dev/peerdirectN.
     #[arg(long, value_name = "N", default_value_t = 0)]
@@ -26,6 +26,7 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<()> {
     let device = Device::open_index(args.device)?;
+    check_alloc_size(&device, args.size)?;
     let allocation = device.alloc(args.size, args.align)?;
     let mut out = io::stdout().lock();
     if args.json {

@@ -13,7 +13,7 @@ use peerdirect::pattern::{self, Mismatch};
 use peerdirect::{Device, DmaBuf, ExportFlags, SyncFlags};
 use serde_json::{json, Value};
 
-use crate::size::{human_bytes, parse_number, parse_size};
+use crate::size::{check_alloc_size, human_bytes, parse_align, parse_number, parse_size};
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub size: u64,
     /// Alignment of the allocation in the HBM BAR: a power of two of at least 4K [default: 2M].
-    #[arg(long, value_name = "A", value_parser = parse_size)]
+    #[arg(long, value_name = "A", value_parser = parse_align)]
     pub align: Option<u64>,
     /// Start of the exported range in the allocation, a multiple of the page size.
     #[arg(long, value_name = "O", value_parser = parse_size, default_value = "0")]
@@ -73,6 +73,7 @@ const CHUNK: usize = 1 << 20;
 
 pub fn run(args: &Args) -> Result<()> {
     let device = Device::open_index(args.device)?;
+    check_alloc_size(&device, args.size)?;
     let allocation = device.alloc(args.size, args.align)?;
     let mut flags = ExportFlags::CLOEXEC;
     if args.pattern.is_some() {

@@ -94,6 +94,7 @@ pub fn run(args: &Args) -> Result<()> {
     let registrar = Arc::new(LibfabricRegistrar::new(fabric));
     bind_endpoint(&registrar)?;
     let device = Device::open_index(args.device)?;
+    crate::size::check_alloc_size(&device, args.size)?;
     let (allocation, dma_buf) = hbm_export(&device, args.size)?;
     let export = ExportId::of_dma_buf(args.device, &dma_buf)
         .with_context(|| format!("fstat of dma-buf of {}", device.path().display()))?;

@@ -11,6 +11,34 @@ pub fn parse_number(text: &str) -> Result<u64, String> {
     peerdirect::size::parse_number(text).map_err(|problem| format!("{text:?}: {problem}"))
 }
 
+/// Parses an alignment: a byte count ([`parse_size`]) that is a power of two of at least the
+/// page size (4 KiB).
+pub fn parse_align(text: &str) -> Result<u64, String> {
+    let align = parse_size(text)?;
+    if align.is_power_of_two() && align >= 4096 {
+        Ok(align)
+    } else {
+        Err(format!(
+            "{text:?}: an alignment is a power of two of at least 4K (4096)"
+        ))
+    }
+}
+
+/// Checks a `--size` of HBM to allocate on `device` before asking the module, which would say
+/// only that the length or the alignment is wrong: at least 1 byte, at most the device's HBM.
+pub fn check_alloc_size(device: &peerdirect::Device, size: u64) -> anyhow::Result<()> {
+    let hbm = device.info()?.hbm_bytes;
+    if size == 0 || size > hbm {
+        anyhow::bail!(
+            "--size {}: ask for 1 byte to the {} of HBM {} has",
+            human_bytes(size),
+            human_bytes(hbm),
+            device.path().display()
+        );
+    }
+    Ok(())
+}
+
 /// `bytes` in the largest binary unit that keeps it at least 1, with one decimal unless exact.
 pub use peerdirect::size::human_bytes;
 
@@ -58,6 +86,20 @@ mod tests {
             assert!(err.contains(problem), "{text:?}: {err}");
         }
         assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+    }
+
+    #[test]
+    fn alignments_are_powers_of_two_of_at_least_4k() {
+        assert_eq!(parse_align("4K"), Ok(4096));
+        assert_eq!(parse_align("2M"), Ok(2 << 20));
+        for text in ["0", "3K", "2K", "6M"] {
+            let err = parse_align(text).unwrap_err();
+            assert!(
+                err.contains("a power of two of at least 4K"),
+                "{text:?}: {err}"
+            );
+        }
+        assert!(parse_align("x").unwrap_err().contains("not a size"));
     }
 
     #[test]

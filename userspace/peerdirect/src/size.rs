@@ -15,6 +15,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     if number.is_empty() {
         return Err("not a size (a number, then optionally K, M, G or T)".into());
     }
+    if unit.starts_with(['.', ',']) {
+        return Err(
+            "not a whole number (a size in a smaller unit instead: 1536M, not 1.5G)".into(),
+        );
+    }
     let shift = match unit.to_ascii_lowercase().as_str() {
         "" => 0,
         "k" | "kib" => 10,
@@ -73,6 +78,14 @@ mod tests {
         assert_eq!(parse_size("0x1000"), Ok(4096));
         assert!(parse_size("K").unwrap_err().contains("not a size"));
         assert!(parse_size("4KB").unwrap_err().contains("unknown unit"));
+        for fraction in ["1.5G", "1,5G", "0.5"] {
+            assert!(
+                parse_size(fraction)
+                    .unwrap_err()
+                    .contains("not a whole number (a size in a smaller unit instead"),
+                "{fraction}"
+            );
+        }
         assert!(parse_size("16777216T")
             .unwrap_err()
             .contains("does not fit"));

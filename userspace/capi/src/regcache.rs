@@ -1129,7 +1129,7 @@ unsafe fn register_at_addr_missed(
     let limits = domain.shared.cache.limits();
     let wide = source
         .widened(range)
-        .filter(|wide| *wide != range && limits.max_count > 0 && wide.length() <= limits.max_bytes);
+        .filter(|wide| *wide != range && limits.uncached(wide.length()).is_none());
     // SAFETY: `out`'s pointers are not NULL (checked) and the caller promises them valid.
     unsafe {
         domain.register_into(
@@ -1410,13 +1410,13 @@ impl PdDomain {
             }
             None => cache.get(registrar, &source.source, export, range, access),
         };
-        let registration = match wide {
-            // A provider may refuse the larger registration (its limits, its resources) and
-            // still take the bytes asked for.
-            Some(wide) => get(wide)
-                .map(|r| r.narrowed(range).unwrap_or_else(|r| r))
-                .or_else(|_| get(range)),
-            None => get(range),
+        // A provider may refuse the larger registration (its limits, its resources) and
+        // still take the bytes asked for: then those alone. A registration of `wide` covers
+        // `range` (`widened` keeps only ranges that contain it), so narrowing it cannot fail;
+        // were it to, the handle would name the wrong bytes, so `range` is registered instead.
+        let registration = match wide.map(|wide| get(wide).map(|r| r.narrowed(range))) {
+            Some(Ok(Ok(narrowed))) => Ok(narrowed),
+            Some(Ok(Err(_)) | Err(_)) | None => get(range),
         };
         let registration = registration.map_err(|err| err.prefixed(function))?;
         if !source.source.is_mapped() {

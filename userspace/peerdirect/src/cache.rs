@@ -667,13 +667,7 @@ impl<R: Registrar> RegCache<R> {
             range,
             access,
         };
-        let bypass = if self.limits.max_count == 0 {
-            Some(Uncached::Disabled)
-        } else if range.length() > self.limits.max_bytes {
-            Some(Uncached::TooLarge)
-        } else {
-            None
-        };
+        let bypass = self.limits.uncached(range.length());
         let seen = match bypass {
             // No cached entry can serve it: skip the lookup.
             Some(_) => {

@@ -1,5 +1,6 @@
 //! How much the registration cache keeps: entries and bytes, from the environment.
 
+use super::Uncached;
 use crate::size::{parse_number, parse_size};
 use serde::Serialize;
 
@@ -20,6 +21,21 @@ pub struct CacheLimits {
 }
 
 impl CacheLimits {
+    /// Why a registration of `length` bytes would not be cached under these limits
+    /// ([`Uncached::Disabled`] or [`Uncached::TooLarge`]); `None` if it can be, room
+    /// permitting. A caller choosing what to register (a runtime's whole pool, or the buffer
+    /// it asked for) asks it before registering more than it needs.
+    #[inline]
+    pub fn uncached(&self, length: u64) -> Option<Uncached> {
+        if self.max_count == 0 {
+            Some(Uncached::Disabled)
+        } else if length > self.max_bytes {
+            Some(Uncached::TooLarge)
+        } else {
+            None
+        }
+    }
+
     /// 4096 registrations: four times libfabric's own MR cache default
     /// (`FI_MR_CACHE_MAX_COUNT`, 1024), since an HBM buffer is typically registered in
     /// several domains (one per NIC) and for several sub-ranges.
@@ -141,6 +157,21 @@ mod tests {
     }
 
     #[test]
+    fn a_length_is_uncached_when_the_cache_is_off_or_it_is_larger_than_max_bytes() {
+        let limits = |max_count, max_bytes| CacheLimits {
+            max_count,
+            max_bytes,
+        };
+        assert_eq!(limits(16, 1 << 20).uncached(1 << 20), None);
+        assert_eq!(
+            limits(16, 1 << 20).uncached((1 << 20) + 1),
+            Some(Uncached::TooLarge)
+        );
+        assert_eq!(limits(0, 1 << 20).uncached(4096), Some(Uncached::Disabled));
+        assert_eq!(limits(1, 0).uncached(0), None);
+    }
+
+    #[test]
     fn sizes_take_units_of_1024() {
         for (text, bytes) in [
             ("0", 0),
@@ -186,6 +217,7 @@ mod tests {
             ("-1", "not a size"),
             (" 1G", "not a size"),
             ("1 G", "unknown unit \" G\""),
+            ("1.5G", "not a whole number"),
             ("0x", "not a number"),
             ("99999999999T", "does not fit in 64 bits"),
             ("18446744073709551616", "does not fit in 64 bits"),

@@ -184,6 +184,18 @@ pub trait Registrar: Send + Sync + 'static {
     }
 }
 
+/// [`RegCache::get_from`]'s contract: `export` is of `device`.
+#[track_caller]
+fn exported_by(export: ExportId, device: &Device) {
+    assert_eq!(
+        export.device(),
+        device.index(),
+        "RegCache::get_from: {export:?} is not an export of /dev/peerdirect{}: the cache would \
+         watch the wrong device; make it with that device's export_id",
+        device.index()
+    );
+}
+
 /// Why a registration was handed out without being cached. It is deregistered when its last
 /// handle is dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -601,6 +613,13 @@ impl<R: Registrar> RegCache<R> {
     /// what one through `get` does. A device file without a status page (a module older than
     /// the crate) has nothing to read it in: every call attaches again (a no-op that takes the
     /// device's locks), and its hits cost several times more.
+    ///
+    /// # Panics
+    ///
+    /// If it would register or attach for an `export` that is not of `device`
+    /// ([`ExportId::device`] is not [`Device::index`]): the cache would watch the wrong device,
+    /// and a reset of the export's own would leave its registration cached. Build `export`
+    /// with `device.export_id`. A hit is handed out without the check, as `get` hands it.
     #[inline]
     pub fn get_from(
         self: &Arc<Self>,
@@ -617,13 +636,18 @@ impl<R: Registrar> RegCache<R> {
         let Some(status) = device.status_page() else {
             // No status page (an older module): nothing to watch, so nothing tells whether
             // the cache subscribed; subscribing again is a no-op.
+            exported_by(export, device);
             self.attach(device);
             return self.get(registrar, source, export, range, access);
         };
         match self.look_up(registrar, export, range, access, Some(status)) {
             Lookup::Hit(registration) => Ok(registration),
-            Lookup::Miss(key, bypass, seen) => self.miss(registrar, source, key, bypass, seen),
+            Lookup::Miss(key, bypass, seen) => {
+                exported_by(export, device);
+                self.miss(registrar, source, key, bypass, seen)
+            }
             Lookup::Unwatched => {
+                exported_by(export, device);
                 self.attach(device);
                 self.get(registrar, source, export, range, access)
             }

@@ -1721,6 +1721,44 @@ fn get_from_attaches_on_the_first_call_and_its_hits_take_no_write_lock() {
 
 /// `get_cached_from`: a hit only where `get_from` would hit, once it watches the device;
 /// never registers, attaches or writes.
+/// An export of another device than the one `get_from` is given would be watched on the wrong
+/// device: refused before anything is registered or attached.
+#[test]
+fn get_from_refuses_an_export_of_another_device() {
+    let fake = FakeDevice::with_status_page("get-from-other-device");
+    let registrar = FakeRegistrar::new(1);
+    let cache = Arc::new(cache(16, 1 << 30));
+    let other = ExportId::new(8, 1);
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cache.get_from(&fake.device, &registrar, &(), other, pages(0, 4), RW)
+    }))
+    .expect_err("an export of /dev/peerdirect8 through /dev/peerdirect7");
+    let message = refused
+        .downcast_ref::<String>()
+        .expect("a formatted message");
+    assert!(
+        message.contains("is not an export of /dev/peerdirect7"),
+        "{message}"
+    );
+    assert_eq!(registrar.registered(), 0);
+    assert_eq!(fake.device.hooks_subscribed(), 0);
+    // Its own device's export goes through.
+    let own = fake.device.index();
+    drop(
+        cache
+            .get_from(
+                &fake.device,
+                &registrar,
+                &(),
+                ExportId::new(own, 1),
+                pages(0, 4),
+                RW,
+            )
+            .unwrap(),
+    );
+    assert_eq!(registrar.registered(), 1);
+}
+
 #[test]
 fn get_cached_from_hits_what_get_from_would_and_never_registers_or_attaches() {
     let fake = FakeDevice::with_status_page("get-cached-from");

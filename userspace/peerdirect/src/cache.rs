@@ -261,7 +261,10 @@ pub struct Invalidated<'a, R: Registrar> {
 /// A listener must not panic. If it does, the registrations of that invalidation not told yet
 /// are not told (and are deregistered all the same, unless held); the panic resumes in the
 /// explicit invalidation that waited for it, or is printed on standard error for a queued one;
-/// the cache stays usable.
+/// the cache stays usable. A registrar that panics deregistering them is reported the same
+/// way, after the listener, as a panic of its own ("deregistering an invalidated registration
+/// panicked (a bug in the registrar): ..."); with the listener's panic too, the listener's
+/// goes on and the registrar's is printed.
 pub type Listener<R> = Arc<dyn Fn(&Invalidated<'_, R>) + Send + Sync>;
 
 /// What a [`RegCache`] did so far. Each counter is exact; a snapshot of several is not taken
@@ -1015,24 +1018,29 @@ impl<R: Registrar> RegCache<R> {
         }
         self.notifier.tell(
             move |listener: Option<&Listener<R>>| {
-                if let Some(listener) = listener {
-                    for entry in &doomed {
-                        if entry.told.swap(true, Relaxed) {
-                            continue;
+                let told = listener.and_then(|listener| {
+                    notify::caught(|| {
+                        for entry in &doomed {
+                            if entry.told.swap(true, Relaxed) {
+                                continue;
+                            }
+                            let Some(mr) = entry.mr.as_ref() else {
+                                continue;
+                            };
+                            listener(&Invalidated {
+                                key: &entry.key,
+                                mr,
+                                cause,
+                                // `doomed` holds one reference to each, and holds each once.
+                                held: Arc::strong_count(entry) > 1,
+                            });
                         }
-                        let Some(mr) = entry.mr.as_ref() else {
-                            continue;
-                        };
-                        listener(&Invalidated {
-                            key: &entry.key,
-                            mr,
-                            cause,
-                            // `doomed` holds one reference to each, and holds each once.
-                            held: Arc::strong_count(entry) > 1,
-                        });
-                    }
-                }
-                drop(doomed);
+                    })
+                });
+                // Deregistered whether or not the listener panicked, and not while its panic
+                // unwinds (a registrar's panic then would abort the process).
+                let deregistered = notify::caught(move || drop(doomed));
+                notify::resume(told, deregistered);
             },
             delivery,
         );

@@ -11,7 +11,9 @@
 //!
 //! The thread starts with the first invalidation that finds a listener, and ends when the
 //! cache is dropped, after telling what was queued. A listener that panics is reported on
-//! standard error (queued) or to the waiting caller (explicit), and the thread goes on.
+//! standard error (queued) or to the waiting caller (explicit), and the thread goes on; so
+//! is a registrar that panics deregistering what was told of, as a panic of its own
+//! ([`DEREGISTERING`]), after the listener has been told.
 
 use std::any::Any;
 use std::panic::{self, AssertUnwindSafe};
@@ -190,13 +192,47 @@ fn serve<L: Clone>(listener: &Mutex<Option<L>>, queue: &Receiver<Job<L>>) {
             }
             None => {
                 if let Some(panic) = panic {
-                    eprintln!(
-                        "peerdirect: the registration cache's invalidation listener panicked: {}",
-                        message(&*panic)
-                    );
+                    eprintln!("peerdirect: {}", describe(&*panic));
                 }
             }
         }
+    }
+}
+
+/// How the message of a panic raised while the registrations an invalidation took were
+/// deregistered (the registrar's `deregister`: a bug of the registrar, not of the listener)
+/// starts: the panic goes on as this and the registrar's message, a `String`.
+const DEREGISTERING: &str =
+    "deregistering an invalidated registration panicked (a bug in the registrar): ";
+
+/// Runs `f`; its panic, if it panicked.
+pub(super) fn caught(f: impl FnOnce()) -> Option<Panic> {
+    panic::catch_unwind(AssertUnwindSafe(f)).err()
+}
+
+/// Goes on with the panic of a telling, if any: the listener's (`told`), else that of the
+/// deregistration after it, its message prefixed with [`DEREGISTERING`]. With both, the
+/// deregistration's is said on standard error and the listener's goes on.
+pub(super) fn resume(told: Option<Panic>, deregistered: Option<Panic>) {
+    let deregistered = deregistered.map(|panic| format!("{DEREGISTERING}{}", message(&*panic)));
+    match (told, deregistered) {
+        (Some(told), Some(also)) => {
+            eprintln!("peerdirect: {also}");
+            panic::resume_unwind(told)
+        }
+        (Some(panic), None) => panic::resume_unwind(panic),
+        (None, Some(deregistering)) => panic::resume_unwind(Box::new(deregistering)),
+        (None, None) => {}
+    }
+}
+
+/// What panicked while telling, and its message: the listener, or a deregistration.
+fn describe(panic: &(dyn Any + Send)) -> String {
+    let message = message(panic);
+    if message.starts_with(DEREGISTERING) {
+        message.to_owned()
+    } else {
+        format!("the registration cache's invalidation listener panicked: {message}")
     }
 }
 

@@ -23,6 +23,8 @@ struct FakeRegistrar {
     during_register: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     /// What `invalidated` was told: the MR and the cause.
     invalidated: Mutex<Vec<(u64, Cause)>>,
+    /// The next `deregister` panics (once it has deregistered).
+    panic_deregistering: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -40,6 +42,7 @@ impl FakeRegistrar {
             refuse: AtomicBool::new(false),
             during_register: Mutex::default(),
             invalidated: Mutex::default(),
+            panic_deregistering: AtomicBool::new(false),
         })
     }
 
@@ -96,6 +99,9 @@ impl Registrar for FakeRegistrar {
         );
         let key = self.live.lock().unwrap().remove(&mr.id);
         assert_eq!(key, Some(mr.key), "MR {} deregistered twice", mr.id);
+        if self.panic_deregistering.swap(false, Relaxed) {
+            panic!("the registrar's own bug deregistering MR {}", mr.id);
+        }
     }
 
     fn invalidated(&self, key: &RegKey, mr: &FakeMr, cause: Cause) {
@@ -1866,6 +1872,59 @@ fn listen(cache: &Cache, registrar: &Arc<FakeRegistrar>) -> Heard {
         },
     )));
     heard
+}
+
+/// The message of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("(not a string)")
+}
+
+/// A registrar that panics deregistering an invalidated registration: the invalidating caller
+/// gets its panic as the registrar's (not as the listener's), after the listener was told.
+#[test]
+fn a_deregistration_that_panics_after_an_invalidation_is_the_registrars_panic() {
+    let registrar = FakeRegistrar::new(1);
+    let cache = cache(16, 1 << 30);
+    let heard = listen(&cache, &registrar);
+    let id = get(&cache, &registrar, EXPORT, 0, 4, RW).mr().id;
+    registrar.panic_deregistering.store(true, Relaxed);
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cache.invalidate_export(EXPORT)
+    }))
+    .expect_err("the registrar's panic reaches the invalidating caller");
+    assert_eq!(
+        panic_message(&*panic),
+        format!(
+            "deregistering an invalidated registration panicked (a bug in the registrar): the \
+             registrar's own bug deregistering MR {id}"
+        )
+    );
+    assert_eq!(*heard.lock().unwrap(), [(id, Cause::Memory, false)]);
+    assert!(registrar.live().is_empty());
+}
+
+/// A listener that panics, then a registrar that panics deregistering what it was told of:
+/// both panics are had one after the other, not one while the other unwinds (which aborts the
+/// process), and the listener's reaches the caller.
+#[test]
+fn a_listener_and_a_deregistration_that_both_panic_do_not_abort() {
+    let registrar = FakeRegistrar::new(1);
+    let cache = cache(16, 1 << 30);
+    cache.set_listener(Some(Arc::new(|_: &Invalidated<'_, FakeRegistrar>| {
+        panic!("the listener's own bug")
+    })));
+    drop(get(&cache, &registrar, EXPORT, 0, 4, RW));
+    registrar.panic_deregistering.store(true, Relaxed);
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cache.invalidate_export(EXPORT)
+    }))
+    .expect_err("the listener's panic reaches the invalidating caller");
+    assert_eq!(panic_message(&*panic), "the listener's own bug");
+    assert!(registrar.live().is_empty(), "deregistered all the same");
 }
 
 #[test]

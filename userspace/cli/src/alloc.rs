@@ -11,10 +11,10 @@ use crate::size::{check_alloc_size, human_bytes, parse_align, parse_size};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Bytes to allocate (K, M, G, T: powers of 1024); rounded up to the page size.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, allow_hyphen_values = true, value_name = "SIZE", value_parser = parse_size)]
     pub size: u64,
     /// Alignment in the HBM BAR: a power of two of at least 4K [default: 2M].
-    #[arg(long, value_name = "A", value_parser = parse_align)]
+    #[arg(long, allow_hyphen_values = true, value_name = "A", value_parser = parse_align)]
     pub align: Option<u64>,
     /// The HBM device: N of /dev/peerdirectN.
     #[arg(long, value_name = "N", default_value_t = 0)]

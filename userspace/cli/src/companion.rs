@@ -54,16 +54,16 @@ pub enum Command {
         #[arg(long, value_name = "N", default_value_t = 0)]
         device: u32,
         /// Start of the range in the BAR, a multiple of the page size.
-        #[arg(long, value_name = "O", value_parser = parse_size)]
+        #[arg(long, allow_hyphen_values = true, value_name = "O", value_parser = parse_size)]
         bar_offset: u64,
         /// Bytes, a multiple of the page size.
-        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        #[arg(long, allow_hyphen_values = true, value_name = "SIZE", value_parser = parse_size)]
         size: u64,
         /// Write the pattern with SEED over the range (exports it read-write).
-        #[arg(long, value_name = "SEED", value_parser = parse_number)]
+        #[arg(long, allow_hyphen_values = true, value_name = "SEED", value_parser = parse_number)]
         pattern: Option<u64>,
         /// Check that the range holds the pattern with SEED (after --pattern, if given).
-        #[arg(long, value_name = "SEED", value_parser = parse_number)]
+        #[arg(long, allow_hyphen_values = true, value_name = "SEED", value_parser = parse_number)]
         verify: Option<u64>,
         /// Keep the dma-buf for SECONDS after printing.
         #[arg(long, value_name = "SECONDS", default_value_t = 0)]

@@ -25,22 +25,22 @@ Exit status: 0 on success, 1 on an error, 2 on a usage error, 3 when --verify fo
 that is not the pattern's.")]
 pub struct Args {
     /// Bytes to allocate (K, M, G, T: powers of 1024); rounded up to the page size.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, allow_hyphen_values = true, value_name = "SIZE", value_parser = parse_size)]
     pub size: u64,
     /// Alignment of the allocation in the HBM BAR: a power of two of at least 4K [default: 2M].
-    #[arg(long, value_name = "A", value_parser = parse_align)]
+    #[arg(long, allow_hyphen_values = true, value_name = "A", value_parser = parse_align)]
     pub align: Option<u64>,
     /// Start of the exported range in the allocation, a multiple of the page size.
-    #[arg(long, value_name = "O", value_parser = parse_size, default_value = "0")]
+    #[arg(long, allow_hyphen_values = true, value_name = "O", value_parser = parse_size, default_value = "0")]
     pub offset: u64,
     /// Length of the exported range, a multiple of the page size; 0 means to the end.
-    #[arg(long, value_name = "L", value_parser = parse_size, default_value = "0")]
+    #[arg(long, allow_hyphen_values = true, value_name = "L", value_parser = parse_size, default_value = "0")]
     pub length: u64,
     /// Write the pattern with SEED over the whole exported range (exports it read-write).
-    #[arg(long, value_name = "SEED", value_parser = parse_number)]
+    #[arg(long, allow_hyphen_values = true, value_name = "SEED", value_parser = parse_number)]
     pub pattern: Option<u64>,
     /// Check that the exported range holds the pattern with SEED (after --pattern, if given).
-    #[arg(long, value_name = "SEED", value_parser = parse_number)]
+    #[arg(long, allow_hyphen_values = true, value_name = "SEED", value_parser = parse_number)]
     pub verify: Option<u64>,
     /// Keep the allocation and the dma-buf fd for SECONDS after printing, then free them.
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]

@@ -164,6 +164,34 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::ValueValidation);
     }
 
+    /// A negative size reaches the size parser (not clap's flag parsing, which took `-1` for
+    /// an unknown flag), and the usage error says that sizes cannot be negative.
+    #[test]
+    fn negative_sizes_are_usage_errors_that_say_so() {
+        for args in [
+            &["alloc", "--size", "-1"][..],
+            &["alloc", "--size", "4M", "--align", "-4K"],
+            &["export", "--size", "-1"],
+            &["export", "--size", "4M", "--offset", "-4K"],
+            &["export", "--size", "4M", "--length", "-0x1000"],
+            &["export", "--size", "4M", "--pattern", "-7"],
+            &["register", "--provider", "tcp", "--size", "-8M"],
+            &["companion", "export", "--bar-offset", "-4K", "--size", "4K"],
+            &["companion", "export", "--bar-offset", "0", "--size", "-4K"],
+        ] {
+            let err = parse(args).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{args:?}: {err}");
+            assert!(
+                err.to_string().contains("cannot be negative"),
+                "{args:?}: {err}"
+            );
+        }
+        // What follows an option is its value, whatever it starts with: a flag there is not a size.
+        let err = alloc(&["--size", "--json"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation, "{err}");
+        assert!(err.to_string().contains("not a size"), "{err}");
+    }
+
     #[test]
     fn export_defaults() {
         let args = export(&["--size", "4M"]).unwrap();

@@ -21,7 +21,7 @@ pub struct Args {
     #[arg(long, value_name = "NAME", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub provider: String,
     /// Bytes of HBM to allocate and register (K, M, G, T: powers of 1024).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "8M")]
+    #[arg(long, allow_hyphen_values = true, value_name = "SIZE", value_parser = parse_size, default_value = "8M")]
     pub size: u64,
     /// Bind the provider to this local address (FI_SOURCE), e.g. 127.0.0.1.
     #[arg(long, value_name = "ADDR")]

@@ -2,13 +2,29 @@
 
 /// Parses a byte count: decimal digits with an optional binary unit (`K`, `M`, `G`, `T`, any
 /// case, optionally followed by `iB`: powers of 1024), or `0x` and hex digits.
+///
+/// The options that take one are declared with `allow_hyphen_values`, so that `--size -1`
+/// reaches this parser, which says a size cannot be negative, instead of clap taking `-1` for
+/// an unknown flag.
 pub fn parse_size(text: &str) -> Result<u64, String> {
+    refuse_negative(text, "a size")?;
     peerdirect::size::parse_size(text).map_err(|problem| format!("{text:?}: {problem}"))
 }
 
 /// Parses a number: decimal digits, or `0x` and hex digits.
 pub fn parse_number(text: &str) -> Result<u64, String> {
+    refuse_negative(text, "a number")?;
     peerdirect::size::parse_number(text).map_err(|problem| format!("{text:?}: {problem}"))
+}
+
+/// A minus sign and a digit: a negative number, which no option here takes.
+fn refuse_negative(text: &str, what: &str) -> Result<(), String> {
+    match text.strip_prefix('-') {
+        Some(rest) if rest.starts_with(|c: char| c.is_ascii_digit()) => {
+            Err(format!("{text:?}: {what} cannot be negative"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Parses an alignment: a byte count ([`parse_size`]) that is a power of two of at least the
@@ -72,7 +88,7 @@ mod tests {
         for (text, problem) in [
             ("", "not a size"),
             ("K", "not a size"),
-            ("-1", "not a size"),
+            ("-1", "cannot be negative"),
             ("4.5M", "unknown unit"),
             ("4X", "unknown unit"),
             ("4KB", "unknown unit"),
@@ -86,6 +102,25 @@ mod tests {
             assert!(err.contains(problem), "{text:?}: {err}");
         }
         assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+    }
+
+    #[test]
+    fn negative_sizes_and_numbers_say_so() {
+        for text in ["-1", "-4K", "-0x1000"] {
+            let err = parse_size(text).unwrap_err();
+            assert_eq!(err, format!("{text:?}: a size cannot be negative"));
+        }
+        assert_eq!(
+            parse_align("-4K").unwrap_err(),
+            "\"-4K\": a size cannot be negative"
+        );
+        assert_eq!(
+            parse_number("-7").unwrap_err(),
+            "\"-7\": a number cannot be negative"
+        );
+        // A hyphen without digits is no number at all.
+        assert!(parse_size("--json").unwrap_err().contains("not a size"));
+        assert!(parse_size("-").unwrap_err().contains("not a size"));
     }
 
     #[test]

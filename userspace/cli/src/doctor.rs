@@ -52,8 +52,10 @@
 //! when it names one provider, else the provider of the host's RDMA NIC (`efa` for an EFA
 //! device, `verbs;ofi_rxm` for a verbs NIC); with none of these it is skipped. The path the
 //! registration took is the answer: `dma_buf` is ok, host bounce (the provider refused, with
-//! its reason) a warning, any other error a failure (`register` fails the same way); no such
-//! provider (`fi_getinfo`: no data), no HBM device or no usable libfabric skips it. A
+//! its reason) a warning, any other error a failure (`register` fails the same way). No such
+//! provider (`fi_getinfo`: no data) fails when `--provider` named it (what the user asked to
+//! check; `register` fails alike) and skips it when it was picked for the user (`FI_PROVIDER`,
+//! the NIC's); no HBM device or no usable libfabric skips it. A
 //! software provider (tcp, udp, shm) takes `FI_MR_DMABUF` without using the fd: it reaches
 //! the memory through this process's CPU mapping (`base_addr`), so its `dma_buf` says nothing
 //! of a NIC, and the check says so.
@@ -91,8 +93,9 @@ pub struct Args {
     #[arg(long, value_name = "RELEASE", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub kernel: Option<String>,
     /// The libfabric provider whose FI_MR_DMABUF registration of HBM to try, as `register
-    /// --provider` names it ("verbs;ofi_rxm", efa, tcp); default: FI_PROVIDER when it names
-    /// one provider, else the provider of this host's RDMA NIC.
+    /// --provider` names it ("verbs;ofi_rxm", efa, tcp); one libfabric does not offer fails
+    /// the check. Default: FI_PROVIDER when it names one provider, else the provider of this
+    /// host's RDMA NIC (either skipped when libfabric does not offer it).
     #[arg(long, value_name = "NAME", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub provider: Option<String>,
 }
@@ -958,18 +961,27 @@ fn fi_mr_dmabuf(host: &Host) -> Check {
         }
     };
     match probed {
-        Probed::NoProvider(e) => Check::new(
-            NAME,
-            Status::Skip,
-            format!(
-                "{asked}: libfabric offers no such provider with the reliable-datagram tagged endpoints (FI_EP_RDM) {register} opens: {e}{}; `fi_info -l` lists the providers (verbs has such endpoints only under ofi_rxm: 'verbs;ofi_rxm')",
-                match host.env.get("FI_PROVIDER") {
-                    Some(filter) if chosen.by != "FI_PROVIDER" =>
-                        format!(" (FI_PROVIDER={filter:?} hides the providers it does not let in)"),
-                    _ => String::new(),
+        Probed::NoProvider(e) => {
+            let missing = format!("{asked}: libfabric offers no such provider with the reliable-datagram tagged endpoints (FI_EP_RDM) {register} opens: {e}");
+            let hidden = match host.env.get("FI_PROVIDER") {
+                Some(filter) if chosen.by != "FI_PROVIDER" => {
+                    format!(" (FI_PROVIDER={filter:?} hides the providers it does not let in)")
                 }
-            ),
-        ),
+                _ => String::new(),
+            };
+            const LIST: &str = "`fi_info -l` lists the providers (verbs has such endpoints only under ofi_rxm: 'verbs;ofi_rxm')";
+            // Named on the command line, it is what the user asked to check, and `register`
+            // fails with it alike: a failure. Chosen for them (the NIC's provider, or
+            // FI_PROVIDER's), it is a guess at what a job uses, which may open other
+            // endpoints than the FI_EP_RDM ones tried here, or be built without that
+            // provider and use another: nothing to check.
+            if chosen.by == "--provider" {
+                Check::new(NAME, Status::Fail, missing)
+                    .fix(format!("name a provider libfabric has{hidden}: {LIST}"))
+            } else {
+                Check::new(NAME, Status::Skip, format!("{missing}{hidden}; {LIST}"))
+            }
+        }
         Probed::Failed(e) => {
             let efa = core_provider(&chosen.name) == "efa";
             Check::new(
@@ -1912,21 +1924,35 @@ mod tests {
         assert!(checks(&host).iter().all(|c| c.status != Status::Fail));
     }
 
+    /// A provider chosen for the user (the NIC's, FI_PROVIDER's) that libfabric lacks is
+    /// skipped; one the user named fails (`fi_mr_dmabuf_fails_a_provider_named_...`).
     #[test]
     fn fi_mr_dmabuf_skips_a_missing_provider_and_fails_other_errors() {
         let mut host = rxe_guest();
-        host.provider = choose_provider(Some("verbs"), &host.env, &host.peers);
         host.fabric_probe = Some(Probed::NoProvider(
-            "verbs: fi_getinfo: No data available (-61)".into(),
+            "verbs;ofi_rxm: fi_getinfo: No data available (-61)".into(),
         ));
         let c = check(&host, "fi_mr_dmabuf");
         assert_eq!((c.status, c.fix.as_deref()), (Status::Skip, None), "{c:?}");
         assert!(
-            c.detail.starts_with("verbs (--provider): libfabric offers no such provider with the reliable-datagram tagged endpoints (FI_EP_RDM) peerdirect register --provider 'verbs' opens: verbs: fi_getinfo: No data available (-61); `fi_info -l`"),
+            c.detail.starts_with("verbs;ofi_rxm (the provider of the verbs NIC rxe0): libfabric offers no such provider with the reliable-datagram tagged endpoints (FI_EP_RDM) peerdirect register --provider 'verbs;ofi_rxm' opens: verbs;ofi_rxm: fi_getinfo: No data available (-61); `fi_info -l`"),
             "{}",
             c.detail
         );
         assert!(c.detail.contains("'verbs;ofi_rxm'"), "{}", c.detail);
+        assert!(checks(&host).iter().all(|c| c.status != Status::Fail));
+        // FI_PROVIDER's choice is the user's environment, not a request of doctor's: skipped.
+        set(&mut host, "FI_PROVIDER", "verbs");
+        host.provider = choose_provider(None, &host.env, &host.peers);
+        let c = check(&host, "fi_mr_dmabuf");
+        assert_eq!((c.status, c.fix.as_deref()), (Status::Skip, None), "{c:?}");
+        assert!(
+            c.detail.starts_with("verbs (FI_PROVIDER): "),
+            "{}",
+            c.detail
+        );
+        host.env.remove("FI_PROVIDER");
+        host.provider = choose_provider(None, &host.env, &host.peers);
         // A filter that hides it is named.
         set(&mut host, "FI_PROVIDER", "^verbs");
         assert!(check(&host, "fi_mr_dmabuf")
@@ -1945,6 +1971,44 @@ mod tests {
             c.detail
         );
         assert!(c.fix.unwrap().contains("efa_libfabric"));
+    }
+
+    /// `doctor --provider bogus`: the user asked for that provider, and `register --provider
+    /// bogus` fails the same way, so libfabric not offering it is a failure (doctor exits 1)
+    /// that names it and says how to list those libfabric has.
+    #[test]
+    fn fi_mr_dmabuf_fails_a_provider_named_on_the_command_line_that_libfabric_lacks() {
+        let mut host = rxe_guest();
+        host.provider = choose_provider(Some("bogus"), &host.env, &host.peers);
+        host.fabric_probe = Some(Probed::NoProvider(
+            "bogus: fi_getinfo: No data available (-61)".into(),
+        ));
+        let c = check(&host, "fi_mr_dmabuf");
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.detail.starts_with("bogus (--provider): libfabric offers no such provider with the reliable-datagram tagged endpoints (FI_EP_RDM) peerdirect register --provider 'bogus' opens: bogus: fi_getinfo: No data available (-61)"),
+            "{}",
+            c.detail
+        );
+        let fix = c.fix.unwrap();
+        assert!(fix.contains("`fi_info -l` lists the providers"), "{fix}");
+        assert!(fix.contains("'verbs;ofi_rxm'"), "{fix}");
+        assert!(!fix.contains("FI_PROVIDER="), "{fix}");
+        // A filter in the environment that hides it is named in the fix.
+        set(&mut host, "FI_PROVIDER", "^bogus");
+        let fix = check(&host, "fi_mr_dmabuf").fix.unwrap();
+        assert!(
+            fix.contains("FI_PROVIDER=\"^bogus\" hides the providers it does not let in"),
+            "{fix}"
+        );
+        assert_eq!(
+            checks(&host)
+                .iter()
+                .filter(|c| c.status == Status::Fail)
+                .map(|c| c.name)
+                .collect::<Vec<_>>(),
+            ["fi_mr_dmabuf"]
+        );
     }
 
     #[test]

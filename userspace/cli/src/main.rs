@@ -23,7 +23,9 @@ use clap::{Parser, Subcommand};
     version,
     arg_required_else_help = true,
     after_help = "Exit status: 0 on success, 1 on an error, 2 on a usage error; \
-`export --verify` exits 3 when the data is not the pattern."
+`export --verify` exits 3 when the data is not the pattern. When the reader of its output \
+goes away (`peerdirect ... | head`), a command ends killed by SIGPIPE (status 141 in a \
+shell), without a message, as coreutils do."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -79,6 +81,7 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(err) if stdout_closed(&err) => die_of_sigpipe(),
         Err(err) => {
             eprintln!("peerdirect: {err:#}");
             if err.is::<export::VerifyFailed>() {
@@ -88,6 +91,33 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Whether `err` is a write to stdout that failed because its reader went away (`peerdirect
+/// ... | head`): the only writes whose errors reach here as `io::Error`s (or `serde_json`'s,
+/// which carry one) are the commands' writes to stdout.
+fn stdout_closed(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .map(std::io::Error::kind)
+            .or_else(|| cause.downcast_ref::<serde_json::Error>()?.io_error_kind())
+            == Some(std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Ends the process as coreutils end when their reader goes away: killed by SIGPIPE, which a
+/// shell reports as status 141, without a message. Rust's runtime ignores SIGPIPE (so writes
+/// fail with EPIPE instead, and libfabric's sockets cannot kill the process); its default
+/// action comes back only here, at the end.
+fn die_of_sigpipe() -> ExitCode {
+    // SAFETY: SIG_DFL installs no handler, so no code of ours runs on a signal; the
+    // disposition is the process's, which ends with the raise below.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // SAFETY: raise only sends a signal to this thread; its default action ends the process.
+    unsafe { libc::raise(libc::SIGPIPE) };
+    // Not reached, SIGPIPE being unblocked and its action the default; the shell's number else.
+    ExitCode::from(128 + libc::SIGPIPE as u8)
 }
 
 #[cfg(test)]

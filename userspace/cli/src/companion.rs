@@ -4,13 +4,12 @@
 use std::io::{self, Write};
 
 use std::os::fd::{AsFd, AsRawFd};
-use std::thread;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use peerdirect::{Control, Device, ExportFlags, PciAddress, Provider};
 use serde_json::json;
 
+use crate::hold::Watch;
 use crate::size::{parse_number, parse_size};
 
 #[derive(Debug, clap::Args)]
@@ -65,7 +64,8 @@ pub enum Command {
         /// Check that the range holds the pattern with SEED (after --pattern, if given).
         #[arg(long, allow_hyphen_values = true, value_name = "SEED", value_parser = parse_number)]
         verify: Option<u64>,
-        /// Keep the dma-buf for SECONDS after printing.
+        /// Keep the dma-buf for SECONDS after printing; ends at once with an error if the
+        /// module revokes it meanwhile.
         #[arg(long, value_name = "SECONDS", default_value_t = 0)]
         hold: u64,
     },
@@ -100,6 +100,7 @@ pub fn run(args: &Args) -> Result<()> {
             if pattern.is_some() {
                 flags |= ExportFlags::RDWR;
             }
+            let watch = Watch::before_export(&device, true);
             let dma_buf = device.export_range(*bar_offset, *size, flags)?;
             let written = pattern
                 .map(|seed| crate::export::write_pattern(&dma_buf, seed))
@@ -123,7 +124,7 @@ pub fn run(args: &Args) -> Result<()> {
             serde_json::to_writer_pretty(&mut out, &report).context("writing JSON")?;
             writeln!(out)?;
             out.flush().context("writing to stdout")?;
-            thread::sleep(Duration::from_secs(*hold));
+            watch.hold(*hold)?;
             if verified.is_some_and(|v| v.mismatch.is_some()) {
                 return Err(crate::export::VerifyFailed.into());
             }

@@ -5,14 +5,13 @@ use std::fmt;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
-use std::thread;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use peerdirect::pattern::{self, Mismatch};
 use peerdirect::{Device, DmaBuf, ExportFlags, SyncFlags};
 use serde_json::{json, Value};
 
+use crate::hold::Watch;
 use crate::size::{check_alloc_size, human_bytes, parse_align, parse_number, parse_size};
 
 #[derive(Debug, clap::Args)]
@@ -21,8 +20,9 @@ The pattern: byte o of the exported range is byte o % 8 of the little-endian 64-
 o / 8, and word i is output i (from 0) of SplitMix64 seeded with SEED; see the peerdirect \
 crate's `pattern` module for the formula.
 
-Exit status: 0 on success, 1 on an error, 2 on a usage error, 3 when --verify found a byte \
-that is not the pattern's.")]
+Exit status: 0 on success, 1 on an error (the export revoked while held among them: its device \
+going away or reset), 2 on a usage error, 3 when --verify found a byte that is not the \
+pattern's.")]
 pub struct Args {
     /// Bytes to allocate (K, M, G, T: powers of 1024); rounded up to the page size.
     #[arg(long, allow_hyphen_values = true, value_name = "SIZE", value_parser = parse_size)]
@@ -42,7 +42,8 @@ pub struct Args {
     /// Check that the exported range holds the pattern with SEED (after --pattern, if given).
     #[arg(long, allow_hyphen_values = true, value_name = "SEED", value_parser = parse_number)]
     pub verify: Option<u64>,
-    /// Keep the allocation and the dma-buf fd for SECONDS after printing, then free them.
+    /// Keep the allocation and the dma-buf fd for SECONDS after printing, then free them;
+    /// ends at once with an error if the module revokes the export meanwhile.
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]
     pub hold: u64,
     /// The HBM device: N of /dev/peerdirectN.
@@ -79,6 +80,8 @@ pub fn run(args: &Args) -> Result<()> {
     if args.pattern.is_some() {
         flags |= ExportFlags::RDWR;
     }
+    // Only an owned device allocates: not a companion.
+    let watch = Watch::before_export(&device, false);
     let dma_buf = allocation.export(args.offset, args.length, flags)?;
     let written = args
         .pattern
@@ -113,7 +116,7 @@ pub fn run(args: &Args) -> Result<()> {
     out.flush().context("writing to stdout")?;
     drop(out);
 
-    thread::sleep(Duration::from_secs(args.hold));
+    watch.hold(args.hold)?;
     allocation.free()?;
     drop(dma_buf);
     match report.verified {

@@ -5,6 +5,7 @@ mod companion;
 mod devices;
 mod doctor;
 mod export;
+mod hold;
 mod provider;
 mod register;
 mod size;

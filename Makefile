@@ -5,7 +5,7 @@
 #   make module [KDIR=/path/to/kernel/build]   build peerdirect.ko (default: the test kernel)
 #   make peermem KDIR=... OFED=DIR              the PeerDirect peer-memory client, for MLNX_OFED
 #   make userspace                              build the crate and the `peerdirect` CLI
-#   make install KDIR=... [DESTDIR=] [PREFIX=/usr/local]
+#   make install KDIR=... [DESTDIR=] [PREFIX=/usr/local] [UDEVRULESDIR=/etc/udev/rules.d]
 #   make deb       Debian packages in build/deb: peerdirect-dkms (the module, built by DKMS for
 #                  each kernel) and peerdirect (CLI, libpeerdirect, headers); packaging.md
 #   make bench     benchmarks (not tests): ratios against baselines measured in the same run
@@ -133,6 +133,15 @@ stress: guest
 bench:
 	@scripts/bench
 
+# Beside the files, what the packages' maintainer scripts and ldconfig trigger do
+# (Documentation/packaging.md): udev's rule giving /dev/peerdirect* to the group peerdirect, in
+# UDEVRULESDIR, where udev reads an administrator's rules ($(PREFIX) is not read); and, on the
+# host itself (no DESTDIR: a staging tree's package does it in its own scripts), that system
+# group, ldconfig's cache for libpeerdirect.so.0 (found when $(PREFIX)/lib is in ld.so.conf, as
+# /usr/local/lib is on Debian), and a running udev's rules reloaded and applied to the nodes a
+# loaded module made before.
+UDEVRULESDIR ?= /etc/udev/rules.d
+
 install:
 	@[ -n "$(KDIR)" ] || { echo "make install needs KDIR=/lib/modules/\$$(uname -r)/build (or another kernel build tree)"; exit 2; }
 	@$(MAKE) -s module userspace
@@ -146,6 +155,11 @@ install:
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e "s|@VERSION@|$$(sed -n 's/^version = \"\(.*\)\"$$/\1/p' userspace/Cargo.toml)|" \
 		userspace/capi/peerdirect.pc.in >$(DESTDIR)$(PREFIX)/lib/pkgconfig/peerdirect.pc
+	install -D -m 0644 packaging/udev/60-peerdirect.rules $(DESTDIR)$(UDEVRULESDIR)/60-peerdirect.rules
+	[ -n "$(DESTDIR)" ] || getent group peerdirect >/dev/null || groupadd --system peerdirect
+	[ -n "$(DESTDIR)" ] || ldconfig
+	[ -n "$(DESTDIR)" ] || [ ! -d /run/udev ] || { udevadm control --reload-rules && \
+		udevadm trigger --action=change --subsystem-match=misc --sysname-match='peerdirect[0-9]*'; } || true
 
 # peerdirect-dkms_VERSION_all.deb and peerdirect_VERSION_ARCH.deb (Documentation/packaging.md).
 deb: userspace

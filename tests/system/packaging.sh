@@ -10,13 +10,16 @@
 # kernel with its vermagic; modprobe and `peerdirect doctor --kernel` find that module; the
 # kernel hook DKMS installs (/etc/kernel/postinst.d/dkms) builds it again for a kernel; the
 # group, the udev rule and the examples; libpeerdirect through pkg-config from a C program;
-# the kernel postrm hook dropping that kernel's cache; dpkg -P leaves nothing behind.
+# the kernel postrm hook dropping that kernel's cache; dpkg -P leaves nothing behind. Last,
+# `make install` (no DESTDIR) on this host, in a mount namespace of its own whose /etc,
+# /usr/local and /usr/lib are overlays dropped after: what the packages' scripts do besides
+# their files (the group, the udev rule, ldconfig) make install does too.
 # Not here: udev applying the rule to a real /dev/peerdirectN (no udev in the chroot), Secure
 # Boot signing (no openssl in the chroot: DKMS says it cannot make its MOK key), booting
 # Debian's kernel with the module.
 . "$(dirname "$0")/../lib.sh"
-# Plan: the 11 check_that calls below, one per numbered step.
-plan 11
+# Plan: the 12 check_that calls below, one per numbered step.
+plan 12
 export LC_ALL=C
 failed=0
 fail() { failed=1; not_ok "$@"; }
@@ -249,5 +252,36 @@ states=$(in_root dpkg-query -W -f '${Status}\n' peerdirect-dkms peerdirect 2>&1 
 check_that "dpkg -P peerdirect peerdirect-dkms: dkms status empty, no file left (sources, module, modules.dep entry, binaries, rule, hook, cache); the group stays, as Debian keeps system groups" \
 	'[ $rc = 0 ] && [ -z "$after" ] && [ -z "$left" ] && [ -z "$dep" ] && { [ "$states" = "unknown ok not-installed" ] || [[ $states == *"no packages found"* ]]; } && in_root getent group peerdirect >/dev/null' \
 	"exit $rc: $(tail -20 "$work/dpkg-P.log")" "dkms status: $after" "left: $left" "modules.dep: $dep" "states: $states"
+
+# 12. make install on a host, as its administrator runs it (KDIR: the test kernel's tree, the
+# one kernel whose build needs nothing more here), in a mount namespace of its own whose /etc,
+# /usr/local and /usr/lib (/lib/modules) are overlays on this host's, dropped with it: the
+# host's own stay as they were. It runs twice: a second install finds the group there.
+# /run/udev does not exist here, so it reloads no udev.
+mkdir -p "$work/install"
+host_files() { sha256sum /etc/group /etc/gshadow /etc/ld.so.cache 2>&1; ls /etc/udev/rules.d /usr/local/bin /usr/local/lib 2>&1; }
+before=$(host_files)
+unshare -m --propagation private bash -c '
+	w=$1 root=$2
+	for d in /etc /usr/local /usr/lib; do
+		n=${d//\//_}
+		mkdir -p "$w/upper$n" "$w/work$n"
+		mount -t overlay overlay -o "lowerdir=$d,upperdir=$w/upper$n,workdir=$w/work$n" "$d" || exit 3
+	done
+	make -C "$root" install KDIR="$("$root/scripts/build-kernel")" PREFIX=/usr/local >"$w/make-install.log" 2>&1 &&
+		make -s -C "$root" install KDIR="$("$root/scripts/build-kernel")" PREFIX=/usr/local >>"$w/make-install.log" 2>&1
+	echo $? >"$w/rc"
+	getent group peerdirect >"$w/group"
+	ldconfig -p | grep -F libpeerdirect.so.0 >"$w/ldconfig"
+	cmp -s /etc/udev/rules.d/60-peerdirect.rules "$root/packaging/udev/60-peerdirect.rules" && echo same >"$w/rule"
+	[ -x /usr/local/bin/peerdirect ] && /usr/local/bin/peerdirect --version >"$w/version"
+' bash "$work/install" "$ROOT"
+rc=$(cat "$work/install/rc" 2>/dev/null)
+group=$(cat "$work/install/group" 2>/dev/null)
+gid=$(cut -d: -f3 <<<"$group")
+cache=$(sed 's/^[[:space:]]*//' "$work/install/ldconfig" 2>/dev/null)
+check_that "make install KDIR=(the test kernel) PREFIX=/usr/local, twice, on a host (overlays on its /etc, /usr/local, /usr/lib): the system group peerdirect (gid $gid), /etc/udev/rules.d/60-peerdirect.rules as the package's, ldconfig's cache has $cache, $(cat "$work/install/version" 2>/dev/null) installed; the host's own files unchanged" \
+	'[ "$rc" = 0 ] && [ -n "$gid" ] && [ "$gid" -lt 1000 ] && [ "$(cat "$work/install/rule" 2>/dev/null)" = same ] && [ "$cache" = "libpeerdirect.so.0 (libc6,x86-64) => /usr/local/lib/libpeerdirect.so.0" ] && [ -s "$work/install/version" ] && [ "$(host_files)" = "$before" ]' \
+	"make install: exit $rc" "$(tail -30 "$work/install/make-install.log" 2>/dev/null)" "group: $group" "ldconfig -p: $cache"
 echo "# took $((SECONDS - start)) s"
 exit $failed

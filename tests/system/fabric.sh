@@ -4,7 +4,7 @@
 # endpoints, 10,000 register/deregister cycles without fd or dma-buf leaks with the cache on
 # and off, a registration over 4 GiB with --hbm 8G), `peerdirect register --provider tcp
 # --json` and `FI_PROVIDER=tcp peerdirect doctor` (its fi_mr_dmabuf: dma_buf through tcp, which
-# uses the CPU mapping, no NIC); then under --rxe, `--fabric 'verbs;ofi_rxm'`: both registrations take host_bounce
+# uses the CPU mapping, no NIC), `doctor --provider bogus` (fails); then under --rxe, `--fabric 'verbs;ofi_rxm'`: both registrations take host_bounce
 # with the provider's reason and the same exchange runs through the staging buffers. After
 # each exchange the receiver's HBM is checked on the host in the --hbm-backing file. Last,
 # `peerdirect doctor` on the rxe host: passing (its fi_mr_dmabuf a warning: verbs;ofi_rxm
@@ -20,12 +20,13 @@ trap 'rm -rf "$work" "$hbm" "$hbm_rxe" "$hbm_companion"' EXIT
 failed=0
 fail() { failed=1; not_ok "$@"; }
 # Plan: this script's own checks, declared first: after the tcp boot, register (1), its text
-# output and its refusal of an unknown provider (1), doctor's fi_mr_dmabuf through tcp (1), each of the 4 receivers' HBM on the host (4) and fi_read's (1);
+# output and its refusal of an unknown provider (1), doctor's fi_mr_dmabuf through tcp (1) and
+# its failure for an unknown provider named with --provider (1), each of the 4 receivers' HBM on the host (4) and fi_read's (1);
 # after the rxe boot, each receiver's HBM (4), register (1) and doctor (5); after the companion
 # boot, each receiver's HBM (4) and fi_read's (1). The three runs of peerdirect-guest-tests
 # --fabric declare their own, passed through by relay.
 receivers=4
-plan $(((1 + 1 + 1 + receivers + 1) + (receivers + 1 + 5) + (receivers + 1)))
+plan $(((1 + 1 + 1 + 1 + receivers + 1) + (receivers + 1 + 5) + (receivers + 1)))
 
 cat >"$work/tcp.sh" <<'EOS'
 cd /mnt/host
@@ -35,6 +36,8 @@ peerdirect register --provider tcp --node 127.0.0.1 >register.txt 2>&1
 echo $? >register-txt.rc
 peerdirect register --provider bogus >register-bogus.txt 2>&1
 echo $? >register-bogus.rc
+peerdirect doctor --provider bogus --json >doctor-bogus.json 2>doctor-bogus.err
+echo $? >doctor-bogus.rc
 FI_PROVIDER=tcp RDMAV_FORK_SAFE=1 peerdirect doctor --json >doctor-tcp.json 2>doctor-tcp.err
 echo $? >doctor-tcp.rc
 peerdirect-guest-tests --fabric tcp >tap.out 2>&1
@@ -78,6 +81,20 @@ if jq -e 'map(select(.name == "fi_mr_dmabuf"))[0] | .status == "ok" and .fix == 
 else
 	fail "$desc" "exit status $(cat "$work/doctor-tcp.rc" 2>/dev/null || echo none)" \
 		"$(jq -c 'map(select(.name == "fi_mr_dmabuf"))[0]' "$work/doctor-tcp.json" 2>/dev/null)" "$(cat "$work/doctor-tcp.err" 2>/dev/null)"
+fi
+# A provider the user names that libfabric does not have is a failure of doctor's, as it is
+# of register's: not a skip with exit 0.
+desc="peerdirect doctor --provider bogus: fi_mr_dmabuf fails, naming bogus and that libfabric offers no such provider, its fix saying that fi_info -l lists them; doctor exits 1"
+if [ "$(cat "$work/doctor-bogus.rc" 2>/dev/null)" = 1 ] &&
+	jq -e 'map(select(.name == "fi_mr_dmabuf"))[0] | .status == "fail"
+		and (.detail | startswith("bogus (--provider): libfabric offers no such provider"))
+		and (.fix | test("`fi_info -l` lists the providers"))' "$work/doctor-bogus.json" >/dev/null 2>&1 &&
+	grep -q '^peerdirect: [0-9]* check(s) failed$' "$work/doctor-bogus.err"; then
+	ok "$desc"
+	jq -r 'map(select(.name == "fi_mr_dmabuf"))[0] | "# " + .detail, "# fix: " + .fix' "$work/doctor-bogus.json"
+else
+	fail "$desc" "exit status $(cat "$work/doctor-bogus.rc" 2>/dev/null || echo none)" \
+		"$(jq -c 'map(select(.status == "fail"))' "$work/doctor-bogus.json" 2>/dev/null)" "$(cat "$work/doctor-bogus.err" 2>/dev/null)"
 fi
 
 # receiver_hbm PROVIDER BACKING: each receiver's HBM of the guest's transfers (their "#

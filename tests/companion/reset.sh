@@ -4,17 +4,24 @@
 # vfio-pci, habanalabs' stand-in, resets the device when a user opens it (a secondary bus reset
 # of the switch's downstream port here) and again at close; a vfio user may turn the device's
 # memory decoding off meanwhile. A dynamic, a revocable pinned and a pinned importer (the NIC, through
-# the test importer) and a process mapping a fourth range hold exports when the reset is
-# announced. Records for the host (tests/system/companion-revoke.sh).
+# the test importer), a process mapping a fourth range and `peerdirect companion export
+# --hold` of a fifth hold exports when the reset is announced. Records for the host
+# (tests/system/companion-revoke.sh).
 hbm=0000:03:00.0 nic=0000:04:00.0 dev=/dev/peerdirect0
 stats=/sys/kernel/debug/peerdirect/peerdirect0/stats
 . /mnt/host/guest-lib.sh
 companion_of_vfio
 hold_exports
+# The CLI holding an export across the reset: it ends when reset-prepare revokes the export.
+peerdirect companion export --bar-offset 0xa000000 --size 2M --hold 60 >/tmp/held.out 2>/tmp/held.err &
+held=$!
+while ! grep -q . /tmp/held.out 2>/dev/null; do sleep 0.1; done
 resets() { grep -E '^(resets|resetting):' $stats | tr '\n' ' '; }
 
 run done_early peerdirect companion reset-done $hbm
 run prepare peerdirect companion reset-prepare $hbm
+wait $held
+echo "@held $? $(tr '\n' '|' </tmp/held.err)"
 run stats resets
 run status1 /tmp/probe cmd "status id=1"
 run status2 /tmp/probe cmd "status id=2"

@@ -16,9 +16,9 @@
 . "$ROOT/tests/companion/host-lib.sh"
 # Plan: this script's own checks, declared first: the 18 every way shares (checks) for each of
 # the 3 ways, and those of one way: 3 + 3 of the owner's unbind, 1 of the hot-unplug, 9 + 3 + 2
-# of companion remove, 31 of the reset (tests/companion/reset.sh). A guest run that does not
+# of companion remove, 32 of the reset (tests/companion/reset.sh). A guest run that does not
 # end cleanly adds a failure (guest_run).
-plan $((3 * 18 + 3 + 3 + 1 + 9 + 3 + 2 + 31))
+plan $((3 * 18 + 3 + 3 + 1 + 9 + 3 + 2 + 32))
 
 # meanwhile WAY WHAT: while the removal waits, the host's other PCI work goes on
 meanwhile() {
@@ -103,6 +103,8 @@ expect "reset: the revocable pinned one was revoked" reset status2 0 'invalidati
 expect "reset: the pinned one keeps its mapping (a reset cannot wait)" reset status3 0 'mapped=1 .*pinned=1'
 expect "reset: and the kernel log names it: the exporting process and the importing NIC" reset log_names 0 'exported by pid [0-9]+.*0000:04:00.0'
 expect "reset: the CPU mapping faults with SIGBUS before the device is reset" reset cpu 135 '^mapped a5\|$'
+expect "reset: peerdirect companion export --hold 60 ends at once, exit 1, saying its export was revoked by the reset its owner announced" \
+	reset held 1 '^peerdirect: the export of /dev/peerdirect0 was revoked [0-9.]* s into the 60 s hold: the device was reset \(1 reset since the export, announced by its owner\)'
 expect "reset: a new export while the reset is under way: EBUSY" reset busy 0 '^Device or resource busy$'
 expect "reset: a vfio user opens the device, which vfio-pci resets" reset vfio 0 '^opened reset_works=1$'
 expect "reset: the PCI core reset it (the kernel log)" reset vfio_log 0 '^[1-9]'

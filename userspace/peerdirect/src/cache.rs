@@ -184,6 +184,25 @@ pub trait Registrar: Send + Sync + 'static {
     }
 }
 
+/// Where the limits meet the reasons a registration is not cached (here, so that the limits'
+/// module needs nothing of this one).
+impl CacheLimits {
+    /// Why a registration of `length` bytes would not be cached under these limits
+    /// ([`Uncached::Disabled`] or [`Uncached::TooLarge`]); `None` if it can be, room
+    /// permitting. A caller choosing what to register (a runtime's whole pool, or the buffer
+    /// it asked for) asks it before registering more than it needs.
+    #[inline]
+    pub fn uncached(&self, length: u64) -> Option<Uncached> {
+        if self.max_count == 0 {
+            Some(Uncached::Disabled)
+        } else if length > self.max_bytes {
+            Some(Uncached::TooLarge)
+        } else {
+            None
+        }
+    }
+}
+
 /// [`RegCache::get_from`]'s contract: `export` is of `device`.
 #[track_caller]
 fn exported_by(export: ExportId, device: &Device) {

@@ -1,6 +1,5 @@
 //! How much the registration cache keeps: entries and bytes, from the environment.
 
-use super::Uncached;
 use crate::size::{parse_number, parse_size};
 use serde::Serialize;
 
@@ -21,21 +20,6 @@ pub struct CacheLimits {
 }
 
 impl CacheLimits {
-    /// Why a registration of `length` bytes would not be cached under these limits
-    /// ([`Uncached::Disabled`] or [`Uncached::TooLarge`]); `None` if it can be, room
-    /// permitting. A caller choosing what to register (a runtime's whole pool, or the buffer
-    /// it asked for) asks it before registering more than it needs.
-    #[inline]
-    pub fn uncached(&self, length: u64) -> Option<Uncached> {
-        if self.max_count == 0 {
-            Some(Uncached::Disabled)
-        } else if length > self.max_bytes {
-            Some(Uncached::TooLarge)
-        } else {
-            None
-        }
-    }
-
     /// 4096 registrations: four times libfabric's own MR cache default
     /// (`FI_MR_CACHE_MAX_COUNT`, 1024), since an HBM buffer is typically registered in
     /// several domains (one per NIC) and for several sub-ranges.
@@ -154,21 +138,6 @@ mod tests {
         assert_eq!(CacheLimits::default(), defaults);
         assert_eq!(parse(None, None).unwrap(), defaults);
         assert_eq!(parse(Some(""), Some("")).unwrap(), defaults);
-    }
-
-    #[test]
-    fn a_length_is_uncached_when_the_cache_is_off_or_it_is_larger_than_max_bytes() {
-        let limits = |max_count, max_bytes| CacheLimits {
-            max_count,
-            max_bytes,
-        };
-        assert_eq!(limits(16, 1 << 20).uncached(1 << 20), None);
-        assert_eq!(
-            limits(16, 1 << 20).uncached((1 << 20) + 1),
-            Some(Uncached::TooLarge)
-        );
-        assert_eq!(limits(0, 1 << 20).uncached(4096), Some(Uncached::Disabled));
-        assert_eq!(limits(1, 0).uncached(0), None);
     }
 
     #[test]

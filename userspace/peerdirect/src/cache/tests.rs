@@ -2448,3 +2448,18 @@ fn an_entry_a_clone_holds_is_not_evicted_when_its_pinned_handle_goes_as_eviction
     drop((clone, other));
     assert!(registrar.live().is_empty());
 }
+
+#[test]
+fn a_length_is_uncached_when_the_cache_is_off_or_it_is_larger_than_max_bytes() {
+    let limits = |max_count, max_bytes| CacheLimits {
+        max_count,
+        max_bytes,
+    };
+    assert_eq!(limits(16, 1 << 20).uncached(1 << 20), None);
+    assert_eq!(
+        limits(16, 1 << 20).uncached((1 << 20) + 1),
+        Some(Uncached::TooLarge)
+    );
+    assert_eq!(limits(0, 1 << 20).uncached(4096), Some(Uncached::Disabled));
+    assert_eq!(limits(1, 0).uncached(0), None);
+}

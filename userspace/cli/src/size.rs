@@ -89,7 +89,7 @@ mod tests {
             ("", "not a size"),
             ("K", "not a size"),
             ("-1", "cannot be negative"),
-            ("4.5M", "unknown unit"),
+            ("4.5M", "not a whole number"),
             ("4X", "unknown unit"),
             ("4KB", "unknown unit"),
             ("4 K", "unknown unit"),

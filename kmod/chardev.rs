@@ -108,6 +108,11 @@ pub(crate) fn export_range(offset: u64, length: u64, alloc_len: u64) -> Result<(
     if offset % PAGE != 0 || length % PAGE != 0 {
         return Err(EINVAL);
     }
+    // Before the range is compared with the allocation: an overflowing sum is EOVERFLOW
+    // wherever the offset is (uapi.md).
+    if offset.checked_add(length).is_none() {
+        return Err(EOVERFLOW);
+    }
     if offset >= alloc_len {
         return Err(EINVAL);
     }
@@ -208,12 +213,15 @@ impl HbmFile {
 
     /// `PEERDIRECT_IOC_FREE`: drop this file's handle; the memory follows its last dma-buf.
     fn free(&self, arg: usize) -> Result {
-        let req = Request::<peerdirect_free>::read(arg)?;
+        let mut req = Request::<peerdirect_free>::read(arg)?;
         check_flags_and_padding(req.value.flags, 0, &[req.value.__reserved0])?;
+        // Answered first (the answer is the request): a caller that cannot read it back gets
+        // EFAULT with its allocation still there, not an error for a FREE that happened.
+        req.write_back()?;
         let alloc = self.allocations.lock().remove(&req.value.handle);
         // Dropped outside the lock: the last reference returns the range to the heap.
         drop(alloc.ok_or(ENOENT)?);
-        req.answer()
+        Ok(())
     }
 
     /// `PEERDIRECT_IOC_P2P`: the kernel's P2P verdict between this HBM and a PCI device.
@@ -454,6 +462,7 @@ mod tests {
         assert!(matches!(export_range(4 * mib, 0, 4 * mib), Err(e) if e == EINVAL));
         assert!(matches!(export_range(0, 8 * mib, 4 * mib), Err(e) if e == EINVAL));
         assert!(matches!(export_range(PAGE, !(PAGE - 1), 4 * mib), Err(e) if e == EOVERFLOW));
+        assert!(matches!(export_range(!(PAGE - 1), PAGE, 4 * mib), Err(e) if e == EOVERFLOW));
     }
 
     #[test]

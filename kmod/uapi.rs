@@ -171,6 +171,13 @@ impl<T: ExtensibleStruct> Request<T> {
 
     /// Writes the answer back: as many bytes as both sides know, `size` set to that count.
     pub(crate) fn answer(mut self) -> Result {
+        self.write_back()
+    }
+
+    /// [`Request::answer`], keeping the request: for a command that answers before it acts
+    /// (what it would write back does not depend on the act), so that a caller whose argument
+    /// cannot be written gets `EFAULT` with nothing done.
+    pub(crate) fn write_back(&mut self) -> Result {
         // CAST: `len <= MAX_REQUEST_SIZE`, far below `u32::MAX`.
         self.value.set_size(self.len as u32);
         UserSlice::new(self.user, self.len)

@@ -107,6 +107,30 @@ pub(crate) fn cases() -> Vec<Case> {
             expect_errno_of("ALLOC", alloc_raw(&device, PAGE, 2048), Errno::INVAL)
         }),
         case(
+            "FREE whose answer cannot be written (its argument read-only) fails with EFAULT and frees nothing: a FREE from writable memory frees the handle after",
+            |env| {
+                let device = open(env)?;
+                let mut raw = alloc_request(2 * MIB, 0);
+                device
+                    .alloc_raw(&mut raw)
+                    .map_err(|err| format!("expected ALLOC to succeed, got {err}"))?;
+                let handle = raw.alloc.handle;
+                let read_only = free_from_read_only(&device, &free_request(handle))?;
+                expect_eq("FREE from read-only memory", Err(Errno::FAULT), read_only)?;
+                device.free_raw(&mut free_request(handle)).map_err(|err| {
+                    format!("expected handle {handle} still allocated and its FREE to succeed, got {err}")
+                })
+            },
+        ),
+        case(
+            "EXPORT with offset 0xfffffffffffff000 and length 4096 (offset + length overflows, the offset past the allocation) fails with EOVERFLOW",
+            |env| {
+                let device = open(env)?;
+                let allocation = alloc(&device, 2 * MIB, None)?;
+                expect_errno_of("EXPORT", allocation.export(!(PAGE - 1), PAGE, RW), Errno::OVERFLOW)
+            },
+        ),
+        case(
             "EXPORT with offset 4096 and length 0xfffffffffffff000 (offset + length overflows) fails with EOVERFLOW",
             |env| {
                 let device = open(env)?;
@@ -666,6 +690,53 @@ fn export_request(handle: u32, offset: u64, length: u64) -> RawExport<0> {
     raw.export.length = length;
     raw.export.flags = PEERDIRECT_EXPORT_CLOEXEC;
     raw
+}
+
+/// Sends FREE with `request` in a read-only page: the module can read it but not write its
+/// answer back. The ioctl's outcome.
+fn free_from_read_only(device: &Device, request: &RawFree<0>) -> Result<Result<(), Errno>, String> {
+    let len = PAGE as usize;
+    // SAFETY: a new anonymous private mapping, which nothing else refers to; unmapped below.
+    let page = unsafe {
+        rustix::mm::mmap_anonymous(
+            std::ptr::null_mut(),
+            len,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::PRIVATE,
+        )
+    }
+    .map_err(|err| format!("expected an anonymous mapping, got {err}"))?;
+    // SAFETY: `page` is `len` writable bytes, more than the request's, and a new mapping does
+    // not overlap the request.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            std::ptr::from_ref(request).cast::<u8>(),
+            page.cast::<u8>(),
+            size_of::<RawFree<0>>(),
+        );
+    }
+    // SAFETY: the mapping made above, whose bytes no Rust reference points to.
+    unsafe { rustix::mm::mprotect(page, len, rustix::mm::MprotectFlags::READ) }
+        .map_err(|err| format!("expected mprotect to succeed, got {err}"))?;
+    // SAFETY: FREE reads a struct peerdirect_free at the pointer and writes its answer there:
+    // the page is this process's and mapped; read-only, the write fails (EFAULT), which is
+    // what is tested. The fd is the device's, open for the call.
+    let rc = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&device.as_fd()),
+            peerdirect::uapi::PEERDIRECT_IOC_FREE as _,
+            page,
+        )
+    };
+    let outcome = if rc == 0 {
+        Ok(())
+    } else {
+        Err(Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO))
+    };
+    // SAFETY: the mapping made above, used no more.
+    unsafe { rustix::mm::munmap(page, len) }
+        .map_err(|err| format!("expected munmap to succeed, got {err}"))?;
+    Ok(outcome)
 }
 
 fn describe(allocation: &Allocation<'_>) -> String {

@@ -1450,8 +1450,8 @@ impl PdDomain {
         access: Access,
         out: Out,
     ) -> Result<(), Failure> {
-        // SAFETY: passed on under the same contract.
         let result =
+            // SAFETY: passed on under the same contract.
             unsafe { self.register_into(function, device, &source, range, None, access, out) };
         if result.is_err() {
             self.shared.forget_unregistered(source);

@@ -225,6 +225,17 @@ enum Out {
 }
 
 impl Out {
+    /// What a C function that takes `storage` when `IN_PLACE` (a `const` generic: the C
+    /// function passes no enum or name in memory, [`guard_fast_path`]) makes.
+    #[inline(always)]
+    fn of<const IN_PLACE: bool>(storage: *mut PdMrStorage, out: *mut *mut PdMr) -> Self {
+        if IN_PLACE {
+            Out::InPlace { storage, out }
+        } else {
+            Out::Boxed { out }
+        }
+    }
+
     /// Whether none of its pointers is NULL.
     #[inline]
     fn valid(self) -> bool {
@@ -741,9 +752,9 @@ pub unsafe extern "C" fn pd_register(
     access: u32,
     out: *mut *mut PdMr,
 ) -> c_int {
-    let (f, out) = ("pd_register", Out::Boxed { out });
+    let storage = std::ptr::null_mut();
     // SAFETY: the arguments are passed on under the same contract.
-    unsafe { register_alloc(f, domain, alloc, offset, length, access, out) }
+    unsafe { register_alloc::<false>(domain, alloc, offset, length, access, storage, out) }
 }
 
 /// `int pd_register_in(pd_domain *domain, const pd_allocation *alloc, uint64_t offset,
@@ -764,19 +775,77 @@ pub unsafe extern "C" fn pd_register_in(
     storage: *mut PdMrStorage,
     out: *mut *mut PdMr,
 ) -> c_int {
-    let (f, out) = ("pd_register_in", Out::InPlace { storage, out });
     // SAFETY: the arguments are passed on under the same contract.
-    unsafe { register_alloc(f, domain, alloc, offset, length, access, out) }
+    unsafe { register_alloc::<true>(domain, alloc, offset, length, access, storage, out) }
+}
+
+/// `pd_register_in` if `IN_PLACE`, else `pd_register`.
+const fn register_alloc_name(in_place: bool) -> &'static str {
+    if in_place {
+        "pd_register_in"
+    } else {
+        "pd_register"
+    }
 }
 
 /// Registers bytes `[offset, offset + length)` of `alloc` in `domain` and makes a handle
-/// where `out` says.
+/// where [`Out::of`] says.
 ///
 /// # Safety
 ///
 /// `domain` and `alloc` are NULL or live handles, and the allocation is not being freed
-/// meanwhile; `out`'s pointers are NULL or valid for writing.
-unsafe fn register_alloc(
+/// meanwhile; `storage` (if `IN_PLACE`) and `out` are NULL or valid for writing.
+#[inline(always)]
+unsafe fn register_alloc<const IN_PLACE: bool>(
+    domain: *mut PdDomain,
+    alloc: *const PdAllocation,
+    offset: u64,
+    length: u64,
+    access: u32,
+    storage: *mut PdMrStorage,
+    out: *mut *mut PdMr,
+) -> c_int {
+    guard_fast_path(register_alloc_name(IN_PLACE), || {
+        // SAFETY: passed on under the caller's contract.
+        unsafe { at_alloc::<IN_PLACE>(domain, alloc, offset, length, access, storage, out) }
+    })
+}
+
+/// [`register_alloc`]'s guarded call: the hit, or else the miss. Out of line, for
+/// [`guard_fast_path`].
+///
+/// # Safety
+///
+/// As for [`register_alloc`].
+#[inline(never)]
+unsafe fn at_alloc<const IN_PLACE: bool>(
+    domain: *mut PdDomain,
+    alloc: *const PdAllocation,
+    offset: u64,
+    length: u64,
+    access: u32,
+    storage: *mut PdMrStorage,
+    out: *mut *mut PdMr,
+) -> c_int {
+    let function = register_alloc_name(IN_PLACE);
+    let out = Out::of::<IN_PLACE>(storage, out);
+    // SAFETY: passed on under the caller's contract.
+    match unsafe { hit_alloc(domain, alloc, offset, length, access, out) } {
+        Some(()) => 0,
+        // SAFETY: as above.
+        None => unsafe { missed_alloc(function, domain, alloc, offset, length, access, out) },
+    }
+}
+
+/// [`register_alloc_missed`], guarded on its own: the miss of [`at_alloc`], which passes it
+/// its arguments as they are (captured by a closure there, they were stored before the hit).
+///
+/// # Safety
+///
+/// As for [`register_alloc`].
+#[cold]
+#[inline(never)]
+unsafe fn missed_alloc(
     function: &'static str,
     domain: *mut PdDomain,
     alloc: *const PdAllocation,
@@ -785,24 +854,20 @@ unsafe fn register_alloc(
     access: u32,
     out: Out,
 ) -> c_int {
-    guard_fast_path(
-        function,
+    guard_status(function, || {
         // SAFETY: passed on under the caller's contract.
-        || unsafe { hit_alloc(domain, alloc, offset, length, access, out) }.is_some(),
-        // SAFETY: as above.
-        || unsafe { register_alloc_missed(function, domain, alloc, offset, length, access, out) },
-    )
+        unsafe { register_alloc_missed(function, domain, alloc, offset, length, access, out) }
+    })
 }
 
 /// [`register_alloc`]'s cache hit, which has no failure to report: `None` for a miss, before
 /// the allocation's first registration or the cache's first watch of its device, and for
-/// whatever [`register_alloc_missed`] refuses (and says why). Out of line, for
-/// [`guard_fast_path`].
+/// whatever [`register_alloc_missed`] refuses (and says why).
 ///
 /// # Safety
 ///
 /// As for [`register_alloc`].
-#[inline(never)]
+#[inline(always)]
 unsafe fn hit_alloc(
     domain: *mut PdDomain,
     alloc: *const PdAllocation,
@@ -998,9 +1063,9 @@ pub unsafe extern "C" fn pd_register_addr(
     access: u32,
     out: *mut *mut PdMr,
 ) -> c_int {
-    let out = Out::Boxed { out };
+    let storage = std::ptr::null_mut();
     // SAFETY: the arguments are passed on under the same contract.
-    unsafe { register_at_addr("pd_register_addr", domain, addr, length, access, out) }
+    unsafe { register_at_addr::<false>(domain, addr, length, access, storage, out) }
 }
 
 /// `int pd_register_addr_in(pd_domain *domain, const void *addr, uint64_t length, uint32_t
@@ -1019,44 +1084,96 @@ pub unsafe extern "C" fn pd_register_addr_in(
     storage: *mut PdMrStorage,
     out: *mut *mut PdMr,
 ) -> c_int {
-    let out = Out::InPlace { storage, out };
     // SAFETY: the arguments are passed on under the same contract.
-    unsafe { register_at_addr("pd_register_addr_in", domain, addr, length, access, out) }
+    unsafe { register_at_addr::<true>(domain, addr, length, access, storage, out) }
+}
+
+/// `pd_register_addr_in` if `IN_PLACE`, else `pd_register_addr`.
+const fn register_at_addr_name(in_place: bool) -> &'static str {
+    if in_place {
+        "pd_register_addr_in"
+    } else {
+        "pd_register_addr"
+    }
 }
 
 /// Registers bytes `[addr, addr + length)` of the dma-buf registered at those addresses in
-/// `domain` and makes a handle where `out` says.
+/// `domain` and makes a handle where [`Out::of`] says.
 ///
 /// # Safety
 ///
-/// `domain` is NULL or a live handle; `out`'s pointers are NULL or valid for writing.
+/// `domain` is NULL or a live handle; `storage` (if `IN_PLACE`) and `out` are NULL or valid
+/// for writing.
 #[inline(always)]
-unsafe fn register_at_addr(
-    function: &'static str,
+unsafe fn register_at_addr<const IN_PLACE: bool>(
     domain: *mut PdDomain,
     addr: *const c_void,
     length: u64,
     access: u32,
-    out: Out,
+    storage: *mut PdMrStorage,
+    out: *mut *mut PdMr,
 ) -> c_int {
     let addr = addr as u64;
-    guard_fast_path(
-        function,
+    guard_fast_path(register_at_addr_name(IN_PLACE), || {
         // SAFETY: passed on under the caller's contract.
-        || unsafe { hit_at_addr(domain, addr, length, access, out) }.is_some(),
-        // SAFETY: as above.
-        || unsafe { register_at_addr_missed(function, domain, addr, length, access, out) },
-    )
+        unsafe { at_addr::<IN_PLACE>(domain, addr, length, access, storage, out) }
+    })
 }
 
-/// [`register_at_addr`]'s cache hit, which has no failure to report: `None` for a miss and
-/// for whatever [`register_at_addr_missed`] refuses (and says why). Out of line, for
+/// [`register_at_addr`]'s guarded call: the hit, or else the miss. Out of line, for
 /// [`guard_fast_path`].
 ///
 /// # Safety
 ///
 /// As for [`register_at_addr`].
 #[inline(never)]
+unsafe fn at_addr<const IN_PLACE: bool>(
+    domain: *mut PdDomain,
+    addr: u64,
+    length: u64,
+    access: u32,
+    storage: *mut PdMrStorage,
+    out: *mut *mut PdMr,
+) -> c_int {
+    let function = register_at_addr_name(IN_PLACE);
+    let out = Out::of::<IN_PLACE>(storage, out);
+    // SAFETY: passed on under the caller's contract.
+    match unsafe { hit_at_addr(domain, addr, length, access, out) } {
+        Some(()) => 0,
+        // SAFETY: as above.
+        None => unsafe { missed_at_addr(function, domain, addr, length, access, out) },
+    }
+}
+
+/// [`register_at_addr_missed`], guarded on its own: the miss of [`at_addr`] (as
+/// [`missed_alloc`] is [`at_alloc`]'s).
+///
+/// # Safety
+///
+/// As for [`register_at_addr`].
+#[cold]
+#[inline(never)]
+unsafe fn missed_at_addr(
+    function: &'static str,
+    domain: *mut PdDomain,
+    addr: u64,
+    length: u64,
+    access: u32,
+    out: Out,
+) -> c_int {
+    guard_status(function, || {
+        // SAFETY: passed on under the caller's contract.
+        unsafe { register_at_addr_missed(function, domain, addr, length, access, out) }
+    })
+}
+
+/// [`register_at_addr`]'s cache hit, which has no failure to report: `None` for a miss and
+/// for whatever [`register_at_addr_missed`] refuses (and says why).
+///
+/// # Safety
+///
+/// As for [`register_at_addr`].
+#[inline(always)]
 unsafe fn hit_at_addr(
     domain: *mut PdDomain,
     addr: u64,

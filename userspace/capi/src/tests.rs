@@ -291,8 +291,8 @@ fn every_c_function_runs_inside_the_guard() {
         "unsafe fn with_mr<",
         "unsafe fn companion_reset(",
         "unsafe fn register_fd(",
-        "unsafe fn register_alloc(",
-        "unsafe fn register_at_addr(",
+        "unsafe fn register_alloc<",
+        "unsafe fn register_at_addr<",
     ];
     let source = [include_str!("lib.rs"), include_str!("regcache.rs")].concat();
     let body_of = |start: usize| -> &str {
@@ -308,11 +308,14 @@ fn every_c_function_runs_inside_the_guard() {
             "{helper} does not guard its body"
         );
     }
+    // Called as `name(`, or `name::<` with its generic arguments named.
     let helper_calls: Vec<String> = HELPERS
         .iter()
-        .map(|h| {
-            let name = h.trim_start_matches("unsafe fn ");
-            format!("{}(", name.trim_end_matches(['(', '<']))
+        .flat_map(|h| {
+            let name = h
+                .trim_start_matches("unsafe fn ")
+                .trim_end_matches(['(', '<']);
+            [format!("{name}("), format!("{name}::<")]
         })
         .collect();
     let mut seen = 0;

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use peerdirect::{Allocation, Device};
 use serde_json::{json, Value};
 
-use crate::size::{check_alloc_size, human_bytes, parse_align, parse_size};
+use crate::size::{check_alloc_size, human_bytes, parse_align, parse_device, parse_size};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -17,7 +17,7 @@ pub struct Args {
     #[arg(long, allow_hyphen_values = true, value_name = "A", value_parser = parse_align)]
     pub align: Option<u64>,
     /// The HBM device: N of /dev/peerdirectN.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, allow_hyphen_values = true, value_name = "N", value_parser = parse_device, default_value = "0")]
     pub device: u32,
     /// Print a JSON object instead of text.
     #[arg(long)]

@@ -10,7 +10,7 @@ use peerdirect::{Control, Device, ExportFlags, PciAddress, Provider};
 use serde_json::json;
 
 use crate::hold::Watch;
-use crate::size::{parse_number, parse_size};
+use crate::size::{parse_device, parse_number, parse_seconds, parse_size};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -27,7 +27,7 @@ pub enum Command {
         device: PciAddress,
         /// The BAR that holds HBM, 0-5; without it, the one peerdirect knows for the device
         /// (Gaudi: 4).
-        #[arg(long, value_parser = clap::value_parser!(u8).range(0..=5))]
+        #[arg(long, allow_hyphen_values = true, value_parser = clap::value_parser!(u8).range(0..=5))]
         bar: Option<u8>,
     },
     /// Stop serving a companion device: everything exported from it is revoked first.
@@ -50,7 +50,7 @@ pub enum Command {
     /// dma-buf; optionally write and check a pattern through its mapping, and hold it.
     Export {
         /// The companion device: N of /dev/peerdirectN.
-        #[arg(long, value_name = "N", default_value_t = 0)]
+        #[arg(long, allow_hyphen_values = true, value_name = "N", value_parser = parse_device, default_value = "0")]
         device: u32,
         /// Start of the range in the BAR, a multiple of the page size.
         #[arg(long, allow_hyphen_values = true, value_name = "O", value_parser = parse_size)]
@@ -66,7 +66,7 @@ pub enum Command {
         verify: Option<u64>,
         /// Keep the dma-buf for SECONDS after printing; ends at once with an error if the
         /// module revokes it meanwhile.
-        #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+        #[arg(long, allow_hyphen_values = true, value_name = "SECONDS", value_parser = parse_seconds, default_value = "0")]
         hold: u64,
     },
     /// List the companion devices.

@@ -12,7 +12,10 @@ use peerdirect::{Device, DmaBuf, ExportFlags, SyncFlags};
 use serde_json::{json, Value};
 
 use crate::hold::Watch;
-use crate::size::{check_alloc_size, human_bytes, parse_align, parse_number, parse_size};
+use crate::size::{
+    check_alloc_size, human_bytes, parse_align, parse_device, parse_number, parse_seconds,
+    parse_size,
+};
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -44,10 +47,10 @@ pub struct Args {
     pub verify: Option<u64>,
     /// Keep the allocation and the dma-buf fd for SECONDS after printing, then free them;
     /// ends at once with an error if the module revokes the export meanwhile.
-    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    #[arg(long, allow_hyphen_values = true, value_name = "SECONDS", value_parser = parse_seconds, default_value = "0")]
     pub hold: u64,
     /// The HBM device: N of /dev/peerdirectN.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, allow_hyphen_values = true, value_name = "N", value_parser = parse_device, default_value = "0")]
     pub device: u32,
     /// Print a JSON object instead of text.
     #[arg(long)]

@@ -223,6 +223,74 @@ mod tests {
         assert!(err.to_string().contains("not a size"), "{err}");
     }
 
+    /// The options that take a device, seconds or a BAR take a negative value too (clap took
+    /// `--hold -1` for an unknown flag `-1`), and the usage error says what to give instead.
+    #[test]
+    fn negative_devices_seconds_and_bars_are_usage_errors_that_say_what_to_give() {
+        let device = "a device is N of /dev/peerdirectN";
+        let seconds = "give whole seconds";
+        for (args, what) in [
+            (&["alloc", "--size", "4M", "--device", "-1"][..], device),
+            (&["export", "--size", "4M", "--device", "-1"], device),
+            (&["export", "--size", "4M", "--hold", "-1"], seconds),
+            (&["register", "--provider", "tcp", "--device", "-2"], device),
+            (&["topo", "--device", "-1"], device),
+            (
+                &[
+                    "companion",
+                    "export",
+                    "--device",
+                    "-1",
+                    "--bar-offset",
+                    "0",
+                    "--size",
+                    "4K",
+                ],
+                device,
+            ),
+            (
+                &[
+                    "companion",
+                    "export",
+                    "--bar-offset",
+                    "0",
+                    "--size",
+                    "4K",
+                    "--hold",
+                    "-30",
+                ],
+                seconds,
+            ),
+        ] {
+            let err = parse(args).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{args:?}: {err}");
+            let err = err.to_string();
+            assert!(err.contains("cannot be negative"), "{args:?}: {err}");
+            assert!(err.contains(what), "{args:?}: {err}");
+        }
+        let err = parse(&["companion", "add", "0000:03:00.0", "--bar", "-1"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation, "{err}");
+        assert!(err.to_string().contains("-1 is not in 0..=5"), "{err}");
+        // Other values that are not numbers say what to give too.
+        for (args, what) in [
+            (&["alloc", "--size", "4M", "--device", "x"][..], device),
+            (&["alloc", "--size", "4M", "--device", "4294967296"], device),
+            (&["export", "--size", "4M", "--hold", "1.5"], seconds),
+        ] {
+            let err = parse(args).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{args:?}: {err}");
+            assert!(err.to_string().contains(what), "{args:?}: {err}");
+        }
+        assert_eq!(
+            alloc(&["--size", "4M", "--device", "0x1"]).unwrap().device,
+            1
+        );
+        assert_eq!(
+            topo(&["--device", "4294967295"]).unwrap().device,
+            Some(u32::MAX)
+        );
+    }
+
     #[test]
     fn export_defaults() {
         let args = export(&["--size", "4M"]).unwrap();

@@ -13,7 +13,7 @@ use peerdirect::registrar::libfabric::{
 use peerdirect::{Allocation, Device, DmaBuf, ExportFlags, RegPath};
 use serde_json::json;
 
-use crate::size::{human_bytes, parse_size};
+use crate::size::{human_bytes, parse_device, parse_size};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -27,7 +27,7 @@ pub struct Args {
     #[arg(long, value_name = "ADDR")]
     pub node: Option<String>,
     /// The HBM device: N of /dev/peerdirectN.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, allow_hyphen_values = true, value_name = "N", value_parser = parse_device, default_value = "0")]
     pub device: u32,
     /// Print a JSON object instead of text.
     #[arg(long)]

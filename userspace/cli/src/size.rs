@@ -17,6 +17,18 @@ pub fn parse_number(text: &str) -> Result<u64, String> {
     peerdirect::size::parse_number(text).map_err(|problem| format!("{text:?}: {problem}"))
 }
 
+/// Parses a device number, N of /dev/peerdirectN: a number ([`parse_number`]) of 32 bits.
+pub fn parse_device(text: &str) -> Result<u32, String> {
+    const WHAT: &str = "a device is N of /dev/peerdirectN, such as 0";
+    let number = parse_number(text).map_err(|problem| format!("{problem}; {WHAT}"))?;
+    u32::try_from(number).map_err(|_| format!("{text:?}: does not fit in 32 bits; {WHAT}"))
+}
+
+/// Parses a number of seconds ([`parse_number`]).
+pub fn parse_seconds(text: &str) -> Result<u64, String> {
+    parse_number(text).map_err(|problem| format!("{problem}; give whole seconds, 0 for none"))
+}
+
 /// A minus sign and a digit: a negative number, which no option here takes.
 fn refuse_negative(text: &str, what: &str) -> Result<(), String> {
     match text.strip_prefix('-') {

@@ -13,12 +13,13 @@ use peerdirect::{Device, P2pMapping, P2pPath, PciAddress};
 use serde::Serialize;
 
 use crate::devices::NO_DEVICE;
+use crate::size::parse_device;
 use crate::table;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Only this HBM device (N of /dev/peerdirectN); default: every one.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true, value_name = "N", value_parser = parse_device)]
     pub device: Option<u32>,
     /// Ask about this PCI device (DDDD:BB:SS.F; repeatable) instead of the RDMA, network
     /// and accelerator devices found in sysfs.

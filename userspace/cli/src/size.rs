@@ -3,17 +3,15 @@
 /// Parses a byte count: decimal digits with an optional binary unit (`K`, `M`, `G`, `T`, any
 /// case, optionally followed by `iB`: powers of 1024), or `0x` and hex digits.
 ///
-/// The options that take one are declared with `allow_hyphen_values`, so that `--size -1`
-/// reaches this parser, which says a size cannot be negative, instead of clap taking `-1` for
-/// an unknown flag.
+/// The options that take one (or a number) are declared with `allow_hyphen_values`, so that
+/// `--size -1` reaches this parser, which says (as the crate's does) that a size cannot be
+/// negative, instead of clap taking `-1` for an unknown flag.
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    refuse_negative(text, "a size")?;
     peerdirect::size::parse_size(text).map_err(|problem| format!("{text:?}: {problem}"))
 }
 
-/// Parses a number: decimal digits, or `0x` and hex digits.
+/// Parses a number: decimal digits, or `0x` and hex digits; not a negative one.
 pub fn parse_number(text: &str) -> Result<u64, String> {
-    refuse_negative(text, "a number")?;
     peerdirect::size::parse_number(text).map_err(|problem| format!("{text:?}: {problem}"))
 }
 
@@ -27,16 +25,6 @@ pub fn parse_device(text: &str) -> Result<u32, String> {
 /// Parses a number of seconds ([`parse_number`]).
 pub fn parse_seconds(text: &str) -> Result<u64, String> {
     parse_number(text).map_err(|problem| format!("{problem}; give whole seconds, 0 for none"))
-}
-
-/// A minus sign and a digit: a negative number, which no option here takes.
-fn refuse_negative(text: &str, what: &str) -> Result<(), String> {
-    match text.strip_prefix('-') {
-        Some(rest) if rest.starts_with(|c: char| c.is_ascii_digit()) => {
-            Err(format!("{text:?}: {what} cannot be negative"))
-        }
-        _ => Ok(()),
-    }
 }
 
 /// Parses an alignment: a byte count ([`parse_size`]) that is a power of two of at least the

@@ -3,8 +3,10 @@
 //! Errors say what is wrong with the text without repeating it; callers add the text and where
 //! it came from.
 
-/// A number of bytes: a number, then optionally a unit that is a power of 1024.
+/// A number of bytes: a number, then optionally a unit that is a power of 1024. A negative
+/// one is refused as such, not as no size.
 pub fn parse_size(text: &str) -> Result<u64, String> {
+    refuse_negative(text, "a size")?;
     if text.starts_with("0x") || text.starts_with("0X") {
         return parse_number(text);
     }
@@ -37,8 +39,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| "does not fit in 64 bits".into())
 }
 
-/// A number: decimal digits, or `0x` and hex digits.
+/// A number: decimal digits, or `0x` and hex digits. A negative one is refused as such.
 pub fn parse_number(text: &str) -> Result<u64, String> {
+    refuse_negative(text, "a number")?;
     let (digits, radix) = match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
         Some(hex) => (hex, 16),
         None => (text, 10),
@@ -47,6 +50,17 @@ pub fn parse_number(text: &str) -> Result<u64, String> {
         return Err("not a number (decimal, or hex with 0x)".into());
     }
     u64::from_str_radix(digits, radix).map_err(|_| "does not fit in 64 bits".into())
+}
+
+/// A minus sign and a digit: a negative number, which neither parser takes. A hyphen before
+/// anything else (`--json` given where a size belongs) is left to say it is no number.
+fn refuse_negative(text: &str, what: &str) -> Result<(), String> {
+    match text.strip_prefix('-') {
+        Some(rest) if rest.starts_with(|c: char| c.is_ascii_digit()) => {
+            Err(format!("{what} cannot be negative"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// `bytes` in the largest binary unit that keeps it at least 1, with one decimal unless exact.
@@ -91,6 +105,36 @@ mod tests {
             .contains("does not fit"));
         assert_eq!(parse_number("0x2a"), Ok(42));
         assert!(parse_number("4K").unwrap_err().contains("not a number"));
+    }
+
+    /// A minus sign before a digit is a negative number, which neither takes; a hyphen before
+    /// anything else is no number at all.
+    #[test]
+    fn negatives_are_refused_as_negative() {
+        for text in ["-1", "-4K", "-0x1000", "-1.5G"] {
+            assert_eq!(
+                parse_size(text),
+                Err("a size cannot be negative".into()),
+                "{text}"
+            );
+        }
+        for text in ["-7", "-0x2a"] {
+            assert_eq!(
+                parse_number(text),
+                Err("a number cannot be negative".into()),
+                "{text}"
+            );
+        }
+        for text in ["-", "-K", "--json"] {
+            assert!(
+                parse_size(text).unwrap_err().contains("not a size"),
+                "{text}"
+            );
+            assert!(
+                parse_number(text).unwrap_err().contains("not a number"),
+                "{text}"
+            );
+        }
     }
 
     #[test]

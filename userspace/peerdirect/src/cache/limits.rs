@@ -183,7 +183,8 @@ mod tests {
         );
         for (size, problem) in [
             ("G", "not a size"),
-            ("-1", "not a size"),
+            ("-1", "a size cannot be negative"),
+            ("-4K", "a size cannot be negative"),
             (" 1G", "not a size"),
             ("1 G", "unknown unit \" G\""),
             ("1.5G", "not a whole number"),
@@ -194,7 +195,16 @@ mod tests {
             let err = parse(None, Some(size)).unwrap_err();
             assert!(err.problem.contains(problem), "{size}: {err}");
         }
-        assert!(parse(Some("-1"), None).is_err());
+        let err = parse(None, Some("-1")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "PEERDIRECT_MR_CACHE_MAX_SIZE=\"-1\": a size cannot be negative; set it to a size \
+             such as PEERDIRECT_MR_CACHE_MAX_SIZE=16G, or unset it for the default (256G)"
+        );
+        assert_eq!(
+            parse(Some("-1"), None).unwrap_err().problem,
+            "a number cannot be negative"
+        );
         assert!(parse(Some("1e3"), None).is_err());
     }
 }

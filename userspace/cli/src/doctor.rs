@@ -766,7 +766,7 @@ pub fn checks(host: &Host) -> Vec<Check> {
     let hbm_total: u64 = host.devices.iter().map(|d| d.hbm_bytes).sum();
     out.push(match (&host.devices_error, host.devices.as_slice()) {
         (Some(e), _) => Check::new("devices", Status::Fail, e.clone())
-            .fix("join the group peerdirect, which the peerdirect-dkms package's udev rule gives /dev/peerdirect* (adduser $USER peerdirect, then log in again), or run as root"),
+            .fix("join the group peerdirect, which the udev rule of the peerdirect-dkms package or of make install gives /dev/peerdirect* (adduser $USER peerdirect, then log in again), or run as root"),
         (None, []) => Check::new("devices", Status::Fail, "no /dev/peerdirectN").fix(NO_DEVICE),
         (None, devices) if devices.iter().any(|d| d.revoked) => Check::new(
             "devices",
@@ -2259,6 +2259,24 @@ mod tests {
             .contains("reaches no RDMA NIC: 0000:04:00.0 (efa_0): ACS redirect"));
         let memlock = checks.iter().find(|c| c.name == "memlock").unwrap();
         assert!(memlock.detail.contains("8 MiB"), "{}", memlock.detail);
+    }
+
+    /// The group to join is given /dev/peerdirect* by the udev rule of either install.
+    #[test]
+    fn devices_that_cannot_be_opened_say_to_join_the_group() {
+        let mut host = healthy();
+        host.devices.clear();
+        host.devices_error = Some("open /dev/peerdirect0: Permission denied (os error 13)".into());
+        let devices = check(&host, "devices");
+        assert_eq!(devices.status, Status::Fail);
+        assert_eq!(
+            devices.fix.as_deref(),
+            Some(
+                "join the group peerdirect, which the udev rule of the peerdirect-dkms package or \
+                 of make install gives /dev/peerdirect* (adduser $USER peerdirect, then log in \
+                 again), or run as root"
+            )
+        );
     }
 
     #[test]

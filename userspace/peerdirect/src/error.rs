@@ -292,7 +292,7 @@ fn hint(operation: Operation, errno: Errno) -> Option<&'static str> {
             "a device file's status page is read-only: map it with PROT_READ (Device::status)"
         }
         (_, Errno::ACCESS | Errno::PERM) => {
-            "permission denied: /dev/peerdirect* belong to the group peerdirect where the peerdirect-dkms package's udev rule is installed: join it (adduser $USER peerdirect, then log in again), or run as root"
+            "permission denied: where peerdirect is installed (the peerdirect-dkms package, or make install), its udev rule gives /dev/peerdirect* to the group peerdirect: join it (adduser $USER peerdirect, then log in again), or run as root"
         }
         (Open, Errno::NOENT | Errno::NXIO | Errno::NODEV) => {
             "is peerdirect.ko loaded and the HBM device bound? see README"
@@ -450,6 +450,22 @@ mod tests {
         }
         // For ALLOC, ENOENT is not about handles.
         assert_eq!(os(Operation::Alloc, Errno::NOENT).hint(), None);
+    }
+
+    /// Both ways of installing, the peerdirect-dkms package and `make install`, install the
+    /// udev rule and the group that a permission error tells the user to join.
+    #[test]
+    fn permission_denied_names_the_group_of_either_install() {
+        for operation in [Operation::Open, Operation::Alloc] {
+            let hint = os(operation, Errno::ACCESS).hint().unwrap();
+            assert_eq!(
+                hint,
+                "permission denied: where peerdirect is installed (the peerdirect-dkms package, \
+                 or make install), its udev rule gives /dev/peerdirect* to the group \
+                 peerdirect: join it (adduser $USER peerdirect, then log in again), or run as \
+                 root"
+            );
+        }
     }
 
     /// An export refused while the device resets says so, and that trying again works.

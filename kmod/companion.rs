@@ -124,8 +124,9 @@ impl OwnerUnbinds for OwnerEvents {
 }
 
 /// Adds the device at `domain`:`bus`:`devfn` as a companion whose HBM is BAR `bar`
-/// (`PEERDIRECT_COMPANION_BAR_DEFAULT`: from the ID table); returns N of `/dev/peerdirectN`.
-fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
+/// (`PEERDIRECT_COMPANION_BAR_DEFAULT`: from the ID table); returns its HBM, whose recorded
+/// index is N of `/dev/peerdirectN`.
+fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<Arc<Hbm>> {
     let pdev = PciDevRef::get(domain, bus, devfn)
         .ok_or(ENXIO)?
         .into_device();
@@ -178,7 +179,7 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
         index: index.get(),
     };
     let hbm = Hbm::new(info, pdev.clone(), Some(driver))?;
-    let device = KBox::pin_init(HbmDevice::new(index, hbm), GFP_KERNEL)?;
+    let device = KBox::pin_init(HbmDevice::new(index, hbm.clone()), GFP_KERNEL)?;
     companions
         .push_within_capacity(Companion {
             key,
@@ -197,7 +198,24 @@ fn add(domain: u32, bus: u8, devfn: u8, bar: u8) -> Result<u32> {
         info.bytes >> 20,
         info.bus_addr
     );
-    Ok(info.index)
+    Ok(hbm)
+}
+
+/// Takes back the companion whose HBM is `hbm`, which [`add`] made for a caller that cannot
+/// learn its index (its argument was made unwritable during the call). It goes as on REMOVE:
+/// exports revoked first; a fatal signal ends the wait, leaving it in place. Meanwhile only
+/// `CAP_SYS_ADMIN` can have acted on it (EXPORT_RANGE, the control device, the owner's
+/// unbind), as on any companion. Named by its HBM, not its address: if another removal took
+/// it first, a companion added since for the same device stays.
+fn withdraw(hbm: &Arc<Hbm>) {
+    let address = hbm.recorded().address;
+    pr_info!(
+        "companion {}: its index could not be written back to the caller: removing it\n",
+        address
+    );
+    if let Ok(Some(companion)) = remove_companion(hbm, Wait::Killable) {
+        drop(companion);
+    }
 }
 
 /// Stops serving the companion at `domain`:`bus`:`devfn`; `ENOENT` if it is none. Waits until
@@ -270,19 +288,26 @@ impl ControlFile {
             return Err(EINVAL);
         }
         let devfn = sys::pci::devfn(v.pci_slot, v.pci_func)?;
+        // Answered before acting: a caller whose argument cannot be written gets EFAULT with
+        // nothing done, not an error for a command that happened (uapi.md). The answer of
+        // REMOVE and the resets is the request; ADD's holds the new index, written once known.
+        req.write_back()?;
         match cmd {
             PEERDIRECT_IOC_COMPANION_ADD => {
-                req.value.index = add(v.pci_domain, v.pci_bus, devfn, v.bar)?;
+                let hbm = add(v.pci_domain, v.pci_bus, devfn, v.bar)?;
+                req.value.index = hbm.recorded().index;
+                // Fails only if the caller's memory changed under the call (another thread's
+                // munmap or mprotect): a companion it cannot name goes again.
+                req.write_back().inspect_err(|_| withdraw(&hbm))
             }
-            PEERDIRECT_IOC_COMPANION_REMOVE => remove(v.pci_domain, v.pci_bus, devfn)?,
+            PEERDIRECT_IOC_COMPANION_REMOVE => remove(v.pci_domain, v.pci_bus, devfn),
             _ => reset(
                 v.pci_domain,
                 v.pci_bus,
                 devfn,
                 cmd == PEERDIRECT_IOC_COMPANION_RESET_PREPARE,
-            )?,
+            ),
         }
-        req.answer()
     }
 }
 

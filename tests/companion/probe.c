@@ -16,6 +16,9 @@
  * probe driver DEV: INFO's answer size and driver name, as "size=N driver=NAME"
  * probe info FD | probe add-bar BAR DOMAIN BUS SLOT FUNC | probe xr DEV OFFSET LENGTH:
  *	prints OK or the errno's name
+ * probe ctl-ro add|remove|reset-prepare|reset-done BDF [BAR]: that control device command for
+ *	the device at BDF (DOMAIN:BUS:SLOT.FUNC; ADD's BAR, default 0xff) with its argument in a
+ *	read-only page, so that its answer cannot be written back; prints OK or the errno's name
  * probe imp DEV OFFSET LENGTH "IMPORTER COMMAND": exports the range, then has the test
  *	importer run the command with fd=N prepended; prints its answer on one line
  * probe cmd "IMPORTER COMMAND": the same without an export
@@ -64,6 +67,8 @@ static const char *errname(int e)
 	case EPERM: return "EPERM";
 	case EOPNOTSUPP: return "EOPNOTSUPP";
 	case EOVERFLOW: return "EOVERFLOW";
+	case EFAULT: return "EFAULT";
+	case EBUSY: return "EBUSY";
 	default: return strerror(e);
 	}
 }
@@ -85,6 +90,39 @@ static int export_range(const char *dev, const char *off, const char *len)
 	if (fd < 0 || ioctl(fd, PEERDIRECT_IOC_EXPORT_RANGE, &x))
 		return -1;
 	return x.fd;
+}
+
+static int control_read_only(const char *cmd, const char *bdf, unsigned int bar)
+{
+	unsigned int domain, bus, slot, func;
+	size_t page = sysconf(_SC_PAGESIZE);
+	struct peerdirect_companion *c;
+	unsigned long req;
+	int fd;
+
+	if (!strcmp(cmd, "add"))
+		req = PEERDIRECT_IOC_COMPANION_ADD;
+	else if (!strcmp(cmd, "remove"))
+		req = PEERDIRECT_IOC_COMPANION_REMOVE;
+	else if (!strcmp(cmd, "reset-prepare"))
+		req = PEERDIRECT_IOC_COMPANION_RESET_PREPARE;
+	else if (!strcmp(cmd, "reset-done"))
+		req = PEERDIRECT_IOC_COMPANION_RESET_DONE;
+	else
+		return printf("unknown command %s\n", cmd), 2;
+	if (sscanf(bdf, "%x:%x:%x.%x", &domain, &bus, &slot, &func) != 4)
+		return printf("not a PCI address: %s\n", bdf), 2;
+	c = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (c == MAP_FAILED)
+		return printf("mmap: %s\n", strerror(errno)), 1;
+	*c = (struct peerdirect_companion){
+		.size = sizeof(*c), .pci_domain = domain, .pci_bus = bus, .pci_slot = slot,
+		.pci_func = func, .bar = bar,
+	};
+	if (mprotect(c, page, PROT_READ))
+		return printf("mprotect: %s\n", strerror(errno)), 1;
+	fd = open("/dev/" PEERDIRECT_CONTROL_DEVICE, O_RDWR);
+	return report(fd < 0 ? fd : ioctl(fd, req, c));
 }
 
 static int importer(const char *line)
@@ -175,6 +213,9 @@ int main(int argc, char **argv)
 		int fd = open("/dev/" PEERDIRECT_CONTROL_DEVICE, O_RDWR);
 		return report(fd < 0 ? fd : ioctl(fd, PEERDIRECT_IOC_COMPANION_ADD, &c));
 	}
+	if ((argc == 4 || argc == 5) && !strcmp(argv[1], "ctl-ro"))
+		return control_read_only(argv[2], argv[3],
+					 argc == 5 ? strtoul(argv[4], 0, 0) : PEERDIRECT_COMPANION_BAR_DEFAULT);
 	if (argc == 5 && !strcmp(argv[1], "xr")) {
 		int fd = export_range(argv[2], argv[3], argv[4]);
 		return report(fd < 0 ? -1 : 0);

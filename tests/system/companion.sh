@@ -10,16 +10,18 @@
 # and unload with a companion; kmemleak scans after. Exports of companion ranges
 # (EXPORT_RANGE): every refusal with its errno, a pattern written through one found at its
 # place in the host's HBM backing file, the NIC mapping one by bus address in the switch
-# topology and refused in the split one. Last, 10 s of races on the KASAN kernel (longer until
-# every loop has met the others: tests/companion/race.sh). Revocation
-# of exports in use: tests/system/companion-revoke.sh. The guest scripts: tests/companion/.
+# topology and refused in the split one; ADD, REMOVE, RESET_PREPARE and RESET_DONE whose
+# answer cannot be written (a read-only argument) fail with EFAULT and do nothing. Last, 10 s
+# of races on the KASAN kernel (longer until every loop has met the others:
+# tests/companion/race.sh). Revocation of exports in use: tests/system/companion-revoke.sh.
+# The guest scripts: tests/companion/.
 . "$(dirname "$0")/../lib.sh"
 . "$ROOT/tests/companion/host-lib.sh"
-# Plan: this script's own checks, declared first: of the owner's run 26, of the exports' 11,
+# Plan: this script's own checks, declared first: of the owner's run 26, of the exports' 15,
 # of the owned device's 8, of the split topology's 3, of the races 8 (the run, and one per loop
 # that the sides met). A guest run that does not end cleanly adds a failure (guest_run).
 race_loops=(add_remove owner import pinned info list reset)
-plan $((26 + 11 + 8 + 3 + 1 + ${#race_loops[@]}))
+plan $((26 + 15 + 8 + 3 + 1 + ${#race_loops[@]}))
 
 # One boot for two scripts: the owner's (its records in owner.out, written by the guest), then
 # the exports' (exports.out), with the HBM's backing file kept to check the data. owner.sh
@@ -85,7 +87,16 @@ expect "a BAR smaller than a page (the device's 256-byte register BAR 0): EINVAL
 expect "rmmod with a companion in place unloads cleanly" owner rmmod 0 '^$'
 expect "the kernel log says each companion's start and end" owner log 0 'companion 0000:03:00.0: its driver unbinds or it is being removed.*companion 0000:03:00.0: removed on request'
 
-# Exports of companion ranges (the boot above).
+# Exports of companion ranges (the boot above), and control commands whose answer cannot be
+# written (the probe's ctl-ro: the argument in a read-only page).
+expect "COMPANION_ADD from a read-only argument (its answer cannot be written): EFAULT, and no companion is listed; ADD from writable memory then serves /dev/peerdirect0" \
+	exports ro_add 0 '^EFAULT\|/dev/peerdirect0$'
+expect "COMPANION_RESET_DONE from a read-only argument during a reset: EFAULT, and the reset goes on: EXPORT_RANGE fails with EBUSY until a RESET_DONE from writable memory" \
+	exports ro_reset_done 0 '^EFAULT\|EBUSY\|OK$'
+expect "COMPANION_RESET_PREPARE from a read-only argument: EFAULT, and no reset begins: EXPORT_RANGE still succeeds" \
+	exports ro_reset_prepare 0 '^EFAULT\|OK$'
+expect "COMPANION_REMOVE from a read-only argument: EFAULT, and the companion stays listed" \
+	exports ro_remove 0 '^EFAULT\|/dev/peerdirect0  0000:03:00.0  BAR2  companion of vfio-pci$'
 expect "EXPORT_RANGE at an unaligned BAR offset: EINVAL" exports unaligned 0 '^EINVAL$'
 expect "EXPORT_RANGE of an unaligned length: EINVAL" exports unaligned_len 0 '^EINVAL$'
 expect "EXPORT_RANGE of length 0: EINVAL" exports zero 0 '^EINVAL$'

@@ -73,7 +73,7 @@ use std::time::{Duration, Instant};
 use crate::register::{bind_endpoint, hbm_export};
 use anyhow::{Context, Result};
 use peerdirect::registrar::libfabric;
-use peerdirect::{Allocation, Device, DmaBuf, ExportFlags, Provider, RegPath};
+use peerdirect::{Allocation, Device, DmaBuf, Errno, ExportFlags, Provider, RegPath};
 use serde::Serialize;
 
 use crate::devices::NO_DEVICE;
@@ -139,6 +139,15 @@ impl Check {
     }
 }
 
+/// Why `/dev/peerdirect*` could not be read (`peerdirect::devices`).
+#[derive(Debug, Clone)]
+pub struct Unreadable {
+    /// The error, with its hint.
+    pub message: String,
+    /// Whether permission was denied (`EACCES`, `EPERM`): the fix is then the group to join.
+    pub denied: bool,
+}
+
 /// What the checks look at, gathered from the host (or made up by a test).
 #[derive(Debug, Default)]
 pub struct Host {
@@ -158,7 +167,7 @@ pub struct Host {
     /// Per HBM device: its node, and per RDMA-capable peer its P2P verdict.
     pub devices: Vec<DeviceView>,
     /// Why the devices could not be read, if they could not.
-    pub devices_error: Option<String>,
+    pub devices_error: Option<Unreadable>,
     /// The PCI functions sysfs lists (not bridges).
     pub peers: Vec<PciPeer>,
     /// `libfabric::version()`, or why it is unusable (`Err`).
@@ -330,7 +339,10 @@ impl Host {
                 if !verbs.is_empty() {
                     host.verbs_probe = Some(Err(e.to_string()));
                 }
-                host.devices_error = Some(e.to_string());
+                host.devices_error = Some(Unreadable {
+                    message: e.to_string(),
+                    denied: matches!(e.errno(), Some(Errno::ACCESS | Errno::PERM)),
+                });
             }
         }
         host.peers = peers;
@@ -425,7 +437,6 @@ pub fn choose_provider(
 /// releases it: the path it took, or what failed.
 fn probe_fabric(device: &Device, provider: &str) -> Probed {
     use peerdirect::registrar::libfabric::{Fabric, LibfabricError, LibfabricRegistrar};
-    use peerdirect::Errno;
     let fabric = match Fabric::open(provider, None) {
         Ok(fabric) => fabric,
         Err(
@@ -765,8 +776,10 @@ pub fn checks(host: &Host) -> Vec<Check> {
 
     let hbm_total: u64 = host.devices.iter().map(|d| d.hbm_bytes).sum();
     out.push(match (&host.devices_error, host.devices.as_slice()) {
-        (Some(e), _) => Check::new("devices", Status::Fail, e.clone())
+        (Some(e), _) if e.denied => Check::new("devices", Status::Fail, e.message.clone())
             .fix("join the group peerdirect, which the udev rule of the peerdirect-dkms package or of make install gives /dev/peerdirect* (adduser $USER peerdirect, then log in again), or run as root"),
+        // Its message says what to do, where there is something to say (Error::hint).
+        (Some(e), _) => Check::new("devices", Status::Fail, e.message.clone()),
         (None, []) => Check::new("devices", Status::Fail, "no /dev/peerdirectN").fix(NO_DEVICE),
         (None, devices) if devices.iter().any(|d| d.revoked) => Check::new(
             "devices",
@@ -2266,7 +2279,10 @@ mod tests {
     fn devices_that_cannot_be_opened_say_to_join_the_group() {
         let mut host = healthy();
         host.devices.clear();
-        host.devices_error = Some("open /dev/peerdirect0: Permission denied (os error 13)".into());
+        host.devices_error = Some(Unreadable {
+            message: "open /dev/peerdirect0: Permission denied (os error 13)".into(),
+            denied: true,
+        });
         let devices = check(&host, "devices");
         assert_eq!(devices.status, Status::Fail);
         assert_eq!(
@@ -2277,6 +2293,21 @@ mod tests {
                  again), or run as root"
             )
         );
+    }
+
+    /// A file that is no peerdirect device is not a matter of the group: no fix but its
+    /// message's own.
+    #[test]
+    fn devices_that_cannot_be_read_for_another_reason_are_not_told_to_join_the_group() {
+        let mut host = healthy();
+        host.devices.clear();
+        host.devices_error = Some(Unreadable {
+            message: "info /dev/peerdirect0: Inappropriate ioctl for device (os error 25)".into(),
+            denied: false,
+        });
+        let devices = check(&host, "devices");
+        assert_eq!(devices.status, Status::Fail);
+        assert_eq!(devices.fix, None);
     }
 
     #[test]

@@ -131,7 +131,11 @@ fn options() -> Result<Options> {
                     .collect::<std::result::Result<_, _>>()?
             }
             "--iterations" => o.iterations = number("a count")?,
-            "--device" => o.device = number("a device index")? as u32,
+            "--device" => {
+                o.device = u32::try_from(number("a device index")?).map_err(|_| {
+                    format!("--device {arg}: does not fit in 32 bits: give N of /dev/peerdirectN")
+                })?
+            }
             "--timeout" => o.timeout = Duration::from_secs(number("seconds")?),
             "--json" => o.json = Some(arg.into()),
             _ => return Err(format!("unknown option {flag}\n{USAGE}").into()),

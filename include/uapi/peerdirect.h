@@ -13,6 +13,9 @@
  *  - `flags` rejects bits the kernel does not know (EOPNOTSUPP).
  *  - Fields named __reserved* are explicit padding and must be zero (EINVAL).
  *  - Sizes, offsets and addresses are 64-bit.
+ *  - A command whose answer cannot be written back (the struct is in memory the caller cannot
+ *    write) fails with EFAULT and leaves nothing done: no allocation, fd or companion is left
+ *    that the caller cannot name, and FREE, COMPANION_REMOVE and the resets do not act.
  */
 #ifndef _UAPI_PEERDIRECT_H
 #define _UAPI_PEERDIRECT_H

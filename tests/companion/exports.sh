@@ -1,7 +1,8 @@
 #!/bin/bash
 # EXPORT_RANGE of a companion: refusals, a pattern, the NIC importing by bus address; and
 # each control device command whose answer cannot be written (its argument in a read-only
-# page): EFAULT, having done nothing (tests/system/companion.sh).
+# page), and each with each of its copies of user memory failed in turn (fault injection):
+# EFAULT, having done nothing (tests/system/companion.sh).
 hbm=0000:03:00.0 nic=0000:04:00.0 dev=/dev/peerdirect0
 . /mnt/host/guest-lib.sh
 build_probe
@@ -26,4 +27,10 @@ run dynamic /tmp/probe imp $dev 0x2000000 0x4000000 "dev=$nic mode=dynamic hbm=$
 /tmp/probe cmd "release all" >/dev/null
 rmmod peerdirect_importer
 run ro_remove sh -c "/tmp/probe ctl-ro remove $hbm; peerdirect companion list"
+# Each command with each of its copies of user memory failed in turn (fault injection): a reset
+# begun and ended, the companion removed, then added again.
+run fi_reset_prepare /tmp/probe ctl-failnth reset-prepare $hbm $dev
+run fi_reset_done /tmp/probe ctl-failnth reset-done $hbm $dev
+run fi_remove /tmp/probe ctl-failnth remove $hbm $dev
+run fi_add /tmp/probe ctl-failnth add $hbm $dev 2
 run rmmod rmmod peerdirect

@@ -2,6 +2,7 @@
 /* The companion suites' probe (tests/companion/): raw requests the CLI does not make. */
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <libgen.h>
 #include <linux/vfio.h>
 #include <stdio.h>
@@ -19,6 +20,12 @@
  * probe ctl-ro add|remove|reset-prepare|reset-done BDF [BAR]: that control device command for
  *	the device at BDF (DOMAIN:BUS:SLOT.FUNC; ADD's BAR, default 0xff) with its argument in a
  *	read-only page, so that its answer cannot be written back; prints OK or the errno's name
+ * probe ctl-failnth add|remove|reset-prepare|reset-done BDF DEV [BAR]: that command with its
+ *	N-th copy of user memory failed (the kernel's fault injection, /proc/thread-self/fail-nth),
+ *	for N = 1, 2, ... until a run has none failed; prints, for each run, OUTCOME/STATE: OK or
+ *	the errno's name, then for ADD and REMOVE how many /dev/peerdirectN exist, for the
+ *	resets what EXPORT_RANGE of 2 MiB at 16 MiB of DEV gives (OK, or EBUSY while a reset is
+ *	under way)
  * probe imp DEV OFFSET LENGTH "IMPORTER COMMAND": exports the range, then has the test
  *	importer run the command with fd=N prepended; prints its answer on one line
  * probe cmd "IMPORTER COMMAND": the same without an export
@@ -92,37 +99,119 @@ static int export_range(const char *dev, const char *off, const char *len)
 	return x.fd;
 }
 
-static int control_read_only(const char *cmd, const char *bdf, unsigned int bar)
+/* The request for the control device command CMD; 0 for an unknown CMD or address. */
+static unsigned long control_request(const char *cmd, const char *bdf, unsigned int bar,
+				     struct peerdirect_companion *c)
 {
 	unsigned int domain, bus, slot, func;
+
+	if (sscanf(bdf, "%x:%x:%x.%x", &domain, &bus, &slot, &func) != 4)
+		return printf("not a PCI address: %s\n", bdf), 0;
+	*c = (struct peerdirect_companion){
+		.size = sizeof(*c), .pci_domain = domain, .pci_bus = bus, .pci_slot = slot,
+		.pci_func = func, .bar = bar,
+	};
+	if (!strcmp(cmd, "add"))
+		return PEERDIRECT_IOC_COMPANION_ADD;
+	if (!strcmp(cmd, "remove"))
+		return PEERDIRECT_IOC_COMPANION_REMOVE;
+	if (!strcmp(cmd, "reset-prepare"))
+		return PEERDIRECT_IOC_COMPANION_RESET_PREPARE;
+	if (!strcmp(cmd, "reset-done"))
+		return PEERDIRECT_IOC_COMPANION_RESET_DONE;
+	return printf("unknown command %s\n", cmd), 0;
+}
+
+static int control_read_only(const char *cmd, const char *bdf, unsigned int bar)
+{
 	size_t page = sysconf(_SC_PAGESIZE);
 	struct peerdirect_companion *c;
 	unsigned long req;
 	int fd;
 
-	if (!strcmp(cmd, "add"))
-		req = PEERDIRECT_IOC_COMPANION_ADD;
-	else if (!strcmp(cmd, "remove"))
-		req = PEERDIRECT_IOC_COMPANION_REMOVE;
-	else if (!strcmp(cmd, "reset-prepare"))
-		req = PEERDIRECT_IOC_COMPANION_RESET_PREPARE;
-	else if (!strcmp(cmd, "reset-done"))
-		req = PEERDIRECT_IOC_COMPANION_RESET_DONE;
-	else
-		return printf("unknown command %s\n", cmd), 2;
-	if (sscanf(bdf, "%x:%x:%x.%x", &domain, &bus, &slot, &func) != 4)
-		return printf("not a PCI address: %s\n", bdf), 2;
 	c = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (c == MAP_FAILED)
 		return printf("mmap: %s\n", strerror(errno)), 1;
-	*c = (struct peerdirect_companion){
-		.size = sizeof(*c), .pci_domain = domain, .pci_bus = bus, .pci_slot = slot,
-		.pci_func = func, .bar = bar,
-	};
+	req = control_request(cmd, bdf, bar, c);
+	if (!req)
+		return 2;
 	if (mprotect(c, page, PROT_READ))
 		return printf("mprotect: %s\n", strerror(errno)), 1;
 	fd = open("/dev/" PEERDIRECT_CONTROL_DEVICE, O_RDWR);
 	return report(fd < 0 ? fd : ioctl(fd, req, c));
+}
+
+/* How many /dev/peerdirectN exist. */
+static int devices(void)
+{
+	glob_t g;
+	int n = glob("/dev/" PEERDIRECT_DEVICE_PREFIX "[0-9]*", 0, NULL, &g) ? 0 : (int)g.gl_pathc;
+
+	globfree(&g);
+	return n;
+}
+
+/* What EXPORT_RANGE of 2 MiB at 16 MiB of DEV gives: "OK" (the dma-buf closed at once) or the
+ * errno's name. */
+static const char *exports(const char *dev)
+{
+	struct peerdirect_export_range x = {
+		.size = sizeof(x), .bar_offset = 16 << 20, .length = 2 << 20,
+	};
+	int fd = open(dev, O_RDWR), rc;
+
+	if (fd < 0)
+		return errname(errno);
+	rc = ioctl(fd, PEERDIRECT_IOC_EXPORT_RANGE, &x);
+	close(fd);
+	if (rc)
+		return errname(errno);
+	close(x.fd);
+	return "OK";
+}
+
+static int control_fail_nth(const char *cmd, const char *bdf, const char *dev, unsigned int bar)
+{
+	int ctl = open("/dev/" PEERDIRECT_CONTROL_DEVICE, O_RDWR);
+	int nth = open("/proc/thread-self/fail-nth", O_RDWR);
+	int verbose = open("/sys/kernel/debug/fail_usercopy/verbose", O_WRONLY);
+	int resets = !strncmp(cmd, "reset", 5);
+	struct peerdirect_companion c;
+	unsigned long req;
+
+	if (ctl < 0 || nth < 0)
+		return printf("open: %s\n", strerror(errno)), 1;
+	/* A line for each failure made, not a stack. */
+	if (verbose >= 0 && write(verbose, "1", 1) != 1)
+		return printf("fail_usercopy/verbose: %s\n", strerror(errno)), 1;
+	for (int n = 1; n <= 16; n++) {
+		char arm[16], now[16];
+		int rc, err, injected;
+		ssize_t len;
+
+		req = control_request(cmd, bdf, bar, &c);
+		if (!req)
+			return 2;
+		len = snprintf(arm, sizeof(arm), "%d", n);
+		if (pwrite(nth, arm, len, 0) != len)
+			return printf("fail-nth: %s\n", strerror(errno)), 1;
+		rc = ioctl(ctl, req, &c);
+		err = errno;
+		/* 0 once the failure was made. Otherwise this read's own copy may be the armed
+		 * one (EFAULT), and so may the write that disarms, which disarms all the same. */
+		len = pread(nth, now, sizeof(now) - 1, 0);
+		injected = len == 2 && now[0] == '0';
+		if (pwrite(nth, "0", 1, 0) != 1 && errno != EFAULT)
+			return printf("fail-nth: %s\n", strerror(errno)), 1;
+		if (resets)
+			printf("%s/%s", rc ? errname(err) : "OK", exports(dev));
+		else
+			printf("%s/%d", rc ? errname(err) : "OK", devices());
+		if (!injected)
+			return printf("\n"), 0;
+		printf(" ");
+	}
+	return printf("\nstill failing after 16 copies\n"), 1;
 }
 
 static int importer(const char *line)
@@ -213,6 +302,9 @@ int main(int argc, char **argv)
 		int fd = open("/dev/" PEERDIRECT_CONTROL_DEVICE, O_RDWR);
 		return report(fd < 0 ? fd : ioctl(fd, PEERDIRECT_IOC_COMPANION_ADD, &c));
 	}
+	if ((argc == 5 || argc == 6) && !strcmp(argv[1], "ctl-failnth"))
+		return control_fail_nth(argv[2], argv[3], argv[4],
+					argc == 6 ? strtoul(argv[5], 0, 0) : PEERDIRECT_COMPANION_BAR_DEFAULT);
 	if ((argc == 4 || argc == 5) && !strcmp(argv[1], "ctl-ro"))
 		return control_read_only(argv[2], argv[3],
 					 argc == 5 ? strtoul(argv[4], 0, 0) : PEERDIRECT_COMPANION_BAR_DEFAULT);

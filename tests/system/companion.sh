@@ -11,17 +11,18 @@
 # (EXPORT_RANGE): every refusal with its errno, a pattern written through one found at its
 # place in the host's HBM backing file, the NIC mapping one by bus address in the switch
 # topology and refused in the split one; ADD, REMOVE, RESET_PREPARE and RESET_DONE whose
-# answer cannot be written (a read-only argument) fail with EFAULT and do nothing. Last, 10 s
+# answer cannot be written (a read-only argument), and each with each of its copies of user
+# memory failed in turn (fault injection), fail with EFAULT and do nothing. Last, 10 s
 # of races on the KASAN kernel (longer until every loop has met the others:
 # tests/companion/race.sh). Revocation of exports in use: tests/system/companion-revoke.sh.
 # The guest scripts: tests/companion/.
 . "$(dirname "$0")/../lib.sh"
 . "$ROOT/tests/companion/host-lib.sh"
-# Plan: this script's own checks, declared first: of the owner's run 26, of the exports' 15,
+# Plan: this script's own checks, declared first: of the owner's run 26, of the exports' 19,
 # of the owned device's 8, of the split topology's 3, of the races 8 (the run, and one per loop
 # that the sides met). A guest run that does not end cleanly adds a failure (guest_run).
 race_loops=(add_remove owner import pinned info list reset)
-plan $((26 + 15 + 8 + 3 + 1 + ${#race_loops[@]}))
+plan $((26 + 19 + 8 + 3 + 1 + ${#race_loops[@]}))
 
 # One boot for two scripts: the owner's (its records in owner.out, written by the guest), then
 # the exports' (exports.out), with the HBM's backing file kept to check the data. owner.sh
@@ -97,6 +98,16 @@ expect "COMPANION_RESET_PREPARE from a read-only argument: EFAULT, and no reset 
 	exports ro_reset_prepare 0 '^EFAULT\|OK$'
 expect "COMPANION_REMOVE from a read-only argument: EFAULT, and the companion stays listed" \
 	exports ro_remove 0 '^EFAULT\|/dev/peerdirect0  0000:03:00.0  BAR2  companion of vfio-pci$'
+# The probe's ctl-failnth: OUTCOME/STATE for each run, the N-th copy of user memory failed
+# in the N-th (/proc/thread-self/fail-nth), until a run has none failed.
+expect "COMPANION_RESET_PREPARE with each of its 3 copies of user memory failed in turn (fault injection): EFAULT each time and no reset begun (EXPORT_RANGE succeeds); with none failed the reset begins (EBUSY)" \
+	exports fi_reset_prepare 0 '^EFAULT/OK EFAULT/OK EFAULT/OK OK/EBUSY$'
+expect "COMPANION_RESET_DONE with each of its 3 copies of user memory failed in turn: EFAULT each time and the reset goes on (EBUSY); with none failed it ends" \
+	exports fi_reset_done 0 '^EFAULT/EBUSY EFAULT/EBUSY EFAULT/EBUSY OK/OK$'
+expect "COMPANION_REMOVE with each of its 3 copies of user memory failed in turn: EFAULT each time and the companion kept; with none failed it goes" \
+	exports fi_remove 0 '^EFAULT/1 EFAULT/1 EFAULT/1 OK/0$'
+expect "COMPANION_ADD with each of its 4 copies of user memory failed in turn, the answer with the new index last (the companion taken back): EFAULT each time and no companion left; with none failed it is added" \
+	exports fi_add 0 '^EFAULT/0 EFAULT/0 EFAULT/0 EFAULT/0 OK/1$'
 expect "EXPORT_RANGE at an unaligned BAR offset: EINVAL" exports unaligned 0 '^EINVAL$'
 expect "EXPORT_RANGE of an unaligned length: EINVAL" exports unaligned_len 0 '^EINVAL$'
 expect "EXPORT_RANGE of length 0: EINVAL" exports zero 0 '^EINVAL$'

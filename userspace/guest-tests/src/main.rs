@@ -27,6 +27,7 @@ mod removal;
 mod revoke;
 mod support;
 mod testmod;
+mod usercopy;
 
 use std::process::ExitCode;
 
@@ -451,6 +452,23 @@ fn tests(args: &Args) -> Vec<Test> {
                 info_ok(device, &mut raw)?;
                 expect_eq("bytes 96..104", CANARY, raw.tail)
             },
+        ),
+        // Each copy of user memory failed in turn (fault injection, `usercopy`).
+        test(
+            "INFO with each of its 3 copies of user memory failed in turn (fault injection): EFAULT each time; with none failed it answers",
+            |_| usercopy::info(),
+        ),
+        test(
+            "ALLOC with each of its 3 copies of user memory failed in turn: EFAULT each time and no allocation left, the answer's too (undone); with none failed it allocates",
+            |_| usercopy::alloc(),
+        ),
+        test(
+            "FREE with each of its 3 copies of user memory failed in turn: EFAULT each time and the allocation kept; with none failed it frees",
+            |_| usercopy::free(),
+        ),
+        test(
+            "EXPORT with each of its 3 copies of user memory failed in turn: EFAULT each time and no fd installed; with none failed it exports",
+            |_| usercopy::export(),
         ),
     ]
 }

@@ -779,12 +779,16 @@ pub unsafe extern "C" fn pd_register_in(
     unsafe { register_alloc::<true>(domain, alloc, offset, length, access, storage, out) }
 }
 
-/// `pd_register_in` if `IN_PLACE`, else `pd_register`.
-const fn register_alloc_name(in_place: bool) -> &'static str {
+/// The C functions of [`register_alloc`]: the handle boxed, and in place ([`named`]).
+const REGISTER_ALLOC: (&str, &str) = ("pd_register", "pd_register_in");
+
+/// The name of the C function of `functions` (as [`REGISTER_ALLOC`]) that makes its handle in
+/// place if `in_place`.
+const fn named(in_place: bool, functions: (&'static str, &'static str)) -> &'static str {
     if in_place {
-        "pd_register_in"
+        functions.1
     } else {
-        "pd_register"
+        functions.0
     }
 }
 
@@ -805,7 +809,7 @@ unsafe fn register_alloc<const IN_PLACE: bool>(
     storage: *mut PdMrStorage,
     out: *mut *mut PdMr,
 ) -> c_int {
-    guard_fast_path(register_alloc_name(IN_PLACE), || {
+    guard_fast_path(named(IN_PLACE, REGISTER_ALLOC), || {
         // SAFETY: passed on under the caller's contract.
         unsafe { at_alloc::<IN_PLACE>(domain, alloc, offset, length, access, storage, out) }
     })
@@ -827,7 +831,7 @@ unsafe fn at_alloc<const IN_PLACE: bool>(
     storage: *mut PdMrStorage,
     out: *mut *mut PdMr,
 ) -> c_int {
-    let function = register_alloc_name(IN_PLACE);
+    let function = named(IN_PLACE, REGISTER_ALLOC);
     let out = Out::of::<IN_PLACE>(storage, out);
     // SAFETY: passed on under the caller's contract.
     match unsafe { hit_alloc(domain, alloc, offset, length, access, out) } {
@@ -1088,14 +1092,8 @@ pub unsafe extern "C" fn pd_register_addr_in(
     unsafe { register_at_addr::<true>(domain, addr, length, access, storage, out) }
 }
 
-/// `pd_register_addr_in` if `IN_PLACE`, else `pd_register_addr`.
-const fn register_at_addr_name(in_place: bool) -> &'static str {
-    if in_place {
-        "pd_register_addr_in"
-    } else {
-        "pd_register_addr"
-    }
-}
+/// The C functions of [`register_at_addr`], as [`REGISTER_ALLOC`].
+const REGISTER_AT_ADDR: (&str, &str) = ("pd_register_addr", "pd_register_addr_in");
 
 /// Registers bytes `[addr, addr + length)` of the dma-buf registered at those addresses in
 /// `domain` and makes a handle where [`Out::of`] says.
@@ -1114,7 +1112,7 @@ unsafe fn register_at_addr<const IN_PLACE: bool>(
     out: *mut *mut PdMr,
 ) -> c_int {
     let addr = addr as u64;
-    guard_fast_path(register_at_addr_name(IN_PLACE), || {
+    guard_fast_path(named(IN_PLACE, REGISTER_AT_ADDR), || {
         // SAFETY: passed on under the caller's contract.
         unsafe { at_addr::<IN_PLACE>(domain, addr, length, access, storage, out) }
     })
@@ -1135,7 +1133,7 @@ unsafe fn at_addr<const IN_PLACE: bool>(
     storage: *mut PdMrStorage,
     out: *mut *mut PdMr,
 ) -> c_int {
-    let function = register_at_addr_name(IN_PLACE);
+    let function = named(IN_PLACE, REGISTER_AT_ADDR);
     let out = Out::of::<IN_PLACE>(storage, out);
     // SAFETY: passed on under the caller's contract.
     match unsafe { hit_at_addr(domain, addr, length, access, out) } {

@@ -659,7 +659,7 @@ mod tests {
             "--expect-hbm-bytes",
             "1073741824",
         ]));
-        assert_eq!(tests.len(), 21);
+        assert_eq!(tests.len(), 25);
         for test in &tests {
             let outcome = (test.run)(&device);
             if test.description.starts_with("unknown command") {

@@ -66,7 +66,7 @@ import() {
 	*"attach=0 "*"map=0 "*) echo mapped ;;
 	"export: ENODEV "|"export: No such file or directory "|"export: No such device or address "|\
 	*"attach=-19 "*|*"pin=-19 "*|*"map=-19 "*) echo gone ;;
-	"export: Device or resource busy ") echo busy ;;
+	"export: EBUSY ") echo busy ;;
 	*) echo other ;;
 	esac
 }

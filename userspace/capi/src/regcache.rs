@@ -1565,9 +1565,10 @@ impl PdDomain {
         access: Access,
         out: Out,
     ) -> Result<(), Failure> {
-        let result =
+        let result = {
             // SAFETY: passed on under the same contract.
-            unsafe { self.register_into(function, device, &source, range, None, access, out) };
+            unsafe { self.register_into(function, device, &source, range, None, access, out) }
+        };
         if result.is_err() {
             self.shared.forget_unregistered(source);
         }

@@ -158,14 +158,15 @@ static const char *exports(const char *dev)
 	struct peerdirect_export_range x = {
 		.size = sizeof(x), .bar_offset = 16 << 20, .length = 2 << 20,
 	};
-	int fd = open(dev, O_RDWR), rc;
+	int fd = open(dev, O_RDWR), rc, err;
 
 	if (fd < 0)
 		return errname(errno);
 	rc = ioctl(fd, PEERDIRECT_IOC_EXPORT_RANGE, &x);
+	err = errno;
 	close(fd);
 	if (rc)
-		return errname(errno);
+		return errname(err);
 	close(x.fd);
 	return "OK";
 }

@@ -133,18 +133,27 @@ fn fds() -> Result<usize, String> {
         .map_err(|err| format!("expected to list /proc/self/fd, got {err}"))
 }
 
-fn expect_fault<T: std::fmt::Debug>(result: &Result<T, Errno>) -> Outcome {
-    match result {
-        Err(errno) if *errno == Errno::FAULT => Ok(()),
-        other => Err(format!("expected EFAULT, got {other:?}")),
+/// `EFAULT` if a copy was `failed`, success otherwise.
+fn fault_or_done<T: std::fmt::Debug>(failed: bool, result: &Result<T, Errno>) -> Outcome {
+    match (failed, result) {
+        (true, Err(errno)) if *errno == Errno::FAULT => Ok(()),
+        (true, other) => Err(format!("expected EFAULT, got {other:?}")),
+        (false, Ok(_)) => Ok(()),
+        (false, Err(errno)) => Err(format!("expected success, got {errno}")),
     }
 }
 
-fn expect_done<T: std::fmt::Debug>(result: &Result<T, Errno>) -> Outcome {
-    match result {
-        Ok(_) => Ok(()),
-        Err(errno) => Err(format!("expected success, got {errno}")),
-    }
+/// [`fault_or_done`], then `device`'s file holding `if_failed` or `if_done` allocations.
+fn leaves_allocations<T: std::fmt::Debug>(
+    device: &Device,
+    failed: bool,
+    result: &Result<T, Errno>,
+    if_failed: u64,
+    if_done: u64,
+) -> Outcome {
+    fault_or_done(failed, result)?;
+    let expected = if failed { if_failed } else { if_done };
+    expect_eq("allocations of the file", expected, allocations(device)?)
 }
 
 /// INFO (3 copies: the size, the struct, the answer): `EFAULT` for each; then it answers.
@@ -153,13 +162,7 @@ pub(crate) fn info() -> Outcome {
     let copies = each_copy_failing(
         &mut FailNth::open()?,
         || ioctl(device, PEERDIRECT_IOC_INFO, &mut RawInfo::<0>::new()),
-        |failed, result| {
-            if failed {
-                expect_fault(&result)
-            } else {
-                expect_done(&result)
-            }
-        },
+        |failed, result| fault_or_done(failed, &result),
     )?;
     expect_eq("copies of user memory INFO makes", 3, copies)
 }
@@ -175,15 +178,7 @@ pub(crate) fn alloc() -> Outcome {
             raw.alloc.length = ALLOC_BYTES;
             ioctl(device, PEERDIRECT_IOC_ALLOC, &mut raw).map(|_| raw.alloc.handle)
         },
-        |failed, result| {
-            if failed {
-                expect_fault(&result)?;
-                expect_eq("allocations of the file", 0, allocations(device)?)
-            } else {
-                expect_done(&result)?;
-                expect_eq("allocations of the file", 1, allocations(device)?)
-            }
-        },
+        |failed, result| leaves_allocations(device, failed, &result, 0, 1),
     )?;
     expect_eq("copies of user memory ALLOC makes", 3, copies)
 }
@@ -200,15 +195,7 @@ pub(crate) fn free() -> Outcome {
             raw.free.handle = handle;
             ioctl(device, PEERDIRECT_IOC_FREE, &mut raw)
         },
-        |failed, result| {
-            if failed {
-                expect_fault(&result)?;
-                expect_eq("allocations of the file", 1, allocations(device)?)
-            } else {
-                expect_done(&result)?;
-                expect_eq("allocations of the file", 0, allocations(device)?)
-            }
-        },
+        |failed, result| leaves_allocations(device, failed, &result, 1, 0),
     )?;
     expect_eq("copies of user memory FREE makes", 3, copies)
 }
@@ -232,7 +219,7 @@ pub(crate) fn export() -> Outcome {
         },
         |failed, result| {
             if failed {
-                expect_fault(&result)?;
+                fault_or_done(true, &result)?;
                 expect_eq("fds of the process", before, fds()?)
             } else {
                 let fd = result.map_err(|errno| format!("expected success, got {errno}"))?;

@@ -10,6 +10,7 @@ mod bench_copy;
 mod bench_exporters;
 mod bench_hits;
 mod cpu_mapping;
+mod crash;
 mod fabric;
 mod fabric_peer;
 mod fabric_revoke;
@@ -69,6 +70,10 @@ struct Args {
     /// mapping once the file named exists.
     #[arg(long, hide = true, value_name = "GO_FILE")]
     revoke_touch: Option<std::path::PathBuf>,
+    /// Internal, for the test of the crash report: a thread of this name reads address 8,
+    /// which is never mapped.
+    #[arg(long, hide = true, value_name = "THREAD")]
+    crash_in: Option<String>,
     /// Benchmark (not a test): sg entries and attach/map/unmap times of peerdirect's,
     /// udmabuf's and vfio-pci's dma-bufs imported by the NIC instead (`qemu/run --topology
     /// switch-iommu`; leaves the HBM device on vfio-pci).
@@ -501,7 +506,11 @@ fn fields(info: &peerdirect_info) -> String {
 }
 
 fn main() -> ExitCode {
+    crash::report_fatal_signals();
     let args = Args::parse();
+    if let Some(thread) = args.crash_in {
+        crash::fault_in(&thread);
+    }
     // Before any thread exists: soft-RoCE needs a smaller ofi_rxm universe than libfabric's.
     peerdirect::registrar::libfabric::default_universe_size();
     if args.lifecycle {

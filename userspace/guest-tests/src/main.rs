@@ -12,6 +12,7 @@ mod bench_hits;
 mod cpu_mapping;
 mod crash;
 mod fabric;
+mod fabric_close;
 mod fabric_peer;
 mod fabric_revoke;
 mod fuzz;
@@ -143,6 +144,11 @@ struct Args {
     /// tagged streams) instead (`qemu/run --rxe-dmabuf`; see [`fabric_revoke`]).
     #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke", "ibimport", "ibverbs", "ibverbs_revoke"])]
     fabric_revoke: bool,
+    /// Close a verbs;ofi_rxm endpoint while its provider holds a message for it that nobody
+    /// asked for instead (`qemu/run --rxe-dmabuf`, run with glibc's heap perturbed; see
+    /// [`fabric_close`]).
+    #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke", "ibimport", "ibverbs", "ibverbs_revoke", "fabric_revoke"])]
+    fabric_close: bool,
     /// Check that /dev/peerdirect0's device is idle (nothing allocated or exported, no
     /// peerdirect dma-buf left) instead: after programs that leave memory to their exit.
     #[arg(long, conflicts_with_all = ["expect_hbm_bytes", "lifecycle", "importer", "alloc_export", "revoke", "ibimport", "ibverbs", "ibverbs_revoke", "fabric_revoke"])]
@@ -539,6 +545,9 @@ fn main() -> ExitCode {
             &race::expect_idle(),
         );
         return tap.finish();
+    }
+    if args.fabric_close {
+        return fabric_close::run();
     }
     if args.fabric_revoke {
         return fabric_revoke::run(args.companion);

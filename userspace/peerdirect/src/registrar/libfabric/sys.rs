@@ -1270,12 +1270,44 @@ impl Drop for Endpoint {
             std::mem::forget(Arc::clone(&self._domain));
             return;
         }
+        self.drain();
         // SAFETY: closing the endpoint ends its operations (none is left); then its CQ and AV,
         // only it uses.
         unsafe {
             close(self.ep_fid());
             close(ptr::addr_of_mut!((*self.av.as_ptr()).fid));
             close(ptr::addr_of_mut!((*self.cq.as_ptr()).fid));
+        }
+    }
+}
+
+/// How many times [`Endpoint::drain`] reads the completion queue.
+const DRAIN_READS: usize = 256;
+
+impl Endpoint {
+    /// Before the endpoint is closed: reads its completion queue [`DRAIN_READS`] times, each
+    /// read driving the provider's progress, so that what the provider has received but not
+    /// yet handled (a message nobody asked for, a rendezvous request, flow-control credits) is
+    /// handled while its connections are open.
+    ///
+    /// libfabric 2.1's ofi_rxm (Debian trixie's) closes a connection's endpoint, then handles
+    /// the completions left in its queue, and for a message received there posts a new
+    /// receive buffer on the endpoint it just closed: a use after free, which crashed a
+    /// program closing an endpoint that a peer had sent to since its last read (fixed in
+    /// libfabric after 2.1: ofiwg/libfabric 697688386, "fix the msg_ep use-after-free at
+    /// connection teardown"). ofi_rxm handles at most one such completion per read
+    /// (`FI_OFI_RXM_COMP_PER_PROGRESS`, default 1), and none of them shows in our queue, so
+    /// the reads are counted rather than stopped at the first empty one. What a peer sends
+    /// after the last read still reaches the old code path: stop peers first.
+    fn drain(&self) {
+        let transfer = self.begin();
+        let mut done = Vec::new();
+        for _ in 0..DRAIN_READS {
+            // Nothing of ours is in flight (the caller checked): what is read is dropped.
+            if self.completions(&transfer, &mut done).is_err() {
+                break;
+            }
+            done.clear();
         }
     }
 }
@@ -1308,6 +1340,9 @@ mod tests {
         /// The first cancel waits (bounded) for another thread to read completions.
         first_cancel: bool,
         other_read: bool,
+        /// `fi_cq_read` calls, and how many there had been at each `close` of a fake object.
+        reads: usize,
+        reads_at_close: Vec<usize>,
     }
 
     static FAKE: Mutex<Option<Fake>> = Mutex::new(None);
@@ -1349,6 +1384,9 @@ mod tests {
 
     unsafe extern "C" fn close(_: *mut b::fid) -> c_int {
         CLOSES.fetch_add(1, Relaxed);
+        if let Some(f) = fake().as_mut() {
+            f.reads_at_close.push(f.reads);
+        }
         0
     }
 
@@ -1395,6 +1433,7 @@ mod tests {
 
     unsafe extern "C" fn cq_read(_: *mut b::fid_cq, buf: *mut c_void, count: usize) -> isize {
         let ready: Vec<usize> = with_fake(|f| {
+            f.reads += 1;
             let n = f.ready.len().min(count);
             let ready: Vec<usize> = f.ready.drain(..n).collect();
             f.posted.retain(|c| !ready.contains(c));
@@ -1644,6 +1683,26 @@ mod tests {
         );
         fake().take();
     }
+
+    /// An endpoint with nothing of ours in flight reads its queue [`DRAIN_READS`] times
+    /// before it is closed (what the provider received meanwhile is handled while its
+    /// connections are open: libfabric 2.1's ofi_rxm handled it after, on freed memory), and
+    /// drops what it reads.
+    #[test]
+    fn an_endpoint_reads_its_queue_before_it_is_closed() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        *fake() = Some(Fake::default());
+        let (endpoint, _mr) = fake_endpoint();
+        // A completion of nothing booked: the provider's own, as far as the endpoint knows.
+        with_fake(|f| f.ready = vec![0x1000]);
+        drop(endpoint);
+        let f = fake().take().expect("set up above");
+        assert_eq!(
+            f.reads_at_close, [DRAIN_READS; 3],
+            "reads before each close (endpoint, AV, CQ)"
+        );
+        assert!(f.ready.is_empty(), "the queue's completion was read");
+    }
 }
 
 #[cfg(test)]
@@ -1729,6 +1788,11 @@ pub(super) mod fake {
 
     unsafe extern "C" fn close_quietly(_: *mut b::fid) -> c_int {
         0
+    }
+
+    /// `fi_cq_read` of a queue that never has a completion.
+    unsafe extern "C" fn cq_empty(_: *mut b::fid_cq, _: *mut c_void, _: usize) -> isize {
+        -(b::FI_EAGAIN as isize)
     }
 
     unsafe extern "C" fn bind(fid: *mut b::fid, bfid: *mut b::fid, flags: u64) -> c_int {
@@ -1896,8 +1960,11 @@ pub(super) mod fake {
         let ep = leak::<b::fid_ep>();
         ep.fid.ops = ep_ops;
         ep.fid.context = context;
+        let cq_ops = leak::<b::fi_ops_cq>();
+        cq_ops.read = Some(cq_empty);
         let cq = leak::<b::fid_cq>();
         cq.fid.ops = other_ops;
+        cq.ops = cq_ops;
         let av = leak::<b::fid_av>();
         av.fid.ops = other_ops;
         Endpoint {

@@ -20,6 +20,7 @@ use peerdirect::cache::{Access, ByteRange, CacheLimits};
 use peerdirect::registrar::libfabric::{Endpoint, Fabric, LibfabricRegistrar, MappedDmaBuf, Peer};
 use peerdirect::{pattern, Allocation, Device, ExportFlags, RegCache, Registration};
 
+use crate::fabric_revoke::mapped;
 use crate::support::Tap;
 use crate::INDEX;
 
@@ -103,15 +104,7 @@ fn setup(device: &Device) -> Result<Set<'_>, String> {
         let dma_buf = allocation
             .export(0, 0, ExportFlags::CLOEXEC | ExportFlags::RDWR)
             .map_err(|e| format!("export: {e}"))?;
-        let export = device
-            .export_id(&dma_buf)
-            .map_err(|e| format!("fstat of the dma-buf: {e}"))?;
-        let mut hbm = MappedDmaBuf::new(dma_buf).map_err(|e| e.to_string())?;
-        let mut data = vec![0u8; LEN as usize];
-        if let Some(seed) = seed {
-            pattern::fill(seed, 0, &mut data);
-        }
-        hbm.write(0, &data);
+        let (export, hbm) = mapped(device, dma_buf, LEN, seed)?;
         let range = ByteRange::new(0, ALLOCATION).map_err(|e| e.to_string())?;
         let registration = cache
             .get(&registrar, &hbm, export, range, access)

@@ -243,15 +243,7 @@ fn setup(device: &Device, companion: bool) -> Result<Set<'_>, String> {
                 .map_err(|e| format!("export: {e}"))?;
             (Some(allocation), dma_buf)
         };
-        let export = device
-            .export_id(&dma_buf)
-            .map_err(|e| format!("fstat of the dma-buf: {e}"))?;
-        let mut hbm = MappedDmaBuf::new(dma_buf).map_err(|e| e.to_string())?;
-        let mut data = vec![0u8; LEN as usize];
-        if let Some(seed) = seed {
-            pattern::fill(seed, 0, &mut data);
-        }
-        hbm.write(0, &data);
+        let (export, hbm) = mapped(device, dma_buf, LEN, seed)?;
         let ino = export.dma_buf_inode();
         let before = bufinfo(ino)?.ok_or_else(|| format!("bufinfo lists no inode {ino}"))?;
         let range = ByteRange::new(0, LEN).map_err(|e| e.to_string())?;
@@ -298,6 +290,26 @@ fn setup(device: &Device, companion: bool) -> Result<Set<'_>, String> {
         buffers,
         endpoints: [a, b, c, d],
     })
+}
+
+/// `dma_buf` (an export of `device`) mapped, its identity, and its first `len` bytes written:
+/// `seed`'s pattern, or zeros.
+pub(crate) fn mapped(
+    device: &Device,
+    dma_buf: peerdirect::DmaBuf,
+    len: u64,
+    seed: Option<u64>,
+) -> Result<(ExportId, MappedDmaBuf), String> {
+    let export = device
+        .export_id(&dma_buf)
+        .map_err(|e| format!("fstat of the dma-buf: {e}"))?;
+    let mut hbm = MappedDmaBuf::new(dma_buf).map_err(|e| e.to_string())?;
+    let mut data = vec![0u8; usize::try_from(len).map_err(|e| e.to_string())?];
+    if let Some(seed) = seed {
+        pattern::fill(seed, 0, &mut data);
+    }
+    hbm.write(0, &data);
+    Ok((export, hbm))
 }
 
 /// How a stream ended.

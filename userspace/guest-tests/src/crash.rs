@@ -3,6 +3,9 @@
 //! (each frame as object + offset, and the nearest exported symbol), as TAP comments; then the
 //! signal's default action (the process dies of it, dumping core where that is on).
 //!
+//! A fault while the report is made (or in another thread meanwhile) ends the process with the
+//! first signal at once: the report never changes what the process dies of.
+//!
 //! A guest's crash is rare and happens where no debugger runs: the stack must be in the log of
 //! the run that crashed. The frames name objects and offsets, which `addr2line -e OBJECT` turns
 //! into source lines on the host (the guest's libraries are the userland tree's).
@@ -10,6 +13,7 @@
 use core::ffi::{c_char, c_int, c_void, CStr};
 use core::fmt::Write;
 use core::ptr;
+use core::sync::atomic::{AtomicI32, Ordering::SeqCst};
 
 /// The signals reported.
 const FATAL: [c_int; 5] = [
@@ -32,10 +36,13 @@ pub(crate) fn report_fatal_signals() {
         // SAFETY: a zeroed sigaction is a valid value; every field used is set below.
         let mut action: libc::sigaction = unsafe { core::mem::zeroed() };
         action.sa_sigaction = handler as *const () as usize;
-        // SA_ONSTACK: on the thread's alternate stack, which the standard library gives every
-        // thread it starts, so that a stack overflow is reported too. SA_RESETHAND: the
-        // default action once the handler returns, the fault repeating (or the re-raise).
-        action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESETHAND;
+        // On the faulting thread's own stack, not the small alternate one the standard library
+        // gives each thread: the unwinder needs more than is left there once the kernel has
+        // pushed a signal frame with the CPU's whole extended state (on Debian's kernel in the
+        // test guest it overflowed). So a stack overflow is not reported: the kernel cannot
+        // push the frame, and the process dies of SIGSEGV. SA_RESETHAND: the default action
+        // once the handler returns, the fault repeating (or the re-raise).
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND;
         // SAFETY: `action` is initialized; the old action is not wanted.
         unsafe {
             libc::sigemptyset(&mut action.sa_mask);
@@ -106,7 +113,20 @@ impl Write for Line {
     }
 }
 
+/// The signal being reported, 0 before any.
+static REPORTING: AtomicI32 = AtomicI32::new(0);
+
 extern "C" fn handler(signal: c_int, info: *mut libc::siginfo_t, _context: *mut c_void) {
+    if let Err(first) = REPORTING.compare_exchange(0, signal, SeqCst, SeqCst) {
+        // A fault while reporting one (or in another thread meanwhile): the process dies of
+        // the first signal, as it would have without the report.
+        // SAFETY: setting a signal's default action and raising it; `_exit` if that returns.
+        unsafe {
+            libc::signal(first, libc::SIG_DFL);
+            libc::raise(first);
+            libc::_exit(128 + first);
+        }
+    }
     let mut name = [0u8; 17];
     // SAFETY: PR_GET_NAME writes at most 16 bytes and a NUL into the 17-byte buffer.
     unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };

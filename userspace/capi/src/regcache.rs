@@ -1566,7 +1566,8 @@ impl PdDomain {
         out: Out,
     ) -> Result<(), Failure> {
         let result = {
-            // SAFETY: passed on under the same contract.
+            // SAFETY: `out` is this function's, whose pointers its caller promises are not
+            // NULL, valid for writing and holding no unreleased handle: register_into's contract.
             unsafe { self.register_into(function, device, &source, range, None, access, out) }
         };
         if result.is_err() {

@@ -55,8 +55,9 @@ pub(crate) fn report_fatal_signals() {
 /// waits for the signal to end the process; for the test of the report.
 pub(crate) fn fault_in(name: &str) -> ! {
     let thread = std::thread::Builder::new().name(name.to_owned()).spawn(|| {
-        // SAFETY: none: the read is meant to fault, and does (nothing maps the first page), so
-        // it returns no value to anything.
+        // SAFETY: the read never completes, so no value comes of it: address 8 is in the first
+        // page, which Linux never maps (vm.mmap_min_addr), so it faults, and the handler
+        // (installed first in main) ends the process.
         unsafe { ptr::read_volatile(ptr::without_provenance::<u64>(8)) }
     });
     let _ = thread.map(std::thread::JoinHandle::join);
